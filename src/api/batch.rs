@@ -1,0 +1,280 @@
+//! The Batch resource and its Operation, as they travel on the wire
+//! (proto3 JSON of `google.cloud.dataproc.v1`).
+//!
+//! One struct serves both directions. Fields a client may set are checked
+//! by `deny_unknown_fields` so a typo is an error, not a silently dropped
+//! setting; output-only fields are accepted on input (proto3 JSON parsers
+//! do) and replaced by the server.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::State;
+
+/// A Spark batch workload.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Batch {
+    // Output only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_time: Option<DateTime<Utc>>,
+
+    // The workload: exactly one of these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pyspark_batch: Option<PySparkBatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spark_batch: Option<SparkBatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spark_sql_batch: Option<SparkSqlBatch>,
+
+    // Output only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_info: Option<RuntimeInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_time: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<String>,
+
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_config: Option<RuntimeConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_config: Option<EnvironmentConfig>,
+
+    // Output only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_history: Vec<StateHistory>,
+}
+
+impl Batch {
+    /// The workload kind as the CLI shows it (`JOB_TYPE`).
+    pub fn job_type(&self) -> &'static str {
+        if self.pyspark_batch.is_some() {
+            "pyspark"
+        } else if self.spark_batch.is_some() {
+            "spark"
+        } else if self.spark_sql_batch.is_some() {
+            "spark-sql"
+        } else {
+            "unknown"
+        }
+    }
+
+    /// The user's part of the batch: every output-only field cleared.
+    pub fn into_user_spec(self) -> Batch {
+        Batch {
+            name: None,
+            uuid: None,
+            create_time: None,
+            runtime_info: None,
+            state: None,
+            state_message: None,
+            state_time: None,
+            creator: None,
+            operation: None,
+            state_history: Vec::new(),
+            ..self
+        }
+    }
+
+    /// The runtime properties, or an empty map.
+    pub fn properties(&self) -> &BTreeMap<String, String> {
+        static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+        self.runtime_config
+            .as_ref()
+            .map(|r| &r.properties)
+            .unwrap_or(&EMPTY)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PySparkBatch {
+    #[serde(default)]
+    pub main_python_file_uri: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_file_uris: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jar_file_uris: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub file_uris: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub archive_uris: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SparkBatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main_jar_file_uri: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main_class: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jar_file_uris: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub file_uris: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub archive_uris: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SparkSqlBatch {
+    #[serde(default)]
+    pub query_file_uri: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub query_variables: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jar_file_uris: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuntimeConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_image: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvironmentConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_config: Option<ExecutionConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peripherals_config: Option<PeripheralsConfig>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecutionConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_uri: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnetwork_uri: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kms_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ttl: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging_bucket: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PeripheralsConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metastore_service: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spark_history_server_config: Option<SparkHistoryServerConfig>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SparkHistoryServerConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataproc_cluster: Option<String>,
+}
+
+/// Output only: where the running work can be seen.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeInfo {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub endpoints: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_uri: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostic_output_uri: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StateHistory {
+    pub state: State,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state_message: String,
+    pub state_start_time: DateTime<Utc>,
+}
+
+/// `google.longrunning.Operation` for a batch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    pub name: String,
+    pub metadata: OperationMetadata,
+    pub done: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<OperationError>,
+    /// The Batch with its `@type`, once the batch succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<serde_json::Value>,
+}
+
+/// `google.rpc.Status` inside an Operation: the gRPC code number.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OperationError {
+    pub code: i32,
+    pub message: String,
+}
+
+/// `google.cloud.dataproc.v1.BatchOperationMetadata`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationMetadata {
+    #[serde(rename = "@type")]
+    pub type_url: String,
+    pub batch: String,
+    pub batch_uuid: String,
+    pub create_time: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_time: Option<DateTime<Utc>>,
+    pub operation_type: String,
+    pub description: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+pub const BATCH_TYPE_URL: &str = "type.googleapis.com/google.cloud.dataproc.v1.Batch";
+pub const BATCH_METADATA_TYPE_URL: &str =
+    "type.googleapis.com/google.cloud.dataproc.v1.BatchOperationMetadata";
+
+/// `{"batches": [...], "nextPageToken": "...", "unreachable": []}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListBatchesResponse {
+    #[serde(default)]
+    pub batches: Vec<Batch>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub next_page_token: String,
+    #[serde(default)]
+    pub unreachable: Vec<String>,
+}

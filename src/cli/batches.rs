@@ -1,0 +1,314 @@
+//! `flexq batches submit|list|describe|cancel|delete|wait`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::Method;
+
+use super::{CliError, Client, OutputFormat, print_structured, print_table};
+use crate::api::{
+    Batch, EnvironmentConfig, ExecutionConfig, ListBatchesResponse, Operation, PySparkBatch,
+    RuntimeConfig, SparkBatch, SparkSqlBatch, State,
+};
+
+/// The workload of a submit.
+#[derive(Debug, Clone)]
+pub enum Workload {
+    Pyspark {
+        file: String,
+        py_files: Vec<String>,
+    },
+    Spark {
+        class: Option<String>,
+        jar: Option<String>,
+    },
+    SparkSql {
+        file: String,
+    },
+}
+
+/// Everything else a submit may set.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitOptions {
+    pub batch_id: Option<String>,
+    pub request_id: Option<String>,
+    pub version: Option<String>,
+    pub properties: Option<String>,
+    pub labels: Option<String>,
+    pub ttl: Option<Duration>,
+    pub jars: Vec<String>,
+    pub files: Vec<String>,
+    pub run_async: bool,
+    pub args: Vec<String>,
+}
+
+/// How often `wait` looks at the batch.
+const POLL: Duration = Duration::from_secs(2);
+
+/// Builds the Batch of a submit (pure: no I/O but reading the local
+/// file's path).
+pub fn build_batch(workload: &Workload, opts: &SubmitOptions) -> Result<Batch, CliError> {
+    let jars = opts.jars.iter().map(|j| to_uri(j)).collect::<Result<Vec<_>, _>>()?;
+    let files = opts.files.iter().map(|f| to_uri(f)).collect::<Result<Vec<_>, _>>()?;
+    let mut batch = Batch::default();
+    match workload {
+        Workload::Pyspark { file, py_files } => {
+            batch.pyspark_batch = Some(PySparkBatch {
+                main_python_file_uri: to_uri(file)?,
+                args: opts.args.clone(),
+                python_file_uris: py_files.iter().map(|f| to_uri(f)).collect::<Result<_, _>>()?,
+                jar_file_uris: jars,
+                file_uris: files,
+                ..Default::default()
+            })
+        }
+        Workload::Spark { class, jar } => {
+            batch.spark_batch = Some(SparkBatch {
+                main_class: class.clone(),
+                main_jar_file_uri: jar.as_deref().map(to_uri).transpose()?,
+                args: opts.args.clone(),
+                jar_file_uris: jars,
+                file_uris: files,
+                ..Default::default()
+            })
+        }
+        Workload::SparkSql { file } => {
+            batch.spark_sql_batch = Some(SparkSqlBatch {
+                query_file_uri: to_uri(file)?,
+                jar_file_uris: jars,
+                ..Default::default()
+            })
+        }
+    }
+    let properties = match &opts.properties {
+        Some(p) => parse_pairs(p, "--properties")?,
+        None => BTreeMap::new(),
+    };
+    if opts.version.is_some() || !properties.is_empty() {
+        batch.runtime_config = Some(RuntimeConfig {
+            version: opts.version.clone(),
+            properties,
+            ..Default::default()
+        });
+    }
+    if let Some(labels) = &opts.labels {
+        batch.labels = parse_pairs(labels, "--labels")?;
+    }
+    if let Some(ttl) = opts.ttl {
+        batch.environment_config = Some(EnvironmentConfig {
+            execution_config: Some(ExecutionConfig {
+                ttl: Some(format!("{}s", ttl.as_secs())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    Ok(batch)
+}
+
+/// A local path becomes an absolute `file://` URI; URIs pass unchanged.
+fn to_uri(path: &str) -> Result<String, CliError> {
+    if path.contains("://") {
+        return Ok(path.to_string());
+    }
+    let abs = std::fs::canonicalize(Path::new(path))
+        .map_err(|e| CliError::Usage(format!("cannot use {path}: {e}")))?;
+    Ok(format!("file://{}", abs.display()))
+}
+
+/// `k=v,k=v`, or with another delimiter as in `^#^k=a,b#k2=v`.
+pub fn parse_pairs(text: &str, flag: &str) -> Result<BTreeMap<String, String>, CliError> {
+    let (delimiter, body) = match text.strip_prefix('^') {
+        Some(rest) => match rest.split_once('^') {
+            Some((d, body)) if !d.is_empty() => (d.to_string(), body),
+            _ => return Err(CliError::Usage(format!("{flag}: a custom delimiter is written ^DELIM^k=v{{DELIM}}k=v"))),
+        },
+        None => (",".to_string(), text),
+    };
+    let mut out = BTreeMap::new();
+    for pair in body.split(delimiter.as_str()).filter(|p| !p.trim().is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| CliError::Usage(format!("{flag}: {pair:?} is not KEY=VALUE")))?;
+        out.insert(k.trim().to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+pub async fn submit(client: &Client, workload: Workload, opts: SubmitOptions) -> Result<bool, CliError> {
+    let batch = build_batch(&workload, &opts)?;
+    let mut query = Vec::new();
+    if let Some(id) = &opts.batch_id {
+        query.push(("batchId", id.as_str()));
+    }
+    if let Some(id) = &opts.request_id {
+        query.push(("requestId", id.as_str()));
+    }
+    let query = serde_urlencoded::to_string(&query).unwrap_or_default();
+    let path = format!("{}?{query}", client.batches_path());
+    let op: Operation = client.call(Method::POST, &path, Some(&batch)).await?;
+    let batch_id = op.metadata.batch.rsplit('/').next().unwrap_or_default().to_string();
+    eprintln!("Batch [{batch_id}] submitted.");
+    if opts.run_async {
+        println!("{}", op.name);
+        return Ok(true);
+    }
+    wait(client, &batch_id).await
+}
+
+pub async fn get(client: &Client, batch_id: &str) -> Result<Batch, CliError> {
+    client
+        .call::<(), _>(Method::GET, &format!("{}/{batch_id}", client.batches_path()), None)
+        .await
+}
+
+pub async fn list(
+    client: &Client,
+    filter: Option<&str>,
+    page_size: Option<u32>,
+    limit: Option<usize>,
+    format: OutputFormat,
+) -> Result<(), CliError> {
+    let mut batches = Vec::new();
+    let mut token = String::new();
+    loop {
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(f) = filter {
+            query.push(("filter", f.to_string()));
+        }
+        if let Some(n) = page_size {
+            query.push(("pageSize", n.to_string()));
+        }
+        if !token.is_empty() {
+            query.push(("pageToken", token.clone()));
+        }
+        let path = format!(
+            "{}?{}",
+            client.batches_path(),
+            serde_urlencoded::to_string(&query).unwrap_or_default()
+        );
+        let page: ListBatchesResponse = client.call::<(), _>(Method::GET, &path, None).await?;
+        batches.extend(page.batches);
+        if limit.is_some_and(|l| batches.len() >= l) {
+            batches.truncate(limit.unwrap_or(usize::MAX));
+            break;
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    match format {
+        OutputFormat::Table => {
+            let rows: Vec<Vec<String>> = batches
+                .iter()
+                .map(|b| {
+                    vec![
+                        b.name.as_deref().and_then(|n| n.rsplit('/').next()).unwrap_or_default().to_string(),
+                        b.job_type().to_string(),
+                        b.state.map(|s| s.to_string()).unwrap_or_default(),
+                        b.create_time.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)).unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            print_table(&["BATCH_ID", "JOB_TYPE", "STATUS", "CREATE_TIME"], &rows);
+            Ok(())
+        }
+        other => print_structured(&batches, other),
+    }
+}
+
+pub async fn describe(client: &Client, batch_id: &str, format: OutputFormat) -> Result<(), CliError> {
+    let batch = get(client, batch_id).await?;
+    // describe is YAML unless asked otherwise, as people expect.
+    let format = if format == OutputFormat::Table { OutputFormat::Yaml } else { format };
+    print_structured(&batch, format)
+}
+
+pub async fn cancel(client: &Client, batch_id: &str) -> Result<(), CliError> {
+    let batch = get(client, batch_id).await?;
+    let operation = batch
+        .operation
+        .ok_or_else(|| CliError::Transport("the batch has no operation".into()))?;
+    client
+        .call::<serde_json::Value, serde_json::Value>(Method::POST, &format!("/v1/{operation}:cancel"), None)
+        .await?;
+    let after = get(client, batch_id).await?;
+    eprintln!(
+        "Batch [{batch_id}] cancellation requested; it is now {}.",
+        after.state.map(|s| s.name()).unwrap_or("UNKNOWN")
+    );
+    Ok(())
+}
+
+pub async fn delete(client: &Client, batch_id: &str) -> Result<(), CliError> {
+    client
+        .call::<(), serde_json::Value>(Method::DELETE, &format!("{}/{batch_id}", client.batches_path()), None)
+        .await?;
+    eprintln!("Deleted batch [{batch_id}].");
+    Ok(())
+}
+
+/// Follows a batch until it ends; prints each state change. Ok(true) when
+/// it SUCCEEDED.
+pub async fn wait(client: &Client, batch_id: &str) -> Result<bool, CliError> {
+    let mut last: Option<(State, String)> = None;
+    loop {
+        let batch = get(client, batch_id).await?;
+        let state = batch.state.unwrap_or(State::StateUnspecified);
+        let message = batch.state_message.clone().unwrap_or_default();
+        if last.as_ref() != Some(&(state, message.clone())) {
+            if !state.is_terminal() {
+                eprintln!("Batch [{batch_id}] is {state}: {message}");
+            }
+            last = Some((state, message.clone()));
+        }
+        match state {
+            State::Succeeded => {
+                eprintln!("Batch [{batch_id}] finished.");
+                return Ok(true);
+            }
+            State::Failed | State::Cancelled => {
+                eprintln!("Batch job is {state}. Detail: {message}");
+                return Ok(false);
+            }
+            _ => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_split_on_commas_or_a_custom_delimiter() {
+        let p = parse_pairs("a=1,b=x=y", "--properties").expect("pairs");
+        assert_eq!(p["a"], "1");
+        assert_eq!(p["b"], "x=y");
+        let p = parse_pairs("^#^spark.jars=a.jar,b.jar#k=v", "--properties").expect("pairs");
+        assert_eq!(p["spark.jars"], "a.jar,b.jar");
+        assert!(parse_pairs("novalue", "--labels").is_err());
+    }
+
+    #[test]
+    fn a_submit_builds_the_published_flex_start_batch() {
+        let opts = SubmitOptions {
+            version: Some("3.0".into()),
+            properties: Some("spark.dataproc.executor.resource.accelerator.type=l4,spark.executor.instances=8".into()),
+            ttl: Some(Duration::from_secs(4 * 3600)),
+            ..Default::default()
+        };
+        let b = build_batch(
+            &Workload::Pyspark { file: "gs://bucket/job.py".into(), py_files: vec![] },
+            &opts,
+        )
+        .expect("batch");
+        assert_eq!(b.properties()["spark.executor.instances"], "8");
+        assert_eq!(
+            b.environment_config.and_then(|e| e.execution_config).and_then(|e| e.ttl),
+            Some("14400s".into())
+        );
+    }
+}

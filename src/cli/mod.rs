@@ -1,0 +1,152 @@
+//! The client side: `flexq batches …` over the REST API, shaped like the
+//! batch CLI people already know, and `flexq bench`.
+//!
+//! The CLI talks to the server only through the HTTP API's types.
+
+pub mod batches;
+pub mod bench;
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::{ErrorBody, Status};
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Where and as whom the CLI calls.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub endpoint: String,
+    pub project: String,
+    pub region: String,
+}
+
+/// A failed call: the server's Status, or why the server was not reached.
+#[derive(Debug)]
+pub enum CliError {
+    Api(Status),
+    Transport(String),
+    Usage(String),
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Api(s) => {
+                write!(f, "ERROR: (flexq) {}: {}", s.status.name(), s.message)?;
+                for v in s.field_violations() {
+                    write!(f, "\n  - {}: {}", v.field, v.description)?;
+                }
+                Ok(())
+            }
+            CliError::Transport(m) => write!(f, "ERROR: (flexq) {m}"),
+            CliError::Usage(m) => write!(f, "ERROR: (flexq) {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CliError {}
+
+/// A thin JSON client of the REST API.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    pub target: Target,
+}
+
+impl Client {
+    pub fn new(target: Target) -> Result<Client, CliError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| CliError::Transport(format!("cannot build HTTP client: {e}")))?;
+        Ok(Client { http, target })
+    }
+
+    /// `projects/{p}/locations/{r}/batches`
+    pub fn batches_path(&self) -> String {
+        format!(
+            "/v1/projects/{}/locations/{}/batches",
+            self.target.project, self.target.region
+        )
+    }
+
+    pub async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<&B>,
+    ) -> Result<T, CliError> {
+        let url = format!("{}{}", self.target.endpoint.trim_end_matches('/'), path_and_query);
+        let mut req = self.http.request(method, &url);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| CliError::Transport(format!("cannot reach flexq at {}: {e}", self.target.endpoint)))?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| CliError::Transport(format!("reading the answer of {url}: {e}")))?;
+        if status.is_success() {
+            serde_json::from_slice(&bytes)
+                .map_err(|e| CliError::Transport(format!("unexpected answer from {url}: {e}")))
+        } else {
+            match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(body) => Err(CliError::Api(body.error)),
+                Err(_) => Err(CliError::Transport(format!(
+                    "{url} answered {status}: {}",
+                    String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()
+                ))),
+            }
+        }
+    }
+}
+
+/// Prints `value` as JSON or YAML.
+pub fn print_structured<T: Serialize>(value: &T, format: OutputFormat) -> Result<(), CliError> {
+    let text = match format {
+        OutputFormat::Yaml => serde_yaml::to_string(value).map_err(|e| CliError::Transport(e.to_string()))?,
+        _ => serde_json::to_string_pretty(value).map_err(|e| CliError::Transport(e.to_string()))? + "\n",
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// Prints rows under a header, columns aligned.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}

@@ -1,0 +1,414 @@
+//! Operator configuration: typed serde structs layered as built-in file
+//! (`config/flexq.toml`, compiled in) → `--config PATH` → `FLEXQ_*`
+//! environment variables.
+//!
+//! Every key is checked at load time; a bad value stops start-up with a
+//! message naming the key, because a scheduler that silently falls back to a
+//! default timeout or drops a region is worse than one that refuses to start.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{Accelerator, RuntimeVersion};
+
+/// The embedded default configuration.
+pub const DEFAULT_TOML: &str = include_str!("../config/flexq.toml");
+
+/// The hard ceiling of any allocation timeout (spec §3).
+pub const ALLOCATION_TIMEOUT_CEILING: Duration = Duration::from_secs(7200);
+
+/// Top-level sections; only `FLEXQ_<SECTION>__…` variables are config, so
+/// the CLI's own variables (`FLEXQ_PROJECT`, `FLEXQ_ENDPOINT`) never clash.
+const SECTIONS: &[&str] = &[
+    "server",
+    "database",
+    "provisioning",
+    "batches",
+    "log",
+    "runtimes",
+    "regions",
+    "projects",
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub database: DatabaseConfig,
+    pub provisioning: ProvisioningConfig,
+    pub batches: BatchesConfig,
+    pub log: LogConfig,
+    pub runtimes: BTreeMap<String, RuntimeConfig>,
+    pub regions: BTreeMap<String, RegionConfig>,
+    #[serde(default)]
+    pub projects: BTreeMap<String, ProjectConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub bind: SocketAddr,
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    pub data_dir: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    pub max_connections: u32,
+    pub group_commit_max: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisioningConfig {
+    #[serde(with = "humantime_serde")]
+    pub default_allocation_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_allocation_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchesConfig {
+    pub default_runtime: String,
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    pub max_properties: usize,
+    pub max_property_key_bytes: usize,
+    pub max_property_value_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub filter: String,
+}
+
+/// What a runtime version carries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    pub spark: String,
+    pub rapids: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xgboost: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionConfig {
+    pub accelerators: Vec<Accelerator>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectConfig {
+    /// Organisation policy `constraints/compute.requireShieldedVm`.
+    #[serde(default)]
+    pub require_shielded_vm: bool,
+}
+
+/// A configuration that cannot be used; the message names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Parse(#[from] Box<figment::Error>),
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Loads the embedded default, then `file` if given, then `FLEXQ_*`
+    /// variables from the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_with_env(file, Env::prefixed("FLEXQ_"))
+    }
+
+    /// Loads the embedded default and `file` only, ignoring the environment
+    /// (tests and benchmarks that must not be steered by the caller's shell).
+    pub fn load_without_env(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(file) = file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        Self::extract(figment)
+    }
+
+    fn load_with_env(file: Option<&Path>, env: Env) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(file) = file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        let env = env
+            .filter(|key| {
+                let section = key.as_str().split("__").next().unwrap_or_default();
+                SECTIONS.iter().any(|s| s.eq_ignore_ascii_case(section))
+            })
+            .split("__");
+        Self::extract(figment.merge(env))
+    }
+
+    fn extract(figment: Figment) -> Result<Config, ConfigError> {
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// The checks serde cannot express: relations between keys and ranges.
+    fn check(&self) -> Result<(), ConfigError> {
+        let p = &self.provisioning;
+        if p.max_allocation_timeout > ALLOCATION_TIMEOUT_CEILING {
+            return Err(invalid(
+                "provisioning.max_allocation_timeout",
+                format!(
+                    "{} is above the ceiling of 2h (7200s)",
+                    humantime::format_duration(p.max_allocation_timeout)
+                ),
+            ));
+        }
+        for (key, d) in [
+            ("provisioning.max_allocation_timeout", p.max_allocation_timeout),
+            (
+                "provisioning.default_allocation_timeout",
+                p.default_allocation_timeout,
+            ),
+        ] {
+            if d.as_secs() < 1 || d.subsec_nanos() != 0 {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} must be whole seconds, at least 1s",
+                        humantime::format_duration(d)
+                    ),
+                ));
+            }
+        }
+        if p.default_allocation_timeout > p.max_allocation_timeout {
+            return Err(invalid(
+                "provisioning.default_allocation_timeout",
+                format!(
+                    "{} is above provisioning.max_allocation_timeout ({}); the default is capped at the maximum, never above 2h (7200s)",
+                    humantime::format_duration(p.default_allocation_timeout),
+                    humantime::format_duration(p.max_allocation_timeout)
+                ),
+            ));
+        }
+        for version in self.runtimes.keys() {
+            if version.parse::<RuntimeVersion>().is_err() {
+                return Err(invalid(
+                    format!("runtimes.\"{version}\""),
+                    "a runtime version is MAJOR.MINOR, e.g. \"2.2\"",
+                ));
+            }
+        }
+        if !self.runtimes.contains_key(&self.batches.default_runtime) {
+            return Err(invalid(
+                "batches.default_runtime",
+                format!(
+                    "\"{}\" is not in [runtimes]; configured: {}",
+                    self.batches.default_runtime,
+                    self.runtimes.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        let ttl = self.batches.default_ttl;
+        if ttl < Duration::from_secs(600) || ttl > Duration::from_secs(14 * 86400) {
+            return Err(invalid(
+                "batches.default_ttl",
+                "must be between 10m and 14days",
+            ));
+        }
+        if self.regions.is_empty() {
+            return Err(invalid("regions", "at least one region must be configured"));
+        }
+        for (name, region) in &self.regions {
+            if !crate::spec::is_resource_id(name) {
+                return Err(invalid(
+                    format!("regions.{name}"),
+                    "a region name is lowercase letters, digits and dashes",
+                ));
+            }
+            if region.accelerators.is_empty() {
+                return Err(invalid(
+                    format!("regions.{name}.accelerators"),
+                    "list at least one GPU type (l4, a100-40, a100-80)",
+                ));
+            }
+        }
+        if self.server.max_body_bytes < 1024 {
+            return Err(invalid("server.max_body_bytes", "must be at least 1024"));
+        }
+        if self.database.group_commit_max == 0 {
+            return Err(invalid("database.group_commit_max", "must be at least 1"));
+        }
+        if self.database.max_connections < 2 {
+            return Err(invalid(
+                "database.max_connections",
+                "must be at least 2 (one writer, one reader)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The database URL in effect: the configured one, or the SQLite file
+    /// under the data directory.
+    pub fn database_url(&self) -> String {
+        match &self.database.url {
+            Some(url) => url.clone(),
+            None => format!(
+                "sqlite://{}?mode=rwc",
+                self.database.data_dir.join("flexq.db").display()
+            ),
+        }
+    }
+
+    /// The effective configuration as TOML, with secrets redacted.
+    pub fn to_toml(&self) -> String {
+        let mut shown = self.clone();
+        if let Some(url) = &shown.database.url {
+            shown.database.url = Some(redact_url(url));
+        }
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+}
+
+/// Hides a password in `scheme://user:password@host/...`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:REDACTED@{host}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let config = Config::load_without_env(None).expect("default config loads");
+        assert_eq!(
+            config.provisioning.default_allocation_timeout,
+            Duration::from_secs(3600)
+        );
+        assert!(config.database_url().ends_with("data/flexq.db?mode=rwc"));
+    }
+
+    #[test]
+    fn environment_overrides_a_key_with_humantime() {
+        Jail::expect_with(|jail| {
+            jail.set_env("FLEXQ_PROVISIONING__DEFAULT_ALLOCATION_TIMEOUT", "45m");
+            jail.set_env("FLEXQ_PROJECT", "not-a-config-key");
+            let config = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(
+                config.provisioning.default_allocation_timeout,
+                Duration::from_secs(45 * 60)
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn default_timeout_above_the_ceiling_names_the_key() {
+        Jail::expect_with(|jail| {
+            jail.set_env("FLEXQ_PROVISIONING__DEFAULT_ALLOCATION_TIMEOUT", "3h");
+            let err = Config::load(None).expect_err("3h is above 2h").to_string();
+            assert!(
+                err.contains("provisioning.default_allocation_timeout"),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn maximum_above_two_hours_is_refused() {
+        Jail::expect_with(|jail| {
+            jail.set_env("FLEXQ_PROVISIONING__MAX_ALLOCATION_TIMEOUT", "7201s");
+            let err = Config::load(None).expect_err("above 7200s").to_string();
+            assert!(err.contains("provisioning.max_allocation_timeout"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_malformed_value_names_the_key() {
+        Jail::expect_with(|jail| {
+            jail.set_env("FLEXQ_SERVER__BIND", "not-an-address");
+            let err = Config::load(None).expect_err("bad bind").to_string();
+            assert!(err.to_lowercase().contains("server.bind"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_unknown_key_in_a_file_is_refused() {
+        Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", "[server]\nbindd = \"127.0.0.1:1\"\n")?;
+            let err = Config::load_without_env(Some(Path::new("bad.toml")))
+                .expect_err("unknown key")
+                .to_string();
+            assert!(err.contains("bindd"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_unknown_gpu_type_in_a_region_is_refused() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "bad.toml",
+                "[regions.us-east1]\naccelerators = [\"h100\"]\n",
+            )?;
+            let err = Config::load_without_env(Some(Path::new("bad.toml")))
+                .expect_err("unknown gpu")
+                .to_string();
+            assert!(err.contains("regions.us-east1.accelerators"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://flexq:s3cret@db:5432/flexq"),
+            "postgres://flexq:REDACTED@db:5432/flexq"
+        );
+        assert_eq!(redact_url("sqlite://data/x.db"), "sqlite://data/x.db");
+    }
+}

@@ -1,0 +1,25 @@
+//! flexq: a capacity-aware scheduler daemon for GPU Spark batches — a
+//! "flex start" queue.
+//!
+//! Map of the crate:
+//!
+//! - [`api`]: wire types (Batch, Operation, State, `google.rpc.Status`),
+//!   shared by server, CLI and tests.
+//! - [`spec`]: the Flex Start rules as a pure function from a Batch to a
+//!   validated cluster request or every field violation.
+//! - [`store`]: durable state on SQLite through sqlx; creates are group
+//!   committed.
+//! - [`server`]: the axum REST API (Dataproc Batches v1 compatible),
+//!   health endpoints and graceful shutdown.
+//! - [`cli`]: the client commands (`flexq batches …`) and the benchmark.
+//! - [`config`], [`telemetry`], [`metrics`]: operator configuration, logs,
+//!   Prometheus metrics.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod metrics;
+pub mod server;
+pub mod spec;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,298 @@
+//! The `flexq` command line. Parsing only; the work is in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use flexq::cli::batches::{self, SubmitOptions, Workload};
+use flexq::cli::bench::{self, BenchOptions};
+use flexq::cli::{Client, OutputFormat, Target};
+use flexq::config::Config;
+
+#[derive(Parser)]
+#[command(name = "flexq", version, about = "A capacity-aware scheduler for GPU Spark batches (a flex start queue)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the API server (and, later, the scheduler).
+    Serve(ConfigArg),
+    /// Create or upgrade the database schema, then exit.
+    Migrate(ConfigArg),
+    /// Show or check the effective configuration.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Submit and manage batches.
+    Batches {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(subcommand)]
+        action: BatchesAction,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        action: BenchAction,
+    },
+}
+
+#[derive(Args)]
+struct ConfigArg {
+    /// A TOML file layered over the embedded default.
+    #[arg(long, env = "FLEXQ_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Print the effective configuration (secrets redacted).
+    Print(ConfigArg),
+    /// Check the configuration; exit non-zero naming the bad key.
+    Check(ConfigArg),
+}
+
+#[derive(Args)]
+struct TargetArgs {
+    /// The flexq server.
+    #[arg(long, global = true, env = "FLEXQ_ENDPOINT", default_value = "http://127.0.0.1:8080")]
+    endpoint: String,
+    /// The project the batches belong to.
+    #[arg(long, global = true, env = "FLEXQ_PROJECT")]
+    project: Option<String>,
+    /// The region (location) of the batches.
+    #[arg(long, global = true, env = "FLEXQ_REGION")]
+    region: Option<String>,
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    format: OutputFormat,
+}
+
+#[derive(Subcommand)]
+enum BatchesAction {
+    /// Submit a batch; follows it until it ends unless --async.
+    Submit {
+        #[command(subcommand)]
+        kind: SubmitKind,
+    },
+    /// List batches, newest first.
+    List {
+        /// AIP-160 filter, e.g. 'state = RUNNING AND create_time < "2026-01-01T00:00:00Z"'.
+        #[arg(long)]
+        filter: Option<String>,
+        #[arg(long)]
+        page_size: Option<u32>,
+        /// Stop after this many batches.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Show one batch (YAML unless --format json).
+    Describe { batch: String },
+    /// Cancel a batch.
+    Cancel { batch: String },
+    /// Delete a finished batch.
+    Delete { batch: String },
+    /// Follow a batch until it ends; exit non-zero unless it SUCCEEDED.
+    Wait { batch: String },
+}
+
+#[derive(Subcommand)]
+enum SubmitKind {
+    /// A PySpark batch.
+    Pyspark {
+        /// The main Python file: a local path or a URI.
+        file: String,
+        /// Extra Python files (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        py_files: Vec<String>,
+        #[command(flatten)]
+        opts: SubmitArgs,
+    },
+    /// A Spark (JVM) batch.
+    Spark {
+        /// The main class.
+        #[arg(long, required_unless_present = "jar", conflicts_with = "jar")]
+        class: Option<String>,
+        /// The main jar.
+        #[arg(long)]
+        jar: Option<String>,
+        #[command(flatten)]
+        opts: SubmitArgs,
+    },
+    /// A Spark SQL batch.
+    SparkSql {
+        /// The query file: a local path or a URI.
+        file: String,
+        #[command(flatten)]
+        opts: SubmitArgs,
+    },
+}
+
+#[derive(Args)]
+struct SubmitArgs {
+    /// The batch id (generated when absent).
+    #[arg(long = "batch")]
+    batch_id: Option<String>,
+    /// Idempotency key: a retried submit with it returns the first batch.
+    #[arg(long)]
+    request_id: Option<String>,
+    /// Runtime version, e.g. 3.0.
+    #[arg(long)]
+    version: Option<String>,
+    /// Spark properties: k=v,k=v (or ^#^k=a,b#k2=v).
+    #[arg(long)]
+    properties: Option<String>,
+    /// Labels: k=v,k=v.
+    #[arg(long)]
+    labels: Option<String>,
+    /// Maximum run time, e.g. 4h.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
+    /// Extra jars (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    jars: Vec<String>,
+    /// Extra files (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    files: Vec<String>,
+    /// Return once the batch is submitted.
+    #[arg(long = "async")]
+    run_async: bool,
+    /// Arguments for the job, after --.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum BenchAction {
+    /// Durable creates over loopback HTTP.
+    Submit {
+        /// Concurrent closed-loop clients.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        warmup: Duration,
+        /// Open loop: send this many creates per second on a timetable.
+        #[arg(long)]
+        rate: Option<u64>,
+        /// Use a running server instead of starting one.
+        #[arg(long)]
+        endpoint: Option<String>,
+    },
+}
+
+fn load_config(arg: &ConfigArg) -> Result<Config, ExitCode> {
+    Config::load(arg.config.as_deref()).map_err(|e| {
+        eprintln!("flexq: invalid configuration: {e}");
+        ExitCode::from(2)
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    match cli.command {
+        Command::Serve(arg) => {
+            let config = match load_config(&arg) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            flexq::telemetry::init(config.log.format, &config.log.filter);
+            flexq::server::serve(config).await?;
+        }
+        Command::Migrate(arg) => {
+            let config = match load_config(&arg) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            flexq::store::migrate_only(&flexq::store::StoreOptions {
+                url: config.database_url(),
+                max_connections: 2,
+                group_commit_max: 1,
+            })
+            .await?;
+            eprintln!("database at {} is up to date", config.database_url());
+        }
+        Command::Config { action } => match action {
+            ConfigAction::Print(arg) => match load_config(&arg) {
+                Ok(c) => print!("{}", c.to_toml()),
+                Err(code) => return Ok(code),
+            },
+            ConfigAction::Check(arg) => match load_config(&arg) {
+                Ok(_) => eprintln!("configuration is valid"),
+                Err(code) => return Ok(code),
+            },
+        },
+        Command::Batches { target, action } => return batches_command(target, action).await,
+        Command::Bench { action } => match action {
+            BenchAction::Submit { clients, duration, warmup, rate, endpoint } => {
+                bench::submit(BenchOptions { clients, duration, rate, endpoint, warmup }).await?;
+            }
+        },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn batches_command(target: TargetArgs, action: BatchesAction) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let project = target.project.ok_or("ERROR: (flexq) no project: pass --project or set FLEXQ_PROJECT")?;
+    let region = target.region.ok_or("ERROR: (flexq) no region: pass --region or set FLEXQ_REGION")?;
+    let client = Client::new(Target { endpoint: target.endpoint, project, region })?;
+    let format = target.format;
+    let ok = match action {
+        BatchesAction::Submit { kind } => {
+            let (workload, args) = match kind {
+                SubmitKind::Pyspark { file, py_files, opts } => (Workload::Pyspark { file, py_files }, opts),
+                SubmitKind::Spark { class, jar, opts } => (Workload::Spark { class, jar }, opts),
+                SubmitKind::SparkSql { file, opts } => (Workload::SparkSql { file }, opts),
+            };
+            let opts = SubmitOptions {
+                batch_id: args.batch_id,
+                request_id: args.request_id,
+                version: args.version,
+                properties: args.properties,
+                labels: args.labels,
+                ttl: args.ttl,
+                jars: args.jars,
+                files: args.files,
+                run_async: args.run_async,
+                args: args.args,
+            };
+            batches::submit(&client, workload, opts).await?
+        }
+        BatchesAction::List { filter, page_size, limit } => {
+            batches::list(&client, filter.as_deref(), page_size, limit, format).await?;
+            true
+        }
+        BatchesAction::Describe { batch } => {
+            batches::describe(&client, &batch, format).await?;
+            true
+        }
+        BatchesAction::Cancel { batch } => {
+            batches::cancel(&client, &batch).await?;
+            true
+        }
+        BatchesAction::Delete { batch } => {
+            batches::delete(&client, &batch).await?;
+            true
+        }
+        BatchesAction::Wait { batch } => batches::wait(&client, &batch).await?,
+    };
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

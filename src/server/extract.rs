@@ -1,0 +1,247 @@
+//! Extractors whose rejections are `google.rpc.Status` errors, never axum's
+//! default plain-text bodies, and the response encoder that honours
+//! `$alt=json;enum-encoding=int`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::api::{Code, State};
+
+/// A JSON request body, checked for content type, size and unknown fields.
+pub struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase);
+        let is_json = content_type.as_deref().is_some_and(|ct| {
+            let mime = ct.split(';').next().unwrap_or_default().trim();
+            mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+        });
+        if !is_json {
+            return Err(ApiError::new(
+                Code::InvalidArgument,
+                "UNSUPPORTED_CONTENT_TYPE",
+                format!(
+                    "Content-Type {} is not accepted; send the body as application/json",
+                    content_type.as_deref().map(crate::api::quote).unwrap_or_else(|| "(none)".into())
+                ),
+            )
+            .with_meta("contentType", content_type.unwrap_or_default()));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ApiError::new(
+                Code::InvalidArgument,
+                "EMPTY_BODY",
+                "the request body is empty; a JSON object is expected",
+            ));
+        }
+        let de = &mut serde_json::Deserializer::from_slice(&bytes);
+        match serde_path_to_error::deserialize(de) {
+            Ok(value) => Ok(JsonBody(value)),
+            Err(err) => {
+                let path = err.path().to_string();
+                let inner = err.inner();
+                let field = if path == "." { "body".to_string() } else { path };
+                let description = format!(
+                    "{inner}"
+                );
+                Err(ApiError::new(
+                    Code::InvalidArgument,
+                    "MALFORMED_BODY",
+                    format!("invalid JSON body at {field}: {description}"),
+                )
+                .with_meta("field", field.clone())
+                .with_meta("line", inner.line().to_string())
+                .with_meta("column", inner.column().to_string())
+                .with_violations(vec![crate::api::FieldViolation { field, description }]))
+            }
+        }
+    }
+}
+
+fn body_rejection(r: BytesRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            Code::InvalidArgument,
+            "BODY_TOO_LARGE",
+            "the request body is larger than the server accepts (server.max_body_bytes)",
+        )
+    } else {
+        ApiError::new(Code::InvalidArgument, "UNREADABLE_BODY", r.body_text())
+    }
+}
+
+/// Path parameters.
+pub struct ApiPath<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(v)| ApiPath(v))
+            .map_err(|e| ApiError::new(Code::InvalidArgument, "INVALID_PATH", e.body_text()))
+    }
+}
+
+/// Query parameters; unknown ones are refused (a misspelt `pageSize` must
+/// not silently give the default).
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(v)| ApiQuery(v))
+            .map_err(|e| {
+                let text = e.body_text();
+                let detail = text
+                    .strip_prefix("Failed to deserialize query string: ")
+                    .unwrap_or(&text)
+                    .to_string();
+                ApiError::new(
+                    Code::InvalidArgument,
+                    "INVALID_QUERY",
+                    format!("invalid query parameters: {detail}"),
+                )
+                .with_meta("detail", detail)
+            })
+    }
+}
+
+/// How to encode enums in the answer: names (proto3 JSON default) or
+/// numbers (`$alt=json;enum-encoding=int`, sent by Google's client
+/// libraries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    EnumNames,
+    EnumInts,
+}
+
+impl Format {
+    pub fn from_query(query: Option<&str>) -> Format {
+        let Some(query) = query else {
+            return Format::EnumNames;
+        };
+        let wants_ints = serde_urlencoded::from_str::<Vec<(String, String)>>(query)
+            .unwrap_or_default()
+            .iter()
+            .any(|(k, v)| k == "$alt" && v.split(';').any(|p| p.trim() == "enum-encoding=int"));
+        if wants_ints {
+            Format::EnumInts
+        } else {
+            Format::EnumNames
+        }
+    }
+
+    /// Encodes `value` as the answer body.
+    pub fn respond<T: Serialize>(self, status: StatusCode, value: &T) -> Response {
+        let mut json = match serde_json::to_value(value) {
+            Ok(v) => v,
+            Err(e) => return ApiError::internal(format!("cannot encode answer: {e}")).into_response(),
+        };
+        if self == Format::EnumInts {
+            enums_to_ints(&mut json);
+        }
+        (status, axum::Json(json)).into_response()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Format {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        Ok(Format::from_query(parts.uri.query()))
+    }
+}
+
+/// Rewrites enum fields to their numbers, leaving user maps (labels,
+/// properties, …) untouched.
+fn enums_to_ints(v: &mut serde_json::Value) {
+    const USER_MAPS: &[&str] = &["labels", "properties", "queryVariables", "endpoints"];
+    match v {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                if USER_MAPS.contains(&key.as_str()) {
+                    continue;
+                }
+                match (key.as_str(), value.as_str()) {
+                    ("state", Some(name)) => {
+                        if let Some(s) = State::from_name(name) {
+                            *value = s.number().into();
+                        }
+                    }
+                    ("operationType", Some("BATCH")) => *value = 1.into(),
+                    _ => enums_to_ints(value),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(enums_to_ints),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enum_int_encoding_spares_user_maps() {
+        let mut v = serde_json::json!({
+            "state": "PENDING",
+            "labels": {"state": "PENDING"},
+            "stateHistory": [{"state": "RUNNING"}],
+            "metadata": {"operationType": "BATCH"}
+        });
+        enums_to_ints(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "state": 1,
+                "labels": {"state": "PENDING"},
+                "stateHistory": [{"state": 2}],
+                "metadata": {"operationType": 1}
+            })
+        );
+    }
+
+    #[test]
+    fn the_official_clients_query_is_recognised() {
+        assert_eq!(
+            Format::from_query(Some("%24alt=json%3Benum-encoding%3Dint")),
+            Format::EnumInts
+        );
+        assert_eq!(Format::from_query(Some("$alt=json;enum-encoding=int")), Format::EnumInts);
+        assert_eq!(Format::from_query(Some("$alt=json")), Format::EnumNames);
+        assert_eq!(Format::from_query(None), Format::EnumNames);
+    }
+}

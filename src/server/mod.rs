@@ -1,0 +1,243 @@
+//! The HTTP layer: the REST API of `spec/api.md`, `/healthz`, `/readyz`,
+//! `/metrics`, the runtime catalog, request logging and metrics, request
+//! timeouts and graceful shutdown.
+
+mod batches;
+mod error;
+mod extract;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State as AppState};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{BoxError, Json, Router};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceBuilder;
+
+pub use batches::{operation, to_batch};
+pub use error::ApiError;
+
+use crate::api::Code;
+use crate::config::Config;
+use crate::store::{Store, StoreOptions};
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct App {
+    pub config: Arc<Config>,
+    pub store: Store,
+    /// The principal recorded as `creator` (authentication comes later).
+    pub creator: String,
+}
+
+impl App {
+    /// Opens the store of `config` (running migrations).
+    pub async fn open(config: Config) -> anyhow::Result<App> {
+        let store = Store::open(&StoreOptions {
+            url: config.database_url(),
+            max_connections: config.database.max_connections,
+            group_commit_max: config.database.group_commit_max,
+        })
+        .await?;
+        Ok(App {
+            config: Arc::new(config),
+            store,
+            creator: "anonymous".into(),
+        })
+    }
+}
+
+/// The whole HTTP API.
+pub fn router(app: App) -> Router {
+    let timeout = app.config.server.request_timeout;
+    let body_limit = app.config.server.max_body_bytes;
+    let batches = "/v1/projects/{project}/locations/{region}/batches";
+    Router::new()
+        .route(batches, get(batches::list).post(batches::create))
+        .route(
+            &format!("{batches}/{{batch}}"),
+            get(batches::get).delete(batches::delete),
+        )
+        .route(
+            "/v1/projects/{project}/regions/{region}/operations/{operation}",
+            get(batches::get_operation).post(batches::post_operation),
+        )
+        .route("/v1/runtimes", get(runtimes))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(|e: BoxError| async move {
+                    if e.is::<tower::timeout::error::Elapsed>() {
+                        ApiError::new(
+                            Code::DeadlineExceeded,
+                            "REQUEST_TIMEOUT",
+                            "the request took longer than server.request_timeout",
+                        )
+                    } else {
+                        ApiError::internal(e)
+                    }
+                }))
+                .timeout(timeout),
+        )
+        .layer(middleware::from_fn(observe))
+        .with_state(app)
+}
+
+/// Logs every request once and counts it, by route template (never by raw
+/// path, which would carry ids).
+async fn observe(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let path = req.uri().path().to_string();
+    let response = next.run(req).await;
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    crate::metrics::record_http(method.as_str(), &route, status, elapsed);
+    if status >= 500 {
+        tracing::warn!(http.method = %method, http.path = %path, http.status = status, latency_us = elapsed.as_micros() as u64, "request");
+    } else {
+        tracing::debug!(http.method = %method, http.path = %path, http.status = status, latency_us = elapsed.as_micros() as u64, "request");
+    }
+    response
+}
+
+async fn unknown_route(req: Request) -> ApiError {
+    ApiError::new(
+        Code::NotFound,
+        "UNKNOWN_ROUTE",
+        format!(
+            "no such resource: {} {}",
+            req.method(),
+            crate::api::quote(req.uri().path())
+        ),
+    )
+    .with_meta("path", req.uri().path())
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        Code::Unimplemented,
+        "METHOD_NOT_ALLOWED",
+        format!(
+            "method {} is not supported on {}",
+            req.method(),
+            crate::api::quote(req.uri().path())
+        ),
+    )
+    .with_meta("method", req.method().as_str())
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(AppState(app): AppState<App>) -> Response {
+    match app.store.ping().await {
+        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "not ready");
+            ApiError::new(Code::Unavailable, "NOT_READY", "the database is not reachable")
+                .into_response()
+        }
+    }
+}
+
+async fn metrics() -> Response {
+    (
+        StatusCode::OK,
+        [("content-type", "text/plain; version=0.0.4")],
+        crate::metrics::render(),
+    )
+        .into_response()
+}
+
+/// The runtime catalog: what each version carries.
+async fn runtimes(AppState(app): AppState<App>) -> Json<serde_json::Value> {
+    let list: Vec<_> = app
+        .config
+        .runtimes
+        .iter()
+        .map(|(version, r)| {
+            serde_json::json!({
+                "version": version,
+                "sparkVersion": r.spark,
+                "rapidsVersion": r.rapids,
+                "xgboostVersion": r.xgboost,
+                "default": *version == app.config.batches.default_runtime,
+            })
+        })
+        .collect();
+    Json(serde_json::json!({ "runtimes": list }))
+}
+
+/// Serves `app` on `listener` until `shutdown` fires, then drains in-flight
+/// requests for at most `server.shutdown_timeout` and closes the store.
+pub async fn run(listener: TcpListener, app: App, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let drain = app.config.server.shutdown_timeout;
+    let store = app.store.clone();
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "flexq listening");
+    let server = axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let server = tokio::spawn(async move { server.await });
+    shutdown.cancelled().await;
+    tracing::info!(drain_s = drain.as_secs(), "shutting down: draining in-flight requests");
+    match tokio::time::timeout(drain, server).await {
+        Ok(result) => result??,
+        Err(_) => tracing::warn!("drain timeout passed; closing with requests in flight"),
+    }
+    store.close().await;
+    tracing::info!("flexq stopped");
+    Ok(())
+}
+
+/// Cancels `token` on SIGINT or SIGTERM.
+pub fn cancel_on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => tracing::info!("SIGINT received"),
+            _ = term => tracing::info!("SIGTERM received"),
+        }
+        token.cancel();
+    });
+}
+
+/// Serves with `config` until SIGINT/SIGTERM.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let bind = config.server.bind;
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {bind} (server.bind): {e}"))?;
+    let app = App::open(config).await?;
+    let token = CancellationToken::new();
+    cancel_on_signals(token.clone());
+    run(listener, app, token).await
+}

@@ -1,0 +1,577 @@
+//! The Flex Start rules (spec §2 and §3) as a pure function: a submitted
+//! [`Batch`] becomes a validated [`ClusterRequest`] or a [`Rejection`]
+//! listing *every* field violation at once, so a user fixes a batch in one
+//! round trip instead of one error at a time.
+//!
+//! No I/O and no clock here: the config is an argument and the deadline is
+//! computed by the caller from the queue time and
+//! [`ClusterRequest::allocation_timeout_s`].
+
+mod properties;
+mod shape;
+mod units;
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{Batch, Code, FieldViolation, quote};
+use crate::config::Config;
+
+pub use properties::{DATAPROC_PROPERTIES, property_field};
+pub use shape::{Accelerator, QuotaMetric};
+pub use units::{parse_allocation_timeout, parse_memory_mb, parse_proto_duration, parse_size_gb};
+
+/// A runtime version, `MAJOR.MINOR`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RuntimeVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl RuntimeVersion {
+    pub const fn new(major: u32, minor: u32) -> RuntimeVersion {
+        RuntimeVersion { major, minor }
+    }
+}
+
+impl Ord for RuntimeVersion {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.major, self.minor).cmp(&(other.major, other.minor))
+    }
+}
+
+impl PartialOrd for RuntimeVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl FromStr for RuntimeVersion {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let (major, minor) = s.split_once('.').ok_or(())?;
+        let digits = |p: &str| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit());
+        if !digits(major) || !digits(minor) {
+            return Err(());
+        }
+        Ok(RuntimeVersion::new(
+            major.parse().map_err(|_| ())?,
+            minor.parse().map_err(|_| ())?,
+        ))
+    }
+}
+
+impl fmt::Display for RuntimeVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// `queue` (flex start: wait for capacity) or `default` (on demand: now or
+/// fail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProvisioningMode {
+    Queue,
+    Default,
+}
+
+impl ProvisioningMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProvisioningMode::Queue => "queue",
+            ProvisioningMode::Default => "default",
+        }
+    }
+}
+
+/// The kind of Spark workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    Pyspark,
+    Spark,
+    SparkSql,
+}
+
+/// The resources one node of the cluster needs (the driver, or each
+/// executor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeShape {
+    /// None: a CPU node.
+    pub accelerator: Option<Accelerator>,
+    pub cores: u32,
+    pub gpus: u32,
+    pub memory_mb: u64,
+    pub memory_overhead_mb: u64,
+    pub local_ssd_gb: u64,
+}
+
+/// How much of one quota metric the whole cluster needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaAmount {
+    pub metric: QuotaMetric,
+    pub amount: u64,
+}
+
+/// A batch turned into what the scheduler allocates as one unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRequest {
+    pub workload: Workload,
+    pub runtime: RuntimeVersion,
+    pub driver: NodeShape,
+    pub executor: NodeShape,
+    pub executor_count: u32,
+    pub mode: ProvisioningMode,
+    /// The smaller of the driver's and the executors' timeouts (spec §3).
+    pub allocation_timeout_s: u64,
+    /// Maximum run time; None on 1.x runtimes without an explicit ttl.
+    pub ttl_s: Option<u64>,
+    /// Every quota metric the cluster draws from, with its amount.
+    pub quota: Vec<QuotaAmount>,
+}
+
+impl ClusterRequest {
+    /// Whether any node of the cluster has a GPU.
+    pub fn uses_gpus(&self) -> bool {
+        self.driver.accelerator.is_some() || self.executor.accelerator.is_some()
+    }
+
+    /// GPUs of the whole cluster.
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.driver.gpus) + u64::from(self.executor.gpus) * u64::from(self.executor_count)
+    }
+}
+
+/// Why a batch was refused: every violation, and the status of the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// INVALID_ARGUMENT when any violation is a malformed value;
+    /// FAILED_PRECONDITION when all are about the environment (a GPU type
+    /// the region does not offer, an organisation policy).
+    pub code: Code,
+    pub violations: Vec<FieldViolation>,
+}
+
+impl Rejection {
+    /// A one-line summary naming the fields.
+    pub fn message(&self) -> String {
+        match self.violations.as_slice() {
+            [one] => format!("{}: {}", one.field, one.description),
+            many => format!(
+                "{} invalid fields: {}",
+                many.len(),
+                many.iter()
+                    .map(|v| format!("{}: {}", v.field, v.description))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        }
+    }
+}
+
+/// Collects violations while the rules run, so all are reported together.
+#[derive(Default)]
+struct Violations {
+    list: Vec<(Code, FieldViolation)>,
+}
+
+impl Violations {
+    fn invalid(&mut self, field: impl Into<String>, description: impl Into<String>) {
+        self.push(Code::InvalidArgument, field, description);
+    }
+
+    fn precondition(&mut self, field: impl Into<String>, description: impl Into<String>) {
+        self.push(Code::FailedPrecondition, field, description);
+    }
+
+    fn push(&mut self, code: Code, field: impl Into<String>, description: impl Into<String>) {
+        self.list.push((
+            code,
+            FieldViolation {
+                field: field.into(),
+                description: description.into(),
+            },
+        ));
+    }
+
+    fn into_rejection(self) -> Option<Rejection> {
+        if self.list.is_empty() {
+            return None;
+        }
+        let code = if self.list.iter().any(|(c, _)| *c == Code::InvalidArgument) {
+            Code::InvalidArgument
+        } else {
+            Code::FailedPrecondition
+        };
+        Some(Rejection {
+            code,
+            violations: self.list.into_iter().map(|(_, v)| v).collect(),
+        })
+    }
+}
+
+/// Checks a batch against every rule and builds its cluster request.
+pub fn validate(
+    batch: &Batch,
+    project: &str,
+    region: &str,
+    config: &Config,
+) -> Result<ClusterRequest, Rejection> {
+    let mut v = Violations::default();
+
+    let region_config = config.regions.get(region);
+    if region_config.is_none() {
+        v.invalid(
+            "parent",
+            format!(
+                "region {} is not served by flexq; served regions: {}",
+                quote(region),
+                config.regions.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        );
+    }
+    if !is_resource_id(project) {
+        v.invalid(
+            "parent",
+            format!(
+                "project {} is invalid: use lowercase letters, digits and '-'",
+                quote(project)
+            ),
+        );
+    }
+
+    let workload = check_workload(batch, &mut v);
+    check_labels(batch, &mut v);
+
+    let runtime = runtime_version(batch, config, &mut v);
+    let props = properties::Properties::check(batch.properties(), config, &mut v);
+
+    let executor_accel = props.accelerator(properties::Role::Executor, &mut v);
+    let driver_accel = props.accelerator(properties::Role::Driver, &mut v);
+    for (role, accel) in [
+        (properties::Role::Executor, executor_accel),
+        (properties::Role::Driver, driver_accel),
+    ] {
+        if let (Some(accel), Some(rc)) = (accel, region_config) {
+            if !rc.accelerators.contains(&accel) {
+                v.precondition(
+                    property_field(role.accelerator_key()),
+                    format!(
+                        "GPU type {accel} is not offered in region {region}; it offers: {}",
+                        rc.accelerators
+                            .iter()
+                            .map(|a| a.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    let uses_gpus = executor_accel.is_some() || driver_accel.is_some();
+
+    if uses_gpus {
+        if config
+            .projects
+            .get(project)
+            .is_some_and(|p| p.require_shielded_vm)
+        {
+            let key = if executor_accel.is_some() {
+                properties::Role::Executor.accelerator_key()
+            } else {
+                properties::Role::Driver.accelerator_key()
+            };
+            v.precondition(
+                property_field(key),
+                format!(
+                    "project {project} is under the organisation policy constraints/compute.requireShieldedVm, which GPU nodes cannot satisfy; accelerator batches cannot run in this project"
+                ),
+            );
+        }
+        if let Some(rt) = runtime {
+            props.check_lang(rt, &mut v);
+        }
+    }
+
+    let pyspark = workload == Some(Workload::Pyspark);
+    let executor = props.node_shape(properties::Role::Executor, executor_accel, pyspark, &mut v);
+    let driver = props.node_shape(properties::Role::Driver, driver_accel, pyspark, &mut v);
+    let executor_count = props.executor_instances(&mut v);
+    let mode = props.provisioning_mode(uses_gpus, runtime, &mut v);
+    let allocation_timeout_s = props.allocation_timeout(config, &mut v);
+    let ttl_s = check_ttl(batch, runtime, config, &mut v);
+
+    if let Some(rejection) = v.into_rejection() {
+        return Err(rejection);
+    }
+    // Every Option below is Some when no violation was recorded; the
+    // fallbacks are unreachable but keep this function panic-free.
+    let (Some(workload), Some(runtime), Some(mode)) = (workload, runtime, mode) else {
+        return Err(Rejection {
+            code: Code::InvalidArgument,
+            violations: vec![FieldViolation {
+                field: "batch".into(),
+                description: "the batch could not be validated".into(),
+            }],
+        });
+    };
+    let quota = quota_amounts(&driver, &executor, executor_count, mode);
+    Ok(ClusterRequest {
+        workload,
+        runtime,
+        driver,
+        executor,
+        executor_count,
+        mode,
+        allocation_timeout_s,
+        ttl_s,
+        quota,
+    })
+}
+
+/// Lowercase letters, digits and dashes, starting with a letter or digit,
+/// at most 63 characters: the form of project and region ids.
+pub fn is_resource_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn check_workload(batch: &Batch, v: &mut Violations) -> Option<Workload> {
+    let kinds = [
+        batch.pyspark_batch.as_ref().map(|_| Workload::Pyspark),
+        batch.spark_batch.as_ref().map(|_| Workload::Spark),
+        batch.spark_sql_batch.as_ref().map(|_| Workload::SparkSql),
+    ];
+    let set: Vec<Workload> = kinds.into_iter().flatten().collect();
+    let workload = match set.as_slice() {
+        [one] => *one,
+        [] => {
+            v.invalid(
+                "batch_config",
+                "one of pyspark_batch, spark_batch or spark_sql_batch is required",
+            );
+            return None;
+        }
+        _ => {
+            v.invalid(
+                "batch_config",
+                "only one of pyspark_batch, spark_batch or spark_sql_batch may be set",
+            );
+            return None;
+        }
+    };
+    let mut uris: Vec<(String, &String)> = Vec::new();
+    if let Some(p) = &batch.pyspark_batch {
+        if p.main_python_file_uri.trim().is_empty() {
+            v.invalid(
+                "pyspark_batch.main_python_file_uri",
+                "the main Python file is required (e.g. file:///jobs/etl.py)",
+            );
+        }
+        uris.push(("pyspark_batch.main_python_file_uri".into(), &p.main_python_file_uri));
+        push_uris(&mut uris, "pyspark_batch.python_file_uris", &p.python_file_uris);
+        push_uris(&mut uris, "pyspark_batch.jar_file_uris", &p.jar_file_uris);
+        push_uris(&mut uris, "pyspark_batch.file_uris", &p.file_uris);
+        push_uris(&mut uris, "pyspark_batch.archive_uris", &p.archive_uris);
+    }
+    if let Some(s) = &batch.spark_batch {
+        match (&s.main_jar_file_uri, &s.main_class) {
+            (Some(jar), None) => uris.push(("spark_batch.main_jar_file_uri".into(), jar)),
+            (None, Some(class)) if !class.trim().is_empty() => {}
+            (Some(_), Some(_)) => v.invalid(
+                "spark_batch",
+                "set only one of main_jar_file_uri and main_class",
+            ),
+            _ => v.invalid(
+                "spark_batch",
+                "one of main_jar_file_uri or main_class is required",
+            ),
+        }
+        push_uris(&mut uris, "spark_batch.jar_file_uris", &s.jar_file_uris);
+        push_uris(&mut uris, "spark_batch.file_uris", &s.file_uris);
+        push_uris(&mut uris, "spark_batch.archive_uris", &s.archive_uris);
+    }
+    if let Some(s) = &batch.spark_sql_batch {
+        if s.query_file_uri.trim().is_empty() {
+            v.invalid(
+                "spark_sql_batch.query_file_uri",
+                "the query file is required (e.g. file:///jobs/report.sql)",
+            );
+        }
+        uris.push(("spark_sql_batch.query_file_uri".into(), &s.query_file_uri));
+        push_uris(&mut uris, "spark_sql_batch.jar_file_uris", &s.jar_file_uris);
+    }
+    for (field, uri) in uris {
+        if uri.len() > 2048 || uri.chars().any(char::is_control) {
+            v.invalid(
+                field,
+                format!(
+                    "{} is not a usable URI: at most 2048 characters, no control characters",
+                    quote(uri)
+                ),
+            );
+        }
+    }
+    Some(workload)
+}
+
+fn push_uris<'a>(out: &mut Vec<(String, &'a String)>, field: &str, list: &'a [String]) {
+    out.extend(
+        list.iter()
+            .enumerate()
+            .map(|(i, u)| (format!("{field}[{i}]"), u)),
+    );
+}
+
+fn check_labels(batch: &Batch, v: &mut Violations) {
+    const MAX: usize = 32;
+    if batch.labels.len() > MAX {
+        v.invalid(
+            "labels",
+            format!(
+                "{} labels given; at most {MAX} are accepted",
+                batch.labels.len()
+            ),
+        );
+        return;
+    }
+    for (key, value) in &batch.labels {
+        let key_ok = key.len() <= 63
+            && key.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !key_ok {
+            v.invalid(
+                format!("labels[{}]", quote(key).trim_matches('"')),
+                format!(
+                    "label key {} is invalid: 1 to 63 characters of lowercase letters, digits, '-' and '_', starting with a letter",
+                    quote(key)
+                ),
+            );
+        }
+        let value_ok = value.len() <= 63
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !value_ok {
+            v.invalid(
+                format!("labels[{}]", quote(key).trim_matches('"')),
+                format!(
+                    "label value {} is invalid: empty or up to 63 characters of lowercase letters, digits, '-' and '_'",
+                    quote(value)
+                ),
+            );
+        }
+    }
+}
+
+fn runtime_version(batch: &Batch, config: &Config, v: &mut Violations) -> Option<RuntimeVersion> {
+    let given = batch
+        .runtime_config
+        .as_ref()
+        .and_then(|r| r.version.as_deref())
+        .map(str::trim);
+    let version = given.unwrap_or(&config.batches.default_runtime);
+    if config.runtimes.contains_key(version) {
+        version.parse().ok()
+    } else {
+        v.invalid(
+            "runtime_config.version",
+            format!(
+                "runtime version {} is not supported; supported versions: {}",
+                quote(version),
+                config.runtimes.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        );
+        None
+    }
+}
+
+fn check_ttl(
+    batch: &Batch,
+    runtime: Option<RuntimeVersion>,
+    config: &Config,
+    v: &mut Violations,
+) -> Option<u64> {
+    const MIN_S: f64 = 600.0;
+    const MAX_S: f64 = 14.0 * 86400.0;
+    let exec = batch
+        .environment_config
+        .as_ref()
+        .and_then(|e| e.execution_config.as_ref());
+    if let Some(idle) = exec.and_then(|e| e.idle_ttl.as_deref()) {
+        if let Err(form) = parse_proto_duration(idle) {
+            v.invalid(
+                "environment_config.execution_config.idle_ttl",
+                format!("{} is not {form}", quote(idle)),
+            );
+        }
+    }
+    match exec.and_then(|e| e.ttl.as_deref()) {
+        Some(ttl) => match parse_proto_duration(ttl) {
+            Ok(secs) if (MIN_S..=MAX_S).contains(&secs) => Some(secs.ceil() as u64),
+            Ok(_) => {
+                v.invalid(
+                    "environment_config.execution_config.ttl",
+                    format!(
+                        "ttl {} is out of range: from \"600s\" (10 minutes) to \"1209600s\" (14 days)",
+                        quote(ttl)
+                    ),
+                );
+                None
+            }
+            Err(form) => {
+                v.invalid(
+                    "environment_config.execution_config.ttl",
+                    format!("ttl {} is not {form}", quote(ttl)),
+                );
+                None
+            }
+        },
+        None if runtime.is_some_and(|r| r >= RuntimeVersion::new(2, 1)) => {
+            Some(config.batches.default_ttl.as_secs())
+        }
+        None => None,
+    }
+}
+
+/// Quota of the whole cluster: GPUs per metric (driver and executors of the
+/// same type add up) and local SSD of every GPU node.
+fn quota_amounts(
+    driver: &NodeShape,
+    executor: &NodeShape,
+    executors: u32,
+    mode: ProvisioningMode,
+) -> Vec<QuotaAmount> {
+    let preemptible = mode == ProvisioningMode::Queue;
+    let mut amounts: Vec<QuotaAmount> = Vec::new();
+    let mut add = |metric: QuotaMetric, amount: u64| {
+        if amount == 0 {
+            return;
+        }
+        match amounts.iter_mut().find(|a| a.metric == metric) {
+            Some(a) => a.amount += amount,
+            None => amounts.push(QuotaAmount { metric, amount }),
+        }
+    };
+    for (node, count) in [(driver, 1u64), (executor, u64::from(executors))] {
+        if let Some(accel) = node.accelerator {
+            add(accel.quota_metric(preemptible), u64::from(node.gpus) * count);
+            add(QuotaMetric::LocalSsdTotalGb, node.local_ssd_gb * count);
+        }
+    }
+    amounts.sort_by_key(|a| a.metric);
+    amounts
+}
+
+#[cfg(test)]
+mod tests;

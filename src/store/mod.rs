@@ -1,0 +1,363 @@
+//! Durable state: batches, their operations, request ids and state history,
+//! in SQLite through sqlx (WAL, `synchronous=FULL`).
+//!
+//! The store is a narrow set of use-case methods in domain types. Creates
+//! go through one writer task that commits many of them per transaction
+//! (group commit, see [`writer`]): one fsync then answers every waiter, so
+//! durability does not cost throughput. Other writes are rare and use their
+//! own `BEGIN IMMEDIATE` transactions, which take SQLite's write lock up
+//! front and wait on the busy timeout instead of failing mid-transaction.
+
+pub mod filter;
+mod rows;
+mod writer;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::api::{Batch, BatchName, State, StateHistory};
+use crate::spec::ClusterRequest;
+
+pub use filter::Filter;
+use rows::{BATCH_COLUMNS, read_batches};
+
+/// Why a store call failed, in terms the API layer can answer with.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The database failed; the detail is logged, not sent to clients.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::RowNotFound => StoreError::NotFound,
+            other => StoreError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// A batch about to be created.
+#[derive(Debug, Clone)]
+pub struct NewBatch {
+    pub name: BatchName,
+    pub uuid: Uuid,
+    pub operation_id: Uuid,
+    pub request_id: Option<String>,
+    pub creator: String,
+    /// The user's batch, output-only fields removed.
+    pub spec: Batch,
+    pub cluster: ClusterRequest,
+    pub state_message: String,
+}
+
+/// A stored batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchRecord {
+    pub seq: i64,
+    pub name: BatchName,
+    pub uuid: String,
+    pub operation_id: String,
+    pub request_id: Option<String>,
+    pub create_time: DateTime<Utc>,
+    pub state: State,
+    pub state_message: String,
+    pub state_time: DateTime<Utc>,
+    pub creator: String,
+    pub spec: Batch,
+    pub cluster: ClusterRequest,
+    pub deadline: Option<DateTime<Utc>>,
+    pub history: Vec<StateHistory>,
+}
+
+/// What a create did.
+#[derive(Debug, Clone)]
+pub enum Created {
+    /// A new batch.
+    New(BatchRecord),
+    /// The `requestId` was seen before: the first create's batch.
+    Replayed(BatchRecord),
+}
+
+impl Created {
+    pub fn record(&self) -> &BatchRecord {
+        match self {
+            Created::New(r) | Created::Replayed(r) => r,
+        }
+    }
+}
+
+/// One page of a list.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub batches: Vec<BatchRecord>,
+    /// The `seq` to continue below, if there are more.
+    pub next_before_seq: Option<i64>,
+}
+
+/// Connection settings the store needs.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub url: String,
+    pub max_connections: u32,
+    pub group_commit_max: usize,
+}
+
+/// The handle every part of flexq uses; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+    creates: mpsc::Sender<writer::CreateCmd>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database, runs the migrations and
+    /// starts the group-commit writer.
+    pub async fn open(options: &StoreOptions) -> Result<Store, StoreError> {
+        let pool = connect(options).await?;
+        migrate(&pool).await?;
+        let (tx, rx) = mpsc::channel(options.group_commit_max.max(1) * 4);
+        tokio::spawn(writer::run(pool.clone(), rx, options.group_commit_max.max(1)));
+        Ok(Store { pool, creates: tx })
+    }
+
+    /// Creates a batch, durably. Answers after the commit.
+    pub async fn create(&self, batch: NewBatch) -> Result<Created, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.creates
+            .send(writer::CreateCmd { batch, reply })
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?
+    }
+
+    pub async fn get(&self, name: &BatchName) -> Result<BatchRecord, StoreError> {
+        let sql = format!(
+            "select {BATCH_COLUMNS} from batches where project = ? and region = ? and batch_id = ?"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(&name.project)
+            .bind(&name.region)
+            .bind(&name.batch_id)
+            .fetch_all(&self.pool)
+            .await?;
+        read_batches(&self.pool, rows)
+            .await?
+            .pop()
+            .ok_or(StoreError::NotFound)
+    }
+
+    pub async fn get_by_operation(
+        &self,
+        project: &str,
+        region: &str,
+        operation_id: &str,
+    ) -> Result<BatchRecord, StoreError> {
+        let sql = format!(
+            "select {BATCH_COLUMNS} from batches where project = ? and region = ? and operation_id = ?"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(project)
+            .bind(region)
+            .bind(operation_id)
+            .fetch_all(&self.pool)
+            .await?;
+        read_batches(&self.pool, rows)
+            .await?
+            .pop()
+            .ok_or(StoreError::NotFound)
+    }
+
+    /// Newest first, `page_size` at most, below `before_seq` when
+    /// continuing.
+    pub async fn list(
+        &self,
+        project: &str,
+        region: &str,
+        filter: &Filter,
+        page_size: u32,
+        before_seq: Option<i64>,
+    ) -> Result<Page, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new(format!("select {BATCH_COLUMNS} from batches where project = "));
+        q.push_bind(project).push(" and region = ").push_bind(region);
+        if let Some(seq) = before_seq {
+            q.push(" and seq < ").push_bind(seq);
+        }
+        if !filter.is_empty() {
+            q.push(" and (");
+            filter.push_sql(&mut q);
+            q.push(")");
+        }
+        q.push(" order by seq desc limit ").push_bind(i64::from(page_size) + 1);
+        let rows = q.build().fetch_all(&self.pool).await?;
+        let mut batches = read_batches(&self.pool, rows).await?;
+        let next_before_seq = if batches.len() > page_size as usize {
+            batches.truncate(page_size as usize);
+            batches.last().map(|b| b.seq)
+        } else {
+            None
+        };
+        Ok(Page {
+            batches,
+            next_before_seq,
+        })
+    }
+
+    /// Cancels the batch of an operation: a PENDING batch goes through
+    /// CANCELLING to CANCELLED at once (nothing runs yet); a RUNNING one
+    /// stays CANCELLING until its work has stopped.
+    pub async fn cancel(
+        &self,
+        project: &str,
+        region: &str,
+        operation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BatchRecord, StoreError> {
+        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let row: Option<(i64, i64)> = sqlx::query_as(
+            "select seq, state from batches where project = ? and region = ? and operation_id = ?",
+        )
+        .bind(project)
+        .bind(region)
+        .bind(operation_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (seq, state) = row.ok_or(StoreError::NotFound)?;
+        let state = State::from_number(state).unwrap_or(State::StateUnspecified);
+        let steps: &[(State, &str)] = match state {
+            State::Pending => &[
+                (State::Cancelling, "Cancellation requested."),
+                (State::Cancelled, "Cancelled before allocation; no capacity was used."),
+            ],
+            State::Running => &[(State::Cancelling, "Cancellation requested; stopping the work.")],
+            State::Cancelling => &[],
+            terminal => {
+                return Err(StoreError::FailedPrecondition(format!(
+                    "the batch is already {terminal}; only PENDING or RUNNING batches can be cancelled"
+                )));
+            }
+        };
+        for (to, message) in steps {
+            rows::transition(&mut tx, seq, *to, message, now).await?;
+        }
+        tx.commit().await?;
+        for (to, _) in steps {
+            tracing::info!(batch.seq = seq, to = %to, "batch state changed");
+            crate::metrics::record_transition(*to);
+        }
+        let sql = format!("select {BATCH_COLUMNS} from batches where seq = ?");
+        let rows = sqlx::query(&sql).bind(seq).fetch_all(&self.pool).await?;
+        read_batches(&self.pool, rows)
+            .await?
+            .pop()
+            .ok_or(StoreError::NotFound)
+    }
+
+    /// Deletes a batch in a terminal state.
+    pub async fn delete(&self, name: &BatchName) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let row: Option<(i64, i64)> = sqlx::query_as(
+            "select seq, state from batches where project = ? and region = ? and batch_id = ?",
+        )
+        .bind(&name.project)
+        .bind(&name.region)
+        .bind(&name.batch_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (seq, state) = row.ok_or(StoreError::NotFound)?;
+        let state = State::from_number(state).unwrap_or(State::StateUnspecified);
+        if !state.is_terminal() {
+            return Err(StoreError::FailedPrecondition(format!(
+                "the batch is {state}; only SUCCEEDED, CANCELLED or FAILED batches can be deleted (cancel it first)"
+            )));
+        }
+        sqlx::query("delete from state_history where batch_seq = ?")
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("delete from batches where seq = ?")
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Counts batches per state (for readiness and metrics).
+    pub async fn count_by_state(&self) -> Result<Vec<(State, i64)>, StoreError> {
+        let rows: Vec<(i64, i64)> =
+            sqlx::query_as("select state, count(*) from batches group by state")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(s, n)| State::from_number(s).map(|s| (s, n)))
+            .collect())
+    }
+
+    /// A trivial query, for `/readyz`.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Closes the pool after the writer has drained.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+async fn connect(options: &StoreOptions) -> Result<SqlitePool, StoreError> {
+    let connect = SqliteConnectOptions::from_str(&options.url)
+        .map_err(|e| StoreError::Unavailable(format!("database URL {}: {e}", options.url)))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // FULL: a commit is on disk before the create is answered.
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(10))
+        .foreign_keys(true);
+    if let Some(dir) = connect.get_filename().parent() {
+        if !dir.as_os_str().is_empty() && !Path::new(dir).exists() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+    }
+    SqlitePoolOptions::new()
+        .max_connections(options.max_connections.max(2))
+        .connect_with(connect)
+        .await
+        .map_err(StoreError::from)
+}
+
+/// Applies the embedded migrations (idempotent).
+pub async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
+    sqlx::migrate!("./migrations/sqlite")
+        .run(pool)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))
+}
+
+/// Opens the database and applies migrations, for `flexq migrate`.
+pub async fn migrate_only(options: &StoreOptions) -> Result<(), StoreError> {
+    let pool = connect(options).await?;
+    migrate(&pool).await?;
+    pool.close().await;
+    Ok(())
+}

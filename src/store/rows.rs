@@ -1,0 +1,121 @@
+//! Row decoding and the shared statements of the SQLite backend. Row shapes
+//! stay in here; callers see [`BatchRecord`]s.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+
+use super::{BatchRecord, StoreError};
+use crate::api::{BatchName, State, StateHistory};
+
+pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
+     create_time, state, state_message, state_time, creator, spec, cluster, deadline";
+
+pub(super) fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+pub(super) fn from_micros(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or_default()
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("stored {what} cannot be read: {e}"))
+}
+
+fn decode(row: &SqliteRow) -> Result<BatchRecord, StoreError> {
+    let state: i64 = row.try_get("state")?;
+    let spec: &str = row.try_get("spec")?;
+    let cluster: &str = row.try_get("cluster")?;
+    Ok(BatchRecord {
+        seq: row.try_get("seq")?,
+        name: BatchName {
+            project: row.try_get("project")?,
+            region: row.try_get("region")?,
+            batch_id: row.try_get("batch_id")?,
+        },
+        uuid: row.try_get("uuid")?,
+        operation_id: row.try_get("operation_id")?,
+        request_id: row.try_get("request_id")?,
+        create_time: from_micros(row.try_get("create_time")?),
+        state: State::from_number(state).ok_or_else(|| corrupt("state", state))?,
+        state_message: row.try_get("state_message")?,
+        state_time: from_micros(row.try_get("state_time")?),
+        creator: row.try_get("creator")?,
+        spec: serde_json::from_str(spec).map_err(|e| corrupt("batch", e))?,
+        cluster: serde_json::from_str(cluster).map_err(|e| corrupt("cluster", e))?,
+        deadline: row
+            .try_get::<Option<i64>, _>("deadline")?
+            .map(from_micros),
+        history: Vec::new(),
+    })
+}
+
+/// Decodes batch rows and attaches their state history (one extra query
+/// for the whole set).
+pub(super) async fn read_batches(
+    pool: &SqlitePool,
+    rows: Vec<SqliteRow>,
+) -> Result<Vec<BatchRecord>, StoreError> {
+    let mut batches = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+    if batches.is_empty() {
+        return Ok(batches);
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "select batch_seq, state, message, start_time from state_history where batch_seq in (",
+    );
+    let mut list = q.separated(", ");
+    for b in &batches {
+        list.push_bind(b.seq);
+    }
+    q.push(") order by batch_seq, idx");
+    let history = q.build().fetch_all(pool).await?;
+    let mut by_seq: HashMap<i64, Vec<StateHistory>> = HashMap::new();
+    for row in history {
+        let state: i64 = row.try_get("state")?;
+        by_seq
+            .entry(row.try_get("batch_seq")?)
+            .or_default()
+            .push(StateHistory {
+                state: State::from_number(state).ok_or_else(|| corrupt("state", state))?,
+                state_message: row.try_get("message")?,
+                state_start_time: from_micros(row.try_get("start_time")?),
+            });
+    }
+    for b in &mut batches {
+        b.history = by_seq.remove(&b.seq).unwrap_or_default();
+    }
+    Ok(batches)
+}
+
+/// Moves a batch to `to` and appends the transition to its history, inside
+/// the caller's transaction.
+pub(super) async fn transition(
+    conn: &mut SqliteConnection,
+    seq: i64,
+    to: State,
+    message: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query("update batches set state = ?, state_message = ?, state_time = ? where seq = ?")
+        .bind(to.number())
+        .bind(message)
+        .bind(micros(now))
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "insert into state_history (batch_seq, idx, state, message, start_time) \
+         select ?, coalesce(max(idx), -1) + 1, ?, ?, ? from state_history where batch_seq = ?",
+    )
+    .bind(seq)
+    .bind(to.number())
+    .bind(message)
+    .bind(micros(now))
+    .bind(seq)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}

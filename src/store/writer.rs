@@ -1,0 +1,302 @@
+//! Group commit of creates.
+//!
+//! One task owns creation. It takes every create waiting in its channel (up
+//! to `group_commit_max`), decides each against the database and the rest
+//! of the group (a taken batch id, a replayed `requestId`), writes all new
+//! rows with multi-row inserts in one `BEGIN IMMEDIATE` transaction, commits
+//! once, and only then answers every waiter. With `synchronous=FULL` the
+//! commit is the fsync, so a success answer means the batch is on disk.
+//!
+//! If the group transaction fails as a whole (a constraint the in-group
+//! checks did not foresee, say), each create is retried in a transaction of
+//! its own, so one bad create cannot fail its neighbours.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::{mpsc, oneshot};
+
+use super::rows::{BATCH_COLUMNS, micros, read_batches};
+use super::{BatchRecord, Created, NewBatch, StoreError};
+use crate::api::{State, StateHistory};
+use crate::spec::ProvisioningMode;
+
+pub(super) struct CreateCmd {
+    pub batch: NewBatch,
+    pub reply: oneshot::Sender<Result<Created, StoreError>>,
+}
+
+/// Rows per multi-row insert: 15 columns × 1000 stays far below SQLite's
+/// bound-parameter limit.
+const INSERT_CHUNK: usize = 1000;
+
+pub(super) async fn run(pool: SqlitePool, mut rx: mpsc::Receiver<CreateCmd>, max: usize) {
+    let mut buf = Vec::with_capacity(max);
+    while rx.recv_many(&mut buf, max).await > 0 {
+        let group = std::mem::take(&mut buf);
+        commit_group(&pool, group).await;
+    }
+    tracing::debug!("create writer stopped");
+}
+
+async fn commit_group(pool: &SqlitePool, group: Vec<CreateCmd>) {
+    let started = Instant::now();
+    let (batches, replies): (Vec<NewBatch>, Vec<_>) =
+        group.into_iter().map(|c| (c.batch, c.reply)).unzip();
+    let now = Utc::now();
+    match try_group(pool, &batches, now).await {
+        Ok(outcomes) => {
+            crate::metrics::record_commit(started.elapsed(), batches.len());
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A waiter that went away (client hung up) is fine: the
+                // batch is committed and a retry with its requestId finds it.
+                let _ = reply.send(outcome);
+            }
+        }
+        Err(e) if batches.len() > 1 => {
+            tracing::warn!(error = %e, group = batches.len(), "group commit failed; retrying creates one by one");
+            for (batch, reply) in batches.into_iter().zip(replies) {
+                let outcome = match try_group(pool, std::slice::from_ref(&batch), Utc::now()).await {
+                    Ok(mut one) => one.pop().unwrap_or(Err(StoreError::Unavailable("no outcome".into()))),
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "create failed");
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// What the group decided for one create.
+enum Decision {
+    Insert,
+    /// The requestId belongs to a stored batch.
+    ReplayStored(Box<BatchRecord>),
+    /// The requestId belongs to an earlier create of this group.
+    ReplayInGroup(usize),
+    Taken,
+}
+
+type Key = (String, String, String);
+
+async fn try_group(
+    pool: &SqlitePool,
+    batches: &[NewBatch],
+    now: DateTime<Utc>,
+) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
+    let mut tx = pool.begin_with("begin immediate").await?;
+    let stored_requests = stored_request_ids(pool, &mut tx, batches).await?;
+    let taken_ids = taken_batch_ids(&mut tx, batches).await?;
+
+    let mut ids_in_group: HashSet<Key> = HashSet::new();
+    let mut requests_in_group: HashMap<Key, usize> = HashMap::new();
+    let decisions: Vec<Decision> = batches
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let n = &b.name;
+            if let Some(req) = &b.request_id {
+                let key = (n.project.clone(), n.region.clone(), req.clone());
+                if let Some(stored) = stored_requests.get(&key) {
+                    return Decision::ReplayStored(Box::new(stored.clone()));
+                }
+                if let Some(&first) = requests_in_group.get(&key) {
+                    return Decision::ReplayInGroup(first);
+                }
+            }
+            let id = (n.project.clone(), n.region.clone(), n.batch_id.clone());
+            if taken_ids.contains(&id) || !ids_in_group.insert(id) {
+                return Decision::Taken;
+            }
+            if let Some(req) = &b.request_id {
+                requests_in_group.insert((n.project.clone(), n.region.clone(), req.clone()), i);
+            }
+            Decision::Insert
+        })
+        .collect();
+
+    let new: Vec<&NewBatch> = batches
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| matches!(d, Decision::Insert))
+        .map(|(b, _)| b)
+        .collect();
+    let seqs = insert_batches(&mut tx, &new, now).await?;
+    tx.commit().await?;
+
+    let mut records: HashMap<usize, BatchRecord> = HashMap::new();
+    let mut outcomes = Vec::with_capacity(batches.len());
+    for (i, (b, d)) in batches.iter().zip(decisions).enumerate() {
+        outcomes.push(match d {
+            Decision::Insert => {
+                let seq = seqs.get(&b.uuid.to_string()).copied().unwrap_or_default();
+                let record = new_record(b, seq, now);
+                tracing::info!(
+                    batch.id = %b.name.batch_id, batch.uuid = %b.uuid, project = %b.name.project,
+                    region = %b.name.region, state = "PENDING", "batch created"
+                );
+                crate::metrics::record_transition(State::Pending);
+                records.insert(i, record.clone());
+                Ok(Created::New(record))
+            }
+            Decision::ReplayStored(r) => Ok(Created::Replayed(*r)),
+            Decision::ReplayInGroup(first) => records
+                .get(&first)
+                .cloned()
+                .map(Created::Replayed)
+                .ok_or(StoreError::Unavailable("replayed create lost its first".into())),
+            Decision::Taken => Err(StoreError::AlreadyExists(format!(
+                "batch {} already exists",
+                b.name
+            ))),
+        });
+    }
+    Ok(outcomes)
+}
+
+fn deadline(b: &NewBatch, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    (b.cluster.mode == ProvisioningMode::Queue)
+        .then(|| now + chrono::Duration::seconds(b.cluster.allocation_timeout_s as i64))
+}
+
+fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
+    BatchRecord {
+        seq,
+        name: b.name.clone(),
+        uuid: b.uuid.to_string(),
+        operation_id: b.operation_id.to_string(),
+        request_id: b.request_id.clone(),
+        create_time: now,
+        state: State::Pending,
+        state_message: b.state_message.clone(),
+        state_time: now,
+        creator: b.creator.clone(),
+        spec: b.spec.clone(),
+        cluster: b.cluster.clone(),
+        deadline: deadline(b, now),
+        history: vec![StateHistory {
+            state: State::Pending,
+            state_message: b.state_message.clone(),
+            state_start_time: now,
+        }],
+    }
+}
+
+async fn stored_request_ids(
+    pool: &SqlitePool,
+    tx: &mut SqliteConnection,
+    batches: &[NewBatch],
+) -> Result<HashMap<Key, BatchRecord>, StoreError> {
+    let wanted: Vec<&str> = batches.iter().filter_map(|b| b.request_id.as_deref()).collect();
+    if wanted.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(format!(
+        "select {BATCH_COLUMNS} from batches where request_id in ("
+    ));
+    let mut list = q.separated(", ");
+    for r in &wanted {
+        list.push_bind(*r);
+    }
+    q.push(")");
+    let rows = q.build().fetch_all(&mut *tx).await?;
+    // History is read through the pool: it is committed data, and the
+    // transaction only wrote nothing yet.
+    let records = read_batches(pool, rows).await?;
+    Ok(records
+        .into_iter()
+        .filter_map(|r| {
+            let req = r.request_id.clone()?;
+            Some(((r.name.project.clone(), r.name.region.clone(), req), r))
+        })
+        .collect())
+}
+
+async fn taken_batch_ids(
+    tx: &mut SqliteConnection,
+    batches: &[NewBatch],
+) -> Result<HashSet<Key>, StoreError> {
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "select project, region, batch_id from batches where batch_id in (",
+    );
+    let mut list = q.separated(", ");
+    for b in batches {
+        list.push_bind(&b.name.batch_id);
+    }
+    q.push(")");
+    let rows = q.build().fetch_all(&mut *tx).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .collect()
+}
+
+/// Inserts the new batches and their first history entry; returns each
+/// batch's `seq` by uuid.
+async fn insert_batches(
+    tx: &mut SqliteConnection,
+    new: &[&NewBatch],
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, i64>, StoreError> {
+    let mut seqs = HashMap::with_capacity(new.len());
+    let now_us = micros(now);
+    for chunk in new.chunks(INSERT_CHUNK) {
+        let encoded = chunk
+            .iter()
+            .map(|b| {
+                Ok((
+                    serde_json::to_string(&b.spec)?,
+                    serde_json::to_string(&b.cluster)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()
+            .map_err(|e| StoreError::Unavailable(format!("cannot encode batch: {e}")))?;
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "insert into batches (project, region, batch_id, uuid, operation_id, request_id, \
+             create_time, state, state_message, state_time, creator, spec, cluster, deadline) ",
+        );
+        q.push_values(chunk.iter().zip(&encoded), |mut row, (b, (spec, cluster))| {
+            row.push_bind(&b.name.project)
+                .push_bind(&b.name.region)
+                .push_bind(&b.name.batch_id)
+                .push_bind(b.uuid.to_string())
+                .push_bind(b.operation_id.to_string())
+                .push_bind(&b.request_id)
+                .push_bind(now_us)
+                .push_bind(State::Pending.number())
+                .push_bind(&b.state_message)
+                .push_bind(now_us)
+                .push_bind(&b.creator)
+                .push_bind(spec)
+                .push_bind(cluster)
+                .push_bind(deadline(b, now).map(micros));
+        });
+        q.push(" returning seq, uuid");
+        let rows = q.build().fetch_all(&mut *tx).await?;
+        let mut chunk_seqs = Vec::with_capacity(rows.len());
+        for row in rows {
+            let seq: i64 = row.try_get(0)?;
+            seqs.insert(row.try_get::<String, _>(1)?, seq);
+            chunk_seqs.push(seq);
+        }
+        let mut h = QueryBuilder::<Sqlite>::new(
+            "insert into state_history (batch_seq, idx, state, message, start_time) ",
+        );
+        h.push_values(chunk.iter(), |mut row, b| {
+            let seq = seqs.get(&b.uuid.to_string()).copied().unwrap_or_default();
+            row.push_bind(seq)
+                .push_bind(0)
+                .push_bind(State::Pending.number())
+                .push_bind(&b.state_message)
+                .push_bind(now_us);
+        });
+        h.build().execute(&mut *tx).await?;
+    }
+    Ok(seqs)
+}
