@@ -195,7 +195,10 @@ impl Config {
             ));
         }
         for (key, d) in [
-            ("provisioning.max_allocation_timeout", p.max_allocation_timeout),
+            (
+                "provisioning.max_allocation_timeout",
+                p.max_allocation_timeout,
+            ),
             (
                 "provisioning.default_allocation_timeout",
                 p.default_allocation_timeout,

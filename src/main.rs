@@ -1,5 +1,8 @@
 //! The `flexq` command line. Parsing only; the work is in the library.
 
+// clap argument enums are built once per run; their size does not matter.
+#![allow(clippy::large_enum_variant)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,7 +15,11 @@ use flexq::cli::{Client, OutputFormat, Target};
 use flexq::config::Config;
 
 #[derive(Parser)]
-#[command(name = "flexq", version, about = "A capacity-aware scheduler for GPU Spark batches (a flex start queue)")]
+#[command(
+    name = "flexq",
+    version,
+    about = "A capacity-aware scheduler for GPU Spark batches (a flex start queue)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,7 +68,12 @@ enum ConfigAction {
 #[derive(Args)]
 struct TargetArgs {
     /// The flexq server.
-    #[arg(long, global = true, env = "FLEXQ_ENDPOINT", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "FLEXQ_ENDPOINT",
+        default_value = "http://127.0.0.1:8080"
+    )]
     endpoint: String,
     /// The project the batches belong to.
     #[arg(long, global = true, env = "FLEXQ_PROJECT")]
@@ -242,23 +254,51 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
         },
         Command::Batches { target, action } => return batches_command(target, action).await,
         Command::Bench { action } => match action {
-            BenchAction::Submit { clients, duration, warmup, rate, endpoint } => {
-                bench::submit(BenchOptions { clients, duration, rate, endpoint, warmup }).await?;
+            BenchAction::Submit {
+                clients,
+                duration,
+                warmup,
+                rate,
+                endpoint,
+            } => {
+                bench::submit(BenchOptions {
+                    clients,
+                    duration,
+                    rate,
+                    endpoint,
+                    warmup,
+                })
+                .await?;
             }
         },
     }
     Ok(ExitCode::SUCCESS)
 }
 
-async fn batches_command(target: TargetArgs, action: BatchesAction) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let project = target.project.ok_or("ERROR: (flexq) no project: pass --project or set FLEXQ_PROJECT")?;
-    let region = target.region.ok_or("ERROR: (flexq) no region: pass --region or set FLEXQ_REGION")?;
-    let client = Client::new(Target { endpoint: target.endpoint, project, region })?;
+async fn batches_command(
+    target: TargetArgs,
+    action: BatchesAction,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let project = target
+        .project
+        .ok_or("ERROR: (flexq) no project: pass --project or set FLEXQ_PROJECT")?;
+    let region = target
+        .region
+        .ok_or("ERROR: (flexq) no region: pass --region or set FLEXQ_REGION")?;
+    let client = Client::new(Target {
+        endpoint: target.endpoint,
+        project,
+        region,
+    })?;
     let format = target.format;
     let ok = match action {
         BatchesAction::Submit { kind } => {
             let (workload, args) = match kind {
-                SubmitKind::Pyspark { file, py_files, opts } => (Workload::Pyspark { file, py_files }, opts),
+                SubmitKind::Pyspark {
+                    file,
+                    py_files,
+                    opts,
+                } => (Workload::Pyspark { file, py_files }, opts),
                 SubmitKind::Spark { class, jar, opts } => (Workload::Spark { class, jar }, opts),
                 SubmitKind::SparkSql { file, opts } => (Workload::SparkSql { file }, opts),
             };
@@ -276,7 +316,11 @@ async fn batches_command(target: TargetArgs, action: BatchesAction) -> Result<Ex
             };
             batches::submit(&client, workload, opts).await?
         }
-        BatchesAction::List { filter, page_size, limit } => {
+        BatchesAction::List {
+            filter,
+            page_size,
+            limit,
+        } => {
             batches::list(&client, filter.as_deref(), page_size, limit, format).await?;
             true
         }
@@ -294,5 +338,9 @@ async fn batches_command(target: TargetArgs, action: BatchesAction) -> Result<Ex
         }
         BatchesAction::Wait { batch } => batches::wait(&client, &batch).await?,
     };
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

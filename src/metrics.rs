@@ -49,13 +49,19 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     )
     .expect("valid metric");
     let http_requests = IntCounterVec::new(
-        Opts::new("flexq_http_requests_total", "HTTP requests, by route and status code."),
+        Opts::new(
+            "flexq_http_requests_total",
+            "HTTP requests, by route and status code.",
+        ),
         &["method", "route", "code"],
     )
     .expect("valid metric");
     let http_seconds = HistogramVec::new(
-        HistogramOpts::new("flexq_http_request_duration_seconds", "HTTP request latency.")
-            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 14).expect("valid buckets")),
+        HistogramOpts::new(
+            "flexq_http_request_duration_seconds",
+            "HTTP request latency.",
+        )
+        .buckets(prometheus::exponential_buckets(0.0005, 2.0, 14).expect("valid buckets")),
         &["method", "route"],
     )
     .expect("valid metric");
@@ -87,10 +93,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 
 /// A batch entered `state`.
 pub fn record_transition(state: State) {
-    METRICS
-        .transitions
-        .with_label_values(&[state.name()])
-        .inc();
+    METRICS.transitions.with_label_values(&[state.name()]).inc();
 }
 
 /// One group of creates committed.

@@ -7,9 +7,8 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-static BATCH_ID: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[a-z0-9][-a-z0-9]{2,61}[a-z0-9]$").expect("static regex")
-});
+static BATCH_ID: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9][-a-z0-9]{2,61}[a-z0-9]$").expect("static regex"));
 static REQUEST_ID: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[a-zA-Z0-9_-]{1,40}$").expect("static regex"));
 

@@ -49,15 +49,26 @@ const POLL: Duration = Duration::from_secs(2);
 /// Builds the Batch of a submit (pure: no I/O but reading the local
 /// file's path).
 pub fn build_batch(workload: &Workload, opts: &SubmitOptions) -> Result<Batch, CliError> {
-    let jars = opts.jars.iter().map(|j| to_uri(j)).collect::<Result<Vec<_>, _>>()?;
-    let files = opts.files.iter().map(|f| to_uri(f)).collect::<Result<Vec<_>, _>>()?;
+    let jars = opts
+        .jars
+        .iter()
+        .map(|j| to_uri(j))
+        .collect::<Result<Vec<_>, _>>()?;
+    let files = opts
+        .files
+        .iter()
+        .map(|f| to_uri(f))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut batch = Batch::default();
     match workload {
         Workload::Pyspark { file, py_files } => {
             batch.pyspark_batch = Some(PySparkBatch {
                 main_python_file_uri: to_uri(file)?,
                 args: opts.args.clone(),
-                python_file_uris: py_files.iter().map(|f| to_uri(f)).collect::<Result<_, _>>()?,
+                python_file_uris: py_files
+                    .iter()
+                    .map(|f| to_uri(f))
+                    .collect::<Result<_, _>>()?,
                 jar_file_uris: jars,
                 file_uris: files,
                 ..Default::default()
@@ -122,12 +133,19 @@ pub fn parse_pairs(text: &str, flag: &str) -> Result<BTreeMap<String, String>, C
     let (delimiter, body) = match text.strip_prefix('^') {
         Some(rest) => match rest.split_once('^') {
             Some((d, body)) if !d.is_empty() => (d.to_string(), body),
-            _ => return Err(CliError::Usage(format!("{flag}: a custom delimiter is written ^DELIM^k=v{{DELIM}}k=v"))),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "{flag}: a custom delimiter is written ^DELIM^k=v{{DELIM}}k=v"
+                )));
+            }
         },
         None => (",".to_string(), text),
     };
     let mut out = BTreeMap::new();
-    for pair in body.split(delimiter.as_str()).filter(|p| !p.trim().is_empty()) {
+    for pair in body
+        .split(delimiter.as_str())
+        .filter(|p| !p.trim().is_empty())
+    {
         let (k, v) = pair
             .split_once('=')
             .ok_or_else(|| CliError::Usage(format!("{flag}: {pair:?} is not KEY=VALUE")))?;
@@ -136,7 +154,11 @@ pub fn parse_pairs(text: &str, flag: &str) -> Result<BTreeMap<String, String>, C
     Ok(out)
 }
 
-pub async fn submit(client: &Client, workload: Workload, opts: SubmitOptions) -> Result<bool, CliError> {
+pub async fn submit(
+    client: &Client,
+    workload: Workload,
+    opts: SubmitOptions,
+) -> Result<bool, CliError> {
     let batch = build_batch(&workload, &opts)?;
     let mut query = Vec::new();
     if let Some(id) = &opts.batch_id {
@@ -148,7 +170,13 @@ pub async fn submit(client: &Client, workload: Workload, opts: SubmitOptions) ->
     let query = serde_urlencoded::to_string(&query).unwrap_or_default();
     let path = format!("{}?{query}", client.batches_path());
     let op: Operation = client.call(Method::POST, &path, Some(&batch)).await?;
-    let batch_id = op.metadata.batch.rsplit('/').next().unwrap_or_default().to_string();
+    let batch_id = op
+        .metadata
+        .batch
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
     eprintln!("Batch [{batch_id}] submitted.");
     if opts.run_async {
         println!("{}", op.name);
@@ -159,7 +187,11 @@ pub async fn submit(client: &Client, workload: Workload, opts: SubmitOptions) ->
 
 pub async fn get(client: &Client, batch_id: &str) -> Result<Batch, CliError> {
     client
-        .call::<(), _>(Method::GET, &format!("{}/{batch_id}", client.batches_path()), None)
+        .call::<(), _>(
+            Method::GET,
+            &format!("{}/{batch_id}", client.batches_path()),
+            None,
+        )
         .await
 }
 
@@ -205,10 +237,16 @@ pub async fn list(
                 .iter()
                 .map(|b| {
                     vec![
-                        b.name.as_deref().and_then(|n| n.rsplit('/').next()).unwrap_or_default().to_string(),
+                        b.name
+                            .as_deref()
+                            .and_then(|n| n.rsplit('/').next())
+                            .unwrap_or_default()
+                            .to_string(),
                         b.job_type().to_string(),
                         b.state.map(|s| s.to_string()).unwrap_or_default(),
-                        b.create_time.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)).unwrap_or_default(),
+                        b.create_time
+                            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                            .unwrap_or_default(),
                     ]
                 })
                 .collect();
@@ -219,10 +257,18 @@ pub async fn list(
     }
 }
 
-pub async fn describe(client: &Client, batch_id: &str, format: OutputFormat) -> Result<(), CliError> {
+pub async fn describe(
+    client: &Client,
+    batch_id: &str,
+    format: OutputFormat,
+) -> Result<(), CliError> {
     let batch = get(client, batch_id).await?;
     // describe is YAML unless asked otherwise, as people expect.
-    let format = if format == OutputFormat::Table { OutputFormat::Yaml } else { format };
+    let format = if format == OutputFormat::Table {
+        OutputFormat::Yaml
+    } else {
+        format
+    };
     print_structured(&batch, format)
 }
 
@@ -232,7 +278,11 @@ pub async fn cancel(client: &Client, batch_id: &str) -> Result<(), CliError> {
         .operation
         .ok_or_else(|| CliError::Transport("the batch has no operation".into()))?;
     client
-        .call::<serde_json::Value, serde_json::Value>(Method::POST, &format!("/v1/{operation}:cancel"), None)
+        .call::<serde_json::Value, serde_json::Value>(
+            Method::POST,
+            &format!("/v1/{operation}:cancel"),
+            None,
+        )
         .await?;
     let after = get(client, batch_id).await?;
     eprintln!(
@@ -244,7 +294,11 @@ pub async fn cancel(client: &Client, batch_id: &str) -> Result<(), CliError> {
 
 pub async fn delete(client: &Client, batch_id: &str) -> Result<(), CliError> {
     client
-        .call::<(), serde_json::Value>(Method::DELETE, &format!("{}/{batch_id}", client.batches_path()), None)
+        .call::<(), serde_json::Value>(
+            Method::DELETE,
+            &format!("{}/{batch_id}", client.batches_path()),
+            None,
+        )
         .await?;
     eprintln!("Deleted batch [{batch_id}].");
     Ok(())
@@ -296,18 +350,26 @@ mod tests {
     fn a_submit_builds_the_published_flex_start_batch() {
         let opts = SubmitOptions {
             version: Some("3.0".into()),
-            properties: Some("spark.dataproc.executor.resource.accelerator.type=l4,spark.executor.instances=8".into()),
+            properties: Some(
+                "spark.dataproc.executor.resource.accelerator.type=l4,spark.executor.instances=8"
+                    .into(),
+            ),
             ttl: Some(Duration::from_secs(4 * 3600)),
             ..Default::default()
         };
         let b = build_batch(
-            &Workload::Pyspark { file: "gs://bucket/job.py".into(), py_files: vec![] },
+            &Workload::Pyspark {
+                file: "gs://bucket/job.py".into(),
+                py_files: vec![],
+            },
             &opts,
         )
         .expect("batch");
         assert_eq!(b.properties()["spark.executor.instances"], "8");
         assert_eq!(
-            b.environment_config.and_then(|e| e.execution_config).and_then(|e| e.ttl),
+            b.environment_config
+                .and_then(|e| e.execution_config)
+                .and_then(|e| e.ttl),
             Some("14400s".into())
         );
     }

@@ -90,12 +90,19 @@ async fn start_server() -> Result<(Server, String), CliError> {
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if client.get(format!("{endpoint}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
+        if client
+            .get(format!("{endpoint}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             return Ok((server, endpoint));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(CliError::Transport("flexq serve did not become ready in 30s".into()))
+    Err(CliError::Transport(
+        "flexq serve did not become ready in 30s".into(),
+    ))
 }
 
 /// Median time of one 4 KiB write + fdatasync on the disk under `dir`.
@@ -172,12 +179,33 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
 
     let h = result.latency;
     let q = |p: f64| Duration::from_micros(h.value_at_quantile(p)).as_secs_f64() * 1000.0;
-    println!("flexq bench submit — {} on {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true), hostname());
-    println!("  load generator shares the machine with the server; load average before: {}", result.load_before);
-    println!("  fsync (4 KiB write + fdatasync) median: {:.0} µs", fsync.as_secs_f64() * 1e6);
-    println!("  accepted creates: {} in {:.1}s = {:.0}/s (durable: acknowledged after commit)", result.ok, elapsed.as_secs_f64(), result.ok as f64 / elapsed.as_secs_f64());
+    println!(
+        "flexq bench submit — {} on {}",
+        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        hostname()
+    );
+    println!(
+        "  load generator shares the machine with the server; load average before: {}",
+        result.load_before
+    );
+    println!(
+        "  fsync (4 KiB write + fdatasync) median: {:.0} µs",
+        fsync.as_secs_f64() * 1e6
+    );
+    println!(
+        "  accepted creates: {} in {:.1}s = {:.0}/s (durable: acknowledged after commit)",
+        result.ok,
+        elapsed.as_secs_f64(),
+        result.ok as f64 / elapsed.as_secs_f64()
+    );
     println!("  errors: {}", result.errors);
-    println!("  latency ms: p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}", q(0.5), q(0.99), q(0.999), h.max() as f64 / 1000.0);
+    println!(
+        "  latency ms: p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}",
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        h.max() as f64 / 1000.0
+    );
     if let Some(kib) = peak {
         println!("  server peak RSS: {:.1} MiB", kib as f64 / 1024.0);
     }
@@ -252,7 +280,8 @@ async fn drive(
                 let send = send.clone();
                 let hist = hist.clone();
                 tasks.push(tokio::spawn(async move {
-                    let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds");
+                    let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+                        .expect("valid histogram bounds");
                     while Instant::now() < end {
                         let latency = send(Instant::now()).await;
                         let _ = local.record(latency.as_micros().max(1) as u64);

@@ -87,15 +87,21 @@ impl Client {
         path_and_query: &str,
         body: Option<&B>,
     ) -> Result<T, CliError> {
-        let url = format!("{}{}", self.target.endpoint.trim_end_matches('/'), path_and_query);
+        let url = format!(
+            "{}{}",
+            self.target.endpoint.trim_end_matches('/'),
+            path_and_query
+        );
         let mut req = self.http.request(method, &url);
         if let Some(body) = body {
             req = req.json(body);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| CliError::Transport(format!("cannot reach flexq at {}: {e}", self.target.endpoint)))?;
+        let resp = req.send().await.map_err(|e| {
+            CliError::Transport(format!(
+                "cannot reach flexq at {}: {e}",
+                self.target.endpoint
+            ))
+        })?;
         let status = resp.status();
         let bytes = resp
             .bytes()
@@ -109,7 +115,10 @@ impl Client {
                 Ok(body) => Err(CliError::Api(body.error)),
                 Err(_) => Err(CliError::Transport(format!(
                     "{url} answered {status}: {}",
-                    String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()
+                    String::from_utf8_lossy(&bytes)
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
                 ))),
             }
         }
@@ -119,8 +128,13 @@ impl Client {
 /// Prints `value` as JSON or YAML.
 pub fn print_structured<T: Serialize>(value: &T, format: OutputFormat) -> Result<(), CliError> {
     let text = match format {
-        OutputFormat::Yaml => serde_yaml::to_string(value).map_err(|e| CliError::Transport(e.to_string()))?,
-        _ => serde_json::to_string_pretty(value).map_err(|e| CliError::Transport(e.to_string()))? + "\n",
+        OutputFormat::Yaml => {
+            serde_yaml::to_string(value).map_err(|e| CliError::Transport(e.to_string()))?
+        }
+        _ => {
+            serde_json::to_string_pretty(value).map_err(|e| CliError::Transport(e.to_string()))?
+                + "\n"
+        }
     };
     print!("{text}");
     Ok(())

@@ -73,18 +73,28 @@ pub(super) async fn create(
     let mut id_violations = Vec::new();
     if let Some(id) = &params.batch_id {
         if let Err(e) = check_batch_id(id) {
-            id_violations.push(FieldViolation { field: "batch_id".into(), description: e });
+            id_violations.push(FieldViolation {
+                field: "batch_id".into(),
+                description: e,
+            });
         }
     }
     if let Some(id) = &params.request_id {
         if let Err(e) = check_request_id(id) {
-            id_violations.push(FieldViolation { field: "request_id".into(), description: e });
+            id_violations.push(FieldViolation {
+                field: "request_id".into(),
+                description: e,
+            });
         }
     }
     let cluster = match spec::validate(&batch, &project, &region, &app.config) {
         Ok(cluster) if id_violations.is_empty() => cluster,
         Ok(_) => {
-            return Err(spec::Rejection { code: Code::InvalidArgument, violations: id_violations }.into());
+            return Err(spec::Rejection {
+                code: Code::InvalidArgument,
+                violations: id_violations,
+            }
+            .into());
         }
         Err(mut rejection) => {
             if !id_violations.is_empty() {
@@ -97,7 +107,9 @@ pub(super) async fn create(
     };
 
     let uuid = Uuid::new_v4();
-    let batch_id = params.batch_id.unwrap_or_else(|| Uuid::new_v4().to_string());
+    let batch_id = params
+        .batch_id
+        .unwrap_or_else(|| Uuid::new_v4().to_string());
     let state_message = match cluster.mode {
         spec::ProvisioningMode::Queue => format!(
             "Queued: waiting up to {}s for quota and capacity for the whole cluster ({} GPUs).",
@@ -117,8 +129,12 @@ pub(super) async fn create(
         state_message,
     };
     let created = app.store.create(new).await.map_err(|e| match e {
-        crate::store::StoreError::AlreadyExists(m) => ApiError::new(Code::AlreadyExists, "ALREADY_EXISTS", m)
-            .with_meta("batch", BatchName::new(&project, &region, &batch_id).to_string()),
+        crate::store::StoreError::AlreadyExists(m) => {
+            ApiError::new(Code::AlreadyExists, "ALREADY_EXISTS", m).with_meta(
+                "batch",
+                BatchName::new(&project, &region, &batch_id).to_string(),
+            )
+        }
         other => other.into(),
     })?;
     if let Created::Replayed(r) = &created {
@@ -135,7 +151,11 @@ pub(super) async fn get(
     format: Format,
 ) -> Result<Response, ApiError> {
     let name = BatchName::new(&project, &region, &batch_id);
-    let record = app.store.get(&name).await.map_err(|e| not_found_as(e, "batch", &name.to_string()))?;
+    let record = app
+        .store
+        .get(&name)
+        .await
+        .map_err(|e| not_found_as(e, "batch", &name.to_string()))?;
     Ok(format.respond(StatusCode::OK, &to_batch(&record)))
 }
 
@@ -154,17 +174,27 @@ pub(super) async fn list(
             _ => {
                 return Err(ApiError::invalid_field(
                     "page_size",
-                    format!("{} is not a page size; accepted: 1 to {MAX_PAGE_SIZE} (0 or absent: {DEFAULT_PAGE_SIZE})", crate::api::quote(raw)),
+                    format!(
+                        "{} is not a page size; accepted: 1 to {MAX_PAGE_SIZE} (0 or absent: {DEFAULT_PAGE_SIZE})",
+                        crate::api::quote(raw)
+                    ),
                 ));
             }
         },
     };
     if let Some(order) = params.order_by.as_deref() {
-        let normal = order.split_whitespace().collect::<Vec<_>>().join(" ").to_ascii_lowercase();
+        let normal = order
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_ascii_lowercase();
         if !normal.is_empty() && normal != "create_time desc" {
             return Err(ApiError::invalid_field(
                 "order_by",
-                format!("{} is not supported; accepted: \"create_time desc\" (the default)", crate::api::quote(order)),
+                format!(
+                    "{} is not supported; accepted: \"create_time desc\" (the default)",
+                    crate::api::quote(order)
+                ),
             ));
         }
     }
@@ -174,7 +204,10 @@ pub(super) async fn list(
         None | Some("") => None,
         Some(token) => Some(decode_token(token, &project, &region, &filter_text)?),
     };
-    let page = app.store.list(&project, &region, &filter, page_size, before).await?;
+    let page = app
+        .store
+        .list(&project, &region, &filter, page_size, before)
+        .await?;
     let response = ListBatchesResponse {
         batches: page.batches.iter().map(to_batch).collect(),
         next_page_token: page
@@ -194,7 +227,10 @@ pub(super) async fn delete(
     format: Format,
 ) -> Result<Response, ApiError> {
     let name = BatchName::new(&project, &region, &batch_id);
-    app.store.delete(&name).await.map_err(|e| not_found_as(e, "batch", &name.to_string()))?;
+    app.store
+        .delete(&name)
+        .await
+        .map_err(|e| not_found_as(e, "batch", &name.to_string()))?;
     tracing::info!(batch.id = %batch_id, project = %project, region = %region, "batch deleted");
     Ok(format.respond(StatusCode::OK, &serde_json::json!({})))
 }
@@ -225,7 +261,10 @@ pub(super) async fn post_operation(
         return Err(ApiError::new(
             Code::NotFound,
             "NO_SUCH_METHOD",
-            format!("no method POST on operation {}; use {operation}:cancel", crate::api::quote(&operation)),
+            format!(
+                "no method POST on operation {}; use {operation}:cancel",
+                crate::api::quote(&operation)
+            ),
         ));
     };
     let record = app
@@ -238,7 +277,12 @@ pub(super) async fn post_operation(
 }
 
 fn op_name(project: &str, region: &str, id: &str) -> String {
-    OperationName { project: project.into(), region: region.into(), operation_id: id.into() }.to_string()
+    OperationName {
+        project: project.into(),
+        region: region.into(),
+        operation_id: id.into(),
+    }
+    .to_string()
 }
 
 fn not_found_as(e: crate::store::StoreError, what: &str, name: &str) -> ApiError {
@@ -275,7 +319,13 @@ pub fn operation(r: &BatchRecord) -> Operation {
             }
             (None, Some(v))
         }
-        State::Cancelled => (Some(OperationError { code: Code::Cancelled.grpc_number(), message: r.state_message.clone() }), None),
+        State::Cancelled => (
+            Some(OperationError {
+                code: Code::Cancelled.grpc_number(),
+                message: r.state_message.clone(),
+            }),
+            None,
+        ),
         State::Failed => {
             let code = if r.state_message.starts_with("RESOURCE_EXHAUSTED") {
                 Code::ResourceExhausted
@@ -284,7 +334,13 @@ pub fn operation(r: &BatchRecord) -> Operation {
             } else {
                 Code::FailedPrecondition
             };
-            (Some(OperationError { code: code.grpc_number(), message: r.state_message.clone() }), None)
+            (
+                Some(OperationError {
+                    code: code.grpc_number(),
+                    message: r.state_message.clone(),
+                }),
+                None,
+            )
         }
         _ => (None, None),
     };
@@ -311,21 +367,29 @@ pub fn operation(r: &BatchRecord) -> Operation {
 /// fingerprint of the query they continue, so a token cannot be replayed
 /// against another filter or collection.
 fn encode_token(before_seq: i64, project: &str, region: &str, filter: &str) -> String {
-    URL_SAFE_NO_PAD.encode(format!("v1:{before_seq}:{:016x}", fingerprint(project, region, filter)))
+    URL_SAFE_NO_PAD.encode(format!(
+        "v1:{before_seq}:{:016x}",
+        fingerprint(project, region, filter)
+    ))
 }
 
 fn decode_token(token: &str, project: &str, region: &str, filter: &str) -> Result<i64, ApiError> {
     let invalid = || {
         ApiError::invalid_field(
             "page_token",
-            format!("{} is not a page token of this list (same parent and filter); start again without a token", crate::api::quote(token)),
+            format!(
+                "{} is not a page token of this list (same parent and filter); start again without a token",
+                crate::api::quote(token)
+            ),
         )
     };
     let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
     let raw = String::from_utf8(raw).map_err(|_| invalid())?;
     let mut parts = raw.split(':');
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some("v1"), Some(seq), Some(fp), None) if fp == format!("{:016x}", fingerprint(project, region, filter)) => {
+        (Some("v1"), Some(seq), Some(fp), None)
+            if fp == format!("{:016x}", fingerprint(project, region, filter)) =>
+        {
             seq.parse().map_err(|_| invalid())
         }
         _ => Err(invalid()),
@@ -336,7 +400,13 @@ fn decode_token(token: &str, project: &str, region: &str, filter: &str) -> Resul
 /// `DefaultHasher`), so a token minted by one replica works on another.
 fn fingerprint(project: &str, region: &str, filter: &str) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
-    for b in project.bytes().chain([0]).chain(region.bytes()).chain([0]).chain(filter.bytes()) {
+    for b in project
+        .bytes()
+        .chain([0])
+        .chain(region.bytes())
+        .chain([0])
+        .chain(filter.bytes())
+    {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x100000001b3);
     }

@@ -48,8 +48,12 @@ impl ApiError {
     }
 
     pub fn not_found(what: &str, name: &str) -> ApiError {
-        ApiError::new(Code::NotFound, "NOT_FOUND", format!("{what} {name} not found"))
-            .with_meta("resource", name)
+        ApiError::new(
+            Code::NotFound,
+            "NOT_FOUND",
+            format!("{what} {name} not found"),
+        )
+        .with_meta("resource", name)
     }
 
     pub fn internal(detail: impl std::fmt::Display) -> ApiError {

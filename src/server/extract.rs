@@ -32,7 +32,8 @@ where
             .map(str::to_ascii_lowercase);
         let is_json = content_type.as_deref().is_some_and(|ct| {
             let mime = ct.split(';').next().unwrap_or_default().trim();
-            mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
         });
         if !is_json {
             return Err(ApiError::new(
@@ -40,12 +41,17 @@ where
                 "UNSUPPORTED_CONTENT_TYPE",
                 format!(
                     "Content-Type {} is not accepted; send the body as application/json",
-                    content_type.as_deref().map(crate::api::quote).unwrap_or_else(|| "(none)".into())
+                    content_type
+                        .as_deref()
+                        .map(crate::api::quote)
+                        .unwrap_or_else(|| "(none)".into())
                 ),
             )
             .with_meta("contentType", content_type.unwrap_or_default()));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(body_rejection)?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(ApiError::new(
                 Code::InvalidArgument,
@@ -53,16 +59,28 @@ where
                 "the request body is empty; a JSON object is expected",
             ));
         }
+        // serde would read a struct from an array too; a proto3 message is
+        // always a JSON object.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::new(
+                Code::InvalidArgument,
+                "MALFORMED_BODY",
+                "the request body must be a JSON object",
+            )
+            .with_meta("field", "body"));
+        }
         let de = &mut serde_json::Deserializer::from_slice(&bytes);
         match serde_path_to_error::deserialize(de) {
             Ok(value) => Ok(JsonBody(value)),
             Err(err) => {
                 let path = err.path().to_string();
                 let inner = err.inner();
-                let field = if path == "." { "body".to_string() } else { path };
-                let description = format!(
-                    "{inner}"
-                );
+                let field = if path == "." {
+                    "body".to_string()
+                } else {
+                    path
+                };
+                let description = format!("{inner}");
                 Err(ApiError::new(
                     Code::InvalidArgument,
                     "MALFORMED_BODY",
@@ -165,13 +183,16 @@ impl Format {
 
     /// Encodes `value` as the answer body.
     pub fn respond<T: Serialize>(self, status: StatusCode, value: &T) -> Response {
+        if self == Format::EnumNames {
+            return (status, axum::Json(value)).into_response();
+        }
         let mut json = match serde_json::to_value(value) {
             Ok(v) => v,
-            Err(e) => return ApiError::internal(format!("cannot encode answer: {e}")).into_response(),
+            Err(e) => {
+                return ApiError::internal(format!("cannot encode answer: {e}")).into_response();
+            }
         };
-        if self == Format::EnumInts {
-            enums_to_ints(&mut json);
-        }
+        enums_to_ints(&mut json);
         (status, axum::Json(json)).into_response()
     }
 }
@@ -240,7 +261,10 @@ mod tests {
             Format::from_query(Some("%24alt=json%3Benum-encoding%3Dint")),
             Format::EnumInts
         );
-        assert_eq!(Format::from_query(Some("$alt=json;enum-encoding=int")), Format::EnumInts);
+        assert_eq!(
+            Format::from_query(Some("$alt=json;enum-encoding=int")),
+            Format::EnumInts
+        );
         assert_eq!(Format::from_query(Some("$alt=json")), Format::EnumNames);
         assert_eq!(Format::from_query(None), Format::EnumNames);
     }

@@ -132,7 +132,7 @@ async fn unknown_route(req: Request) -> ApiError {
 
 async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::new(
-        Code::Unimplemented,
+        Code::NotFound,
         "METHOD_NOT_ALLOWED",
         format!(
             "method {} is not supported on {}",
@@ -152,8 +152,12 @@ async fn readyz(AppState(app): AppState<App>) -> Response {
         Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "not ready");
-            ApiError::new(Code::Unavailable, "NOT_READY", "the database is not reachable")
-                .into_response()
+            ApiError::new(
+                Code::Unavailable,
+                "NOT_READY",
+                "the database is not reachable",
+            )
+            .into_response()
         }
     }
 }
@@ -188,7 +192,11 @@ async fn runtimes(AppState(app): AppState<App>) -> Json<serde_json::Value> {
 
 /// Serves `app` on `listener` until `shutdown` fires, then drains in-flight
 /// requests for at most `server.shutdown_timeout` and closes the store.
-pub async fn run(listener: TcpListener, app: App, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    listener: TcpListener,
+    app: App,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let drain = app.config.server.shutdown_timeout;
     let store = app.store.clone();
     let addr = listener.local_addr()?;
@@ -197,7 +205,10 @@ pub async fn run(listener: TcpListener, app: App, shutdown: CancellationToken) -
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let server = tokio::spawn(async move { server.await });
     shutdown.cancelled().await;
-    tracing::info!(drain_s = drain.as_secs(), "shutting down: draining in-flight requests");
+    tracing::info!(
+        drain_s = drain.as_secs(),
+        "shutting down: draining in-flight requests"
+    );
     match tokio::time::timeout(drain, server).await {
         Ok(result) => result??,
         Err(_) => tracing::warn!("drain timeout passed; closing with requests in flight"),

@@ -53,7 +53,8 @@ impl FromStr for RuntimeVersion {
     type Err = ();
     fn from_str(s: &str) -> Result<Self, ()> {
         let (major, minor) = s.split_once('.').ok_or(())?;
-        let digits = |p: &str| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit());
+        let digits =
+            |p: &str| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit());
         if !digits(major) || !digits(minor) {
             return Err(());
         }
@@ -230,7 +231,12 @@ pub fn validate(
             format!(
                 "region {} is not served by flexq; served regions: {}",
                 quote(region),
-                config.regions.keys().cloned().collect::<Vec<_>>().join(", ")
+                config
+                    .regions
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
     }
@@ -376,8 +382,15 @@ fn check_workload(batch: &Batch, v: &mut Violations) -> Option<Workload> {
                 "the main Python file is required (e.g. file:///jobs/etl.py)",
             );
         }
-        uris.push(("pyspark_batch.main_python_file_uri".into(), &p.main_python_file_uri));
-        push_uris(&mut uris, "pyspark_batch.python_file_uris", &p.python_file_uris);
+        uris.push((
+            "pyspark_batch.main_python_file_uri".into(),
+            &p.main_python_file_uri,
+        ));
+        push_uris(
+            &mut uris,
+            "pyspark_batch.python_file_uris",
+            &p.python_file_uris,
+        );
         push_uris(&mut uris, "pyspark_batch.jar_file_uris", &p.jar_file_uris);
         push_uris(&mut uris, "pyspark_batch.file_uris", &p.file_uris);
         push_uris(&mut uris, "pyspark_batch.archive_uris", &p.archive_uris);
@@ -489,7 +502,12 @@ fn runtime_version(batch: &Batch, config: &Config, v: &mut Violations) -> Option
             format!(
                 "runtime version {} is not supported; supported versions: {}",
                 quote(version),
-                config.runtimes.keys().cloned().collect::<Vec<_>>().join(", ")
+                config
+                    .runtimes
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
         None
@@ -565,7 +583,10 @@ fn quota_amounts(
     };
     for (node, count) in [(driver, 1u64), (executor, u64::from(executors))] {
         if let Some(accel) = node.accelerator {
-            add(accel.quota_metric(preemptible), u64::from(node.gpus) * count);
+            add(
+                accel.quota_metric(preemptible),
+                u64::from(node.gpus) * count,
+            );
             add(QuotaMetric::LocalSsdTotalGb, node.local_ssd_gb * count);
         }
     }

@@ -211,7 +211,10 @@ impl Properties {
                 (Some("standard") | None, _, _) => {}
                 (Some(other), _, _) => v.invalid(
                     property_field(&key),
-                    format!("{} is not a tier; accepted: standard, premium", quote(other)),
+                    format!(
+                        "{} is not a tier; accepted: standard, premium",
+                        quote(other)
+                    ),
                 ),
             }
         }
@@ -285,7 +288,8 @@ impl Properties {
             Some(a) => a.max_total_memory_mb(cores).unwrap_or(0),
             None => CPU_MB_PER_CORE * u64::from(cores),
         };
-        let (memory_mb, memory_overhead_mb) = self.memory_split(role, accel, cores, max_total, pyspark, v);
+        let (memory_mb, memory_overhead_mb) =
+            self.memory_split(role, accel, cores, max_total, pyspark, v);
         NodeShape {
             accelerator: accel,
             cores,
@@ -330,7 +334,10 @@ impl Properties {
                     None
                 }
                 Err(form) => {
-                    v.invalid(property_field(key), format!("{} is not {form}", quote(value)));
+                    v.invalid(
+                        property_field(key),
+                        format!("{} is not {form}", quote(value)),
+                    );
                     None
                 }
             }
@@ -383,14 +390,19 @@ impl Properties {
         let mut modes = Vec::new();
         for role in [Role::Driver, Role::Executor] {
             let key = role.dataproc("provisioning.mode");
-            let Some(value) = self.get(&key) else { continue };
+            let Some(value) = self.get(&key) else {
+                continue;
+            };
             let mode = match value {
                 "queue" => ProvisioningMode::Queue,
                 "default" => ProvisioningMode::Default,
                 other => {
                     v.invalid(
                         property_field(&key),
-                        format!("{} is not a provisioning mode; accepted: queue, default", quote(other)),
+                        format!(
+                            "{} is not a provisioning mode; accepted: queue, default",
+                            quote(other)
+                        ),
                     );
                     continue;
                 }
@@ -404,7 +416,9 @@ impl Properties {
             modes.push((key, mode));
         }
         match modes.as_slice() {
-            [] if uses_gpus && runtime >= RuntimeVersion::new(3, 0) => Some(ProvisioningMode::Queue),
+            [] if uses_gpus && runtime >= RuntimeVersion::new(3, 0) => {
+                Some(ProvisioningMode::Queue)
+            }
             [] => Some(ProvisioningMode::Default),
             [(_, one)] => Some(*one),
             [(_, a), (key, b)] if a != b => {
@@ -435,7 +449,10 @@ impl Properties {
                     Some(value) => parse_allocation_timeout(value, max_s).unwrap_or_else(|form| {
                         v.invalid(
                             property_field(&key),
-                            format!("{} is not a valid allocation timeout: use {form}", quote(value)),
+                            format!(
+                                "{} is not a valid allocation timeout: use {form}",
+                                quote(value)
+                            ),
                         );
                         default_s
                     }),

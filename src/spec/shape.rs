@@ -141,7 +141,10 @@ impl Accelerator {
     pub fn local_ssd_choices_gb(self, cores: u32) -> (Vec<u64>, u64) {
         match self.shape(cores) {
             Some((_, _, _, Some(fixed))) => (vec![*fixed], *fixed),
-            _ => (self.row().ssd_choices_gb.to_vec(), self.row().default_ssd_gb),
+            _ => (
+                self.row().ssd_choices_gb.to_vec(),
+                self.row().default_ssd_gb,
+            ),
         }
     }
 }

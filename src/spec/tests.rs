@@ -88,32 +88,63 @@ fn both_published_examples_are_accepted_exactly_as_written() {
     assert_eq!(
         c.quota,
         vec![
-            QuotaAmount { metric: QuotaMetric::NvidiaL4Gpus, amount: 5 },
-            QuotaAmount { metric: QuotaMetric::LocalSsdTotalGb, amount: 5 * 375 },
+            QuotaAmount {
+                metric: QuotaMetric::NvidiaL4Gpus,
+                amount: 5
+            },
+            QuotaAmount {
+                metric: QuotaMetric::LocalSsdTotalGb,
+                amount: 5 * 375
+            },
         ]
     );
 
     let flex_start = flex(&[
-        ("spark.dataproc.driver.provisioning.allocationTimeout", "1800s"),
-        ("spark.dataproc.executor.provisioning.allocationTimeout", "1800s"),
+        (
+            "spark.dataproc.driver.provisioning.allocationTimeout",
+            "1800s",
+        ),
+        (
+            "spark.dataproc.executor.provisioning.allocationTimeout",
+            "1800s",
+        ),
     ]);
     let c = check(&flex_start).expect("flex start example");
-    assert_eq!(c.mode, ProvisioningMode::Queue, "queue is the default on 3.0");
+    assert_eq!(
+        c.mode,
+        ProvisioningMode::Queue,
+        "queue is the default on 3.0"
+    );
     assert_eq!(c.allocation_timeout_s, 1800);
     assert_eq!(c.executor_count, 2);
     assert_eq!(c.total_gpus(), 3);
     assert_eq!(
         c.quota,
         vec![
-            QuotaAmount { metric: QuotaMetric::PreemptibleNvidiaL4Gpus, amount: 3 },
-            QuotaAmount { metric: QuotaMetric::LocalSsdTotalGb, amount: 3 * 375 },
+            QuotaAmount {
+                metric: QuotaMetric::PreemptibleNvidiaL4Gpus,
+                amount: 3
+            },
+            QuotaAmount {
+                metric: QuotaMetric::LocalSsdTotalGb,
+                amount: 3 * 375
+            },
         ]
     );
 }
 
 #[test]
 fn accelerator_type_must_be_a_known_gpu() {
-    assert!(check(&flex(&[("spark.dataproc.executor.resource.accelerator.type", "a100-40"), ("spark.executor.cores", "12")])).is_ok());
+    assert!(
+        check(&flex(&[
+            (
+                "spark.dataproc.executor.resource.accelerator.type",
+                "a100-40"
+            ),
+            ("spark.executor.cores", "12")
+        ]))
+        .is_ok()
+    );
     let r = rejected(
         &flex(&[("spark.dataproc.executor.resource.accelerator.type", "h100")]),
         "runtime_config.properties[spark.dataproc.executor.resource.accelerator.type]",
@@ -125,13 +156,20 @@ fn accelerator_type_must_be_a_known_gpu() {
 #[test]
 fn a_gpu_the_region_does_not_offer_is_a_failed_precondition() {
     let b = flex(&[
-        ("spark.dataproc.executor.resource.accelerator.type", "a100-80"),
+        (
+            "spark.dataproc.executor.resource.accelerator.type",
+            "a100-80",
+        ),
         ("spark.executor.cores", "12"),
     ]);
     assert!(validate(&b, "demo", "us-central1", &config()).is_ok());
     let r = validate(&b, "demo", "asia-southeast1", &config()).expect_err("not offered");
     assert_eq!(r.code, Code::FailedPrecondition);
-    assert!(r.violations[0].description.contains("not offered in region asia-southeast1"));
+    assert!(
+        r.violations[0]
+            .description
+            .contains("not offered in region asia-southeast1")
+    );
 }
 
 #[test]
@@ -143,8 +181,15 @@ fn an_unknown_region_is_named() {
 
 #[test]
 fn compute_and_disk_tiers_must_be_premium_for_gpu_executors() {
-    for key in ["spark.dataproc.executor.compute.tier", "spark.dataproc.executor.disk.tier"] {
-        rejected(&flex(&[(key, "standard")]), &property_field(key), "must be \"premium\"");
+    for key in [
+        "spark.dataproc.executor.compute.tier",
+        "spark.dataproc.executor.disk.tier",
+    ] {
+        rejected(
+            &flex(&[(key, "standard")]),
+            &property_field(key),
+            "must be \"premium\"",
+        );
         rejected(&flex_without(key), &property_field(key), "found unset");
     }
 }
@@ -169,7 +214,10 @@ fn executor_instances_default_to_two_and_must_be_at_least_two() {
 #[test]
 fn executor_cores_follow_the_gpu_type() {
     let c = check(&flex(&[("spark.executor.cores", "48")])).expect("l4 48 cores");
-    assert_eq!((c.executor.cores, c.executor.gpus, c.executor.local_ssd_gb), (48, 4, 1500));
+    assert_eq!(
+        (c.executor.cores, c.executor.gpus, c.executor.local_ssd_gb),
+        (48, 4, 1500)
+    );
     rejected(
         &flex(&[("spark.executor.cores", "6")]),
         "runtime_config.properties[spark.executor.cores]",
@@ -177,7 +225,10 @@ fn executor_cores_follow_the_gpu_type() {
     );
     rejected(
         &flex(&[
-            ("spark.dataproc.executor.resource.accelerator.type", "a100-40"),
+            (
+                "spark.dataproc.executor.resource.accelerator.type",
+                "a100-40",
+            ),
             ("spark.executor.cores", "4"),
         ]),
         "runtime_config.properties[spark.executor.cores]",
@@ -195,7 +246,13 @@ fn gpus_per_executor_follow_the_shape() {
 
 #[test]
 fn l4_disk_size_is_fixed_by_the_core_count() {
-    assert!(check(&flex(&[("spark.executor.cores", "24"), ("spark.dataproc.executor.disk.size", "750g")])).is_ok());
+    assert!(
+        check(&flex(&[
+            ("spark.executor.cores", "24"),
+            ("spark.dataproc.executor.disk.size", "750g")
+        ]))
+        .is_ok()
+    );
     rejected(
         &flex(&[("spark.dataproc.executor.disk.size", "750g")]),
         "runtime_config.properties[spark.dataproc.executor.disk.size]",
@@ -212,12 +269,18 @@ fn l4_disk_size_is_fixed_by_the_core_count() {
 fn a100_disk_size_is_one_of_the_listed_sizes() {
     let a100 = |size: &str| {
         flex(&[
-            ("spark.dataproc.executor.resource.accelerator.type", "a100-40"),
+            (
+                "spark.dataproc.executor.resource.accelerator.type",
+                "a100-40",
+            ),
             ("spark.executor.cores", "12"),
             ("spark.dataproc.executor.disk.size", size),
         ])
     };
-    assert_eq!(check(&a100("9000g")).map(|c| c.executor.local_ssd_gb), Ok(9000));
+    assert_eq!(
+        check(&a100("9000g")).map(|c| c.executor.local_ssd_gb),
+        Ok(9000)
+    );
     rejected(
         &a100("500g"),
         "runtime_config.properties[spark.dataproc.executor.disk.size]",
@@ -228,7 +291,11 @@ fn a100_disk_size_is_one_of_the_listed_sizes() {
 #[test]
 fn memory_defaults_split_by_workload_kind() {
     let c = check(&flex(&[])).expect("defaults");
-    assert_eq!(c.executor.memory_overhead_mb, 13384 * 40 / 100, "PySpark: 40% overhead");
+    assert_eq!(
+        c.executor.memory_overhead_mb,
+        13384 * 40 / 100,
+        "PySpark: 40% overhead"
+    );
     assert_eq!(c.executor.memory_mb + c.executor.memory_overhead_mb, 13384);
     let mut jar = flex(&[]);
     jar.pyspark_batch = None;
@@ -243,15 +310,24 @@ fn memory_defaults_split_by_workload_kind() {
 #[test]
 fn setting_memory_gives_overhead_the_rest() {
     let c = check(&flex(&[("spark.executor.memory", "8g")])).expect("8g");
-    assert_eq!((c.executor.memory_mb, c.executor.memory_overhead_mb), (8192, 13384 - 8192));
+    assert_eq!(
+        (c.executor.memory_mb, c.executor.memory_overhead_mb),
+        (8192, 13384 - 8192)
+    );
     let c = check(&flex(&[("spark.executor.memoryOverhead", "2048")])).expect("2048");
-    assert_eq!((c.executor.memory_mb, c.executor.memory_overhead_mb), (13384 - 2048, 2048));
+    assert_eq!(
+        (c.executor.memory_mb, c.executor.memory_overhead_mb),
+        (13384 - 2048, 2048)
+    );
 }
 
 #[test]
 fn memory_and_overhead_are_bounded_and_exclusive() {
     rejected(
-        &flex(&[("spark.executor.memory", "8g"), ("spark.executor.memoryOverhead", "2g")]),
+        &flex(&[
+            ("spark.executor.memory", "8g"),
+            ("spark.executor.memoryOverhead", "2g"),
+        ]),
         "runtime_config.properties[spark.executor.memoryOverhead]",
         "set at most one of spark.executor.memory and spark.executor.memoryOverhead",
     );
@@ -297,7 +373,11 @@ fn runtimes_before_2_2_need_lang() {
 
 #[test]
 fn the_runtime_must_be_in_the_catalog() {
-    let r = rejected(&batch("9.9", &[]), "runtime_config.version", "supported versions: 1.1, 1.2, 2.2, 2.3, 3.0");
+    let r = rejected(
+        &batch("9.9", &[]),
+        "runtime_config.version",
+        "supported versions: 1.1, 1.2, 2.2, 2.3, 3.0",
+    );
     assert_eq!(r.code, Code::InvalidArgument);
     let mut b = flex(&[]);
     b.runtime_config.as_mut().expect("set").version = None;
@@ -309,8 +389,21 @@ fn the_runtime_must_be_in_the_catalog() {
 fn a_shielded_vm_policy_blocks_gpu_batches() {
     let r = validate(&flex(&[]), "shielded-only", "us-central1", &config()).expect_err("policy");
     assert_eq!(r.code, Code::FailedPrecondition);
-    assert!(r.violations[0].description.contains("constraints/compute.requireShieldedVm"));
-    assert!(validate(&batch("3.0", &[]), "shielded-only", "us-central1", &config()).is_ok(), "CPU batches still run");
+    assert!(
+        r.violations[0]
+            .description
+            .contains("constraints/compute.requireShieldedVm")
+    );
+    assert!(
+        validate(
+            &batch("3.0", &[]),
+            "shielded-only",
+            "us-central1",
+            &config()
+        )
+        .is_ok(),
+        "CPU batches still run"
+    );
 }
 
 #[test]
@@ -329,7 +422,10 @@ fn unknown_dataproc_properties_are_rejected_with_a_suggestion() {
 
 #[test]
 fn provisioning_mode_defaults_by_runtime_and_queue_needs_3_0() {
-    assert_eq!(check(&flex(&[])).map(|c| c.mode), Ok(ProvisioningMode::Queue));
+    assert_eq!(
+        check(&flex(&[])).map(|c| c.mode),
+        Ok(ProvisioningMode::Queue)
+    );
     assert_eq!(
         check(&flex(&[
             ("spark.dataproc.driver.provisioning.mode", "default"),
@@ -366,17 +462,28 @@ fn allocation_timeout_is_the_smaller_of_the_two_and_defaults_to_3600s() {
     assert_eq!(check(&flex(&[])).map(|c| c.allocation_timeout_s), Ok(3600));
     assert_eq!(
         check(&flex(&[
-            ("spark.dataproc.driver.provisioning.allocationTimeout", "600s"),
-            ("spark.dataproc.executor.provisioning.allocationTimeout", "7200s"),
+            (
+                "spark.dataproc.driver.provisioning.allocationTimeout",
+                "600s"
+            ),
+            (
+                "spark.dataproc.executor.provisioning.allocationTimeout",
+                "7200s"
+            ),
         ]))
         .map(|c| c.allocation_timeout_s),
         Ok(600)
     );
     for bad in ["3600", "3600.5s", "-1s", "0s", "7201s", "1e3s", "3600S"] {
         rejected(
-            &flex(&[("spark.dataproc.executor.provisioning.allocationTimeout", bad)]),
+            &flex(&[(
+                "spark.dataproc.executor.provisioning.allocationTimeout",
+                bad,
+            )]),
             "runtime_config.properties[spark.dataproc.executor.provisioning.allocationTimeout]",
-            &format!("{bad:?} is not a valid allocation timeout: use whole seconds with the suffix \"s\", from \"1s\" to \"7200s\""),
+            &format!(
+                "{bad:?} is not a valid allocation timeout: use whole seconds with the suffix \"s\", from \"1s\" to \"7200s\""
+            ),
         );
     }
 }
@@ -404,8 +511,16 @@ fn ttl_is_bounded_and_defaults_to_four_hours() {
     };
     assert_eq!(check(&flex(&[])).map(|c| c.ttl_s), Ok(Some(4 * 3600)));
     assert_eq!(check(&with_ttl("14400s")).map(|c| c.ttl_s), Ok(Some(14400)));
-    rejected(&with_ttl("599s"), "environment_config.execution_config.ttl", "from \"600s\"");
-    rejected(&with_ttl("4h"), "environment_config.execution_config.ttl", "with the suffix s");
+    rejected(
+        &with_ttl("599s"),
+        "environment_config.execution_config.ttl",
+        "from \"600s\"",
+    );
+    rejected(
+        &with_ttl("4h"),
+        "environment_config.execution_config.ttl",
+        "with the suffix s",
+    );
 }
 
 #[test]
@@ -432,7 +547,10 @@ fn the_workload_is_required_and_unique() {
     b.pyspark_batch = None;
     rejected(&b, "batch_config", "is required");
     let mut b = flex(&[]);
-    b.spark_batch = Some(SparkBatch { main_class: Some("a.B".into()), ..Default::default() });
+    b.spark_batch = Some(SparkBatch {
+        main_class: Some("a.B".into()),
+        ..Default::default()
+    });
     rejected(&b, "batch_config", "only one of");
     let mut b = flex(&[]);
     b.pyspark_batch = Some(PySparkBatch::default());
@@ -447,9 +565,15 @@ fn property_limits_are_enforced() {
         "runtime_config.properties[spark.app.name]",
         "at most 16384",
     );
-    let many: Vec<(String, String)> = (0..10_000).map(|i| (format!("spark.k{i}"), "v".into())).collect();
+    let many: Vec<(String, String)> = (0..10_000)
+        .map(|i| (format!("spark.k{i}"), "v".into()))
+        .collect();
     let refs: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    rejected(&batch("3.0", &refs), "runtime_config.properties", "10000 properties given; at most 1000");
+    rejected(
+        &batch("3.0", &refs),
+        "runtime_config.properties",
+        "10000 properties given; at most 1000",
+    );
 }
 
 #[test]
@@ -457,7 +581,10 @@ fn every_violation_is_reported_at_once() {
     let r = check(&flex(&[
         ("spark.executor.cores", "5"),
         ("spark.executor.instances", "1"),
-        ("spark.dataproc.executor.provisioning.allocationTimeout", "0s"),
+        (
+            "spark.dataproc.executor.provisioning.allocationTimeout",
+            "0s",
+        ),
         ("spark.dataproc.executor.disk.tier", "standard"),
     ]))
     .expect_err("four bad fields");
@@ -468,7 +595,10 @@ fn every_violation_is_reported_at_once() {
 #[test]
 fn an_a100_80_cluster_draws_its_own_metric() {
     let c = check(&flex(&[
-        ("spark.dataproc.executor.resource.accelerator.type", "a100-80"),
+        (
+            "spark.dataproc.executor.resource.accelerator.type",
+            "a100-80",
+        ),
         ("spark.dataproc.driver.resource.accelerator.type", "a100-80"),
         ("spark.executor.cores", "12"),
         ("spark.driver.cores", "12"),
@@ -479,8 +609,14 @@ fn an_a100_80_cluster_draws_its_own_metric() {
     assert_eq!(
         c.quota,
         vec![
-            QuotaAmount { metric: QuotaMetric::PreemptibleNvidiaA100_80gbGpus, amount: 5 },
-            QuotaAmount { metric: QuotaMetric::LocalSsdTotalGb, amount: 375 + 4 * 750 },
+            QuotaAmount {
+                metric: QuotaMetric::PreemptibleNvidiaA100_80gbGpus,
+                amount: 5
+            },
+            QuotaAmount {
+                metric: QuotaMetric::LocalSsdTotalGb,
+                amount: 375 + 4 * 750
+            },
         ]
     );
 }

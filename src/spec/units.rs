@@ -58,7 +58,9 @@ static WHOLE_SECONDS: LazyLock<Regex> =
 /// Parses an allocation timeout: whole seconds with the suffix `s`, from 1
 /// to `max_s`.
 pub fn parse_allocation_timeout(value: &str, max_s: u64) -> Result<u64, String> {
-    let form = format!("whole seconds with the suffix \"s\", from \"1s\" to \"{max_s}s\" (e.g. \"1800s\")");
+    let form = format!(
+        "whole seconds with the suffix \"s\", from \"1s\" to \"{max_s}s\" (e.g. \"1800s\")"
+    );
     let caps = WHOLE_SECONDS.captures(value).ok_or_else(|| form.clone())?;
     let secs: u64 = caps[1].parse().map_err(|_| form.clone())?;
     if secs == 0 || secs > max_s {

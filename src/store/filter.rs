@@ -116,7 +116,11 @@ impl Filter {
 fn push_expr(e: &Expr, q: &mut QueryBuilder<'_, Sqlite>) {
     match e {
         Expr::And(parts) | Expr::Or(parts) => {
-            let joiner = if matches!(e, Expr::And(_)) { " and " } else { " or " };
+            let joiner = if matches!(e, Expr::And(_)) {
+                " and "
+            } else {
+                " or "
+            };
             q.push("(");
             for (i, part) in parts.iter().enumerate() {
                 if i > 0 {
@@ -225,7 +229,9 @@ fn lex(input: &str) -> Result<Vec<Token>, String> {
                     }
                 }
                 if !closed {
-                    return Err(format!("unterminated string starting at offset {i} in filter"));
+                    return Err(format!(
+                        "unterminated string starting at offset {i} in filter"
+                    ));
                 }
                 tokens.push(Token::Quoted(s));
             }
@@ -354,9 +360,9 @@ fn parse_field(word: &str) -> Result<Field, String> {
             let key = &w["labels.".len()..];
             let ok = !key.is_empty()
                 && key.len() <= 63
-                && key
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+                && key.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
+                });
             if !ok {
                 return Err(format!("label key {} is invalid in filter", quote(key)));
             }
@@ -427,7 +433,10 @@ mod tests {
             "(batch_id = ? and (state = ? or state = ?))"
         );
         assert_eq!(sql("NOT (state = FAILED)"), "not (state = ?)");
-        assert_eq!(sql("labels.team = ml"), "coalesce(json_extract(spec, ?), '') = ?");
+        assert_eq!(
+            sql("labels.team = ml"),
+            "coalesce(json_extract(spec, ?), '') = ?"
+        );
     }
 
     #[test]
@@ -450,8 +459,14 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_refused_not_a_stack_overflow() {
-        let f = format!("{}state = RUNNING{}", "(".repeat(10_000), ")".repeat(10_000));
-        assert!(Filter::parse(&f).expect_err("deep").contains("bytes") || Filter::parse(&f).is_err());
+        let f = format!(
+            "{}state = RUNNING{}",
+            "(".repeat(10_000),
+            ")".repeat(10_000)
+        );
+        assert!(
+            Filter::parse(&f).expect_err("deep").contains("bytes") || Filter::parse(&f).is_err()
+        );
         let f = format!("{}state = RUNNING{}", "(".repeat(100), ")".repeat(100));
         assert!(Filter::parse(&f).expect_err("deep").contains("deeper than"));
     }

@@ -131,7 +131,11 @@ impl Store {
         let pool = connect(options).await?;
         migrate(&pool).await?;
         let (tx, rx) = mpsc::channel(options.group_commit_max.max(1) * 4);
-        tokio::spawn(writer::run(pool.clone(), rx, options.group_commit_max.max(1)));
+        tokio::spawn(writer::run(
+            pool.clone(),
+            rx,
+            options.group_commit_max.max(1),
+        ));
         Ok(Store { pool, creates: tx })
     }
 
@@ -194,8 +198,12 @@ impl Store {
         page_size: u32,
         before_seq: Option<i64>,
     ) -> Result<Page, StoreError> {
-        let mut q = QueryBuilder::<Sqlite>::new(format!("select {BATCH_COLUMNS} from batches where project = "));
-        q.push_bind(project).push(" and region = ").push_bind(region);
+        let mut q = QueryBuilder::<Sqlite>::new(format!(
+            "select {BATCH_COLUMNS} from batches where project = "
+        ));
+        q.push_bind(project)
+            .push(" and region = ")
+            .push_bind(region);
         if let Some(seq) = before_seq {
             q.push(" and seq < ").push_bind(seq);
         }
@@ -204,7 +212,8 @@ impl Store {
             filter.push_sql(&mut q);
             q.push(")");
         }
-        q.push(" order by seq desc limit ").push_bind(i64::from(page_size) + 1);
+        q.push(" order by seq desc limit ")
+            .push_bind(i64::from(page_size) + 1);
         let rows = q.build().fetch_all(&self.pool).await?;
         let mut batches = read_batches(&self.pool, rows).await?;
         let next_before_seq = if batches.len() > page_size as usize {
@@ -243,9 +252,15 @@ impl Store {
         let steps: &[(State, &str)] = match state {
             State::Pending => &[
                 (State::Cancelling, "Cancellation requested."),
-                (State::Cancelled, "Cancelled before allocation; no capacity was used."),
+                (
+                    State::Cancelled,
+                    "Cancelled before allocation; no capacity was used.",
+                ),
             ],
-            State::Running => &[(State::Cancelling, "Cancellation requested; stopping the work.")],
+            State::Running => &[(
+                State::Cancelling,
+                "Cancellation requested; stopping the work.",
+            )],
             State::Cancelling => &[],
             terminal => {
                 return Err(StoreError::FailedPrecondition(format!(

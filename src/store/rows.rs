@@ -46,9 +46,7 @@ fn decode(row: &SqliteRow) -> Result<BatchRecord, StoreError> {
         creator: row.try_get("creator")?,
         spec: serde_json::from_str(spec).map_err(|e| corrupt("batch", e))?,
         cluster: serde_json::from_str(cluster).map_err(|e| corrupt("cluster", e))?,
-        deadline: row
-            .try_get::<Option<i64>, _>("deadline")?
-            .map(from_micros),
+        deadline: row.try_get::<Option<i64>, _>("deadline")?.map(from_micros),
         history: Vec::new(),
     })
 }

@@ -45,7 +45,9 @@ async fn commit_group(pool: &SqlitePool, group: Vec<CreateCmd>) {
     let started = Instant::now();
     let (batches, replies): (Vec<NewBatch>, Vec<_>) =
         group.into_iter().map(|c| (c.batch, c.reply)).unzip();
-    let now = Utc::now();
+    // Stored times have microsecond precision; answer with exactly what a
+    // later read returns.
+    let now = now_micros();
     match try_group(pool, &batches, now).await {
         Ok(outcomes) => {
             crate::metrics::record_commit(started.elapsed(), batches.len());
@@ -58,10 +60,13 @@ async fn commit_group(pool: &SqlitePool, group: Vec<CreateCmd>) {
         Err(e) if batches.len() > 1 => {
             tracing::warn!(error = %e, group = batches.len(), "group commit failed; retrying creates one by one");
             for (batch, reply) in batches.into_iter().zip(replies) {
-                let outcome = match try_group(pool, std::slice::from_ref(&batch), Utc::now()).await {
-                    Ok(mut one) => one.pop().unwrap_or(Err(StoreError::Unavailable("no outcome".into()))),
-                    Err(e) => Err(e),
-                };
+                let outcome =
+                    match try_group(pool, std::slice::from_ref(&batch), now_micros()).await {
+                        Ok(mut one) => one
+                            .pop()
+                            .unwrap_or(Err(StoreError::Unavailable("no outcome".into()))),
+                        Err(e) => Err(e),
+                    };
                 let _ = reply.send(outcome);
             }
         }
@@ -72,6 +77,10 @@ async fn commit_group(pool: &SqlitePool, group: Vec<CreateCmd>) {
             }
         }
     }
+}
+
+fn now_micros() -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap_or_else(Utc::now)
 }
 
 /// What the group decided for one create.
@@ -151,7 +160,9 @@ async fn try_group(
                 .get(&first)
                 .cloned()
                 .map(Created::Replayed)
-                .ok_or(StoreError::Unavailable("replayed create lost its first".into())),
+                .ok_or(StoreError::Unavailable(
+                    "replayed create lost its first".into(),
+                )),
             Decision::Taken => Err(StoreError::AlreadyExists(format!(
                 "batch {} already exists",
                 b.name
@@ -194,7 +205,10 @@ async fn stored_request_ids(
     tx: &mut SqliteConnection,
     batches: &[NewBatch],
 ) -> Result<HashMap<Key, BatchRecord>, StoreError> {
-    let wanted: Vec<&str> = batches.iter().filter_map(|b| b.request_id.as_deref()).collect();
+    let wanted: Vec<&str> = batches
+        .iter()
+        .filter_map(|b| b.request_id.as_deref())
+        .collect();
     if wanted.is_empty() {
         return Ok(HashMap::new());
     }
@@ -261,22 +275,25 @@ async fn insert_batches(
             "insert into batches (project, region, batch_id, uuid, operation_id, request_id, \
              create_time, state, state_message, state_time, creator, spec, cluster, deadline) ",
         );
-        q.push_values(chunk.iter().zip(&encoded), |mut row, (b, (spec, cluster))| {
-            row.push_bind(&b.name.project)
-                .push_bind(&b.name.region)
-                .push_bind(&b.name.batch_id)
-                .push_bind(b.uuid.to_string())
-                .push_bind(b.operation_id.to_string())
-                .push_bind(&b.request_id)
-                .push_bind(now_us)
-                .push_bind(State::Pending.number())
-                .push_bind(&b.state_message)
-                .push_bind(now_us)
-                .push_bind(&b.creator)
-                .push_bind(spec)
-                .push_bind(cluster)
-                .push_bind(deadline(b, now).map(micros));
-        });
+        q.push_values(
+            chunk.iter().zip(&encoded),
+            |mut row, (b, (spec, cluster))| {
+                row.push_bind(&b.name.project)
+                    .push_bind(&b.name.region)
+                    .push_bind(&b.name.batch_id)
+                    .push_bind(b.uuid.to_string())
+                    .push_bind(b.operation_id.to_string())
+                    .push_bind(&b.request_id)
+                    .push_bind(now_us)
+                    .push_bind(State::Pending.number())
+                    .push_bind(&b.state_message)
+                    .push_bind(now_us)
+                    .push_bind(&b.creator)
+                    .push_bind(spec)
+                    .push_bind(cluster)
+                    .push_bind(deadline(b, now).map(micros));
+            },
+        );
         q.push(" returning seq, uuid");
         let rows = q.build().fetch_all(&mut *tx).await?;
         let mut chunk_seqs = Vec::with_capacity(rows.len());

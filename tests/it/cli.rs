@@ -1,0 +1,199 @@
+//! The `flexq` command line against a real server.
+
+use std::process::Command;
+
+use crate::support::{TestServer, flexq_bin};
+
+fn flexq(s: &TestServer, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(flexq_bin())
+        .args([
+            "batches",
+            "--endpoint",
+            &s.url(""),
+            "--project",
+            "demo",
+            "--region",
+            "us-central1",
+        ])
+        .args(args)
+        .env_remove("FLEXQ_ENDPOINT")
+        .output()
+        .expect("run flexq");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_list_describe_cancel_delete_through_the_cli() {
+    let s = TestServer::start().await;
+    let job = tempfile::NamedTempFile::with_suffix(".py").expect("job file");
+    let path = job.path().to_str().expect("utf-8 path").to_string();
+    let props = "spark.dataproc.executor.resource.accelerator.type=l4,spark.dataproc.executor.compute.tier=premium,spark.dataproc.executor.disk.tier=premium,spark.executor.instances=8";
+    let s2 = &s;
+    let (ok, stdout, stderr) = tokio::task::block_in_place(|| {
+        flexq(
+            s2,
+            &[
+                "submit",
+                "pyspark",
+                &path,
+                "--batch",
+                "cli-batch",
+                "--version",
+                "3.0",
+                "--properties",
+                props,
+                "--labels",
+                "team=ml",
+                "--ttl",
+                "2h",
+                "--async",
+                "--",
+                "--date",
+                "2026-11-29",
+            ],
+        )
+    });
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("Batch [cli-batch] submitted."), "{stderr}");
+    assert!(
+        stdout.starts_with("projects/demo/regions/us-central1/operations/"),
+        "{stdout}"
+    );
+
+    let (ok, stdout, _) = tokio::task::block_in_place(|| flexq(s2, &["list"]));
+    assert!(ok);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("BATCH_ID"), "{stdout}");
+    assert!(
+        lines[1].starts_with("cli-batch")
+            && lines[1].contains("pyspark")
+            && lines[1].contains("PENDING"),
+        "{stdout}"
+    );
+
+    let (ok, stdout, _) = tokio::task::block_in_place(|| flexq(s2, &["describe", "cli-batch"]));
+    assert!(ok);
+    assert!(stdout.contains("state: PENDING"), "{stdout}");
+    assert!(stdout.contains("ttl: 7200s"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("mainPythonFileUri: file://{path}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("- --date"),
+        "job args after -- are kept: {stdout}"
+    );
+
+    let (ok, stdout, _) = tokio::task::block_in_place(|| flexq(s2, &["--format", "json", "list"]));
+    assert!(ok);
+    let list: serde_json::Value = serde_json::from_str(&stdout).expect("json list");
+    assert_eq!(list[0]["labels"]["team"], "ml");
+
+    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["delete", "cli-batch"]));
+    assert!(!ok, "a pending batch cannot be deleted");
+    assert!(stderr.contains("FAILED_PRECONDITION"), "{stderr}");
+
+    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["cancel", "cli-batch"]));
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("CANCELLED"), "{stderr}");
+
+    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["wait", "cli-batch"]));
+    assert!(!ok, "wait exits non-zero for a cancelled batch");
+    assert!(stderr.contains("Batch job is CANCELLED."), "{stderr}");
+
+    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["delete", "cli-batch"]));
+    assert!(ok, "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_submit_prints_every_violation() {
+    let s = TestServer::start().await;
+    let s2 = &s;
+    let (ok, _, stderr) = tokio::task::block_in_place(|| {
+        flexq(
+            s2,
+            &[
+                "submit",
+                "pyspark",
+                "gs://b/job.py",
+                "--version",
+                "3.0",
+                "--properties",
+                "spark.dataproc.executor.resource.accelerator.type=h100,spark.executor.instances=1",
+            ],
+        )
+    });
+    assert!(!ok);
+    assert!(
+        stderr.contains("ERROR: (flexq) INVALID_ARGUMENT"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("runtime_config.properties[spark.executor.instances]"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("accepted: l4, a100-40, a100-80"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_config_stops_start_up_naming_the_key() {
+    let out = Command::new(flexq_bin())
+        .args(["config", "check"])
+        .env("FLEXQ_PROVISIONING__DEFAULT_ALLOCATION_TIMEOUT", "3h")
+        .output()
+        .expect("run flexq");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("provisioning.default_allocation_timeout"),
+        "{stderr}"
+    );
+
+    let out = Command::new(flexq_bin())
+        .arg("serve")
+        .env("FLEXQ_PROVISIONING__MAX_ALLOCATION_TIMEOUT", "3h")
+        .output()
+        .expect("run flexq");
+    assert_eq!(out.status.code(), Some(2), "serve refuses to start");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("provisioning.max_allocation_timeout"));
+
+    let out = Command::new(flexq_bin())
+        .args(["config", "print"])
+        .env("FLEXQ_PROVISIONING__DEFAULT_ALLOCATION_TIMEOUT", "45m")
+        .output()
+        .expect("run flexq");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("default_allocation_timeout = \"45m\""));
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = crate::support::ServerProcess::start(dir.path()).await;
+    let pid = server.child.id();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let mut server = server;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "did not stop after SIGTERM"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,147 @@
+//! Nothing accepted is lost: SIGKILL of a real `flexq serve` process
+//! right after (and during) a burst of creates.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use crate::support::{ServerProcess, flex_batch};
+
+/// Every batch id stored, with how often it appears.
+async fn stored_ids(endpoint: &str) -> HashMap<String, usize> {
+    let http = reqwest::Client::new();
+    let mut out: HashMap<String, usize> = HashMap::new();
+    let mut token = String::new();
+    loop {
+        let page: Value = http
+            .get(format!(
+                "{endpoint}/v1/projects/demo/locations/us-central1/batches?pageSize=1000&pageToken={token}"
+            ))
+            .send()
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("json");
+        for b in page["batches"].as_array().cloned().unwrap_or_default() {
+            let id = b["name"]
+                .as_str()
+                .expect("name")
+                .rsplit('/')
+                .next()
+                .expect("id")
+                .to_string();
+            *out.entry(id).or_default() += 1;
+        }
+        match page["nextPageToken"].as_str() {
+            Some(t) if !t.is_empty() => token = t.to_string(),
+            _ => return out,
+        }
+    }
+}
+
+/// Fires `n` creates from `clients` concurrent clients; returns the ids
+/// acknowledged with 200.
+async fn burst(endpoint: &str, prefix: &str, n: usize, clients: usize) -> HashSet<String> {
+    let acked = Arc::new(Mutex::new(HashSet::new()));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (acked, next) = (acked.clone(), next.clone());
+        let url = format!("{endpoint}/v1/projects/demo/locations/us-central1/batches");
+        let prefix = prefix.to_string();
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return;
+                }
+                let id = format!("{prefix}-{i:06}");
+                let ok = http
+                    .post(format!("{url}?batchId={id}"))
+                    .json(&flex_batch())
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                if ok {
+                    acked.lock().await.insert(id);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    Arc::try_unwrap(acked).expect("tasks done").into_inner()
+}
+
+#[tokio::test]
+async fn every_acknowledged_batch_survives_sigkill_exactly_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = ServerProcess::start(dir.path()).await;
+    let acked = burst(&server.endpoint, "burst", 2000, 32).await;
+    assert_eq!(acked.len(), 2000, "the burst was accepted");
+    server.kill9();
+
+    let server = ServerProcess::start(dir.path()).await;
+    let stored = stored_ids(&server.endpoint).await;
+    assert!(stored.values().all(|&n| n == 1), "no batch stored twice");
+    let stored: HashSet<String> = stored.into_keys().collect();
+    assert_eq!(
+        stored, acked,
+        "exactly the acknowledged batches, nothing else"
+    );
+}
+
+#[tokio::test]
+async fn a_kill_during_a_burst_loses_nothing_acknowledged_and_invents_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = ServerProcess::start(dir.path()).await;
+    let endpoint = server.endpoint.clone();
+    let sender = tokio::spawn(async move { burst(&endpoint, "mid", 100_000, 32).await });
+    // Let a few thousand commit, then kill while creates are in flight.
+    let http = reqwest::Client::new();
+    loop {
+        let text = http
+            .get(format!("{}/metrics", server.endpoint))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        let pending = text
+            .lines()
+            .find(|l| l.starts_with("flexq_batch_transitions_total{state=\"PENDING\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if pending >= 3000.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    server.kill9();
+    let acked = sender.await.expect("sender");
+    assert!(
+        acked.len() >= 3000,
+        "the kill came mid-burst: {}",
+        acked.len()
+    );
+
+    let server = ServerProcess::start(dir.path()).await;
+    let stored = stored_ids(&server.endpoint).await;
+    assert!(stored.values().all(|&n| n == 1), "no batch stored twice");
+    let stored: HashSet<String> = stored.into_keys().collect();
+    let missing: Vec<_> = acked.difference(&stored).take(5).collect();
+    assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
+    assert!(
+        stored.iter().all(|id| id.starts_with("mid-")
+            && id["mid-".len()..]
+                .parse::<usize>()
+                .is_ok_and(|i| i < 100_000)),
+        "only batches that were sent"
+    );
+}

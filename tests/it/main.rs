@@ -1,0 +1,8 @@
+//! flexq's integration tests: one binary, real servers on port 0, real
+//! SQLite files, real HTTP.
+
+mod api;
+mod bad_input;
+mod cli;
+mod durability;
+mod support;

@@ -1,0 +1,213 @@
+//! A real flexq server for a test: in-process on port 0 with its own
+//! SQLite file, or as a child process of the built binary.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flexq::config::Config;
+use flexq::server::{App, run};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub http: reqwest::Client,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tune: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = Config::load_without_env(None).expect("default config");
+        config.database.data_dir = dir.path().join("data");
+        tune(&mut config);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = App::open(config).await.expect("open app");
+        let shutdown = CancellationToken::new();
+        tokio::spawn(run(listener, app, shutdown.clone()));
+        TestServer {
+            addr,
+            http: reqwest::Client::new(),
+            shutdown,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn batches(&self) -> String {
+        self.url("/v1/projects/demo/locations/us-central1/batches")
+    }
+
+    /// POSTs a create; returns status and body.
+    pub async fn create(&self, query: &str, body: &Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(format!("{}?{query}", self.batches()))
+            .json(body)
+            .send()
+            .await
+            .expect("create request");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("JSON body"))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.get(self.url(path)).send().await.expect("get");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("JSON body"))
+    }
+
+    pub async fn post(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.post(self.url(path)).send().await.expect("post");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("JSON body"))
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .delete(self.url(path))
+            .send()
+            .await
+            .expect("delete");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("JSON body"))
+    }
+
+    /// Every batch of the demo project's region, following page tokens.
+    pub async fn list_all(&self, query: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let (status, page) = self
+                .get(&format!(
+                    "/v1/projects/demo/locations/us-central1/batches?pageSize=1000&pageToken={token}&{query}"
+                ))
+                .await;
+            assert_eq!(status, 200, "{page}");
+            out.extend(page["batches"].as_array().cloned().unwrap_or_default());
+            match page["nextPageToken"].as_str() {
+                Some(t) if !t.is_empty() => token = t.to_string(),
+                _ => return out,
+            }
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The flex start example of spec §6 as a create body.
+pub fn flex_batch() -> Value {
+    json!({
+        "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},
+        "runtimeConfig": {"version": "3.0", "properties": {
+            "spark.dataproc.driver.resource.accelerator.type": "l4",
+            "spark.dataproc.driver.provisioning.allocationTimeout": "1800s",
+            "spark.dataproc.executor.resource.accelerator.type": "l4",
+            "spark.dataproc.executor.provisioning.allocationTimeout": "1800s",
+            "spark.dataproc.executor.compute.tier": "premium",
+            "spark.dataproc.executor.disk.tier": "premium"
+        }}
+    })
+}
+
+/// The flex start batch with one property replaced.
+pub fn flex_with(key: &str, value: &str) -> Value {
+    let mut b = flex_batch();
+    b["runtimeConfig"]["properties"][key] = json!(value);
+    b
+}
+
+/// Asserts a `google.rpc.Status` body with the given HTTP code and status.
+#[track_caller]
+pub fn assert_status(status: u16, body: &Value, code: u16, name: &str) {
+    assert_eq!(status, code, "{body:#}");
+    assert_eq!(body["error"]["code"], code, "{body:#}");
+    assert_eq!(body["error"]["status"], name, "{body:#}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(!message.is_empty(), "an error has a message: {body:#}");
+    let infos = body["error"]["details"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter(|x| x["@type"] == "type.googleapis.com/google.rpc.ErrorInfo")
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(infos, 1, "exactly one ErrorInfo: {body:#}");
+}
+
+/// The `flexq` binary built for these tests.
+pub fn flexq_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_flexq"))
+}
+
+/// A `flexq serve` child process on a given data directory.
+pub struct ServerProcess {
+    pub child: Child,
+    pub endpoint: String,
+}
+
+impl ServerProcess {
+    /// Starts `flexq serve` with its data under `dir`, and waits until it
+    /// answers `/readyz`.
+    pub async fn start(dir: &Path) -> ServerProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = Command::new(flexq_bin())
+            .arg("serve")
+            .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
+            .env("FLEXQ_DATABASE__DATA_DIR", dir)
+            .env("FLEXQ_LOG__FILTER", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn flexq serve");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http.get(format!("{endpoint}/readyz")).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "flexq serve did not become ready"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        ServerProcess { child, endpoint }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
