@@ -22,11 +22,15 @@ create table batches (
     cluster text not null,
     -- Allocation deadline of a queue-mode batch.
     deadline integer,
-    unique (project, region, batch_id)
+    -- batch_id first: the group-commit writer looks ids up with
+    -- `batch_id in (...)` across projects and regions.
+    unique (batch_id, project, region)
 );
 
-create unique index batches_request_id on batches (project, region, request_id)
+create unique index batches_request_id on batches (request_id, project, region)
     where request_id is not null;
+-- Lists: newest first within a project and region.
+create index batches_list on batches (project, region, seq);
 create index batches_by_state on batches (state, region);
 
 -- Every state transition, in order.

@@ -11,12 +11,14 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tokio::sync::Mutex;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 
 use super::CliError;
 
@@ -152,16 +154,12 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
         }
     };
     let fsync = fsync_baseline(&std::env::temp_dir());
-    let url = format!("{endpoint}/v1/projects/bench/locations/us-central1/batches");
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(opts.clients.max(1) * 2)
-        .build()
-        .map_err(|e| CliError::Transport(e.to_string()))?;
-    let body = Arc::new(serde_json::to_vec(&body()).unwrap_or_default());
+    let path = "/v1/projects/bench/locations/us-central1/batches";
+    let body = Bytes::from(serde_json::to_vec(&body()).unwrap_or_default());
 
     if !opts.warmup.is_zero() {
         eprintln!("warming up for {}", humantime::format_duration(opts.warmup));
-        let _ = drive(&client, &url, &body, &opts, opts.warmup).await;
+        let _ = drive(&endpoint, path, &body, &opts, opts.warmup).await;
     }
     eprintln!(
         "measuring {} of creates with {} ({})",
@@ -173,7 +171,7 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
         endpoint
     );
     let started = Instant::now();
-    let result = drive(&client, &url, &body, &opts, opts.duration).await;
+    let result = drive(&endpoint, path, &body, &opts, opts.duration).await;
     let elapsed = started.elapsed();
     let peak = server.as_ref().and_then(|s| peak_rss_kib(s.child.id()));
 
@@ -227,95 +225,105 @@ struct DriveResult {
     load_before: String,
 }
 
+fn new_histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+/// One HTTP/1.1 connection per client, no pool to contend on: the load
+/// generator shares the two cores with the server, so it must be lean.
+async fn connect(authority: &str) -> Option<SendRequest<Full<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    Some(sender)
+}
+
 async fn drive(
-    client: &reqwest::Client,
-    url: &str,
-    body: &Arc<Vec<u8>>,
+    endpoint: &str,
+    path: &str,
+    body: &Bytes,
     opts: &BenchOptions,
     duration: Duration,
 ) -> DriveResult {
     let load_before = loadavg();
-    let ok = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let hist = Arc::new(Mutex::new(
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds"),
-    ));
-    let end = Instant::now() + duration;
-    let send = {
-        let client = client.clone();
-        let url = url.to_string();
+    let authority = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let clients = opts.clients.max(1);
+    // Open loop: each connection sends on its own timetable, its share of
+    // the rate; latency counts from the scheduled time (wrk2's method).
+    let interval = opts
+        .rate
+        .map(|r| Duration::from_secs_f64(clients as f64 / r.max(1) as f64));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let authority = authority.clone();
+        let path = path.to_string();
         let body = body.clone();
-        let ok = ok.clone();
-        let errors = errors.clone();
-        move |scheduled: Instant| {
-            let client = client.clone();
-            let url = url.clone();
-            let body = body.clone();
-            let ok = ok.clone();
-            let errors = errors.clone();
-            async move {
-                let r = client
-                    .post(&url)
+        tasks.push(tokio::spawn(async move {
+            let mut hist = new_histogram();
+            let (mut ok, mut errors) = (0u64, 0u64);
+            let mut sender = connect(&authority).await;
+            let mut next =
+                start + interval.map_or(Duration::ZERO, |i| i.mul_f64(c as f64 / clients as f64));
+            while Instant::now() < end {
+                let scheduled = match interval {
+                    Some(i) => {
+                        tokio::time::sleep_until(next.into()).await;
+                        let s = next;
+                        next += i;
+                        s
+                    }
+                    None => Instant::now(),
+                };
+                let Some(s) = sender.as_mut() else {
+                    errors += 1;
+                    sender = connect(&authority).await;
+                    continue;
+                };
+                let req = Request::post(path.as_str())
+                    .header("host", authority.as_str())
                     .header("content-type", "application/json")
-                    .body(body.as_ref().clone())
-                    .send()
-                    .await;
-                let good = match r {
-                    Ok(resp) => resp.status().is_success() && resp.bytes().await.is_ok(),
-                    Err(_) => false,
+                    .body(Full::new(body.clone()))
+                    .expect("valid request");
+                let good = match s.send_request(req).await {
+                    Ok(resp) => {
+                        let status = resp.status();
+                        resp.into_body().collect().await.is_ok() && status.is_success()
+                    }
+                    Err(_) => {
+                        sender = connect(&authority).await;
+                        false
+                    }
                 };
                 if good {
-                    ok.fetch_add(1, Ordering::Relaxed);
+                    ok += 1;
                 } else {
-                    errors.fetch_add(1, Ordering::Relaxed);
+                    errors += 1;
                 }
-                scheduled.elapsed()
+                let _ = hist.record(scheduled.elapsed().as_micros().max(1) as u64);
             }
-        }
-    };
-    let mut tasks = Vec::new();
-    match opts.rate {
-        None => {
-            for _ in 0..opts.clients.max(1) {
-                let send = send.clone();
-                let hist = hist.clone();
-                tasks.push(tokio::spawn(async move {
-                    let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                        .expect("valid histogram bounds");
-                    while Instant::now() < end {
-                        let latency = send(Instant::now()).await;
-                        let _ = local.record(latency.as_micros().max(1) as u64);
-                    }
-                    let _ = hist.lock().await.add(local);
-                }));
-            }
-        }
-        Some(rate) => {
-            let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
-            let mut next = Instant::now();
-            while next < end {
-                tokio::time::sleep_until(next.into()).await;
-                let send = send.clone();
-                let hist = hist.clone();
-                let scheduled = next;
-                tasks.push(tokio::spawn(async move {
-                    let latency = send(scheduled).await;
-                    let _ = hist.lock().await.record(latency.as_micros().max(1) as u64);
-                }));
-                next += interval;
-            }
-        }
+            (ok, errors, hist)
+        }));
     }
-    for t in tasks {
-        let _ = t.await;
-    }
-    let latency = Arc::try_unwrap(hist)
-        .map(Mutex::into_inner)
-        .unwrap_or_else(|_| Histogram::new(3).expect("valid histogram"));
-    DriveResult {
-        ok: ok.load(Ordering::Relaxed),
-        errors: errors.load(Ordering::Relaxed),
-        latency,
+    let mut result = DriveResult {
+        ok: 0,
+        errors: 0,
+        latency: new_histogram(),
         load_before,
+    };
+    for t in tasks {
+        if let Ok((ok, errors, hist)) = t.await {
+            result.ok += ok;
+            result.errors += errors;
+            let _ = result.latency.add(hist);
+        }
     }
+    result
 }
