@@ -34,6 +34,7 @@ const SECTIONS: &[&str] = &[
     "runtimes",
     "regions",
     "projects",
+    "quotas",
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,6 +49,10 @@ pub struct Config {
     pub regions: BTreeMap<String, RegionConfig>,
     #[serde(default)]
     pub projects: BTreeMap<String, ProjectConfig>,
+    /// Quota limits; `*` matches any project or region, the most specific
+    /// rule wins. Admins override them at run time.
+    #[serde(default)]
+    pub quotas: Vec<crate::scheduler::QuotaRule>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,10 +120,49 @@ pub struct RuntimeConfig {
     pub xgboost: Option<String>,
 }
 
+/// A region: its zones, each with node pools.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegionConfig {
-    pub accelerators: Vec<Accelerator>,
+    pub zones: BTreeMap<String, ZoneConfig>,
+}
+
+impl RegionConfig {
+    /// The GPU types the region offers: those of its node pools.
+    pub fn accelerators(&self) -> Vec<Accelerator> {
+        let mut out: Vec<Accelerator> = self
+            .zones
+            .values()
+            .flat_map(|z| z.node_pools.values().map(|p| p.accelerator))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneConfig {
+    pub node_pools: BTreeMap<String, PoolConfig>,
+}
+
+/// A pool of identical GPU nodes in a zone: the declared capacity agents
+/// register into.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub accelerator: Accelerator,
+    pub gpus_per_node: u32,
+    pub cores: u32,
+    pub memory_mb: u64,
+    pub local_ssd_gb: u64,
+    /// The declared capacity: at most this many nodes.
+    pub max_nodes: u32,
+    /// Nodes the operator declares without agents, for simulation and
+    /// benchmarks. Shown as virtual everywhere.
+    #[serde(default)]
+    pub virtual_nodes: u32,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -259,11 +303,37 @@ impl Config {
                     "a region name is lowercase letters, digits and dashes",
                 ));
             }
-            if region.accelerators.is_empty() {
+            if region.zones.is_empty() {
                 return Err(invalid(
-                    format!("regions.{name}.accelerators"),
-                    "list at least one GPU type (l4, a100-40, a100-80)",
+                    format!("regions.{name}.zones"),
+                    "declare at least one zone",
                 ));
+            }
+            for (zone, z) in &region.zones {
+                if !crate::spec::is_resource_id(zone) {
+                    return Err(invalid(
+                        format!("regions.{name}.zones.{zone}"),
+                        "a zone name is lowercase letters, digits and dashes",
+                    ));
+                }
+                for (pool_name, pool) in &z.node_pools {
+                    let key = format!("regions.{name}.zones.{zone}.node_pools.{pool_name}");
+                    if pool.gpus_per_node == 0 || pool.gpus_per_node > 16 {
+                        return Err(invalid(format!("{key}.gpus_per_node"), "must be 1 to 16"));
+                    }
+                    if pool.cores == 0 || pool.memory_mb == 0 {
+                        return Err(invalid(key, "cores and memory_mb must be positive"));
+                    }
+                    if pool.virtual_nodes > pool.max_nodes {
+                        return Err(invalid(
+                            format!("{key}.virtual_nodes"),
+                            format!(
+                                "{} is above max_nodes ({})",
+                                pool.virtual_nodes, pool.max_nodes
+                            ),
+                        ));
+                    }
+                }
             }
         }
         if self.server.max_body_bytes < 1024 {
@@ -396,12 +466,15 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.create_file(
                 "bad.toml",
-                "[regions.us-east1]\naccelerators = [\"h100\"]\n",
+                "[regions.us-east1.zones.us-east1-b.node_pools.p]\naccelerator = \"h100\"\ngpus_per_node = 8\ncores = 96\nmemory_mb = 1\nlocal_ssd_gb = 1\nmax_nodes = 1\n",
             )?;
             let err = Config::load_without_env(Some(Path::new("bad.toml")))
                 .expect_err("unknown gpu")
                 .to_string();
-            assert!(err.contains("regions.us-east1.accelerators"), "{err}");
+            assert!(
+                err.contains("regions.us-east1.zones.us-east1-b.node_pools.p.accelerator"),
+                "{err}"
+            );
             Ok(())
         });
     }

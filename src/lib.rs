@@ -9,6 +9,9 @@
 //!   validated cluster request or every field violation.
 //! - [`store`]: durable state on SQLite through sqlx; creates are group
 //!   committed.
+//! - [`scheduler`]: the capacity-aware queue: a pure core (queues, quota
+//!   ledger, capacity, placement, deadlines) and the loop that commits its
+//!   decisions.
 //! - [`server`]: the axum REST API (Dataproc Batches v1 compatible),
 //!   health endpoints and graceful shutdown.
 //! - [`cli`]: the client commands (`flexq batches …`) and the benchmark.
@@ -19,6 +22,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod metrics;
+pub mod scheduler;
 pub mod server;
 pub mod spec;
 pub mod store;

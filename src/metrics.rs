@@ -13,6 +13,8 @@ use crate::api::State;
 
 struct Metrics {
     registry: Registry,
+    pass_seconds: HistogramVec,
+    decisions: IntCounterVec,
     transitions: IntCounterVec,
     commit_seconds: HistogramVec,
     commit_batches: HistogramVec,
@@ -65,6 +67,23 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         &["method", "route"],
     )
     .expect("valid metric");
+    let pass_seconds = HistogramVec::new(
+        HistogramOpts::new(
+            "flexq_scheduler_pass_seconds",
+            "Time of one scheduler pass, decisions and their commit included.",
+        )
+        .buckets(prometheus::exponential_buckets(0.00005, 2.0, 16).expect("valid buckets")),
+        &["outcome"],
+    )
+    .expect("valid metric");
+    let decisions = IntCounterVec::new(
+        Opts::new(
+            "flexq_scheduler_decisions_total",
+            "Scheduler decisions, by kind and region.",
+        ),
+        &["decision", "region"],
+    )
+    .expect("valid metric");
     let build = IntGaugeVec::new(
         Opts::new("flexq_build_info", "Build information; the value is 1."),
         &["version"],
@@ -78,11 +97,15 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(http_requests.clone()),
         Box::new(http_seconds.clone()),
         Box::new(build),
+        Box::new(pass_seconds.clone()),
+        Box::new(decisions.clone()),
     ] {
         registry.register(c).expect("metric registered once");
     }
     Metrics {
         registry,
+        pass_seconds,
+        decisions,
         transitions,
         commit_seconds,
         commit_batches,
@@ -106,6 +129,31 @@ pub fn record_commit(elapsed: Duration, batches: usize) {
         .commit_batches
         .with_label_values(&["create"])
         .observe(batches as f64);
+}
+
+/// One scheduler pass with `decisions` decisions.
+pub fn record_pass(elapsed: Duration, decisions: usize) {
+    let outcome = if decisions == 0 { "idle" } else { "decided" };
+    METRICS
+        .pass_seconds
+        .with_label_values(&[outcome])
+        .observe(elapsed.as_secs_f64());
+}
+
+/// A whole cluster allocated in `region`.
+pub fn record_allocation(region: &str) {
+    METRICS
+        .decisions
+        .with_label_values(&["allocate", region])
+        .inc();
+}
+
+/// A batch expired in its queue.
+pub fn record_expired() {
+    METRICS
+        .decisions
+        .with_label_values(&["expire", "all"])
+        .inc();
 }
 
 /// One HTTP request answered.

@@ -57,6 +57,52 @@ pub struct Batch {
     pub operation: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_history: Vec<StateHistory>,
+
+    /// Output only, flexq's extension (other clients ignore it): where the
+    /// batch is in the capacity queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flexq: Option<FlexqInfo>,
+}
+
+/// flexq's view of a batch's provisioning.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlexqInfo {
+    /// QUEUED, PROVISIONED, EXPIRED, REJECTED or RELEASED.
+    pub provisioning_state: String,
+    /// queue or default.
+    pub provisioning_mode: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_deadline: Option<DateTime<Utc>>,
+    /// 1-based position in its region's queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<usize>,
+    /// Why it is not admitted yet, with numbers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_admitted_reasons: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_start_time: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocate_time: Option<DateTime<Utc>>,
+    /// The cluster's parts, node by node, once provisioned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<AllocatedPart>,
+}
+
+/// One part of an allocated cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatedPart {
+    pub node: String,
+    pub role: String,
+    pub gpus: Vec<String>,
+    pub cores: u32,
+    pub memory_mb: u64,
+    pub local_ssd_gb: u64,
+    #[serde(default)]
+    pub is_virtual: bool,
 }
 
 impl Batch {
@@ -86,6 +132,7 @@ impl Batch {
             creator: None,
             operation: None,
             state_history: Vec::new(),
+            flexq: None,
             ..self
         }
     }

@@ -12,19 +12,22 @@ use uuid::Uuid;
 use super::App;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery, Format, JsonBody};
+use crate::api::{AllocatedPart, FlexqInfo};
 use crate::api::{
     BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, BatchName, Code, FieldViolation,
     ListBatchesResponse, Operation, OperationError, OperationMetadata, OperationName, State,
     check_batch_id, check_request_id,
 };
+use crate::scheduler::{BatchKey, PendingBatch, Role, Verdict, shape_text};
 use crate::spec;
-use crate::store::{BatchRecord, Created, Filter, NewBatch};
+use crate::store::{BatchRecord, Created, Filter, NewBatch, Provisioning};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct CreateParams {
     batch_id: Option<String>,
     request_id: Option<String>,
+    validate_only: Option<String>,
     #[serde(rename = "$alt")]
     _alt: Option<String>,
     #[serde(rename = "$fields", alias = "fields")]
@@ -109,6 +112,35 @@ pub(super) async fn create(
     // Version 7 uuids grow with time: new rows land at the right edge of
     // every index instead of dirtying a random page each, which keeps group
     // commits small (see BENCHMARKS.md).
+    let validate_only = match params.validate_only.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::invalid_field(
+                "validate_only",
+                format!(
+                    "{} is not a boolean; accepted: true, false",
+                    crate::api::quote(other)
+                ),
+            ));
+        }
+    };
+    {
+        let core = app.scheduler.lock().await;
+        if validate_only {
+            let verdict = core.verdict(&project, &region, &cluster);
+            return Ok(format.respond(StatusCode::OK, &verdict_json(&verdict, &cluster)));
+        }
+        if let Some(reason) = core.never_fits(&project, &region, &cluster) {
+            return Err(ApiError::new(
+                Code::ResourceExhausted,
+                "NEVER_FITS",
+                format!("the batch can never be allocated: {reason}"),
+            )
+            .with_meta("reason", reason));
+        }
+    }
+
     let uuid = Uuid::now_v7();
     let batch_id = params
         .batch_id
@@ -121,6 +153,11 @@ pub(super) async fn create(
         ),
         spec::ProvisioningMode::Default => "Queued for allocation.".to_string(),
     };
+    let priority = batch
+        .labels
+        .get(PRIORITY_LABEL)
+        .and_then(|p| p.parse::<i32>().ok())
+        .unwrap_or(0);
     let new = NewBatch {
         name: BatchName::new(&project, &region, &batch_id),
         uuid,
@@ -129,6 +166,7 @@ pub(super) async fn create(
         creator: app.creator.clone(),
         spec: batch.into_user_spec(),
         cluster,
+        priority,
         state_message,
     };
     let created = app.store.create(new).await.map_err(|e| match e {
@@ -140,8 +178,23 @@ pub(super) async fn create(
         }
         other => other.into(),
     })?;
-    if let Created::Replayed(r) = &created {
-        tracing::info!(batch.id = %r.name.batch_id, request_id = r.request_id.as_deref().unwrap_or(""), "create replayed by requestId");
+    match &created {
+        Created::Replayed(r) => {
+            tracing::info!(batch.id = %r.name.batch_id, request_id = r.request_id.as_deref().unwrap_or(""), "create replayed by requestId");
+        }
+        Created::New(r) => {
+            app.scheduler
+                .submitted(PendingBatch {
+                    key: BatchKey(r.seq),
+                    project: r.name.project.clone(),
+                    region: r.name.region.clone(),
+                    priority: r.priority,
+                    queued_at: r.create_time,
+                    deadline: r.deadline,
+                    cluster: r.cluster.clone(),
+                })
+                .await;
+        }
     }
     Ok(format.respond(StatusCode::OK, &operation(created.record())))
 }
@@ -159,7 +212,65 @@ pub(super) async fn get(
         .get(&name)
         .await
         .map_err(|e| not_found_as(e, "batch", &name.to_string()))?;
-    Ok(format.respond(StatusCode::OK, &to_batch(&record)))
+    let mut batch = to_batch(&record);
+    if let Some(info) = batch.flexq.as_mut() {
+        describe_provisioning(&app, &record, info).await?;
+    }
+    Ok(format.respond(StatusCode::OK, &batch))
+}
+
+/// The costly part of the extension, for a single batch: queue position,
+/// reasons and estimate while queued; the nodes once provisioned.
+async fn describe_provisioning(
+    app: &App,
+    record: &BatchRecord,
+    info: &mut FlexqInfo,
+) -> Result<(), ApiError> {
+    match record.provisioning {
+        Provisioning::Queued if record.state == State::Pending => {
+            if let Some(p) = app
+                .scheduler
+                .lock()
+                .await
+                .pending_info(BatchKey(record.seq))
+            {
+                info.queue_position = Some(p.queue_position);
+                info.not_admitted_reasons = p.reasons;
+                info.estimated_start_time = p.estimated_start_time;
+            }
+        }
+        Provisioning::Provisioned | Provisioning::Released => {
+            let virtual_nodes: std::collections::HashSet<String> = app
+                .scheduler
+                .lock()
+                .await
+                .nodes()
+                .into_iter()
+                .filter(|n| n.0.is_virtual)
+                .map(|n| n.0.id.0)
+                .collect();
+            info.nodes = app
+                .store
+                .placements(record.seq)
+                .await?
+                .into_iter()
+                .map(|p| AllocatedPart {
+                    is_virtual: virtual_nodes.contains(&p.node.0),
+                    node: p.node.0,
+                    role: match p.role {
+                        Role::Driver => "driver".into(),
+                        Role::Executor => "executor".into(),
+                    },
+                    gpus: p.gpus,
+                    cores: p.cores,
+                    memory_mb: p.memory_mb,
+                    local_ssd_gb: p.local_ssd_gb,
+                })
+                .collect();
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// `GET /v1/projects/{project}/locations/{region}/batches`
@@ -276,6 +387,9 @@ pub(super) async fn post_operation(
         .await
         .map_err(|e| not_found_as(e, "operation", &op_name(&project, &region, operation_id)))?;
     tracing::info!(batch.id = %record.name.batch_id, state = %record.state, "batch cancel requested");
+    if record.state.is_terminal() {
+        app.scheduler.forget(BatchKey(record.seq)).await;
+    }
     Ok(format.respond(StatusCode::OK, &serde_json::json!({})))
 }
 
@@ -307,8 +421,47 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
         creator: Some(r.creator.clone()),
         operation: Some(op_name(&r.name.project, &r.name.region, &r.operation_id)),
         state_history: r.history.clone(),
+        flexq: Some(FlexqInfo {
+            provisioning_state: r.provisioning.name().into(),
+            provisioning_mode: r.cluster.mode.name().into(),
+            allocation_deadline: r.deadline,
+            zone: r.zone.clone(),
+            allocate_time: r.allocate_time,
+            ..FlexqInfo::default()
+        }),
         ..r.spec.clone()
     }
+}
+
+/// The label that sets a batch's queue priority (higher goes first).
+pub const PRIORITY_LABEL: &str = "flexq-priority";
+
+fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde_json::Value {
+    let (verdict, reasons, zone) = match v {
+        Verdict::AllocateNow { zone } => ("ALLOCATE_NOW", vec![], Some(zone.clone())),
+        Verdict::WouldQueue { reasons } => ("WOULD_QUEUE", reasons.clone(), None),
+        Verdict::WouldFail { reason, stock_out } => (
+            "WOULD_FAIL",
+            vec![format!(
+                "RESOURCE_EXHAUSTED ({}): {reason}",
+                if *stock_out { "stock-out" } else { "quota" }
+            )],
+            None,
+        ),
+        Verdict::NeverFits { reason } => ("NEVER_FITS", vec![reason.clone()], None),
+    };
+    serde_json::json!({
+        "verdict": verdict,
+        "reasons": reasons,
+        "zone": zone,
+        "cluster": {
+            "shape": shape_text(cluster),
+            "provisioningMode": cluster.mode.name(),
+            "allocationTimeout": format!("{}s", cluster.allocation_timeout_s),
+            "gpus": cluster.total_gpus(),
+            "quota": cluster.quota.iter().map(|q| serde_json::json!({"metric": q.metric, "amount": q.amount})).collect::<Vec<_>>(),
+        },
+    })
 }
 
 /// The Operation of a stored batch: done once the batch is terminal.

@@ -2,6 +2,7 @@
 //! `/metrics`, the runtime catalog, request logging and metrics, request
 //! timeouts and graceful shutdown.
 
+mod admin;
 mod batches;
 mod error;
 mod extract;
@@ -25,6 +26,7 @@ pub use error::ApiError;
 
 use crate::api::Code;
 use crate::config::Config;
+use crate::scheduler::SchedulerService;
 use crate::store::{Store, StoreOptions};
 
 /// Everything a handler needs; cheap to clone.
@@ -32,22 +34,27 @@ use crate::store::{Store, StoreOptions};
 pub struct App {
     pub config: Arc<Config>,
     pub store: Store,
+    pub scheduler: SchedulerService,
     /// The principal recorded as `creator` (authentication comes later).
     pub creator: String,
 }
 
 impl App {
-    /// Opens the store of `config` (running migrations).
-    pub async fn open(config: Config) -> anyhow::Result<App> {
+    /// Opens the store of `config` (running migrations) and starts the
+    /// scheduler, which stops when `shutdown` fires.
+    pub async fn open(config: Config, shutdown: CancellationToken) -> anyhow::Result<App> {
         let store = Store::open(&StoreOptions {
             url: config.database_url(),
             max_connections: config.database.max_connections,
             group_commit_max: config.database.group_commit_max,
         })
         .await?;
+        let config = Arc::new(config);
+        let scheduler = SchedulerService::start(config.clone(), store.clone(), shutdown).await?;
         Ok(App {
-            config: Arc::new(config),
+            config,
             store,
+            scheduler,
             creator: "anonymous".into(),
         })
     }
@@ -69,6 +76,12 @@ pub fn router(app: App) -> Router {
             get(batches::get_operation).post(batches::post_operation),
         )
         .route("/v1/runtimes", get(runtimes))
+        .route("/v1/regions", get(admin::regions))
+        .route("/v1/nodes", get(admin::nodes))
+        .route(
+            "/v1/projects/{project}/regions/{region}/quotas",
+            get(admin::get_quotas).patch(admin::patch_quota),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -247,8 +260,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(bind)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {bind} (server.bind): {e}"))?;
-    let app = App::open(config).await?;
     let token = CancellationToken::new();
     cancel_on_signals(token.clone());
+    let app = App::open(config, token.clone()).await?;
     run(listener, app, token).await
 }

@@ -263,12 +263,13 @@ pub fn validate(
         (properties::Role::Driver, driver_accel),
     ] {
         if let (Some(accel), Some(rc)) = (accel, region_config) {
-            if !rc.accelerators.contains(&accel) {
+            let offered = rc.accelerators();
+            if !offered.contains(&accel) {
                 v.precondition(
                     property_field(role.accelerator_key()),
                     format!(
                         "GPU type {accel} is not offered in region {region}; it offers: {}",
-                        rc.accelerators
+                        offered
                             .iter()
                             .map(|a| a.name())
                             .collect::<Vec<_>>()

@@ -171,6 +171,20 @@ pub enum QuotaMetric {
 }
 
 impl QuotaMetric {
+    pub const ALL: [QuotaMetric; 7] = [
+        QuotaMetric::PreemptibleNvidiaL4Gpus,
+        QuotaMetric::NvidiaL4Gpus,
+        QuotaMetric::PreemptibleNvidiaA100Gpus,
+        QuotaMetric::NvidiaA100Gpus,
+        QuotaMetric::PreemptibleNvidiaA100_80gbGpus,
+        QuotaMetric::NvidiaA100_80gbGpus,
+        QuotaMetric::LocalSsdTotalGb,
+    ];
+
+    pub fn parse(name: &str) -> Option<QuotaMetric> {
+        QuotaMetric::ALL.into_iter().find(|m| m.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             QuotaMetric::NvidiaL4Gpus => "NVIDIA_L4_GPUS",

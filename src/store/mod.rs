@@ -10,6 +10,7 @@
 
 pub mod filter;
 mod rows;
+mod schedule;
 mod writer;
 
 use std::path::Path;
@@ -62,7 +63,45 @@ pub struct NewBatch {
     /// The user's batch, output-only fields removed.
     pub spec: Batch,
     pub cluster: ClusterRequest,
+    pub priority: i32,
     pub state_message: String,
+}
+
+/// Where a batch is in provisioning (flexq's own, beside the public state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provisioning {
+    /// Waiting in its region's queue.
+    Queued = 0,
+    /// Holds its whole cluster.
+    Provisioned = 1,
+    /// The allocation timeout passed first.
+    Expired = 2,
+    /// Default mode without room: failed at once.
+    Rejected = 3,
+    /// Held a cluster and gave it back.
+    Released = 4,
+}
+
+impl Provisioning {
+    pub fn from_number(n: i64) -> Provisioning {
+        match n {
+            1 => Provisioning::Provisioned,
+            2 => Provisioning::Expired,
+            3 => Provisioning::Rejected,
+            4 => Provisioning::Released,
+            _ => Provisioning::Queued,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Provisioning::Queued => "QUEUED",
+            Provisioning::Provisioned => "PROVISIONED",
+            Provisioning::Expired => "EXPIRED",
+            Provisioning::Rejected => "REJECTED",
+            Provisioning::Released => "RELEASED",
+        }
+    }
 }
 
 /// A stored batch.
@@ -81,6 +120,10 @@ pub struct BatchRecord {
     pub spec: Batch,
     pub cluster: ClusterRequest,
     pub deadline: Option<DateTime<Utc>>,
+    pub provisioning: Provisioning,
+    pub priority: i32,
+    pub zone: Option<String>,
+    pub allocate_time: Option<DateTime<Utc>>,
     pub history: Vec<StateHistory>,
 }
 
@@ -239,17 +282,31 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<BatchRecord, StoreError> {
         let mut tx = self.pool.begin_with("begin immediate").await?;
-        let row: Option<(i64, i64)> = sqlx::query_as(
-            "select seq, state from batches where project = ? and region = ? and operation_id = ?",
+        let row: Option<(i64, i64, i64)> = sqlx::query_as(
+            "select seq, state, provisioning from batches \
+             where project = ? and region = ? and operation_id = ?",
         )
         .bind(project)
         .bind(region)
         .bind(operation_id)
         .fetch_optional(&mut *tx)
         .await?;
-        let (seq, state) = row.ok_or(StoreError::NotFound)?;
+        let (seq, state, provisioning) = row.ok_or(StoreError::NotFound)?;
         let state = State::from_number(state).unwrap_or(State::StateUnspecified);
+        let held = Provisioning::from_number(provisioning) == Provisioning::Provisioned;
+        if state == State::Pending && held {
+            // Nothing runs yet on an allocated cluster: give it back in the
+            // same transaction as the state change.
+            schedule::release(&mut tx, seq, now).await?;
+        }
         let steps: &[(State, &str)] = match state {
+            State::Pending if held => &[
+                (State::Cancelling, "Cancellation requested."),
+                (
+                    State::Cancelled,
+                    "Cancelled before the work started; its cluster was released.",
+                ),
+            ],
             State::Pending => &[
                 (State::Cancelling, "Cancellation requested."),
                 (

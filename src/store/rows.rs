@@ -7,11 +7,12 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
-use super::{BatchRecord, StoreError};
+use super::{BatchRecord, Provisioning, StoreError};
 use crate::api::{BatchName, State, StateHistory};
 
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
-     create_time, state, state_message, state_time, creator, spec, cluster, deadline";
+     create_time, state, state_message, state_time, creator, spec, cluster, deadline, provisioning, \
+     priority, zone, allocate_time";
 
 pub(super) fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
@@ -47,6 +48,12 @@ fn decode(row: &SqliteRow) -> Result<BatchRecord, StoreError> {
         spec: serde_json::from_str(spec).map_err(|e| corrupt("batch", e))?,
         cluster: serde_json::from_str(cluster).map_err(|e| corrupt("cluster", e))?,
         deadline: row.try_get::<Option<i64>, _>("deadline")?.map(from_micros),
+        provisioning: Provisioning::from_number(row.try_get("provisioning")?),
+        priority: row.try_get("priority")?,
+        zone: row.try_get("zone")?,
+        allocate_time: row
+            .try_get::<Option<i64>, _>("allocate_time")?
+            .map(from_micros),
         history: Vec::new(),
     })
 }
@@ -104,12 +111,23 @@ pub(super) async fn transition(
         .bind(seq)
         .execute(&mut *conn)
         .await?;
+    append_history(conn, seq, to, message, now).await
+}
+
+/// Appends one entry to a batch's history.
+pub(super) async fn append_history(
+    conn: &mut SqliteConnection,
+    seq: i64,
+    state: State,
+    message: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
     sqlx::query(
         "insert into state_history (batch_seq, idx, state, message, start_time) \
          select ?, coalesce(max(idx), -1) + 1, ?, ?, ? from state_history where batch_seq = ?",
     )
     .bind(seq)
-    .bind(to.number())
+    .bind(state.number())
     .bind(message)
     .bind(micros(now))
     .bind(seq)

@@ -192,6 +192,10 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         spec: b.spec.clone(),
         cluster: b.cluster.clone(),
         deadline: deadline(b, now),
+        provisioning: super::Provisioning::Queued,
+        priority: b.priority,
+        zone: None,
+        allocate_time: None,
         history: vec![StateHistory {
             state: State::Pending,
             state_message: b.state_message.clone(),
@@ -273,7 +277,7 @@ async fn insert_batches(
             .map_err(|e| StoreError::Unavailable(format!("cannot encode batch: {e}")))?;
         let mut q = QueryBuilder::<Sqlite>::new(
             "insert into batches (project, region, batch_id, uuid, operation_id, request_id, \
-             create_time, state, state_message, state_time, creator, spec, cluster, deadline) ",
+             create_time, state, state_message, state_time, creator, spec, cluster, deadline, priority) ",
         );
         q.push_values(
             chunk.iter().zip(&encoded),
@@ -291,7 +295,8 @@ async fn insert_batches(
                     .push_bind(&b.creator)
                     .push_bind(spec)
                     .push_bind(cluster)
-                    .push_bind(deadline(b, now).map(micros));
+                    .push_bind(deadline(b, now).map(micros))
+                    .push_bind(b.priority);
             },
         );
         q.push(" returning seq, uuid");

@@ -31,8 +31,8 @@ impl TestServer {
         tune(&mut config);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = App::open(config).await.expect("open app");
         let shutdown = CancellationToken::new();
+        let app = App::open(config, shutdown.clone()).await.expect("open app");
         tokio::spawn(run(listener, app, shutdown.clone()));
         TestServer {
             addr,

@@ -1,0 +1,770 @@
+//! The scheduler core: pure and deterministic. It holds the region queues,
+//! the quota ledger and the capacity map, takes events and `now`, and
+//! returns decisions. No clock, no I/O: the runner persists each decision
+//! before anyone sees it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::capacity::{Capacity, Need, Node, NodeId, NodeSpec, Placement, needs, plan_zone};
+use super::quota::{Ledger, QuotaRule, QuotaView, Shortfall};
+use crate::spec::{ClusterRequest, ProvisioningMode, QuotaAmount};
+
+/// A batch's key: its store sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BatchKey(pub i64);
+
+/// A batch waiting for its cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingBatch {
+    pub key: BatchKey,
+    pub project: String,
+    pub region: String,
+    pub priority: i32,
+    pub queued_at: DateTime<Utc>,
+    /// Queue mode: queue time + allocation timeout. None: default mode.
+    pub deadline: Option<DateTime<Utc>>,
+    pub cluster: ClusterRequest,
+}
+
+/// A cluster holding capacity and quota.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    pub key: BatchKey,
+    pub project: String,
+    pub region: String,
+    pub zone: String,
+    pub placements: Vec<Placement>,
+    pub quota: Vec<QuotaAmount>,
+    pub allocated_at: DateTime<Utc>,
+    /// allocated_at + ttl, when the batch has a ttl.
+    pub expected_end: Option<DateTime<Utc>>,
+}
+
+/// What the scheduler decided; the runner commits it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Every node of the cluster, at once.
+    Allocate(Allocation),
+    /// The deadline passed first.
+    Expire { key: BatchKey, message: String },
+    /// Default mode: no capacity or quota right now.
+    Reject { key: BatchKey, message: String },
+}
+
+impl Decision {
+    pub fn key(&self) -> BatchKey {
+        match self {
+            Decision::Allocate(a) => a.key,
+            Decision::Expire { key, .. } | Decision::Reject { key, .. } => *key,
+        }
+    }
+}
+
+/// Why a batch is not admitted (yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocker {
+    Quota(Shortfall),
+    /// `placed` of `total` parts fit in the best zone.
+    Capacity {
+        total: usize,
+        placed: usize,
+        best_zone: Option<String>,
+        shape: String,
+    },
+    /// Fits, but would delay the reservation of an earlier, larger batch.
+    Reservation {
+        holder: BatchKey,
+        until: Option<DateTime<Utc>>,
+    },
+}
+
+impl std::fmt::Display for Blocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Blocker::Quota(s) => write!(f, "{s}"),
+            Blocker::Capacity {
+                total,
+                placed,
+                best_zone,
+                shape,
+            } => match best_zone {
+                Some(z) => write!(
+                    f,
+                    "needs {total} nodes' worth of {shape} in one zone; the best zone, {z}, has room for {placed}"
+                ),
+                None => write!(
+                    f,
+                    "needs {total} nodes' worth of {shape} in one zone; the region has no such nodes"
+                ),
+            },
+            Blocker::Reservation { until, .. } => match until {
+                Some(t) => write!(
+                    f,
+                    "capacity is reserved for an earlier batch of the queue until about {}",
+                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+                None => write!(f, "capacity is reserved for an earlier batch of the queue"),
+            },
+        }
+    }
+}
+
+/// What the API shows of a waiting batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingInfo {
+    pub queue_position: usize,
+    pub reasons: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_start_time: Option<DateTime<Utc>>,
+}
+
+/// The verdict of a validate-only create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    AllocateNow {
+        zone: String,
+    },
+    WouldQueue {
+        reasons: Vec<String>,
+    },
+    /// Default mode without room now: the batch would fail at once.
+    WouldFail {
+        reason: String,
+        stock_out: bool,
+    },
+    NeverFits {
+        reason: String,
+    },
+}
+
+/// Capacity per region, zone and GPU type, for the admin views.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityRow {
+    pub region: String,
+    pub zone: String,
+    pub accelerator: String,
+    pub nodes: u64,
+    pub virtual_nodes: u64,
+    pub total_gpus: u64,
+    pub allocated_gpus: u64,
+    pub free_gpus: u64,
+    pub total_local_ssd_gb: u64,
+    pub free_local_ssd_gb: u64,
+}
+
+/// The declared (not registered) capacity of a zone pool: what the region
+/// could offer if every node were up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolDecl {
+    pub region: String,
+    pub zone: String,
+    pub node: NodeSpec,
+    pub max_nodes: u32,
+}
+
+/// Queue order: higher priority first, then older first.
+type QueueKey = (std::cmp::Reverse<i32>, BatchKey);
+
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    capacity: Capacity,
+    pools: Vec<PoolDecl>,
+    ledger: Ledger,
+    pending: HashMap<BatchKey, PendingBatch>,
+    queues: BTreeMap<String, BTreeSet<QueueKey>>,
+    deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
+    running: HashMap<BatchKey, Allocation>,
+}
+
+impl Scheduler {
+    pub fn new(pools: Vec<PoolDecl>, rules: Vec<QuotaRule>) -> Scheduler {
+        Scheduler {
+            pools,
+            ledger: Ledger::new(rules),
+            ..Scheduler::default()
+        }
+    }
+
+    // ---- events ------------------------------------------------------
+
+    pub fn add_node(&mut self, spec: NodeSpec) {
+        self.capacity
+            .nodes
+            .entry(spec.id.clone())
+            .or_insert_with(|| Node::new(spec));
+    }
+
+    /// Removes a node; returns the batches holding part of it (the caller
+    /// fails them: a partial cluster must not keep running).
+    pub fn remove_node(&mut self, id: &NodeId) -> Vec<BatchKey> {
+        self.capacity.nodes.remove(id);
+        let mut hit: Vec<BatchKey> = self
+            .running
+            .values()
+            .filter(|a| a.placements.iter().any(|p| &p.node == id))
+            .map(|a| a.key)
+            .collect();
+        hit.sort();
+        hit
+    }
+
+    pub fn submit(&mut self, batch: PendingBatch) {
+        if self.pending.contains_key(&batch.key) || self.running.contains_key(&batch.key) {
+            return;
+        }
+        self.queues
+            .entry(batch.region.clone())
+            .or_default()
+            .insert((std::cmp::Reverse(batch.priority), batch.key));
+        if let Some(d) = batch.deadline {
+            self.deadlines.insert((d, batch.key));
+        }
+        self.pending.insert(batch.key, batch);
+    }
+
+    /// Restores a cluster that holds capacity (after a restart). False when
+    /// its nodes cannot hold it (the caller fails the batch).
+    pub fn restore_allocation(&mut self, alloc: Allocation) -> bool {
+        if self.running.contains_key(&alloc.key) || !self.capacity.take(&alloc.placements) {
+            return false;
+        }
+        self.ledger
+            .charge(&alloc.project, &alloc.region, &alloc.quota);
+        self.running.insert(alloc.key, alloc);
+        true
+    }
+
+    /// A batch left the queue or ended: drop it and give back what it held.
+    /// Idempotent.
+    pub fn forget(&mut self, key: BatchKey) {
+        if let Some(b) = self.pending.remove(&key) {
+            if let Some(q) = self.queues.get_mut(&b.region) {
+                q.remove(&(std::cmp::Reverse(b.priority), key));
+            }
+            if let Some(d) = b.deadline {
+                self.deadlines.remove(&(d, key));
+            }
+        }
+        if let Some(a) = self.running.remove(&key) {
+            self.capacity.give_back(&a.placements);
+            self.ledger.refund(&a.project, &a.region, &a.quota);
+        }
+    }
+
+    pub fn set_quota_limit(
+        &mut self,
+        project: &str,
+        region: &str,
+        metric: crate::spec::QuotaMetric,
+        limit: u64,
+    ) {
+        self.ledger.set_limit(project, region, metric, limit);
+    }
+
+    // ---- the pass ----------------------------------------------------
+
+    /// The earliest deadline still ahead.
+    pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
+        self.deadlines.first().map(|(d, _)| *d)
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn allocation(&self, key: BatchKey) -> Option<&Allocation> {
+        self.running.get(&key)
+    }
+
+    /// Expires what is due, then admits what fits, region by region, and
+    /// applies every decision to its own state.
+    pub fn pass(&mut self, now: DateTime<Utc>) -> Vec<Decision> {
+        let mut decisions = Vec::new();
+        // Expiry first: a batch past its deadline is never allocated.
+        while let Some(&(deadline, key)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            let message = self.expiry_message(key, now);
+            self.forget(key);
+            decisions.push(Decision::Expire { key, message });
+        }
+        let regions: Vec<String> = self.queues.keys().cloned().collect();
+        for region in regions {
+            self.admit_region(&region, now, &mut decisions);
+        }
+        decisions
+    }
+
+    fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        let Some(queue) = self.queues.get(region) else {
+            return;
+        };
+        let order: Vec<BatchKey> = queue.iter().map(|(_, k)| *k).collect();
+        // The first batch blocked by capacity reserves it: later batches
+        // may start only if their ttl ends before its estimated start.
+        let mut reservation: Option<(BatchKey, Option<DateTime<Utc>>)> = None;
+        // Shapes that did not fit in this pass: free capacity only shrinks
+        // during a pass, so they cannot fit later in it either.
+        let mut failed_shapes: HashSet<Vec<Need>> = HashSet::new();
+        for key in order {
+            let Some(batch) = self.pending.get(&key) else {
+                continue;
+            };
+            let default_mode = batch.cluster.mode == ProvisioningMode::Default;
+            if let Some(short) = self
+                .ledger
+                .shortfall(&batch.project, region, &batch.cluster.quota)
+            {
+                if default_mode {
+                    let message = format!(
+                        "RESOURCE_EXHAUSTED: quota {} exceeded in {region}: limit {}, usage {}, asked {}",
+                        short.metric, short.limit, short.usage, short.needed
+                    );
+                    self.forget(key);
+                    out.push(Decision::Reject { key, message });
+                }
+                continue;
+            }
+            if let Some((_, until)) = reservation {
+                let ends = batch
+                    .cluster
+                    .ttl_s
+                    .map(|t| now + Duration::seconds(t as i64));
+                let delays_holder = match (until, ends) {
+                    (Some(u), Some(e)) => e > u,
+                    (Some(_), None) => true,
+                    (None, _) => false,
+                };
+                if delays_holder && !default_mode {
+                    continue;
+                }
+            }
+            let parts = needs(&batch.cluster);
+            let plan = if failed_shapes.contains(&parts) {
+                None
+            } else {
+                self.best_zone(region, &parts)
+            };
+            match plan {
+                Some((zone, placements)) => {
+                    let batch = self.pending.get(&key).cloned();
+                    let Some(batch) = batch else { continue };
+                    if !self.capacity.take(&placements) {
+                        failed_shapes.insert(parts);
+                        continue;
+                    }
+                    self.forget(key);
+                    self.ledger
+                        .charge(&batch.project, region, &batch.cluster.quota);
+                    let alloc = Allocation {
+                        key,
+                        project: batch.project.clone(),
+                        region: region.to_string(),
+                        zone,
+                        placements,
+                        quota: batch.cluster.quota.clone(),
+                        allocated_at: now,
+                        expected_end: batch
+                            .cluster
+                            .ttl_s
+                            .map(|t| now + Duration::seconds(t as i64)),
+                    };
+                    self.running.insert(key, alloc.clone());
+                    out.push(Decision::Allocate(alloc));
+                }
+                None => {
+                    failed_shapes.insert(parts.clone());
+                    if default_mode {
+                        let message = format!(
+                            "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",
+                            shape_text(&batch.cluster)
+                        );
+                        self.forget(key);
+                        out.push(Decision::Reject { key, message });
+                    } else if reservation.is_none() {
+                        let until = self.estimate_start(region, &parts);
+                        reservation = Some((key, until));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The zone that fits every part with the least fragmentation left.
+    fn best_zone(&self, region: &str, parts: &[Need]) -> Option<(String, Vec<Placement>)> {
+        let zones: BTreeSet<&str> = self
+            .capacity
+            .nodes
+            .values()
+            .filter(|n| n.spec.region == region)
+            .map(|n| n.spec.zone.as_str())
+            .collect();
+        zones
+            .into_iter()
+            .filter_map(|z| {
+                let plan = plan_zone(&self.capacity.zone_nodes(region, z), parts);
+                plan.complete()
+                    .then(|| (plan.crumbs, z.to_string(), plan.placements))
+            })
+            .min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)))
+            .map(|(_, z, p)| (z, p))
+    }
+
+    /// When `parts` could start if running clusters end at their ttl:
+    /// replays their releases in time order on a copy of the region.
+    fn estimate_start(&self, region: &str, parts: &[Need]) -> Option<DateTime<Utc>> {
+        let mut ends: Vec<&Allocation> = self
+            .running
+            .values()
+            .filter(|a| a.region == region && a.expected_end.is_some())
+            .collect();
+        ends.sort_by_key(|a| (a.expected_end, a.key));
+        let mut sim = Capacity {
+            nodes: self
+                .capacity
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.spec.region == region)
+                .map(|(k, n)| (k.clone(), n.clone()))
+                .collect(),
+        };
+        for a in ends {
+            sim.give_back(&a.placements);
+            let zones: BTreeSet<&str> = sim.nodes.values().map(|n| n.spec.zone.as_str()).collect();
+            if zones
+                .into_iter()
+                .any(|z| plan_zone(&sim.zone_nodes(region, z), parts).complete())
+            {
+                return a.expected_end;
+            }
+        }
+        None
+    }
+
+    /// What stands in the way of a batch now.
+    fn blockers(&self, batch: &PendingBatch) -> Vec<Blocker> {
+        let mut out = Vec::new();
+        if let Some(s) = self
+            .ledger
+            .shortfall(&batch.project, &batch.region, &batch.cluster.quota)
+        {
+            out.push(Blocker::Quota(s));
+        }
+        let parts = needs(&batch.cluster);
+        let zones: BTreeSet<&str> = self
+            .capacity
+            .nodes
+            .values()
+            .filter(|n| n.spec.region == batch.region)
+            .map(|n| n.spec.zone.as_str())
+            .collect();
+        let best = zones
+            .into_iter()
+            .map(|z| {
+                (
+                    plan_zone(&self.capacity.zone_nodes(&batch.region, z), &parts),
+                    z,
+                )
+            })
+            .max_by_key(|(p, z)| (p.placed, std::cmp::Reverse(*z)));
+        match best {
+            Some((plan, _)) if plan.complete() => {}
+            Some((plan, zone)) => out.push(Blocker::Capacity {
+                total: plan.total,
+                placed: plan.placed,
+                best_zone: Some(zone.to_string()),
+                shape: shape_text(&batch.cluster),
+            }),
+            None => out.push(Blocker::Capacity {
+                total: parts.len(),
+                placed: 0,
+                best_zone: None,
+                shape: shape_text(&batch.cluster),
+            }),
+        }
+        out
+    }
+
+    fn expiry_message(&self, key: BatchKey, now: DateTime<Utc>) -> String {
+        let Some(batch) = self.pending.get(&key) else {
+            return "allocation timeout passed".into();
+        };
+        let reasons = self.blockers(batch);
+        let missing = if reasons.is_empty() {
+            "capacity was reserved for earlier batches of the queue".to_string()
+        } else {
+            reasons
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let waited = (now - batch.queued_at).num_seconds();
+        format!(
+            "Batch could not be allocated within its allocation timeout of {}s (waited {waited}s): {missing}.",
+            batch.cluster.allocation_timeout_s
+        )
+    }
+
+    // ---- views -------------------------------------------------------
+
+    /// Queue position (1-based), reasons and an estimated start.
+    pub fn pending_info(&self, key: BatchKey) -> Option<PendingInfo> {
+        let batch = self.pending.get(&key)?;
+        let queue = self.queues.get(&batch.region)?;
+        let position = queue
+            .iter()
+            .position(|(_, k)| *k == key)
+            .map(|p| p + 1)
+            .unwrap_or(0);
+        let reasons = self.blockers(batch);
+        let estimated_start_time = if reasons.iter().any(|r| matches!(r, Blocker::Quota(_))) {
+            None
+        } else {
+            self.estimate_start(&batch.region, &needs(&batch.cluster))
+        };
+        Some(PendingInfo {
+            queue_position: position,
+            reasons: reasons.iter().map(ToString::to_string).collect(),
+            estimated_start_time,
+        })
+    }
+
+    /// Whether a request could ever fit: the quota limit and the region's
+    /// declared capacity (every pool at its maximum node count, all free).
+    pub fn never_fits(
+        &self,
+        project: &str,
+        region: &str,
+        cluster: &ClusterRequest,
+    ) -> Option<String> {
+        if let Some(s) = self.ledger.never_fits(project, region, &cluster.quota) {
+            return Some(format!(
+                "the request needs {} {}, above the project's quota limit of {} in {region} by {}",
+                s.needed,
+                s.metric,
+                s.limit,
+                s.needed - s.limit
+            ));
+        }
+        let parts = needs(cluster);
+        let zones: BTreeSet<&str> = self
+            .pools
+            .iter()
+            .filter(|p| p.region == region)
+            .map(|p| p.zone.as_str())
+            .collect();
+        let mut best = 0;
+        for zone in zones {
+            let declared: Vec<Node> = self
+                .pools
+                .iter()
+                .filter(|p| p.region == region && p.zone == zone)
+                .flat_map(|p| {
+                    (0..p.max_nodes).map(move |i| {
+                        let mut spec = p.node.clone();
+                        spec.id = NodeId(format!("{}#{i}", spec.id));
+                        Node::new(spec)
+                    })
+                })
+                .collect();
+            let plan = plan_zone(&declared.iter().collect::<Vec<_>>(), &parts);
+            if plan.complete() {
+                return None;
+            }
+            best = best.max(plan.placed);
+        }
+        Some(format!(
+            "the request needs {} nodes' worth of {} in one zone, but the largest declared capacity of a zone of {region} holds {best} (short by {})",
+            parts.len(),
+            shape_text(cluster),
+            parts.len() - best
+        ))
+    }
+
+    /// What would happen to this request now (validate-only create).
+    pub fn verdict(&self, project: &str, region: &str, cluster: &ClusterRequest) -> Verdict {
+        if let Some(reason) = self.never_fits(project, region, cluster) {
+            return Verdict::NeverFits { reason };
+        }
+        let probe = PendingBatch {
+            key: BatchKey(i64::MAX),
+            project: project.into(),
+            region: region.into(),
+            priority: 0,
+            queued_at: DateTime::<Utc>::MIN_UTC,
+            deadline: None,
+            cluster: cluster.clone(),
+        };
+        let blockers = self.blockers(&probe);
+        let queued_ahead = self.queues.get(region).is_some_and(|q| !q.is_empty());
+        if blockers.is_empty() && !queued_ahead {
+            let zone = self
+                .best_zone(region, &needs(cluster))
+                .map(|(z, _)| z)
+                .unwrap_or_default();
+            return Verdict::AllocateNow { zone };
+        }
+        let mut reasons: Vec<String> = blockers.iter().map(ToString::to_string).collect();
+        if blockers.is_empty() {
+            reasons.push("earlier batches of the region's queue go first".into());
+        }
+        if cluster.mode == ProvisioningMode::Default {
+            let stock_out = !blockers.iter().any(|b| matches!(b, Blocker::Quota(_)));
+            return Verdict::WouldFail {
+                reason: reasons.join("; "),
+                stock_out,
+            };
+        }
+        Verdict::WouldQueue { reasons }
+    }
+
+    pub fn quotas(&self, project: &str, region: &str) -> Vec<QuotaView> {
+        self.ledger.view(project, region)
+    }
+
+    /// Total, allocated and free GPUs and SSD per region, zone and type.
+    pub fn capacity_rows(&self) -> Vec<CapacityRow> {
+        let mut rows: BTreeMap<(String, String, String), CapacityRow> = BTreeMap::new();
+        for n in self.capacity.nodes.values() {
+            let s = &n.spec;
+            let row = rows
+                .entry((s.region.clone(), s.zone.clone(), s.accelerator.to_string()))
+                .or_insert_with(|| CapacityRow {
+                    region: s.region.clone(),
+                    zone: s.zone.clone(),
+                    accelerator: s.accelerator.to_string(),
+                    nodes: 0,
+                    virtual_nodes: 0,
+                    total_gpus: 0,
+                    allocated_gpus: 0,
+                    free_gpus: 0,
+                    total_local_ssd_gb: 0,
+                    free_local_ssd_gb: 0,
+                });
+            row.nodes += 1;
+            row.virtual_nodes += u64::from(s.is_virtual);
+            row.total_gpus += s.gpu_addresses.len() as u64;
+            row.free_gpus += u64::from(n.free_gpus());
+            row.allocated_gpus += (s.gpu_addresses.len() as u64) - u64::from(n.free_gpus());
+            row.total_local_ssd_gb += s.local_ssd_gb;
+            row.free_local_ssd_gb += n.free_ssd_gb;
+        }
+        rows.into_values().collect()
+    }
+
+    /// Every node with what is free on it.
+    pub fn nodes(&self) -> Vec<(NodeSpec, u32, u32, u64, u64)> {
+        self.capacity
+            .nodes
+            .values()
+            .map(|n| {
+                (
+                    n.spec.clone(),
+                    n.free_gpus(),
+                    n.free_cores,
+                    n.free_memory_mb,
+                    n.free_ssd_gb,
+                )
+            })
+            .collect()
+    }
+
+    /// Checks the invariants: no node over-given, quota usage equal to what
+    /// running clusters hold. For tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut used: HashMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = HashMap::new();
+        for a in self.running.values() {
+            for p in &a.placements {
+                let e = used.entry(&p.node).or_default();
+                e.0 += p.cores;
+                e.1 += p.memory_mb;
+                e.2 += p.local_ssd_gb;
+                for g in &p.gpus {
+                    if !e.3.insert(g) {
+                        return Err(format!("GPU {g} of {} given twice", p.node));
+                    }
+                }
+            }
+        }
+        for (id, (cores, mem, ssd, gpus)) in used {
+            let Some(n) = self.capacity.nodes.get(id) else {
+                continue;
+            };
+            if cores > n.spec.cores || mem > n.spec.memory_mb || ssd > n.spec.local_ssd_gb {
+                return Err(format!("node {id} overcommitted"));
+            }
+            if n.free_cores + cores != n.spec.cores
+                || n.free_gpus() as usize + gpus.len() != n.spec.gpu_addresses.len()
+            {
+                return Err(format!("node {id}: free and used do not add up"));
+            }
+        }
+        let mut usage: HashMap<(&str, &str, crate::spec::QuotaMetric), u64> = HashMap::new();
+        for a in self.running.values() {
+            for q in &a.quota {
+                *usage.entry((&a.project, &a.region, q.metric)).or_default() += q.amount;
+            }
+        }
+        for ((p, r, m), u) in usage {
+            if self.ledger.usage(p, r, m) != u {
+                return Err(format!("quota usage of {p}/{r}/{m} is off"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn running_keys(&self) -> Vec<BatchKey> {
+        let mut keys: Vec<_> = self.running.keys().copied().collect();
+        keys.sort();
+        keys
+    }
+
+    pub fn ledger_usage(
+        &self,
+        project: &str,
+        region: &str,
+        metric: crate::spec::QuotaMetric,
+    ) -> u64 {
+        self.ledger.usage(project, region, metric)
+    }
+
+    pub fn ledger_limit(
+        &self,
+        project: &str,
+        region: &str,
+        metric: crate::spec::QuotaMetric,
+    ) -> u64 {
+        self.ledger.limit(project, region, metric)
+    }
+
+    pub fn is_pending(&self, key: BatchKey) -> bool {
+        self.pending.contains_key(&key)
+    }
+}
+
+/// "1 driver + 8 executors of l4 (4 cores, 1 GPU, 375 GB local SSD)".
+pub fn shape_text(c: &ClusterRequest) -> String {
+    let exec = match c.executor.accelerator {
+        Some(a) => format!(
+            "{} ({} cores, {} GPU{}, {} GB local SSD)",
+            a,
+            c.executor.cores,
+            c.executor.gpus,
+            if c.executor.gpus == 1 { "" } else { "s" },
+            c.executor.local_ssd_gb
+        ),
+        None => format!("CPU ({} cores)", c.executor.cores),
+    };
+    let driver = match c.driver.accelerator {
+        Some(a) => format!("{a} driver"),
+        None => "CPU driver".to_string(),
+    };
+    format!("1 {driver} + {} executors of {exec}", c.executor_count)
+}

@@ -1,0 +1,230 @@
+//! The quota ledger: limit and usage per project, region and metric.
+//!
+//! Limits come from config rules (`*` matches any project or region, the
+//! most specific rule wins) and from admin overrides. Usage is the sum of
+//! the clusters currently holding quota. A lowered limit never revokes
+//! running work: usage may then exceed the limit, which only blocks new
+//! admissions.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{QuotaAmount, QuotaMetric};
+
+/// A configured limit rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaRule {
+    pub project: String,
+    pub region: String,
+    pub metric: QuotaMetric,
+    pub limit: u64,
+}
+
+type Key = (String, String, QuotaMetric);
+
+/// One row of `GET .../quotas`, shaped like Compute Engine's quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaView {
+    pub metric: QuotaMetric,
+    pub limit: u64,
+    pub usage: u64,
+}
+
+/// What is missing for an amount: the first metric short, with numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shortfall {
+    pub metric: QuotaMetric,
+    pub needed: u64,
+    pub limit: u64,
+    pub usage: u64,
+}
+
+impl Shortfall {
+    pub fn free(&self) -> u64 {
+        self.limit.saturating_sub(self.usage)
+    }
+}
+
+impl std::fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "needs {} {}, project has {} free of {}",
+            self.needed,
+            self.metric,
+            self.free(),
+            self.limit
+        )
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ledger {
+    rules: Vec<QuotaRule>,
+    overrides: HashMap<Key, u64>,
+    usage: HashMap<Key, u64>,
+}
+
+impl Ledger {
+    pub fn new(rules: Vec<QuotaRule>) -> Ledger {
+        Ledger {
+            rules,
+            ..Ledger::default()
+        }
+    }
+
+    pub fn limit(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
+        if let Some(l) = self
+            .overrides
+            .get(&(project.to_string(), region.to_string(), metric))
+        {
+            return *l;
+        }
+        // Most specific rule: exact project beats "*", then exact region.
+        self.rules
+            .iter()
+            .filter(|r| {
+                r.metric == metric
+                    && (r.project == project || r.project == "*")
+                    && (r.region == region || r.region == "*")
+            })
+            .max_by_key(|r| (r.project != "*", r.region != "*"))
+            .map(|r| r.limit)
+            .unwrap_or(0)
+    }
+
+    pub fn usage(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
+        self.usage
+            .get(&(project.to_string(), region.to_string(), metric))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn set_limit(&mut self, project: &str, region: &str, metric: QuotaMetric, limit: u64) {
+        self.overrides
+            .insert((project.to_string(), region.to_string(), metric), limit);
+    }
+
+    /// The first metric that does not have room for `amounts`.
+    pub fn shortfall(
+        &self,
+        project: &str,
+        region: &str,
+        amounts: &[QuotaAmount],
+    ) -> Option<Shortfall> {
+        amounts.iter().find_map(|a| {
+            let limit = self.limit(project, region, a.metric);
+            let usage = self.usage(project, region, a.metric);
+            (usage + a.amount > limit).then_some(Shortfall {
+                metric: a.metric,
+                needed: a.amount,
+                limit,
+                usage,
+            })
+        })
+    }
+
+    /// The first metric whose *limit* is below `amounts`: the request can
+    /// never fit, whatever finishes.
+    pub fn never_fits(
+        &self,
+        project: &str,
+        region: &str,
+        amounts: &[QuotaAmount],
+    ) -> Option<Shortfall> {
+        amounts.iter().find_map(|a| {
+            let limit = self.limit(project, region, a.metric);
+            (a.amount > limit).then_some(Shortfall {
+                metric: a.metric,
+                needed: a.amount,
+                limit,
+                usage: self.usage(project, region, a.metric),
+            })
+        })
+    }
+
+    pub fn charge(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+        for a in amounts {
+            *self
+                .usage
+                .entry((project.to_string(), region.to_string(), a.metric))
+                .or_default() += a.amount;
+        }
+    }
+
+    pub fn refund(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+        for a in amounts {
+            if let Some(u) =
+                self.usage
+                    .get_mut(&(project.to_string(), region.to_string(), a.metric))
+            {
+                *u = u.saturating_sub(a.amount);
+            }
+        }
+    }
+
+    /// Every metric of a project in a region with a limit or usage.
+    pub fn view(&self, project: &str, region: &str) -> Vec<QuotaView> {
+        crate::spec::QuotaMetric::ALL
+            .iter()
+            .map(|&metric| QuotaView {
+                metric,
+                limit: self.limit(project, region, metric),
+                usage: self.usage(project, region, metric),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(project: &str, region: &str, limit: u64) -> QuotaRule {
+        QuotaRule {
+            project: project.into(),
+            region: region.into(),
+            metric: QuotaMetric::PreemptibleNvidiaL4Gpus,
+            limit,
+        }
+    }
+
+    #[test]
+    fn the_most_specific_rule_wins_and_overrides_beat_rules() {
+        let mut l = Ledger::new(vec![
+            rule("*", "*", 8),
+            rule("*", "r1", 16),
+            rule("p", "*", 32),
+        ]);
+        let m = QuotaMetric::PreemptibleNvidiaL4Gpus;
+        assert_eq!(l.limit("x", "r2", m), 8);
+        assert_eq!(l.limit("x", "r1", m), 16);
+        assert_eq!(l.limit("p", "r1", m), 32);
+        assert_eq!(l.limit("p", "r1", QuotaMetric::NvidiaL4Gpus), 0);
+        l.set_limit("p", "r1", m, 4);
+        assert_eq!(l.limit("p", "r1", m), 4);
+    }
+
+    #[test]
+    fn shortfall_names_the_metric_with_numbers() {
+        let mut l = Ledger::new(vec![rule("*", "*", 24)]);
+        let need = |n| {
+            vec![QuotaAmount {
+                metric: QuotaMetric::PreemptibleNvidiaL4Gpus,
+                amount: n,
+            }]
+        };
+        l.charge("p", "r", &need(20));
+        let s = l.shortfall("p", "r", &need(16)).expect("short");
+        assert_eq!(
+            s.to_string(),
+            "needs 16 PREEMPTIBLE_NVIDIA_L4_GPUS, project has 4 free of 24"
+        );
+        assert!(l.shortfall("p", "r", &need(4)).is_none());
+        assert!(l.never_fits("p", "r", &need(25)).is_some());
+        l.refund("p", "r", &need(20));
+        assert!(l.shortfall("p", "r", &need(16)).is_none());
+    }
+}

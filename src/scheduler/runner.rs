@@ -1,0 +1,196 @@
+//! The scheduler loop: sleeps until an event or the next deadline (never a
+//! fixed polling interval), runs a pass, commits its decisions, and only
+//! then lets anyone see them.
+//!
+//! The core sits behind an async mutex held across pass *and* commit:
+//! readers of the scheduler (quota and capacity views, queue positions)
+//! never see a decision that is not yet durable, and never half of one.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Mutex, MutexGuard, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::core::{BatchKey, Decision, PendingBatch, Scheduler};
+use crate::config::Config;
+use crate::store::{Store, StoreError};
+
+struct Shared {
+    core: Mutex<Scheduler>,
+    wake: Notify,
+    store: Store,
+    config: Arc<Config>,
+}
+
+/// A handle on the running scheduler; cheap to clone.
+#[derive(Clone)]
+pub struct SchedulerService {
+    shared: Arc<Shared>,
+}
+
+impl SchedulerService {
+    /// Rebuilds the scheduler from the config and the store, and starts
+    /// its loop. Deadlines keep counting from the original queue times:
+    /// batches whose deadline passed while flexq was down are failed by
+    /// the first pass, before any admission.
+    pub async fn start(
+        config: Arc<Config>,
+        store: Store,
+        shutdown: CancellationToken,
+    ) -> Result<SchedulerService, StoreError> {
+        let started = Instant::now();
+        let core = rebuild(&config, &store).await?;
+        tracing::info!(
+            pending = core.pending_count(),
+            allocated = core.running_keys().len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "scheduler state rebuilt from the store"
+        );
+        let service = SchedulerService {
+            shared: Arc::new(Shared {
+                core: Mutex::new(core),
+                wake: Notify::new(),
+                store,
+                config,
+            }),
+        };
+        let runner = service.clone();
+        tokio::spawn(async move { runner.run(shutdown).await });
+        service.wake();
+        Ok(service)
+    }
+
+    /// Asks for a pass soon. Wake-ups coalesce: many events, one pass.
+    pub fn wake(&self) {
+        self.shared.wake.notify_one();
+    }
+
+    /// Locks the core (for views and event application).
+    pub async fn lock(&self) -> MutexGuard<'_, Scheduler> {
+        self.shared.core.lock().await
+    }
+
+    /// A batch was stored: queue it and wake the loop.
+    pub async fn submitted(&self, batch: PendingBatch) {
+        self.lock().await.submit(batch);
+        self.wake();
+    }
+
+    /// A batch left the queue or gave back its cluster.
+    pub async fn forget(&self, key: BatchKey) {
+        self.lock().await.forget(key);
+        self.wake();
+    }
+
+    async fn run(&self, shutdown: CancellationToken) {
+        loop {
+            let next = self.lock().await.next_deadline();
+            let sleep = async {
+                match next {
+                    Some(deadline) => {
+                        let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    tracing::info!("scheduler stopped");
+                    return;
+                }
+                _ = self.shared.wake.notified() => {}
+                _ = sleep => {}
+            }
+            self.pass_once(Utc::now()).await;
+        }
+    }
+
+    /// One pass and its commit, under the core's lock.
+    pub async fn pass_once(&self, now: DateTime<Utc>) {
+        let mut core = self.lock().await;
+        let started = Instant::now();
+        let decisions = core.pass(now);
+        let decide_time = started.elapsed();
+        if decisions.is_empty() {
+            crate::metrics::record_pass(decide_time, 0);
+            return;
+        }
+        match self.shared.store.commit_decisions(&decisions, now).await {
+            Ok(applied) => {
+                for (d, ok) in decisions.iter().zip(applied) {
+                    if ok {
+                        log_decision(d, now);
+                    } else {
+                        // The batch left the queue meanwhile (cancelled):
+                        // the decision is void, give back what it took.
+                        tracing::info!(
+                            batch.seq = d.key().0,
+                            "decision void: the batch is no longer queued"
+                        );
+                        core.forget(d.key());
+                    }
+                }
+                crate::metrics::record_pass(started.elapsed(), decisions.len());
+            }
+            Err(e) => {
+                // Nothing of the pass is durable: start again from what is.
+                tracing::error!(error = %e, decisions = decisions.len(), "cannot commit the scheduler's decisions; rebuilding from the store");
+                match rebuild(&self.shared.config, &self.shared.store).await {
+                    Ok(fresh) => *core = fresh,
+                    Err(e) => {
+                        tracing::error!(error = %e, "rebuild failed; keeping the in-memory state")
+                    }
+                }
+                drop(core);
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                self.wake();
+            }
+        }
+    }
+}
+
+fn log_decision(d: &Decision, now: DateTime<Utc>) {
+    match d {
+        Decision::Allocate(a) => {
+            let gpus: usize = a.placements.iter().map(|p| p.gpus.len()).sum();
+            tracing::info!(batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, "batch allocated");
+            crate::metrics::record_allocation(&a.region);
+        }
+        Decision::Expire { key, message } => {
+            tracing::info!(batch.seq = key.0, at = %now, message = %message, "batch expired");
+            crate::metrics::record_transition(crate::api::State::Failed);
+            crate::metrics::record_expired();
+        }
+        Decision::Reject { key, message } => {
+            tracing::info!(batch.seq = key.0, message = %message, "batch rejected (default mode, no room)");
+            crate::metrics::record_transition(crate::api::State::Failed);
+        }
+    }
+}
+
+/// The core as the store and config say it is.
+async fn rebuild(config: &Config, store: &Store) -> Result<Scheduler, StoreError> {
+    let mut core = Scheduler::new(super::pools(config), config.quotas.clone());
+    for node in super::virtual_nodes(config) {
+        core.add_node(node);
+    }
+    for (project, region, metric, limit) in store.quota_overrides().await? {
+        core.set_quota_limit(&project, &region, metric, limit);
+    }
+    for alloc in store.active_allocations().await? {
+        let key = alloc.key;
+        if !core.restore_allocation(alloc) {
+            tracing::warn!(
+                batch.seq = key.0,
+                "an allocated cluster no longer fits its nodes (config changed?)"
+            );
+        }
+    }
+    for batch in store.queued_batches().await? {
+        core.submit(batch);
+    }
+    Ok(core)
+}

@@ -1,0 +1,308 @@
+//! The scheduler's use of the store: reading back its state after a
+//! restart, and committing its decisions — every node, the quota usage and
+//! the batch's change of state of one decision in one transaction.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use futures_util::TryStreamExt;
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
+
+use super::rows::{append_history, from_micros, micros, transition};
+use super::{Provisioning, Store, StoreError};
+use crate::api::State;
+use crate::scheduler::{Allocation, BatchKey, Decision, NodeId, PendingBatch, Placement, Role};
+use crate::spec::{ClusterRequest, QuotaMetric};
+
+fn decode_cluster(text: &str) -> Result<ClusterRequest, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Unavailable(format!("stored cluster cannot be read: {e}")))
+}
+
+/// Marks every active part of a batch's cluster released.
+pub(super) async fn release(
+    conn: &mut SqliteConnection,
+    seq: i64,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "update allocations set released_at = ? where batch_seq = ? and released_at is null",
+    )
+    .bind(micros(now))
+    .bind(seq)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("update batches set provisioning = ? where seq = ?")
+        .bind(Provisioning::Released as i64)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+impl Store {
+    /// Every batch waiting in a queue, oldest first (streamed: there may be
+    /// many).
+    pub async fn queued_batches(&self) -> Result<Vec<PendingBatch>, StoreError> {
+        let mut rows = sqlx::query(
+            "select seq, project, region, priority, create_time, deadline, cluster from batches \
+             where provisioning = 0 and state = 1 order by seq",
+        )
+        .fetch(&self.pool);
+        let mut out = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            out.push(PendingBatch {
+                key: BatchKey(row.try_get("seq")?),
+                project: row.try_get("project")?,
+                region: row.try_get("region")?,
+                priority: row.try_get("priority")?,
+                queued_at: from_micros(row.try_get("create_time")?),
+                deadline: row.try_get::<Option<i64>, _>("deadline")?.map(from_micros),
+                cluster: decode_cluster(row.try_get("cluster")?)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every cluster holding capacity now.
+    pub async fn active_allocations(&self) -> Result<Vec<Allocation>, StoreError> {
+        let mut rows = sqlx::query(
+            "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
+             a.allocated_at, b.project, b.region, b.zone, b.cluster \
+             from allocations a join batches b on b.seq = a.batch_seq \
+             where a.released_at is null order by a.batch_seq, a.id",
+        )
+        .fetch(&self.pool);
+        let mut out: BTreeMap<i64, Allocation> = BTreeMap::new();
+        while let Some(row) = rows.try_next().await? {
+            let seq: i64 = row.try_get("batch_seq")?;
+            let placement = placement_of(&row)?;
+            if let Some(a) = out.get_mut(&seq) {
+                a.placements.push(placement);
+                continue;
+            }
+            let cluster = decode_cluster(row.try_get("cluster")?)?;
+            let allocated_at = from_micros(row.try_get("allocated_at")?);
+            out.insert(
+                seq,
+                Allocation {
+                    key: BatchKey(seq),
+                    project: row.try_get("project")?,
+                    region: row.try_get("region")?,
+                    zone: row
+                        .try_get::<Option<String>, _>("zone")?
+                        .unwrap_or_default(),
+                    placements: vec![placement],
+                    quota: cluster.quota.clone(),
+                    allocated_at,
+                    expected_end: cluster
+                        .ttl_s
+                        .map(|t| allocated_at + Duration::seconds(t as i64)),
+                },
+            );
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// The parts of a batch's cluster (active or not).
+    pub async fn placements(&self, seq: i64) -> Result<Vec<Placement>, StoreError> {
+        let rows = sqlx::query(
+            "select node_id, role, gpus, cores, memory_mb, local_ssd_gb from allocations \
+             where batch_seq = ? order by id",
+        )
+        .bind(seq)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(placement_of).collect()
+    }
+
+    /// Commits a pass's decisions in one transaction. Each decision applies
+    /// only if its batch is still queued (a cancel may have won the race);
+    /// the answer says, per decision, whether it applied.
+    pub async fn commit_decisions(
+        &self,
+        decisions: &[Decision],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let mut applied = Vec::with_capacity(decisions.len());
+        let mut parts: Vec<(i64, &Placement)> = Vec::new();
+        for d in decisions {
+            let (seq, provisioning, state, message) = match d {
+                Decision::Allocate(a) => (
+                    a.key.0,
+                    Provisioning::Provisioned,
+                    State::Pending,
+                    allocated_message(a),
+                ),
+                Decision::Expire { key, message } => {
+                    (key.0, Provisioning::Expired, State::Failed, message.clone())
+                }
+                Decision::Reject { key, message } => (
+                    key.0,
+                    Provisioning::Rejected,
+                    State::Failed,
+                    message.clone(),
+                ),
+            };
+            let zone = match d {
+                Decision::Allocate(a) => Some(a.zone.as_str()),
+                _ => None,
+            };
+            let done = sqlx::query(
+                "update batches set provisioning = ?, zone = ?, allocate_time = ? \
+                 where seq = ? and state = 1 and provisioning = 0",
+            )
+            .bind(provisioning as i64)
+            .bind(zone)
+            .bind(zone.map(|_| micros(now)))
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            applied.push(done);
+            if !done {
+                continue;
+            }
+            if state == State::Pending {
+                // Still PENDING to the public enum (the work has not
+                // started); the allocation is in the history and message.
+                sqlx::query("update batches set state_message = ?, state_time = ? where seq = ?")
+                    .bind(&message)
+                    .bind(micros(now))
+                    .bind(seq)
+                    .execute(&mut *tx)
+                    .await?;
+                append_history(&mut tx, seq, State::Pending, &message, now).await?;
+            } else {
+                transition(&mut tx, seq, state, &message, now).await?;
+            }
+            if let Decision::Allocate(a) = d {
+                parts.extend(a.placements.iter().map(|p| (seq, p)));
+            }
+        }
+        for chunk in parts.chunks(2000) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "insert into allocations (batch_seq, node_id, role, gpus, cores, memory_mb, \
+                 local_ssd_gb, allocated_at) ",
+            );
+            q.push_values(chunk, |mut row, (seq, p)| {
+                row.push_bind(*seq)
+                    .push_bind(&p.node.0)
+                    .push_bind(role_name(p.role))
+                    .push_bind(serde_json::to_string(&p.gpus).unwrap_or_else(|_| "[]".into()))
+                    .push_bind(p.cores)
+                    .push_bind(p.memory_mb as i64)
+                    .push_bind(p.local_ssd_gb as i64)
+                    .push_bind(micros(now));
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// Admin quota overrides: (project, region, metric, limit).
+    pub async fn quota_overrides(
+        &self,
+    ) -> Result<Vec<(String, String, QuotaMetric, u64)>, StoreError> {
+        let rows: Vec<(String, String, String, i64)> =
+            sqlx::query_as("select project, region, metric, quota_limit from quota_overrides")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(p, r, m, l)| Some((p, r, QuotaMetric::parse(&m)?, l.max(0) as u64)))
+            .collect())
+    }
+
+    pub async fn set_quota_override(
+        &self,
+        project: &str,
+        region: &str,
+        metric: QuotaMetric,
+        limit: u64,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "insert into quota_overrides (project, region, metric, quota_limit, updated_at) \
+             values (?, ?, ?, ?, ?) on conflict (project, region, metric) \
+             do update set quota_limit = excluded.quota_limit, updated_at = excluded.updated_at",
+        )
+        .bind(project)
+        .bind(region)
+        .bind(metric.name())
+        .bind(limit as i64)
+        .bind(micros(now))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The allocation history: every part ever allocated, with its
+    /// lifetime, for audits (no overcommit at any instant).
+    pub async fn allocation_history(
+        &self,
+    ) -> Result<Vec<(i64, Placement, DateTime<Utc>, Option<DateTime<Utc>>)>, StoreError> {
+        let rows = sqlx::query(
+            "select batch_seq, node_id, role, gpus, cores, memory_mb, local_ssd_gb, allocated_at, released_at \
+             from allocations order by id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("batch_seq")?,
+                    placement_of(r)?,
+                    from_micros(r.try_get("allocated_at")?),
+                    r.try_get::<Option<i64>, _>("released_at")?.map(from_micros),
+                ))
+            })
+            .collect()
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Driver => "driver",
+        Role::Executor => "executor",
+    }
+}
+
+fn placement_of(row: &sqlx::sqlite::SqliteRow) -> Result<Placement, StoreError> {
+    let gpus: String = row.try_get("gpus")?;
+    let role: String = row.try_get("role")?;
+    Ok(Placement {
+        node: NodeId(row.try_get("node_id")?),
+        role: if role == "driver" {
+            Role::Driver
+        } else {
+            Role::Executor
+        },
+        gpus: serde_json::from_str(&gpus).unwrap_or_default(),
+        cores: row.try_get::<i64, _>("cores")? as u32,
+        memory_mb: row.try_get::<i64, _>("memory_mb")? as u64,
+        local_ssd_gb: row.try_get::<i64, _>("local_ssd_gb")? as u64,
+    })
+}
+
+/// "Allocated 1 driver and 8 executors (9 GPUs) on 3 nodes in us-central1-a."
+fn allocated_message(a: &Allocation) -> String {
+    let executors = a
+        .placements
+        .iter()
+        .filter(|p| p.role == Role::Executor)
+        .count();
+    let gpus: usize = a.placements.iter().map(|p| p.gpus.len()).sum();
+    let mut nodes: Vec<&str> = a.placements.iter().map(|p| p.node.0.as_str()).collect();
+    nodes.sort();
+    nodes.dedup();
+    format!(
+        "Allocated: the whole cluster (1 driver and {executors} executors, {gpus} GPUs) on {} node{} in {}; waiting for the agents to start it.",
+        nodes.len(),
+        if nodes.len() == 1 { "" } else { "s" },
+        a.zone
+    )
+}
