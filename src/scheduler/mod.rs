@@ -74,3 +74,6 @@ pub fn virtual_nodes(config: &Config) -> Vec<NodeSpec> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

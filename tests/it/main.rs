@@ -5,4 +5,5 @@ mod api;
 mod bad_input;
 mod cli;
 mod durability;
+mod scheduler;
 mod support;

@@ -20,8 +20,19 @@ pub struct TestServer {
 }
 
 impl TestServer {
+    /// The default config without its virtual nodes: batches stay
+    /// queued, so API tests see exactly what they create.
     pub async fn start() -> TestServer {
-        Self::start_with(|_| {}).await
+        Self::start_with(|c| {
+            for region in c.regions.values_mut() {
+                for zone in region.zones.values_mut() {
+                    for pool in zone.node_pools.values_mut() {
+                        pool.virtual_nodes = 0;
+                    }
+                }
+            }
+        })
+        .await
     }
 
     pub async fn start_with(tune: impl FnOnce(&mut Config)) -> TestServer {
@@ -168,12 +179,21 @@ impl ServerProcess {
     /// Starts `flexq serve` with its data under `dir`, and waits until it
     /// answers `/readyz`.
     pub async fn start(dir: &Path) -> ServerProcess {
+        Self::start_with(dir, None).await
+    }
+
+    /// The same with a config file layered over the default.
+    pub async fn start_with(dir: &Path, config: Option<&Path>) -> ServerProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let child = Command::new(flexq_bin())
-            .arg("serve")
+        let mut cmd = Command::new(flexq_bin());
+        cmd.arg("serve");
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        let child = cmd
             .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
             .env("FLEXQ_DATABASE__DATA_DIR", dir)
             .env("FLEXQ_LOG__FILTER", "warn")
