@@ -48,6 +48,27 @@ enum Command {
         #[command(subcommand)]
         action: BatchesAction,
     },
+    /// Capacity per region, zone and GPU type.
+    Regions {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(subcommand)]
+        action: ListAction,
+    },
+    /// GPU nodes, virtual ones marked.
+    Nodes {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(subcommand)]
+        action: ListAction,
+    },
+    /// A project's quotas in a region.
+    Quotas {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(subcommand)]
+        action: QuotasAction,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -89,6 +110,24 @@ struct TargetArgs {
     /// Output format.
     #[arg(long, global = true, value_enum, default_value = "table")]
     format: OutputFormat,
+}
+
+#[derive(Subcommand)]
+enum ListAction {
+    /// List them.
+    List,
+}
+
+#[derive(Subcommand)]
+enum QuotasAction {
+    /// List limit and usage of every metric.
+    List,
+    /// Set one limit (admin). A lowered limit never revokes running work.
+    Set {
+        /// e.g. PREEMPTIBLE_NVIDIA_L4_GPUS
+        metric: String,
+        limit: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -258,6 +297,42 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             },
         },
         Command::Batches { target, action } => return batches_command(target, action).await,
+        Command::Regions {
+            target,
+            action: ListAction::List,
+        } => {
+            let format = target.format;
+            flexq::cli::admin::regions(&admin_client(target)?, format).await?;
+        }
+        Command::Nodes {
+            target,
+            action: ListAction::List,
+        } => {
+            let format = target.format;
+            flexq::cli::admin::nodes(&admin_client(target)?, format).await?;
+        }
+        Command::Quotas { target, action } => {
+            let format = target.format;
+            let project = target
+                .project
+                .clone()
+                .ok_or("ERROR: (flexq) no project: pass --project or set FLEXQ_PROJECT")?;
+            let region = target
+                .region
+                .clone()
+                .ok_or("ERROR: (flexq) no region: pass --region or set FLEXQ_REGION")?;
+            let client = Client::new(Target {
+                endpoint: target.endpoint,
+                project,
+                region,
+            })?;
+            match action {
+                QuotasAction::List => flexq::cli::admin::quotas(&client, format).await?,
+                QuotasAction::Set { metric, limit } => {
+                    flexq::cli::admin::set_quota(&client, &metric, limit, format).await?
+                }
+            }
+        }
         Command::Bench { action } => match action {
             BenchAction::Submit {
                 clients,
@@ -278,6 +353,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A client for commands that need no project or region.
+fn admin_client(target: TargetArgs) -> Result<Client, Box<dyn std::error::Error>> {
+    Ok(Client::new(Target {
+        endpoint: target.endpoint,
+        project: target.project.unwrap_or_default(),
+        region: target.region.unwrap_or_default(),
+    })?)
 }
 
 async fn batches_command(

@@ -3,6 +3,7 @@
 //!
 //! The CLI talks to the server only through the HTTP API's types.
 
+pub mod admin;
 pub mod batches;
 pub mod bench;
 

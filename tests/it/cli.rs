@@ -197,3 +197,71 @@ async fn sigterm_drains_and_exits_cleanly() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+fn flexq_admin(s: &TestServer, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(flexq_bin())
+        .args(args)
+        .args([
+            "--endpoint",
+            &s.url(""),
+            "--project",
+            "demo",
+            "--region",
+            "us-central1",
+        ])
+        .output()
+        .expect("run flexq");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_nodes_and_quotas_through_the_cli() {
+    let s = TestServer::start_with(|_| {}).await;
+    let s2 = &s;
+    let (ok, out, err) = tokio::task::block_in_place(|| flexq_admin(s2, &["regions", "list"]));
+    assert!(ok, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("us-central1") && l.contains("us-central1-a") && l.contains("l4"))
+        .expect("a row");
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[3..8], ["2", "2", "8", "0", "8"], "{out}");
+
+    let (ok, out, _) = tokio::task::block_in_place(|| flexq_admin(s2, &["nodes", "list"]));
+    assert!(ok);
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.contains("virtual (no agent, no GPU)"))
+            .count(),
+        2,
+        "{out}"
+    );
+
+    let (ok, out, _) = tokio::task::block_in_place(|| {
+        flexq_admin(s2, &["quotas", "set", "PREEMPTIBLE_NVIDIA_L4_GPUS", "48"])
+    });
+    assert!(ok);
+    assert!(
+        out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
+            == ["PREEMPTIBLE_NVIDIA_L4_GPUS", "48", "0"]),
+        "{out}"
+    );
+    let (ok, out, _) =
+        tokio::task::block_in_place(|| flexq_admin(s2, &["quotas", "list", "--format", "json"]));
+    assert!(ok);
+    let list: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(
+        list.as_array()
+            .expect("list")
+            .iter()
+            .any(|q| q["metric"] == "PREEMPTIBLE_NVIDIA_L4_GPUS" && q["limit"] == 48)
+    );
+    let (ok, _, err) =
+        tokio::task::block_in_place(|| flexq_admin(s2, &["quotas", "set", "H100", "1"]));
+    assert!(!ok);
+    assert!(err.contains("is not a quota metric"), "{err}");
+}
