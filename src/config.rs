@@ -31,6 +31,7 @@ const SECTIONS: &[&str] = &[
     "provisioning",
     "batches",
     "log",
+    "agents",
     "runtimes",
     "regions",
     "projects",
@@ -45,6 +46,7 @@ pub struct Config {
     pub provisioning: ProvisioningConfig,
     pub batches: BatchesConfig,
     pub log: LogConfig,
+    pub agents: AgentsConfig,
     pub runtimes: BTreeMap<String, RuntimeConfig>,
     pub regions: BTreeMap<String, RegionConfig>,
     #[serde(default)]
@@ -94,6 +96,16 @@ pub struct BatchesConfig {
     pub max_properties: usize,
     pub max_property_key_bytes: usize,
     pub max_property_value_bytes: usize,
+}
+
+/// Executor agents: how long a node stays without a heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// A node whose agent has not heartbeated for this long is lost: its
+    /// capacity returns and its batches fail.
+    #[serde(with = "humantime_serde")]
+    pub lease_duration: Duration,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -291,6 +303,13 @@ impl Config {
             return Err(invalid(
                 "batches.default_ttl",
                 "must be between 10m and 14days",
+            ));
+        }
+        let lease = self.agents.lease_duration;
+        if lease < Duration::from_secs(1) || lease > Duration::from_secs(3600) {
+            return Err(invalid(
+                "agents.lease_duration",
+                "must be between 1s and 1h",
             ));
         }
         if self.regions.is_empty() {

@@ -9,6 +9,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::capacity::{Capacity, Need, Node, NodeId, NodeSpec, Placement, needs, plan_zone};
+use super::lease::{LeaseError, Leases};
 use super::quota::{Ledger, QuotaRule, QuotaView, Shortfall};
 use crate::spec::{ClusterRequest, ProvisioningMode, QuotaAmount};
 
@@ -52,6 +53,13 @@ pub enum Decision {
     Expire { key: BatchKey, message: String },
     /// Default mode: no capacity or quota right now.
     Reject { key: BatchKey, message: String },
+    /// A node's lease lapsed: it leaves the capacity, and every batch that
+    /// held part of it fails (a partial cluster must not go on).
+    LoseNode {
+        node: NodeId,
+        failed: Vec<BatchKey>,
+        message: String,
+    },
 }
 
 impl Decision {
@@ -59,6 +67,8 @@ impl Decision {
         match self {
             Decision::Allocate(a) => a.key,
             Decision::Expire { key, .. } | Decision::Reject { key, .. } => *key,
+            // Not about one batch; never void.
+            Decision::LoseNode { .. } => BatchKey(0),
         }
     }
 }
@@ -179,6 +189,7 @@ pub struct Scheduler {
     queues: BTreeMap<String, BTreeSet<QueueKey>>,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     running: HashMap<BatchKey, Allocation>,
+    leases: Leases,
 }
 
 impl Scheduler {
@@ -270,7 +281,43 @@ impl Scheduler {
 
     /// The earliest deadline still ahead.
     pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
-        self.deadlines.first().map(|(d, _)| *d)
+        let batch = self.deadlines.first().map(|(d, _)| *d);
+        match (batch, self.leases.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// An agent registered its node (again): it joins the capacity with a
+    /// fresh lease. A node already known keeps what it holds.
+    pub fn register_node(&mut self, spec: NodeSpec, epoch: u64, expires: DateTime<Utc>) {
+        let id = spec.id.clone();
+        self.add_node(spec);
+        self.leases.grant(id, epoch, expires);
+    }
+
+    /// An agent's heartbeat: renews the lease of the current epoch only.
+    pub fn heartbeat(
+        &mut self,
+        node: &NodeId,
+        epoch: u64,
+        expires: DateTime<Utc>,
+    ) -> Result<(), LeaseError> {
+        self.leases.renew(node, epoch, expires)
+    }
+
+    /// The current epoch of a registered node.
+    pub fn node_epoch(&self, node: &NodeId) -> Option<u64> {
+        self.leases.epoch(node)
+    }
+
+    /// Registered nodes in a pool (for its max_nodes).
+    pub fn nodes_in_pool(&self, zone: &str, pool: &str) -> usize {
+        self.capacity
+            .nodes
+            .values()
+            .filter(|n| !n.spec.is_virtual && n.spec.zone == zone && n.spec.pool == pool)
+            .count()
     }
 
     pub fn pending_count(&self) -> usize {
@@ -285,7 +332,24 @@ impl Scheduler {
     /// applies every decision to its own state.
     pub fn pass(&mut self, now: DateTime<Utc>) -> Vec<Decision> {
         let mut decisions = Vec::new();
-        // Expiry first: a batch past its deadline is never allocated.
+        // Lost nodes first: their capacity must not be handed out again,
+        // and the clusters that used them fail whole.
+        for (node, expired_at) in self.leases.lapsed(now) {
+            let failed = self.remove_node(&node);
+            for key in &failed {
+                self.forget(*key);
+            }
+            let message = format!(
+                "Node {node} was lost: its agent stopped heartbeating and its lease expired at {}; the batch's cluster was released.",
+                expired_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            decisions.push(Decision::LoseNode {
+                node,
+                failed,
+                message,
+            });
+        }
+        // Expiry next: a batch past its deadline is never allocated.
         while let Some(&(deadline, key)) = self.deadlines.first() {
             if deadline > now {
                 break;

@@ -7,6 +7,7 @@
 
 mod capacity;
 mod core;
+mod lease;
 mod quota;
 mod runner;
 
@@ -15,6 +16,7 @@ pub use core::{
     Allocation, BatchKey, Blocker, CapacityRow, Decision, PendingBatch, PendingInfo, PoolDecl,
     Scheduler, Verdict, shape_text,
 };
+pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use runner::SchedulerService;
 

@@ -168,6 +168,12 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
             tracing::info!(batch.seq = key.0, message = %message, "batch rejected (default mode, no room)");
             crate::metrics::record_transition(crate::api::State::Failed);
         }
+        Decision::LoseNode { node, failed, .. } => {
+            tracing::warn!(node = %node, failed = failed.len(), "node lost: lease expired");
+            for _ in failed {
+                crate::metrics::record_transition(crate::api::State::Failed);
+            }
+        }
     }
 }
 
@@ -179,6 +185,13 @@ async fn rebuild(config: &Config, store: &Store) -> Result<Scheduler, StoreError
     }
     for (project, region, metric, limit) in store.quota_overrides().await? {
         core.set_quota_limit(&project, &region, metric, limit);
+    }
+    // Agents keep heartbeating through a server restart; give every node a
+    // full lease from now rather than failing them all at start.
+    let lease = config.agents.lease_duration;
+    let expires = Utc::now() + chrono::Duration::from_std(lease).unwrap_or_default();
+    for (spec, epoch) in store.active_nodes().await? {
+        core.register_node(spec, epoch, expires);
     }
     for alloc in store.active_allocations().await? {
         let key = alloc.key;

@@ -3,6 +3,7 @@
 //! timeouts and graceful shutdown.
 
 mod admin;
+mod agents;
 mod batches;
 mod error;
 mod extract;
@@ -78,6 +79,8 @@ pub fn router(app: App) -> Router {
         .route("/v1/runtimes", get(runtimes))
         .route("/v1/regions", get(admin::regions))
         .route("/v1/nodes", get(admin::nodes))
+        .route("/v1/nodes:register", axum::routing::post(agents::register))
+        .route("/v1/nodes/{node}", axum::routing::post(agents::node_method))
         .route(
             "/v1/projects/{project}/regions/{region}/quotas",
             get(admin::get_quotas).patch(admin::patch_quota),

@@ -11,7 +11,9 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 use super::rows::{append_history, from_micros, micros, transition};
 use super::{Provisioning, Store, StoreError};
 use crate::api::State;
-use crate::scheduler::{Allocation, BatchKey, Decision, NodeId, PendingBatch, Placement, Role};
+use crate::scheduler::{
+    Allocation, BatchKey, Decision, NodeId, NodeSpec, PendingBatch, Placement, Role,
+};
 use crate::spec::{ClusterRequest, QuotaMetric};
 
 fn decode_cluster(text: &str) -> Result<ClusterRequest, StoreError> {
@@ -40,7 +42,78 @@ pub(super) async fn release(
     Ok(())
 }
 
+/// Fences a lost node (new epoch) and fails every batch that held part
+/// of it, releasing their clusters.
+async fn lose_node(
+    conn: &mut SqliteConnection,
+    node: &NodeId,
+    failed: &[BatchKey],
+    message: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query("update nodes set state = 1, epoch = epoch + 1 where node_id = ?")
+        .bind(&node.0)
+        .execute(&mut *conn)
+        .await?;
+    for key in failed {
+        let state: Option<i64> = sqlx::query_scalar("select state from batches where seq = ?")
+            .bind(key.0)
+            .fetch_optional(&mut *conn)
+            .await?;
+        release(conn, key.0, now).await?;
+        if state
+            .and_then(State::from_number)
+            .is_some_and(|s| !s.is_terminal())
+        {
+            transition(conn, key.0, State::Failed, message, now).await?;
+        }
+    }
+    Ok(())
+}
+
 impl Store {
+    /// Registers (or re-registers) an agent's node; answers its new epoch.
+    pub async fn register_node(
+        &self,
+        spec: &NodeSpec,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let json = serde_json::to_string(spec)
+            .map_err(|e| StoreError::Unavailable(format!("cannot encode node: {e}")))?;
+        let epoch: i64 = sqlx::query_scalar(
+            "insert into nodes (node_id, region, zone, pool, spec, epoch, state, registered_at) \
+             values (?, ?, ?, ?, ?, 1, 0, ?) on conflict (node_id) do update set \
+             region = excluded.region, zone = excluded.zone, pool = excluded.pool, spec = excluded.spec, \
+             epoch = nodes.epoch + 1, state = 0, registered_at = excluded.registered_at \
+             returning epoch",
+        )
+        .bind(&spec.id.0)
+        .bind(&spec.region)
+        .bind(&spec.zone)
+        .bind(&spec.pool)
+        .bind(json)
+        .bind(micros(now))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(epoch.max(0) as u64)
+    }
+
+    /// Every registered node not lost, with its epoch.
+    pub async fn active_nodes(&self) -> Result<Vec<(NodeSpec, u64)>, StoreError> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("select spec, epoch from nodes where state = 0 order by node_id")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.into_iter()
+            .map(|(spec, epoch)| {
+                let spec: NodeSpec = serde_json::from_str(&spec).map_err(|e| {
+                    StoreError::Unavailable(format!("stored node cannot be read: {e}"))
+                })?;
+                Ok((spec, epoch.max(0) as u64))
+            })
+            .collect()
+    }
+
     /// Every batch waiting in a queue, oldest first (streamed: there may be
     /// many).
     pub async fn queued_batches(&self) -> Result<Vec<PendingBatch>, StoreError> {
@@ -128,6 +201,16 @@ impl Store {
         let mut applied = Vec::with_capacity(decisions.len());
         let mut parts: Vec<(i64, &Placement)> = Vec::new();
         for d in decisions {
+            if let Decision::LoseNode {
+                node,
+                failed,
+                message,
+            } = d
+            {
+                lose_node(&mut tx, node, failed, message, now).await?;
+                applied.push(true);
+                continue;
+            }
             let (seq, provisioning, state, message) = match d {
                 Decision::Allocate(a) => (
                     a.key.0,
@@ -144,6 +227,7 @@ impl Store {
                     State::Failed,
                     message.clone(),
                 ),
+                Decision::LoseNode { .. } => continue,
             };
             let zone = match d {
                 Decision::Allocate(a) => Some(a.zone.as_str()),

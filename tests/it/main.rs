@@ -1,6 +1,7 @@
 //! flexq's integration tests: one binary, real servers on port 0, real
 //! SQLite files, real HTTP.
 
+mod agents;
 mod api;
 mod bad_input;
 mod cli;
