@@ -508,6 +508,12 @@ enum Op {
         zone: u8,
         gpus: u32,
     },
+    /// A node with an agent lease of `lease_s` that is never renewed.
+    AgentNode {
+        zone: u8,
+        gpus: u32,
+        lease_s: u64,
+    },
     RemoveNode(usize),
     SetLimit {
         project: u8,
@@ -523,6 +529,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..64).prop_map(Op::Cancel),
         2 => (0usize..64).prop_map(Op::Finish),
         1 => (0u8..2, 1u32..9).prop_map(|(zone, gpus)| Op::AddNode { zone, gpus }),
+        1 => (0u8..2, 1u32..9, 1u64..200).prop_map(|(zone, gpus, lease_s)| Op::AgentNode { zone, gpus, lease_s }),
         1 => (0usize..16).prop_map(Op::RemoveNode),
         1 => (0u8..3, 0u64..24).prop_map(|(project, limit)| Op::SetLimit { project, limit }),
         2 => (1u64..90).prop_map(Op::Advance),
@@ -591,6 +598,18 @@ impl Harness {
                     self.expired.push(*key);
                 }
                 Decision::Reject { .. } => {}
+                Decision::LoseNode { node, failed, .. } => {
+                    prop_assert!(
+                        self.s.nodes().iter().all(|n| &n.0.id != node),
+                        "a lost node stays capacity"
+                    );
+                    for key in failed {
+                        prop_assert!(
+                            self.s.allocation(*key).is_none(),
+                            "a batch on a lost node keeps its cluster"
+                        );
+                    }
+                }
             }
         }
         self.s.check_invariants().map_err(TestCaseError::fail)?;
@@ -633,6 +652,18 @@ impl Harness {
             Op::AddNode { zone, gpus } => {
                 let id = format!("n{}", self.nodes.len());
                 self.s.add_node(l4_node(&id, &format!("z{zone}"), gpus));
+                self.nodes.push(NodeId(id));
+            }
+            Op::AgentNode {
+                zone,
+                gpus,
+                lease_s,
+            } => {
+                let id = format!("agent{}", self.nodes.len());
+                let mut spec = l4_node(&id, &format!("z{zone}"), gpus);
+                spec.is_virtual = false;
+                self.s
+                    .register_node(spec, 1, self.now + Duration::seconds(lease_s as i64));
                 self.nodes.push(NodeId(id));
             }
             Op::RemoveNode(i) => {
