@@ -242,6 +242,16 @@ enum BenchAction {
         #[arg(long)]
         endpoint: Option<String>,
     },
+    /// The scheduler at scale: pass time, memory, flood, end to end,
+    /// expiry lateness, restart.
+    Schedule {
+        /// Queue depths to measure the core at (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+        pending: Vec<usize>,
+        /// Releases measured per depth.
+        #[arg(long, default_value_t = 500)]
+        releases: usize,
+    },
 }
 
 fn load_config(arg: &ConfigArg) -> Result<Config, ExitCode> {
@@ -347,6 +357,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     rate,
                     endpoint,
                     warmup,
+                })
+                .await?;
+            }
+            BenchAction::Schedule { pending, releases } => {
+                flexq::cli::bench_schedule::run(flexq::cli::bench_schedule::ScheduleOptions {
+                    pending,
+                    releases,
                 })
                 .await?;
             }

@@ -93,7 +93,7 @@ pub(crate) struct Need {
 }
 
 impl Need {
-    fn of(role: Role, shape: &NodeShape) -> Need {
+    pub(crate) fn of(role: Role, shape: &NodeShape) -> Need {
         Need {
             role,
             accelerator: shape.accelerator,

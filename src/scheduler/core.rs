@@ -190,6 +190,9 @@ pub struct Scheduler {
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     running: HashMap<BatchKey, Allocation>,
     leases: Leases,
+    /// Regions whose queue, capacity or quota changed since the last pass:
+    /// only they can admit anything new, so only they are scanned.
+    dirty: BTreeSet<String>,
 }
 
 impl Scheduler {
@@ -204,6 +207,7 @@ impl Scheduler {
     // ---- events ------------------------------------------------------
 
     pub fn add_node(&mut self, spec: NodeSpec) {
+        self.dirty.insert(spec.region.clone());
         self.capacity
             .nodes
             .entry(spec.id.clone())
@@ -213,7 +217,9 @@ impl Scheduler {
     /// Removes a node; returns the batches holding part of it (the caller
     /// fails them: a partial cluster must not keep running).
     pub fn remove_node(&mut self, id: &NodeId) -> Vec<BatchKey> {
-        self.capacity.nodes.remove(id);
+        if let Some(n) = self.capacity.nodes.remove(id) {
+            self.dirty.insert(n.spec.region);
+        }
         let mut hit: Vec<BatchKey> = self
             .running
             .values()
@@ -228,6 +234,7 @@ impl Scheduler {
         if self.pending.contains_key(&batch.key) || self.running.contains_key(&batch.key) {
             return;
         }
+        self.dirty.insert(batch.region.clone());
         self.queues
             .entry(batch.region.clone())
             .or_default()
@@ -254,6 +261,7 @@ impl Scheduler {
     /// Idempotent.
     pub fn forget(&mut self, key: BatchKey) {
         if let Some(b) = self.pending.remove(&key) {
+            self.dirty.insert(b.region.clone());
             if let Some(q) = self.queues.get_mut(&b.region) {
                 q.remove(&(std::cmp::Reverse(b.priority), key));
             }
@@ -262,6 +270,7 @@ impl Scheduler {
             }
         }
         if let Some(a) = self.running.remove(&key) {
+            self.dirty.insert(a.region.clone());
             self.capacity.give_back(&a.placements);
             self.ledger.refund(&a.project, &a.region, &a.quota);
         }
@@ -275,6 +284,7 @@ impl Scheduler {
         limit: u64,
     ) {
         self.ledger.set_limit(project, region, metric, limit);
+        self.dirty.insert(region.to_string());
     }
 
     // ---- the pass ----------------------------------------------------
@@ -358,7 +368,7 @@ impl Scheduler {
             self.forget(key);
             decisions.push(Decision::Expire { key, message });
         }
-        let regions: Vec<String> = self.queues.keys().cloned().collect();
+        let regions = std::mem::take(&mut self.dirty);
         for region in regions {
             self.admit_region(&region, now, &mut decisions);
         }
@@ -375,7 +385,7 @@ impl Scheduler {
         let mut reservation: Option<(BatchKey, Option<DateTime<Utc>>)> = None;
         // Shapes that did not fit in this pass: free capacity only shrinks
         // during a pass, so they cannot fit later in it either.
-        let mut failed_shapes: HashSet<Vec<Need>> = HashSet::new();
+        let mut failed_shapes: HashSet<(Need, Need, u32)> = HashSet::new();
         for key in order {
             let Some(batch) = self.pending.get(&key) else {
                 continue;
@@ -409,18 +419,18 @@ impl Scheduler {
                     continue;
                 }
             }
-            let parts = needs(&batch.cluster);
-            let plan = if failed_shapes.contains(&parts) {
+            let shape = shape_key(&batch.cluster);
+            let plan = if failed_shapes.contains(&shape) {
                 None
             } else {
-                self.best_zone(region, &parts)
+                self.best_zone(region, &needs(&batch.cluster))
             };
             match plan {
                 Some((zone, placements)) => {
                     let batch = self.pending.get(&key).cloned();
                     let Some(batch) = batch else { continue };
                     if !self.capacity.take(&placements) {
-                        failed_shapes.insert(parts);
+                        failed_shapes.insert(shape);
                         continue;
                     }
                     self.forget(key);
@@ -443,7 +453,7 @@ impl Scheduler {
                     out.push(Decision::Allocate(alloc));
                 }
                 None => {
-                    failed_shapes.insert(parts.clone());
+                    failed_shapes.insert(shape);
                     if default_mode {
                         let message = format!(
                             "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",
@@ -452,7 +462,7 @@ impl Scheduler {
                         self.forget(key);
                         out.push(Decision::Reject { key, message });
                     } else if reservation.is_none() {
-                        let until = self.estimate_start(region, &parts);
+                        let until = self.estimate_start(region, &needs(&batch.cluster));
                         reservation = Some((key, until));
                     }
                 }
@@ -811,6 +821,16 @@ impl Scheduler {
     pub fn is_pending(&self, key: BatchKey) -> bool {
         self.pending.contains_key(&key)
     }
+}
+
+/// What a cluster needs, as a small key: two clusters with equal keys fit
+/// or fail alike.
+fn shape_key(c: &ClusterRequest) -> (Need, Need, u32) {
+    (
+        Need::of(super::capacity::Role::Driver, &c.driver),
+        Need::of(super::capacity::Role::Executor, &c.executor),
+        c.executor_count,
+    )
 }
 
 /// "1 driver + 8 executors of l4 (4 cores, 1 GPU, 375 GB local SSD)".

@@ -22,8 +22,6 @@ pub struct QuotaRule {
     pub limit: u64,
 }
 
-type Key = (String, String, QuotaMetric);
-
 /// One row of `GET .../quotas`, shaped like Compute Engine's quota.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaView {
@@ -60,11 +58,22 @@ impl std::fmt::Display for Shortfall {
     }
 }
 
+const METRICS: usize = QuotaMetric::ALL.len();
+
+fn slot(m: QuotaMetric) -> usize {
+    QuotaMetric::ALL.iter().position(|x| *x == m).unwrap_or(0)
+}
+
+/// Nested by project then region so lookups borrow `&str` keys: the
+/// scheduler checks quota for every queued batch it scans, and must not
+/// allocate to do it.
+type PerRegion<T> = HashMap<String, HashMap<String, [T; METRICS]>>;
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ledger {
     rules: Vec<QuotaRule>,
-    overrides: HashMap<Key, u64>,
-    usage: HashMap<Key, u64>,
+    overrides: PerRegion<Option<u64>>,
+    usage: PerRegion<u64>,
 }
 
 impl Ledger {
@@ -78,9 +87,11 @@ impl Ledger {
     pub fn limit(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
         if let Some(l) = self
             .overrides
-            .get(&(project.to_string(), region.to_string(), metric))
+            .get(project)
+            .and_then(|r| r.get(region))
+            .and_then(|m| m[slot(metric)])
         {
-            return *l;
+            return l;
         }
         // Most specific rule: exact project beats "*", then exact region.
         self.rules
@@ -97,14 +108,18 @@ impl Ledger {
 
     pub fn usage(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
         self.usage
-            .get(&(project.to_string(), region.to_string(), metric))
-            .copied()
+            .get(project)
+            .and_then(|r| r.get(region))
+            .map(|m| m[slot(metric)])
             .unwrap_or(0)
     }
 
     pub fn set_limit(&mut self, project: &str, region: &str, metric: QuotaMetric, limit: u64) {
         self.overrides
-            .insert((project.to_string(), region.to_string(), metric), limit);
+            .entry(project.to_string())
+            .or_default()
+            .entry(region.to_string())
+            .or_insert([None; METRICS])[slot(metric)] = Some(limit);
     }
 
     /// The first metric that does not have room for `amounts`.
@@ -146,20 +161,21 @@ impl Ledger {
     }
 
     pub fn charge(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+        let usage = self
+            .usage
+            .entry(project.to_string())
+            .or_default()
+            .entry(region.to_string())
+            .or_insert([0; METRICS]);
         for a in amounts {
-            *self
-                .usage
-                .entry((project.to_string(), region.to_string(), a.metric))
-                .or_default() += a.amount;
+            usage[slot(a.metric)] += a.amount;
         }
     }
 
     pub fn refund(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
-        for a in amounts {
-            if let Some(u) =
-                self.usage
-                    .get_mut(&(project.to_string(), region.to_string(), a.metric))
-            {
+        if let Some(usage) = self.usage.get_mut(project).and_then(|r| r.get_mut(region)) {
+            for a in amounts {
+                let u = &mut usage[slot(a.metric)];
                 *u = u.saturating_sub(a.amount);
             }
         }

@@ -231,6 +231,44 @@ impl Store {
             .ok_or(StoreError::NotFound)
     }
 
+    /// A batch by its sequence number.
+    pub async fn get_by_seq(&self, seq: i64) -> Result<BatchRecord, StoreError> {
+        let sql = format!("select {BATCH_COLUMNS} from batches where seq = ?");
+        let rows = sqlx::query(&sql).bind(seq).fetch_all(&self.pool).await?;
+        read_batches(&self.pool, rows)
+            .await?
+            .pop()
+            .ok_or(StoreError::NotFound)
+    }
+
+    /// The oldest batch still waiting in a project's region queue.
+    pub async fn oldest_queued(
+        &self,
+        project: &str,
+        region: &str,
+    ) -> Result<Option<BatchRecord>, StoreError> {
+        let sql = format!(
+            "select {BATCH_COLUMNS} from batches where project = ? and region = ? \
+             and provisioning = 0 and state = 1 order by seq limit 1"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(project)
+            .bind(region)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(read_batches(&self.pool, rows).await?.pop())
+    }
+
+    /// For every expired batch: how long after its deadline it was failed,
+    /// in microseconds.
+    pub async fn expiry_lateness_us(&self) -> Result<Vec<i64>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "select state_time - deadline from batches where provisioning = 2 order by seq",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Newest first, `page_size` at most, below `before_seq` when
     /// continuing.
     pub async fn list(

@@ -1,0 +1,634 @@
+//! `flexq bench schedule`: the scheduler at scale, on virtual nodes.
+//!
+//! 50 regions × 3 zones, queues of mixed shapes, measured four ways:
+//! 1. the core alone: one admission pass after a release, and memory per
+//!    pending batch;
+//! 2. a flood: 1,000 nodes arrive at once under a deep queue, whole
+//!    clusters committed per second (real SQLite, group-committed);
+//! 3. end to end: a capacity release through the HTTP API until the next
+//!    batch's allocation is visible through the API;
+//! 4. expiry lateness with many deadlines, and the time from SIGKILL with
+//!    a deep queue to a restarted server answering and scheduling again.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use hdrhistogram::Histogram;
+use tokio_util::sync::CancellationToken;
+
+use super::CliError;
+use crate::api::{Batch, BatchName, PySparkBatch, RuntimeConfig};
+use crate::config::{Config, PoolConfig, ZoneConfig};
+use crate::scheduler::{BatchKey, PendingBatch, QuotaRule, Scheduler};
+use crate::server::App;
+use crate::spec::{Accelerator, ClusterRequest, QuotaMetric};
+use crate::store::{NewBatch, Store, StoreOptions};
+
+const REGIONS: usize = 50;
+/// A timeout value that asks `shaped_batch` for the uniform shape.
+const UNIFORM: u64 = u64::MAX;
+const ZONES: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Debug, Clone)]
+pub struct ScheduleOptions {
+    pub pending: Vec<usize>,
+    pub releases: usize,
+}
+
+fn err(e: impl std::fmt::Display) -> CliError {
+    CliError::Transport(e.to_string())
+}
+
+/// 50 regions × 3 zones of L4 pools, `virtual_nodes` per zone; unlimited
+/// quota.
+fn bench_config(virtual_nodes: u32, data_dir: &std::path::Path) -> Result<Config, CliError> {
+    let mut c = Config::load_without_env(None).map_err(err)?;
+    c.database.data_dir = data_dir.to_path_buf();
+    c.regions.clear();
+    for r in 0..REGIONS {
+        let region = format!("bench-r{r:02}");
+        let mut zones = BTreeMap::new();
+        for z in ZONES {
+            let pool = PoolConfig {
+                accelerator: Accelerator::L4,
+                gpus_per_node: 8,
+                cores: 96,
+                memory_mb: 393216,
+                local_ssd_gb: 3000,
+                max_nodes: 64,
+                virtual_nodes,
+            };
+            zones.insert(
+                format!("{region}-{z}"),
+                ZoneConfig {
+                    node_pools: BTreeMap::from([("l4".to_string(), pool)]),
+                },
+            );
+        }
+        c.regions
+            .insert(region, crate::config::RegionConfig { zones });
+    }
+    c.quotas = QuotaMetric::ALL
+        .into_iter()
+        .map(|metric| QuotaRule {
+            project: "*".into(),
+            region: "*".into(),
+            metric,
+            limit: 1 << 40,
+        })
+        .collect();
+    Ok(c)
+}
+
+/// A deterministic mix of shapes: 2–12 executors of 4 or 24 cores (or,
+/// for a uniform queue, always 3 executors of 4 cores: 4 GPUs).
+fn shaped_batch(i: usize, timeout_s: u64) -> Batch {
+    let uniform = timeout_s == UNIFORM;
+    let executors = if uniform { 3 } else { 2 + (i * 7919) % 11 };
+    let cores = if i % 5 == 0 && !uniform { "24" } else { "4" };
+    let timeout_s = timeout_s.min(7200);
+    let ttl = 3600 + (i * 104729) % 10800;
+    let props = [
+        (
+            "spark.dataproc.driver.resource.accelerator.type",
+            "l4".to_string(),
+        ),
+        (
+            "spark.dataproc.executor.resource.accelerator.type",
+            "l4".to_string(),
+        ),
+        (
+            "spark.dataproc.executor.compute.tier",
+            "premium".to_string(),
+        ),
+        ("spark.dataproc.executor.disk.tier", "premium".to_string()),
+        ("spark.executor.instances", executors.to_string()),
+        ("spark.executor.cores", cores.to_string()),
+        (
+            "spark.dataproc.executor.provisioning.allocationTimeout",
+            format!("{timeout_s}s"),
+        ),
+    ];
+    Batch {
+        pyspark_batch: Some(PySparkBatch {
+            main_python_file_uri: "file:///jobs/etl.py".into(),
+            ..Default::default()
+        }),
+        runtime_config: Some(RuntimeConfig {
+            version: Some("3.0".into()),
+            properties: props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            ..Default::default()
+        }),
+        environment_config: Some(crate::api::EnvironmentConfig {
+            execution_config: Some(crate::api::ExecutionConfig {
+                ttl: Some(format!("{ttl}s")),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn region_of(i: usize) -> String {
+    format!("bench-r{:02}", i % REGIONS)
+}
+
+fn cluster_of(config: &Config, i: usize, timeout_s: u64) -> Result<ClusterRequest, CliError> {
+    crate::spec::validate(&shaped_batch(i, timeout_s), "bench", &region_of(i), config)
+        .map_err(|r| err(r.message()))
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// Runs every part and prints the report.
+pub async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
+    println!(
+        "flexq bench schedule — {} ({} regions × {} zones, L4 nodes of 8 GPUs)",
+        Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        REGIONS,
+        ZONES.len()
+    );
+    for &n in &opts.pending {
+        core_pass(n, opts.releases)?;
+    }
+    flood(20_000).await?;
+    end_to_end(*opts.pending.last().unwrap_or(&10_000), 100).await?;
+    expiry(*opts.pending.last().unwrap_or(&10_000)).await?;
+    restart(*opts.pending.last().unwrap_or(&10_000)).await?;
+    Ok(())
+}
+
+/// Part 1: the core alone.
+fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(4, dir.path())?;
+    let clusters: Vec<ClusterRequest> = (0..n)
+        .map(|i| cluster_of(&config, i, 7200))
+        .collect::<Result<_, _>>()?;
+    let now = Utc::now();
+    let before = rss_kib();
+    let mut core = Scheduler::new(crate::scheduler::pools(&config), config.quotas.clone());
+    for node in crate::scheduler::virtual_nodes(&config) {
+        core.add_node(node);
+    }
+    for (i, cluster) in clusters.into_iter().enumerate() {
+        core.submit(PendingBatch {
+            key: BatchKey(i as i64 + 1),
+            project: "bench".into(),
+            region: region_of(i),
+            priority: 0,
+            queued_at: now,
+            deadline: Some(now + chrono::Duration::seconds(7200)),
+            cluster,
+        });
+    }
+    let after = rss_kib();
+    let t = Instant::now();
+    let first = core.pass(now);
+    let first_pass = t.elapsed();
+    let mut h = histogram();
+    let mut admitted = 0;
+    for k in 0..releases {
+        let running = core.running_keys();
+        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
+            break;
+        };
+        core.forget(key);
+        let t = Instant::now();
+        let d = core.pass(now);
+        let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+        admitted += d.len();
+    }
+    println!("\n[core] {n} pending");
+    println!(
+        "  memory per pending batch: {:.0} B (RSS +{} KiB for {n})",
+        (after.saturating_sub(before) * 1024) as f64 / n as f64,
+        after.saturating_sub(before)
+    );
+    println!(
+        "  first pass (everything dirty): {:.1} ms, {} clusters allocated",
+        first_pass.as_secs_f64() * 1000.0,
+        first.len()
+    );
+    println!(
+        "  pass after one release: p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms ({releases} releases, {admitted} admissions)",
+        ms(&h, 0.5),
+        ms(&h, 0.99),
+        h.max() as f64 / 1000.0
+    );
+    Ok(())
+}
+
+async fn open_store(dir: &std::path::Path) -> Result<Store, CliError> {
+    Store::open(&StoreOptions {
+        url: format!("sqlite://{}?mode=rwc", dir.join("flexq.db").display()),
+        max_connections: 8,
+        group_commit_max: 1024,
+    })
+    .await
+    .map_err(err)
+}
+
+/// Stores `n` batches through the group-committing writer.
+async fn fill(store: &Store, config: &Config, n: usize, timeout_s: u64) -> Result<(), CliError> {
+    let mut set = tokio::task::JoinSet::new();
+    let chunk = n.div_ceil(64);
+    for c in 0..64 {
+        let store = store.clone();
+        let items: Vec<(usize, ClusterRequest)> = (c * chunk..((c + 1) * chunk).min(n))
+            .map(|i| Ok((i, cluster_of(config, i, timeout_s)?)))
+            .collect::<Result<_, CliError>>()?;
+        set.spawn(async move {
+            for (i, cluster) in items {
+                let b = NewBatch {
+                    name: BatchName::new("bench", &region_of(i), &format!("b-{i:07}")),
+                    uuid: uuid::Uuid::now_v7(),
+                    operation_id: uuid::Uuid::now_v7(),
+                    request_id: None,
+                    creator: "bench".into(),
+                    spec: shaped_batch(i, timeout_s),
+                    cluster,
+                    priority: 0,
+                    state_message: "Queued.".into(),
+                };
+                store.create(b).await.map_err(err)?;
+            }
+            Ok::<(), CliError>(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(err)??;
+    }
+    Ok(())
+}
+
+/// Part 2: 1,000 nodes arrive at once under a deep queue.
+async fn flood(n: usize) -> Result<(), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(0, dir.path())?;
+    let store = open_store(dir.path()).await?;
+    fill(&store, &config, n, 7200).await?;
+    let shutdown = CancellationToken::new();
+    let service = crate::scheduler::SchedulerService::start(
+        config.clone().into(),
+        store.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(err)?;
+    // Let the first (empty) pass go by.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let far = Utc::now() + chrono::Duration::hours(1);
+    let t = Instant::now();
+    {
+        let mut core = service.lock().await;
+        let mut i = 0;
+        for r in 0..REGIONS {
+            for z in ZONES {
+                for k in 0..7 {
+                    if i == 1000 {
+                        break;
+                    }
+                    i += 1;
+                    core.register_node(
+                        crate::scheduler::NodeSpec {
+                            id: crate::scheduler::NodeId(format!("flood-{r}-{z}-{k}")),
+                            region: format!("bench-r{r:02}"),
+                            zone: format!("bench-r{r:02}-{z}"),
+                            pool: "l4".into(),
+                            accelerator: Accelerator::L4,
+                            gpu_addresses: (0..8).map(|g| g.to_string()).collect(),
+                            cores: 96,
+                            memory_mb: 393216,
+                            local_ssd_gb: 3000,
+                            is_virtual: true,
+                        },
+                        1,
+                        far,
+                    );
+                }
+            }
+        }
+    }
+    service.wake();
+    // The runner holds the lock across pass and commit: once we get it
+    // back after the wake, the allocations are durable.
+    let mut allocated = 0;
+    while t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let now = service.lock().await.running_keys().len();
+        if now == allocated && now > 0 {
+            break;
+        }
+        allocated = now;
+    }
+    let elapsed = t.elapsed().saturating_sub(Duration::from_millis(5));
+    let stored: i64 = {
+        let page = store.count_by_state().await.map_err(err)?;
+        page.iter().map(|(_, c)| c).sum()
+    };
+    println!("\n[flood] 1,000 nodes (8,000 GPUs) arrive under a queue of {n} ({stored} stored)");
+    println!(
+        "  {allocated} whole clusters allocated and committed in {:.0} ms = {:.0} allocations/s",
+        elapsed.as_secs_f64() * 1000.0,
+        allocated as f64 / elapsed.as_secs_f64()
+    );
+    shutdown.cancel();
+    Ok(())
+}
+
+/// Part 3: release → next allocation visible through the HTTP API. The
+/// queue is uniform (every cluster 4 GPUs), so the batch a release admits
+/// is the oldest queued one of its region, known in advance.
+async fn end_to_end(n: usize, samples: usize) -> Result<(), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(2, dir.path())?;
+    {
+        let store = open_store(dir.path()).await?;
+        fill(&store, &config, n, UNIFORM).await?;
+        store.close().await;
+    }
+    let shutdown = CancellationToken::new();
+    let app = App::open(config, shutdown.clone()).await.map_err(err)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    tokio::spawn(crate::server::run(listener, app.clone(), shutdown.clone()));
+    let http = reqwest::Client::new();
+    // Wait for the first pass to fill the capacity.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut h = histogram();
+    for s in 0..samples {
+        let running = app.scheduler.lock().await.running_keys();
+        let Some(key) = running.get((s * 17) % running.len().max(1)).copied() else {
+            break;
+        };
+        let victim = app.store.get_by_seq(key.0).await.map_err(err)?;
+        let region = victim.name.region.clone();
+        let Some(next) = app
+            .store
+            .oldest_queued("bench", &region)
+            .await
+            .map_err(err)?
+        else {
+            continue;
+        };
+        let next_url = format!(
+            "http://{addr}/v1/projects/bench/locations/{region}/batches/{}",
+            next.name.batch_id
+        );
+        let cancel = format!(
+            "http://{addr}/v1/projects/bench/regions/{region}/operations/{}:cancel",
+            victim.operation_id
+        );
+        let t = Instant::now();
+        http.post(&cancel).send().await.map_err(err)?;
+        while t.elapsed() < Duration::from_secs(2) {
+            let b: serde_json::Value = http
+                .get(&next_url)
+                .send()
+                .await
+                .map_err(err)?
+                .json()
+                .await
+                .map_err(err)?;
+            if b["flexq"]["provisioningState"] == "PROVISIONED" {
+                let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+                break;
+            }
+        }
+    }
+    println!(
+        "\n[end to end] {n} queued; cancel of a running cluster → the next one's allocation visible through the API"
+    );
+    println!(
+        "  p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms ({} samples; each includes the cancel's own commit and HTTP round trips)",
+        ms(&h, 0.5),
+        ms(&h, 0.99),
+        h.max() as f64 / 1000.0,
+        h.len()
+    );
+    shutdown.cancel();
+    Ok(())
+}
+
+/// Part 4a: expiry lateness with many deadlines.
+async fn expiry(n: usize) -> Result<(), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(0, dir.path())?;
+    let store = open_store(dir.path()).await?;
+    // Timeouts of 5–14 s from the fill, spread by the shape mix.
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for part in 0..10u64 {
+        let store = store.clone();
+        let config = config.clone();
+        let count = n / 10;
+        set.spawn(async move {
+            fill_range(&store, &config, part as usize * count, count, 5 + part).await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(err)??;
+    }
+    let filled = started.elapsed();
+    let shutdown = CancellationToken::new();
+    let _service = crate::scheduler::SchedulerService::start(
+        config.clone().into(),
+        store.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(err)?;
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let lateness = store.expiry_lateness_us().await.map_err(err)?;
+    let mut h = histogram();
+    for l in &lateness {
+        let _ = h.record((*l).max(1) as u64);
+    }
+    println!(
+        "\n[expiry] {n} deadlines (stored in {:.1} s), expired {}",
+        filled.as_secs_f64(),
+        lateness.len()
+    );
+    println!(
+        "  lateness after the deadline: p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+        ms(&h, 0.5),
+        ms(&h, 0.99),
+        h.max() as f64 / 1000.0
+    );
+    shutdown.cancel();
+    Ok(())
+}
+
+async fn fill_range(
+    store: &Store,
+    config: &Config,
+    from: usize,
+    count: usize,
+    timeout_s: u64,
+) -> Result<(), CliError> {
+    let mut set = tokio::task::JoinSet::new();
+    for c in 0..8 {
+        let store = store.clone();
+        let items: Vec<(usize, ClusterRequest)> = (from + c * count / 8
+            ..from + (c + 1) * count / 8)
+            .map(|i| Ok((i, cluster_of(config, i, timeout_s)?)))
+            .collect::<Result<_, CliError>>()?;
+        set.spawn(async move {
+            for (i, cluster) in items {
+                store
+                    .create(NewBatch {
+                        name: BatchName::new("bench", &region_of(i), &format!("e-{i:07}")),
+                        uuid: uuid::Uuid::now_v7(),
+                        operation_id: uuid::Uuid::now_v7(),
+                        request_id: None,
+                        creator: "bench".into(),
+                        spec: shaped_batch(i, timeout_s),
+                        cluster,
+                        priority: 0,
+                        state_message: "Queued.".into(),
+                    })
+                    .await
+                    .map_err(err)?;
+            }
+            Ok::<(), CliError>(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(err)??;
+    }
+    Ok(())
+}
+
+/// Part 4b: SIGKILL with a deep queue, then back in service.
+async fn restart(n: usize) -> Result<(), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(0, dir.path())?;
+    {
+        let store = open_store(dir.path()).await?;
+        fill(&store, &config, n, 7200).await?;
+        store.close().await;
+    }
+    // The server process needs the same regions: write them as a file.
+    let file = dir.path().join("bench.toml");
+    let mut regions = toml::map::Map::new();
+    for (name, r) in &config.regions {
+        regions.insert(name.clone(), toml::Value::try_from(r).map_err(err)?);
+    }
+    let mut doc = toml::map::Map::new();
+    doc.insert("regions".into(), toml::Value::Table(regions));
+    doc.insert(
+        "quotas".into(),
+        toml::Value::try_from(&config.quotas).map_err(err)?,
+    );
+    std::fs::write(
+        &file,
+        toml::to_string(&toml::Value::Table(doc)).map_err(err)?,
+    )
+    .map_err(err)?;
+
+    let start = |port: u16| {
+        Command::new(std::env::current_exe().map_err(err)?)
+            .args(["serve", "--config"])
+            .arg(&file)
+            .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
+            .env("FLEXQ_DATABASE__DATA_DIR", dir.path())
+            .env("FLEXQ_LOG__FILTER", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(err)
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(err)?
+        .port();
+    let http = reqwest::Client::new();
+    let ready = |t: Instant| {
+        let http = http.clone();
+        async move {
+            while t.elapsed() < Duration::from_secs(120) {
+                if http
+                    .get(format!("http://127.0.0.1:{port}/readyz"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+                {
+                    return Some(t.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            None
+        }
+    };
+    let mut child = start(port)?;
+    let cold = ready(Instant::now()).await;
+    child.kill().map_err(err)?;
+    let _ = child.wait();
+    let t = Instant::now();
+    let mut child = start(port)?;
+    let back = ready(t).await;
+    // Scheduling again: a new batch that fits is allocated.
+    let body = serde_json::json!({
+        "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},
+        "runtimeConfig": {"version": "3.0", "properties": {
+            "spark.dataproc.driver.resource.accelerator.type": "l4",
+            "spark.dataproc.executor.resource.accelerator.type": "l4",
+            "spark.dataproc.executor.compute.tier": "premium",
+            "spark.dataproc.executor.disk.tier": "premium"}}});
+    let url = format!(
+        "http://127.0.0.1:{port}/v1/projects/probe/locations/bench-r00/batches?validateOnly=true"
+    );
+    let verdict: serde_json::Value = http
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(err)?
+        .json()
+        .await
+        .map_err(err)?;
+    let scheduling = t.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    println!("\n[restart] {n} queued batches");
+    println!(
+        "  first start to ready: {:.0} ms",
+        cold.unwrap_or_default().as_secs_f64() * 1000.0
+    );
+    println!(
+        "  SIGKILL → restarted and ready: {:.0} ms; scheduler answering (validate-only verdict {}): {:.0} ms",
+        back.unwrap_or_default().as_secs_f64() * 1000.0,
+        verdict["verdict"],
+        scheduling.as_secs_f64() * 1000.0
+    );
+    Ok(())
+}
