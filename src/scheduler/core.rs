@@ -193,7 +193,14 @@ pub struct Scheduler {
     /// Regions whose queue, capacity or quota changed since the last pass:
     /// only they can admit anything new, so only they are scanned.
     dirty: BTreeSet<String>,
+    /// Per region: how many queued batches of each shape, and of default
+    /// mode. A pass stops scanning a region once every shape present has
+    /// failed and no default-mode batch awaits its verdict.
+    shapes: HashMap<String, HashMap<ShapeKey, usize>>,
+    defaults: HashMap<String, usize>,
 }
+
+type ShapeKey = (Need, Need, u32);
 
 impl Scheduler {
     pub fn new(pools: Vec<PoolDecl>, rules: Vec<QuotaRule>) -> Scheduler {
@@ -235,6 +242,15 @@ impl Scheduler {
             return;
         }
         self.dirty.insert(batch.region.clone());
+        *self
+            .shapes
+            .entry(batch.region.clone())
+            .or_default()
+            .entry(shape_key(&batch.cluster))
+            .or_default() += 1;
+        if batch.cluster.mode == ProvisioningMode::Default {
+            *self.defaults.entry(batch.region.clone()).or_default() += 1;
+        }
         self.queues
             .entry(batch.region.clone())
             .or_default()
@@ -262,6 +278,20 @@ impl Scheduler {
     pub fn forget(&mut self, key: BatchKey) {
         if let Some(b) = self.pending.remove(&key) {
             self.dirty.insert(b.region.clone());
+            if let Some(m) = self.shapes.get_mut(&b.region) {
+                let shape = shape_key(&b.cluster);
+                if let Some(n) = m.get_mut(&shape) {
+                    *n -= 1;
+                    if *n == 0 {
+                        m.remove(&shape);
+                    }
+                }
+            }
+            if b.cluster.mode == ProvisioningMode::Default {
+                if let Some(n) = self.defaults.get_mut(&b.region) {
+                    *n = n.saturating_sub(1);
+                }
+            }
             if let Some(q) = self.queues.get_mut(&b.region) {
                 q.remove(&(std::cmp::Reverse(b.priority), key));
             }
@@ -359,12 +389,14 @@ impl Scheduler {
                 message,
             });
         }
-        // Expiry next: a batch past its deadline is never allocated.
+        // Expiry next: a batch past its deadline is never allocated. What
+        // was missing is the same for batches of one project, region and shape.
+        let mut missing: HashMap<(String, String, ShapeKey), String> = HashMap::new();
         while let Some(&(deadline, key)) = self.deadlines.first() {
             if deadline > now {
                 break;
             }
-            let message = self.expiry_message(key, now);
+            let message = self.expiry_message(key, now, &mut missing);
             self.forget(key);
             decisions.push(Decision::Expire { key, message });
         }
@@ -385,8 +417,14 @@ impl Scheduler {
         let mut reservation: Option<(BatchKey, Option<DateTime<Utc>>)> = None;
         // Shapes that did not fit in this pass: free capacity only shrinks
         // during a pass, so they cannot fit later in it either.
-        let mut failed_shapes: HashSet<(Need, Need, u32)> = HashSet::new();
+        let mut failed_shapes: HashSet<ShapeKey> = HashSet::new();
         for key in order {
+            let distinct = self.shapes.get(region).map_or(0, HashMap::len);
+            let defaults = self.defaults.get(region).copied().unwrap_or(0);
+            if failed_shapes.len() >= distinct && defaults == 0 {
+                // Nothing left in this queue can fit in this pass.
+                break;
+            }
             let Some(batch) = self.pending.get(&key) else {
                 continue;
             };
@@ -565,20 +603,35 @@ impl Scheduler {
         out
     }
 
-    fn expiry_message(&self, key: BatchKey, now: DateTime<Utc>) -> String {
+    fn expiry_message(
+        &self,
+        key: BatchKey,
+        now: DateTime<Utc>,
+        cache: &mut HashMap<(String, String, ShapeKey), String>,
+    ) -> String {
         let Some(batch) = self.pending.get(&key) else {
             return "allocation timeout passed".into();
         };
-        let reasons = self.blockers(batch);
-        let missing = if reasons.is_empty() {
-            "capacity was reserved for earlier batches of the queue".to_string()
-        } else {
-            reasons
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
+        let cache_key = (
+            batch.project.clone(),
+            batch.region.clone(),
+            shape_key(&batch.cluster),
+        );
+        let missing = cache
+            .entry(cache_key)
+            .or_insert_with(|| {
+                let reasons = self.blockers(batch);
+                if reasons.is_empty() {
+                    "capacity was reserved for earlier batches of the queue".to_string()
+                } else {
+                    reasons
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                }
+            })
+            .clone();
         let waited = (now - batch.queued_at).num_seconds();
         format!(
             "Batch could not be allocated within its allocation timeout of {}s (waited {waited}s): {missing}.",
@@ -825,7 +878,7 @@ impl Scheduler {
 
 /// What a cluster needs, as a small key: two clusters with equal keys fit
 /// or fail alike.
-fn shape_key(c: &ClusterRequest) -> (Need, Need, u32) {
+fn shape_key(c: &ClusterRequest) -> ShapeKey {
     (
         Need::of(super::capacity::Role::Driver, &c.driver),
         Need::of(super::capacity::Role::Executor, &c.executor),

@@ -714,3 +714,42 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_pass_that_stops_early_still_answers_default_mode_batches() {
+    let mut s = Scheduler::new(vec![pool("a", 4, 8)], rules(100));
+    s.add_node(l4_node("n0", "a", 4));
+    // Many queued batches of one shape that cannot fit, then a default-mode
+    // one that cannot fit either: it must fail in this pass, not linger.
+    for k in 1..50 {
+        s.submit(batch(
+            k,
+            "p",
+            cluster(6, ProvisioningMode::Queue, 600, None),
+            t0(),
+        ));
+    }
+    s.submit(batch(
+        50,
+        "p",
+        cluster(6, ProvisioningMode::Default, 0, None),
+        t0(),
+    ));
+    s.submit(batch(
+        51,
+        "p",
+        cluster(1, ProvisioningMode::Queue, 600, None),
+        t0(),
+    ));
+    let d = s.pass(t0());
+    assert!(
+        d.iter()
+            .any(|d| matches!(d, Decision::Reject { key, .. } if key.0 == 50)),
+        "{d:?}"
+    );
+    assert_eq!(
+        allocated(&d),
+        vec![51],
+        "a different shape further back is still tried"
+    );
+}

@@ -229,39 +229,44 @@ impl Store {
                 ),
                 Decision::LoseNode { .. } => continue,
             };
-            let zone = match d {
-                Decision::Allocate(a) => Some(a.zone.as_str()),
-                _ => None,
+            let done = if let Decision::Allocate(a) = d {
+                sqlx::query(
+                    "update batches set provisioning = ?, zone = ?, allocate_time = ?, \
+                     state_message = ?, state_time = ? \
+                     where seq = ? and state = 1 and provisioning = 0",
+                )
+                .bind(provisioning as i64)
+                .bind(&a.zone)
+                .bind(micros(now))
+                .bind(&message)
+                .bind(micros(now))
+                .bind(seq)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 1
+            } else {
+                sqlx::query(
+                    "update batches set provisioning = ?, state = ?, state_message = ?, state_time = ? \
+                     where seq = ? and state = 1 and provisioning = 0",
+                )
+                .bind(provisioning as i64)
+                .bind(state.number())
+                .bind(&message)
+                .bind(micros(now))
+                .bind(seq)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 1
             };
-            let done = sqlx::query(
-                "update batches set provisioning = ?, zone = ?, allocate_time = ? \
-                 where seq = ? and state = 1 and provisioning = 0",
-            )
-            .bind(provisioning as i64)
-            .bind(zone)
-            .bind(zone.map(|_| micros(now)))
-            .bind(seq)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-                == 1;
             applied.push(done);
             if !done {
                 continue;
             }
-            if state == State::Pending {
-                // Still PENDING to the public enum (the work has not
-                // started); the allocation is in the history and message.
-                sqlx::query("update batches set state_message = ?, state_time = ? where seq = ?")
-                    .bind(&message)
-                    .bind(micros(now))
-                    .bind(seq)
-                    .execute(&mut *tx)
-                    .await?;
-                append_history(&mut tx, seq, State::Pending, &message, now).await?;
-            } else {
-                transition(&mut tx, seq, state, &message, now).await?;
-            }
+            // An allocation leaves the batch PENDING to the public enum (the
+            // work has not started); it is in the history all the same.
+            append_history(&mut tx, seq, state, &message, now).await?;
             if let Decision::Allocate(a) = d {
                 parts.extend(a.placements.iter().map(|p| (seq, p)));
             }
