@@ -198,78 +198,97 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<bool>, StoreError> {
         let mut tx = self.pool.begin_with("begin immediate").await?;
-        let mut applied = Vec::with_capacity(decisions.len());
+        let mut applied = vec![false; decisions.len()];
         let mut parts: Vec<(i64, &Placement)> = Vec::new();
-        for d in decisions {
-            if let Decision::LoseNode {
-                node,
-                failed,
-                message,
-            } = d
-            {
-                lose_node(&mut tx, node, failed, message, now).await?;
-                applied.push(true);
-                continue;
-            }
-            let (seq, provisioning, state, message) = match d {
-                Decision::Allocate(a) => (
-                    a.key.0,
-                    Provisioning::Provisioned,
-                    State::Pending,
-                    allocated_message(a),
-                ),
-                Decision::Expire { key, message } => {
-                    (key.0, Provisioning::Expired, State::Failed, message.clone())
+        // Expiries and rejections come in bursts (many deadlines at once):
+        // they are written with a few multi-row statements, not two per
+        // batch.
+        let mut endings: Vec<(usize, i64, i64, &str)> = Vec::new();
+        for (i, d) in decisions.iter().enumerate() {
+            match d {
+                Decision::LoseNode {
+                    node,
+                    failed,
+                    message,
+                } => {
+                    lose_node(&mut tx, node, failed, message, now).await?;
+                    applied[i] = true;
                 }
-                Decision::Reject { key, message } => (
-                    key.0,
-                    Provisioning::Rejected,
-                    State::Failed,
-                    message.clone(),
-                ),
-                Decision::LoseNode { .. } => continue,
-            };
-            let done = if let Decision::Allocate(a) = d {
-                sqlx::query(
-                    "update batches set provisioning = ?, zone = ?, allocate_time = ?, \
-                     state_message = ?, state_time = ? \
-                     where seq = ? and state = 1 and provisioning = 0",
-                )
-                .bind(provisioning as i64)
-                .bind(&a.zone)
-                .bind(micros(now))
-                .bind(&message)
-                .bind(micros(now))
-                .bind(seq)
-                .execute(&mut *tx)
+                Decision::Expire { key, message } => {
+                    endings.push((i, key.0, Provisioning::Expired as i64, message));
+                }
+                Decision::Reject { key, message } => {
+                    endings.push((i, key.0, Provisioning::Rejected as i64, message));
+                }
+                Decision::Allocate(a) => {
+                    let message = allocated_message(a);
+                    let done = sqlx::query(
+                        "update batches set provisioning = ?, zone = ?, allocate_time = ?, \
+                         state_message = ?, state_time = ? \
+                         where seq = ? and state = 1 and provisioning = 0",
+                    )
+                    .bind(Provisioning::Provisioned as i64)
+                    .bind(&a.zone)
+                    .bind(micros(now))
+                    .bind(&message)
+                    .bind(micros(now))
+                    .bind(a.key.0)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                        == 1;
+                    applied[i] = done;
+                    if done {
+                        // Still PENDING to the public enum (the work has not
+                        // started); the allocation is in the history.
+                        append_history(&mut tx, a.key.0, State::Pending, &message, now).await?;
+                        parts.extend(a.placements.iter().map(|p| (a.key.0, p)));
+                    }
+                }
+            }
+        }
+        for chunk in endings.chunks(1000) {
+            let mut q = QueryBuilder::<Sqlite>::new("update batches set state = ");
+            q.push_bind(State::Failed.number())
+                .push(", state_time = ")
+                .push_bind(micros(now))
+                .push(", provisioning = v.column2, state_message = v.column3 from (");
+            q.push_values(chunk, |mut row, (_, seq, provisioning, message)| {
+                row.push_bind(*seq)
+                    .push_bind(*provisioning)
+                    .push_bind(*message);
+            });
+            q.push(
+                ") as v where batches.seq = v.column1 and batches.state = 1 \
+                 and batches.provisioning = 0 returning batches.seq",
+            );
+            let done: std::collections::HashSet<i64> = q
+                .build_query_scalar::<i64>()
+                .fetch_all(&mut *tx)
                 .await?
-                .rows_affected()
-                    == 1
-            } else {
-                sqlx::query(
-                    "update batches set provisioning = ?, state = ?, state_message = ?, state_time = ? \
-                     where seq = ? and state = 1 and provisioning = 0",
-                )
-                .bind(provisioning as i64)
-                .bind(state.number())
-                .bind(&message)
-                .bind(micros(now))
-                .bind(seq)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-                    == 1
-            };
-            applied.push(done);
-            if !done {
+                .into_iter()
+                .collect();
+            let written: Vec<_> = chunk.iter().filter(|e| done.contains(&e.1)).collect();
+            for e in &written {
+                applied[e.0] = true;
+            }
+            if written.is_empty() {
                 continue;
             }
-            // An allocation leaves the batch PENDING to the public enum (the
-            // work has not started); it is in the history all the same.
-            append_history(&mut tx, seq, state, &message, now).await?;
-            if let Decision::Allocate(a) = d {
-                parts.extend(a.placements.iter().map(|p| (seq, p)));
-            }
+            let mut h = QueryBuilder::<Sqlite>::new(
+                "insert into state_history (batch_seq, idx, state, message, start_time) \
+                 select v.column1, (select coalesce(max(h.idx), -1) + 1 from state_history h \
+                 where h.batch_seq = v.column1), ",
+            );
+            h.push_bind(State::Failed.number())
+                .push(", v.column2, ")
+                .push_bind(micros(now))
+                .push(" from (");
+            h.push_values(written, |mut row, (_, seq, _, message)| {
+                row.push_bind(*seq).push_bind(*message);
+            });
+            h.push(") as v");
+            h.build().execute(&mut *tx).await?;
         }
         for chunk in parts.chunks(2000) {
             let mut q = QueryBuilder::<Sqlite>::new(
