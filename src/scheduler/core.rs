@@ -4,6 +4,7 @@
 //! before anyone sees it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -183,7 +184,7 @@ type QueueKey = (std::cmp::Reverse<i32>, BatchKey);
 #[derive(Debug, Default)]
 pub struct Scheduler {
     capacity: Capacity,
-    pools: Vec<PoolDecl>,
+    declared: HashMap<String, BTreeMap<String, Vec<Node>>>,
     ledger: Ledger,
     pending: HashMap<BatchKey, PendingBatch>,
     queues: BTreeMap<String, BTreeSet<QueueKey>>,
@@ -204,8 +205,23 @@ type ShapeKey = (Need, Need, u32);
 
 impl Scheduler {
     pub fn new(pools: Vec<PoolDecl>, rules: Vec<QuotaRule>) -> Scheduler {
+        // Every pool at its maximum node count, all free: what never-fit
+        // checks compare with. Built once; pools come from the config.
+        let mut declared: HashMap<String, BTreeMap<String, Vec<Node>>> = HashMap::new();
+        for p in &pools {
+            let zone = declared
+                .entry(p.region.clone())
+                .or_default()
+                .entry(p.zone.clone())
+                .or_default();
+            zone.extend((0..p.max_nodes).map(|i| {
+                let mut spec = p.node.clone();
+                spec.id = NodeId(format!("{}#{i}", spec.id));
+                Node::new(spec)
+            }));
+        }
         Scheduler {
-            pools,
+            declared,
             ledger: Ledger::new(rules),
             ..Scheduler::default()
         }
@@ -408,17 +424,42 @@ impl Scheduler {
     }
 
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
-        let Some(queue) = self.queues.get(region) else {
-            return;
-        };
-        let order: Vec<BatchKey> = queue.iter().map(|(_, k)| *k).collect();
+        // The queue is walked in chunks from a cursor rather than copied
+        // whole: a pass usually stops after a few entries, and the queue
+        // may hold a million.
+        const CHUNK: usize = 256;
+        let mut cursor: Option<QueueKey> = None;
+        let mut buffer = Vec::new().into_iter();
         // The first batch blocked by capacity reserves it: later batches
         // may start only if their ttl ends before its estimated start.
         let mut reservation: Option<(BatchKey, Option<DateTime<Utc>>)> = None;
         // Shapes that did not fit in this pass: free capacity only shrinks
         // during a pass, so they cannot fit later in it either.
         let mut failed_shapes: HashSet<ShapeKey> = HashSet::new();
-        for key in order {
+        loop {
+            let queued = match buffer.next() {
+                Some(k) => k,
+                None => {
+                    let Some(queue) = self.queues.get(region) else {
+                        break;
+                    };
+                    let chunk: Vec<QueueKey> = match cursor {
+                        None => queue.iter().take(CHUNK).copied().collect(),
+                        Some(c) => queue
+                            .range((Bound::Excluded(c), Bound::Unbounded))
+                            .take(CHUNK)
+                            .copied()
+                            .collect(),
+                    };
+                    buffer = chunk.into_iter();
+                    match buffer.next() {
+                        Some(k) => k,
+                        None => break,
+                    }
+                }
+            };
+            cursor = Some(queued);
+            let key = queued.1;
             let distinct = self.shapes.get(region).map_or(0, HashMap::len);
             let defaults = self.defaults.get(region).copied().unwrap_or(0);
             if failed_shapes.len() >= distinct && defaults == 0 {
@@ -681,27 +722,14 @@ impl Scheduler {
             ));
         }
         let parts = needs(cluster);
-        let zones: BTreeSet<&str> = self
-            .pools
-            .iter()
-            .filter(|p| p.region == region)
-            .map(|p| p.zone.as_str())
-            .collect();
         let mut best = 0;
-        for zone in zones {
-            let declared: Vec<Node> = self
-                .pools
-                .iter()
-                .filter(|p| p.region == region && p.zone == zone)
-                .flat_map(|p| {
-                    (0..p.max_nodes).map(move |i| {
-                        let mut spec = p.node.clone();
-                        spec.id = NodeId(format!("{}#{i}", spec.id));
-                        Node::new(spec)
-                    })
-                })
-                .collect();
-            let plan = plan_zone(&declared.iter().collect::<Vec<_>>(), &parts);
+        for nodes in self
+            .declared
+            .get(region)
+            .into_iter()
+            .flat_map(|z| z.values())
+        {
+            let plan = plan_zone(&nodes.iter().collect::<Vec<_>>(), &parts);
             if plan.complete() {
                 return None;
             }
