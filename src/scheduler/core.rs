@@ -899,6 +899,11 @@ impl Scheduler {
         self.ledger.limit(project, region, metric)
     }
 
+    /// The first batch of a region's queue.
+    pub fn queue_head(&self, region: &str) -> Option<BatchKey> {
+        self.queues.get(region)?.first().map(|(_, k)| *k)
+    }
+
     pub fn is_pending(&self, key: BatchKey) -> bool {
         self.pending.contains_key(&key)
     }

@@ -712,6 +712,27 @@ proptest! {
         if let Some(d) = h.s.next_deadline() {
             prop_assert!(d > h.now);
         }
+        // No starvation: once everything running ends and quota allows,
+        // the head of the queue goes first if the region can hold it —
+        // nothing queued behind it may take its place.
+        for key in h.s.running_keys() {
+            h.s.forget(key);
+        }
+        for p in 0..3 {
+            h.s.set_quota_limit(&format!("p{p}"), "r", QuotaMetric::PreemptibleNvidiaL4Gpus, 1000);
+            h.s.set_quota_limit(&format!("p{p}"), "r", QuotaMetric::NvidiaL4Gpus, 1000);
+        }
+        if let Some(head) = h.s.queue_head("r") {
+            let fits_now = h.s.pending_info(head).is_some_and(|i| i.reasons.is_empty());
+            h.s.pass(h.now);
+            if fits_now {
+                prop_assert!(
+                    h.s.allocation(head).is_some(),
+                    "the head fits the freed region but something else went first"
+                );
+            }
+            h.s.check_invariants().map_err(TestCaseError::fail)?;
+        }
     }
 }
 
