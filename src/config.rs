@@ -61,6 +61,9 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     pub bind: SocketAddr,
+    /// Where Prometheus scrapes `/metrics` (a listener of its own, so the
+    /// API's exposure and the metrics' can differ).
+    pub metrics_bind: SocketAddr,
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     #[serde(with = "humantime_serde")]

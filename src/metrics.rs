@@ -1,134 +1,252 @@
-//! Prometheus metrics, declared in one place. Names follow Prometheus
-//! conventions (`flexq_` prefix, base units, `_total`); labels are of
-//! bounded cardinality (never a batch id).
+//! Prometheus metrics, all declared here. Names follow Prometheus
+//! conventions (`flexq_` prefix, base units, `_total` for counters); labels
+//! are of bounded cardinality: region, zone, accelerator, project, metric,
+//! reason — never a batch id.
+//!
+//! Two kinds: counters and histograms of events, recorded where the event
+//! happens; and gauges derived from the scheduler's state, computed from a
+//! [`Snapshot`] at scrape time so nothing has to keep them up to date.
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::api::State;
+use crate::config::Config;
+use crate::scheduler::Snapshot;
+
+/// Wait before allocation: up to the longest allocation timeout (2 h) and
+/// beyond.
+const WAIT_BUCKETS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 2700.0, 3600.0, 5400.0,
+    7200.0, 10240.0,
+];
+
+/// Why a batch was refused or failed at once.
+pub const REJECT_REASONS: &[&str] = &["invalid", "never_fit", "quota", "stockout"];
+/// Why a queued batch is not admitted yet.
+pub const PENDING_REASONS: &[&str] = &["quota", "capacity", "reservation"];
 
 struct Metrics {
     registry: Registry,
+    transitions: IntCounterVec,
+    admitted: IntCounterVec,
+    expired: IntCounterVec,
+    rejected: IntCounterVec,
+    wait_seconds: HistogramVec,
+    leases_lost: IntCounter,
     pass_seconds: HistogramVec,
     decisions: IntCounterVec,
-    transitions: IntCounterVec,
+    last_pass: Gauge,
+    last_wake: Gauge,
     commit_seconds: HistogramVec,
     commit_batches: HistogramVec,
     http_requests: IntCounterVec,
     http_seconds: HistogramVec,
 }
 
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn histogram_vec(name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("valid metric")
+}
+
+fn exponential(start: f64, count: usize) -> Vec<f64> {
+    prometheus::exponential_buckets(start, 2.0, count).expect("valid buckets")
+}
+
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    let registry = Registry::new();
-    let transitions = IntCounterVec::new(
-        Opts::new(
+    let m = Metrics {
+        registry: Registry::new(),
+        transitions: counter_vec(
             "flexq_batch_transitions_total",
             "Batch state transitions, by the state entered.",
+            &["state"],
         ),
-        &["state"],
-    )
-    .expect("valid metric");
-    let commit_seconds = HistogramVec::new(
-        HistogramOpts::new(
-            "flexq_store_commit_seconds",
-            "Time to commit one group of creates, fsync included.",
+        admitted: counter_vec(
+            "flexq_batches_admitted_total",
+            "Whole clusters allocated.",
+            &["region", "accelerator"],
+        ),
+        expired: counter_vec(
+            "flexq_batches_expired_total",
+            "Queued batches failed because their allocation timeout passed.",
+            &["region", "accelerator"],
+        ),
+        rejected: counter_vec(
+            "flexq_batches_rejected_total",
+            "Batches refused at submit (invalid, never_fit) or failed at once in default mode (quota, stockout).",
+            &["reason"],
+        ),
+        wait_seconds: histogram_vec(
+            "flexq_batch_wait_seconds",
+            "Time from submit to the allocation of the whole cluster.",
+            WAIT_BUCKETS.to_vec(),
+            &["region", "accelerator"],
+        ),
+        leases_lost: IntCounter::new(
+            "flexq_agent_leases_lost_total",
+            "Nodes lost because their agent stopped heartbeating.",
         )
-        .buckets(prometheus::exponential_buckets(0.0001, 2.0, 16).expect("valid buckets")),
-        &["kind"],
-    )
-    .expect("valid metric");
-    let commit_batches = HistogramVec::new(
-        HistogramOpts::new(
+        .expect("valid metric"),
+        pass_seconds: histogram_vec(
+            "flexq_scheduler_pass_seconds",
+            "Time of one scheduler pass, its commit included.",
+            exponential(0.00005, 16),
+            &["outcome"],
+        ),
+        decisions: counter_vec(
+            "flexq_scheduler_decisions_total",
+            "Scheduler decisions committed, by kind.",
+            &["decision"],
+        ),
+        last_pass: Gauge::new(
+            "flexq_scheduler_last_pass_timestamp_seconds",
+            "Unix time of the scheduler's last pass.",
+        )
+        .expect("valid metric"),
+        last_wake: Gauge::new(
+            "flexq_scheduler_last_wake_timestamp_seconds",
+            "Unix time of the last event that asked the scheduler for a pass.",
+        )
+        .expect("valid metric"),
+        commit_seconds: histogram_vec(
+            "flexq_store_commit_seconds",
+            "Time to commit one transaction of creates or of scheduler decisions, fsync included.",
+            exponential(0.0001, 16),
+            &["kind"],
+        ),
+        commit_batches: histogram_vec(
             "flexq_store_commit_batches",
             "Creates committed per transaction (group commit size).",
-        )
-        .buckets(prometheus::exponential_buckets(1.0, 2.0, 12).expect("valid buckets")),
-        &["kind"],
-    )
-    .expect("valid metric");
-    let http_requests = IntCounterVec::new(
-        Opts::new(
-            "flexq_http_requests_total",
-            "HTTP requests, by route and status code.",
+            exponential(1.0, 12),
+            &["kind"],
         ),
-        &["method", "route", "code"],
-    )
-    .expect("valid metric");
-    let http_seconds = HistogramVec::new(
-        HistogramOpts::new(
+        http_requests: counter_vec(
+            "flexq_http_requests_total",
+            "HTTP requests, by route template and status code.",
+            &["method", "route", "code"],
+        ),
+        http_seconds: histogram_vec(
             "flexq_http_request_duration_seconds",
             "HTTP request latency.",
-        )
-        .buckets(prometheus::exponential_buckets(0.0005, 2.0, 14).expect("valid buckets")),
-        &["method", "route"],
-    )
-    .expect("valid metric");
-    let pass_seconds = HistogramVec::new(
-        HistogramOpts::new(
-            "flexq_scheduler_pass_seconds",
-            "Time of one scheduler pass, decisions and their commit included.",
-        )
-        .buckets(prometheus::exponential_buckets(0.00005, 2.0, 16).expect("valid buckets")),
-        &["outcome"],
-    )
-    .expect("valid metric");
-    let decisions = IntCounterVec::new(
-        Opts::new(
-            "flexq_scheduler_decisions_total",
-            "Scheduler decisions, by kind and region.",
+            exponential(0.0005, 14),
+            &["method", "route"],
         ),
-        &["decision", "region"],
-    )
-    .expect("valid metric");
+    };
     let build = IntGaugeVec::new(
         Opts::new("flexq_build_info", "Build information; the value is 1."),
         &["version"],
     )
     .expect("valid metric");
     build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-    for c in [
-        Box::new(transitions.clone()) as Box<dyn prometheus::core::Collector>,
-        Box::new(commit_seconds.clone()),
-        Box::new(commit_batches.clone()),
-        Box::new(http_requests.clone()),
-        Box::new(http_seconds.clone()),
+    let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+        Box::new(m.transitions.clone()),
+        Box::new(m.admitted.clone()),
+        Box::new(m.expired.clone()),
+        Box::new(m.rejected.clone()),
+        Box::new(m.wait_seconds.clone()),
+        Box::new(m.leases_lost.clone()),
+        Box::new(m.pass_seconds.clone()),
+        Box::new(m.decisions.clone()),
+        Box::new(m.last_pass.clone()),
+        Box::new(m.last_wake.clone()),
+        Box::new(m.commit_seconds.clone()),
+        Box::new(m.commit_batches.clone()),
+        Box::new(m.http_requests.clone()),
+        Box::new(m.http_seconds.clone()),
         Box::new(build),
-        Box::new(pass_seconds.clone()),
-        Box::new(decisions.clone()),
-    ] {
-        registry.register(c).expect("metric registered once");
+    ];
+    for c in collectors {
+        m.registry.register(c).expect("metric registered once");
     }
-    Metrics {
-        registry,
-        pass_seconds,
-        decisions,
-        transitions,
-        commit_seconds,
-        commit_batches,
-        http_requests,
-        http_seconds,
+    for reason in REJECT_REASONS {
+        m.rejected.with_label_values(&[reason]);
     }
+    for state in State::ALL {
+        m.transitions.with_label_values(&[state.name()]);
+    }
+    for d in ["allocate", "expire", "reject", "lose_node"] {
+        m.decisions.with_label_values(&[d]);
+    }
+    m
 });
+
+/// The (region, accelerator) pairs the config offers: their series exist
+/// from the start, at zero, so rates and ratios have something to work on.
+static OFFERED: OnceLock<Vec<(String, String)>> = OnceLock::new();
+
+/// Creates the zero series of every offered (region, accelerator).
+pub fn init(config: &Config) {
+    let offered: Vec<(String, String)> = config
+        .regions
+        .iter()
+        .flat_map(|(r, rc)| {
+            rc.accelerators()
+                .into_iter()
+                .map(move |a| (r.clone(), a.name().to_string()))
+        })
+        .collect();
+    for (r, a) in &offered {
+        METRICS.admitted.with_label_values(&[r, a]);
+        METRICS.expired.with_label_values(&[r, a]);
+        METRICS.wait_seconds.with_label_values(&[r, a]);
+    }
+    let _ = OFFERED.set(offered);
+}
 
 /// A batch entered `state`.
 pub fn record_transition(state: State) {
     METRICS.transitions.with_label_values(&[state.name()]).inc();
 }
 
-/// One group of creates committed.
-pub fn record_commit(elapsed: Duration, batches: usize) {
+/// A whole cluster allocated after `waited`.
+pub fn record_admitted(region: &str, accelerator: &str, waited: Duration) {
     METRICS
-        .commit_seconds
-        .with_label_values(&["create"])
-        .observe(elapsed.as_secs_f64());
+        .admitted
+        .with_label_values(&[region, accelerator])
+        .inc();
+    METRICS.decisions.with_label_values(&["allocate"]).inc();
     METRICS
-        .commit_batches
-        .with_label_values(&["create"])
-        .observe(batches as f64);
+        .wait_seconds
+        .with_label_values(&[region, accelerator])
+        .observe(waited.as_secs_f64());
+}
+
+/// A queued batch expired.
+pub fn record_expired(region: &str, accelerator: &str) {
+    METRICS
+        .expired
+        .with_label_values(&[region, accelerator])
+        .inc();
+    METRICS.decisions.with_label_values(&["expire"]).inc();
+    record_transition(State::Failed);
+}
+
+/// A batch refused at submit or failed at once; `reason` is one of
+/// [`REJECT_REASONS`].
+pub fn record_rejected(reason: &str, by_scheduler: bool) {
+    METRICS.rejected.with_label_values(&[reason]).inc();
+    if by_scheduler {
+        METRICS.decisions.with_label_values(&["reject"]).inc();
+        record_transition(State::Failed);
+    }
+}
+
+/// A node's lease lapsed, failing `batches` batches.
+pub fn record_lease_lost(batches: usize) {
+    METRICS.leases_lost.inc();
+    METRICS.decisions.with_label_values(&["lose_node"]).inc();
+    for _ in 0..batches {
+        record_transition(State::Failed);
+    }
 }
 
 /// One scheduler pass with `decisions` decisions.
@@ -138,22 +256,33 @@ pub fn record_pass(elapsed: Duration, decisions: usize) {
         .pass_seconds
         .with_label_values(&[outcome])
         .observe(elapsed.as_secs_f64());
+    METRICS.last_pass.set(unix_now());
 }
 
-/// A whole cluster allocated in `region`.
-pub fn record_allocation(region: &str) {
-    METRICS
-        .decisions
-        .with_label_values(&["allocate", region])
-        .inc();
+/// Something asked the scheduler for a pass.
+pub fn record_wake() {
+    METRICS.last_wake.set(unix_now());
 }
 
-/// A batch expired in its queue.
-pub fn record_expired() {
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// One transaction committed: `kind` is "create" or "decisions".
+pub fn record_commit(kind: &str, elapsed: Duration, items: usize) {
     METRICS
-        .decisions
-        .with_label_values(&["expire", "all"])
-        .inc();
+        .commit_seconds
+        .with_label_values(&[kind])
+        .observe(elapsed.as_secs_f64());
+    if kind == "create" {
+        METRICS
+            .commit_batches
+            .with_label_values(&[kind])
+            .observe(items as f64);
+    }
 }
 
 /// One HTTP request answered.
@@ -168,11 +297,128 @@ pub fn record_http(method: &str, route: &str, code: u16, elapsed: Duration) {
         .observe(elapsed.as_secs_f64());
 }
 
-/// The text exposition of every metric.
-pub fn render() -> String {
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("registered once per scrape");
+    g
+}
+
+/// The gauges of a scheduler snapshot, in a registry of their own.
+fn state_registry(s: &Snapshot) -> Registry {
+    let r = Registry::new();
+    let pending = gauge_vec(
+        &r,
+        "flexq_pending_batches",
+        "Batches waiting for their cluster, by region, accelerator and why they are not admitted.",
+        &["region", "accelerator", "reason"],
+    );
+    for (region, accelerator) in OFFERED.get().into_iter().flatten() {
+        for reason in PENDING_REASONS {
+            pending
+                .with_label_values(&[region.as_str(), accelerator.as_str(), reason])
+                .set(0.0);
+        }
+    }
+    for ((region, accelerator, reason), n) in &s.pending {
+        pending
+            .with_label_values(&[region.as_str(), accelerator.as_str(), reason])
+            .set(*n as f64);
+    }
+    let ratio = gauge_vec(
+        &r,
+        "flexq_pending_wait_timeout_ratio",
+        "Per region, the largest share of its allocation timeout a queued batch has waited (1 = at its deadline).",
+        &["region"],
+    );
+    for (region, _) in OFFERED.get().into_iter().flatten() {
+        ratio.with_label_values(&[region]).set(0.0);
+    }
+    for (region, f) in &s.wait_fraction {
+        ratio.with_label_values(&[region]).set(*f);
+    }
+    let limit = gauge_vec(
+        &r,
+        "flexq_quota_limit",
+        "Quota limit.",
+        &["project", "region", "metric"],
+    );
+    let usage = gauge_vec(
+        &r,
+        "flexq_quota_usage",
+        "Quota in use by allocated clusters.",
+        &["project", "region", "metric"],
+    );
+    for ((project, region, metric), (l, u)) in &s.quotas {
+        limit
+            .with_label_values(&[project, region, metric.name()])
+            .set(*l as f64);
+        usage
+            .with_label_values(&[project, region, metric.name()])
+            .set(*u as f64);
+    }
+    let gpus = gauge_vec(
+        &r,
+        "flexq_capacity_gpus",
+        "GPUs of the nodes, allocated or free.",
+        &["region", "zone", "accelerator", "state"],
+    );
+    let ssd = gauge_vec(
+        &r,
+        "flexq_capacity_local_ssd_bytes",
+        "Local SSD of the nodes, allocated or free.",
+        &["region", "zone", "accelerator", "state"],
+    );
+    let nodes = gauge_vec(
+        &r,
+        "flexq_capacity_nodes",
+        "Nodes, registered by agents or virtual (declared for simulation).",
+        &["region", "zone", "accelerator", "kind"],
+    );
+    for row in &s.capacity {
+        let l = [
+            row.region.as_str(),
+            row.zone.as_str(),
+            row.accelerator.as_str(),
+        ];
+        gpus.with_label_values(&[l[0], l[1], l[2], "allocated"])
+            .set(row.allocated_gpus as f64);
+        gpus.with_label_values(&[l[0], l[1], l[2], "free"])
+            .set(row.free_gpus as f64);
+        let gb = 1e9;
+        ssd.with_label_values(&[l[0], l[1], l[2], "allocated"])
+            .set((row.total_local_ssd_gb - row.free_local_ssd_gb) as f64 * gb);
+        ssd.with_label_values(&[l[0], l[1], l[2], "free"])
+            .set(row.free_local_ssd_gb as f64 * gb);
+        nodes
+            .with_label_values(&[l[0], l[1], l[2], "agent"])
+            .set((row.nodes - row.virtual_nodes) as f64);
+        nodes
+            .with_label_values(&[l[0], l[1], l[2], "virtual"])
+            .set(row.virtual_nodes as f64);
+    }
+    let agents = gauge_vec(
+        &r,
+        "flexq_agent_nodes",
+        "Nodes whose agent holds a lease.",
+        &["state"],
+    );
+    agents
+        .with_label_values(&["active"])
+        .set(s.agent_nodes as f64);
+    r
+}
+
+/// The text exposition: every event metric, and the gauges of `snapshot`.
+pub fn render(snapshot: Option<&Snapshot>) -> String {
+    let mut families = METRICS.registry.gather();
+    if let Some(s) = snapshot {
+        families.extend(state_registry(s).gather());
+    }
+    families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut buf = Vec::new();
-    let encoder = TextEncoder::new();
-    if let Err(e) = encoder.encode(&METRICS.registry.gather(), &mut buf) {
+    if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
         tracing::error!(error = %e, "cannot encode metrics");
     }
     String::from_utf8(buf).unwrap_or_default()

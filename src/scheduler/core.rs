@@ -43,6 +43,10 @@ pub struct Allocation {
     pub allocated_at: DateTime<Utc>,
     /// allocated_at + ttl, when the batch has a ttl.
     pub expected_end: Option<DateTime<Utc>>,
+    /// When the batch was queued (its wait is allocated_at − queued_at).
+    pub queued_at: DateTime<Utc>,
+    /// The GPU type, for metric labels ("cpu" without one).
+    pub accelerator: &'static str,
 }
 
 /// What the scheduler decided; the runner commits it.
@@ -51,9 +55,19 @@ pub enum Decision {
     /// Every node of the cluster, at once.
     Allocate(Allocation),
     /// The deadline passed first.
-    Expire { key: BatchKey, message: String },
+    Expire {
+        key: BatchKey,
+        message: String,
+        region: String,
+        accelerator: &'static str,
+    },
     /// Default mode: no capacity or quota right now.
-    Reject { key: BatchKey, message: String },
+    Reject {
+        key: BatchKey,
+        message: String,
+        /// "quota" or "stockout".
+        reason: &'static str,
+    },
     /// A node's lease lapsed: it leaves the capacity, and every batch that
     /// held part of it fails (a partial cluster must not go on).
     LoseNode {
@@ -183,14 +197,17 @@ type QueueKey = (std::cmp::Reverse<i32>, BatchKey);
 
 #[derive(Debug, Default)]
 pub struct Scheduler {
-    capacity: Capacity,
+    pub(super) capacity: Capacity,
     declared: HashMap<String, BTreeMap<String, Vec<Node>>>,
-    ledger: Ledger,
-    pending: HashMap<BatchKey, PendingBatch>,
+    pub(super) ledger: Ledger,
+    pub(super) pending: HashMap<BatchKey, PendingBatch>,
     queues: BTreeMap<String, BTreeSet<QueueKey>>,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     running: HashMap<BatchKey, Allocation>,
-    leases: Leases,
+    pub(super) leases: Leases,
+    /// Queued batches held back last time only by the reservation of an
+    /// earlier batch (for the metrics' not-admitted reason).
+    pub(super) held_back: HashSet<BatchKey>,
     /// Regions whose queue, capacity or quota changed since the last pass:
     /// only they can admit anything new, so only they are scanned.
     dirty: BTreeSet<String>,
@@ -292,6 +309,7 @@ impl Scheduler {
     /// A batch left the queue or ended: drop it and give back what it held.
     /// Idempotent.
     pub fn forget(&mut self, key: BatchKey) {
+        self.held_back.remove(&key);
         if let Some(b) = self.pending.remove(&key) {
             self.dirty.insert(b.region.clone());
             if let Some(m) = self.shapes.get_mut(&b.region) {
@@ -413,8 +431,18 @@ impl Scheduler {
                 break;
             }
             let message = self.expiry_message(key, now, &mut missing);
+            let (region, accelerator) = self
+                .pending
+                .get(&key)
+                .map(|b| (b.region.clone(), accelerator_label(&b.cluster)))
+                .unwrap_or_default();
             self.forget(key);
-            decisions.push(Decision::Expire { key, message });
+            decisions.push(Decision::Expire {
+                key,
+                message,
+                region,
+                accelerator,
+            });
         }
         let regions = std::mem::take(&mut self.dirty);
         for region in regions {
@@ -480,7 +508,11 @@ impl Scheduler {
                         short.metric, short.limit, short.usage, short.needed
                     );
                     self.forget(key);
-                    out.push(Decision::Reject { key, message });
+                    out.push(Decision::Reject {
+                        key,
+                        message,
+                        reason: "quota",
+                    });
                 }
                 continue;
             }
@@ -495,9 +527,11 @@ impl Scheduler {
                     (None, _) => false,
                 };
                 if delays_holder && !default_mode {
+                    self.held_back.insert(key);
                     continue;
                 }
             }
+            self.held_back.remove(&key);
             let shape = shape_key(&batch.cluster);
             let plan = if failed_shapes.contains(&shape) {
                 None
@@ -527,6 +561,8 @@ impl Scheduler {
                             .cluster
                             .ttl_s
                             .map(|t| now + Duration::seconds(t as i64)),
+                        queued_at: batch.queued_at,
+                        accelerator: accelerator_label(&batch.cluster),
                     };
                     self.running.insert(key, alloc.clone());
                     out.push(Decision::Allocate(alloc));
@@ -539,7 +575,11 @@ impl Scheduler {
                             shape_text(&batch.cluster)
                         );
                         self.forget(key);
-                        out.push(Decision::Reject { key, message });
+                        out.push(Decision::Reject {
+                            key,
+                            message,
+                            reason: "stockout",
+                        });
                     } else if reservation.is_none() {
                         let until = self.estimate_start(region, &needs(&batch.cluster));
                         reservation = Some((key, until));
@@ -907,6 +947,15 @@ impl Scheduler {
     pub fn is_pending(&self, key: BatchKey) -> bool {
         self.pending.contains_key(&key)
     }
+}
+
+/// The GPU type of a cluster for metric labels: the executors', else the
+/// driver's, else "cpu".
+pub fn accelerator_label(c: &ClusterRequest) -> &'static str {
+    c.executor
+        .accelerator
+        .or(c.driver.accelerator)
+        .map_or("cpu", |a| a.name())
 }
 
 /// What a cluster needs, as a small key: two clusters with equal keys fit

@@ -62,6 +62,11 @@ impl Leases {
         self.by_node.get(node).map(|(e, _)| *e)
     }
 
+    /// Nodes holding a lease now.
+    pub fn active(&self) -> usize {
+        self.by_node.len()
+    }
+
     pub fn next_expiry(&self) -> Option<DateTime<Utc>> {
         self.expiries.first().map(|(t, _)| *t)
     }

@@ -10,15 +10,17 @@ mod core;
 mod lease;
 mod quota;
 mod runner;
+mod snapshot;
 
 pub use capacity::{NodeId, NodeSpec, Placement, Role};
 pub use core::{
     Allocation, BatchKey, Blocker, CapacityRow, Decision, PendingBatch, PendingInfo, PoolDecl,
-    Scheduler, Verdict, shape_text,
+    Scheduler, Verdict, accelerator_label, shape_text,
 };
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use runner::SchedulerService;
+pub use snapshot::Snapshot;
 
 use crate::config::Config;
 

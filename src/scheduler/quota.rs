@@ -181,6 +181,28 @@ impl Ledger {
         }
     }
 
+    /// Every (project, region) with usage, an override or a rule naming
+    /// both: the quota series metrics export (bounded by the config and
+    /// the projects that used flexq).
+    pub fn pairs(&self) -> std::collections::BTreeSet<(String, String)> {
+        let mut out = std::collections::BTreeSet::new();
+        for map in [&self.usage] {
+            for (p, regions) in map {
+                out.extend(regions.keys().map(|r| (p.clone(), r.clone())));
+            }
+        }
+        for (p, regions) in &self.overrides {
+            out.extend(regions.keys().map(|r| (p.clone(), r.clone())));
+        }
+        out.extend(
+            self.rules
+                .iter()
+                .filter(|r| r.project != "*" && r.region != "*")
+                .map(|r| (r.project.clone(), r.region.clone())),
+        );
+        out
+    }
+
     /// Every metric of a project in a region with a limit or usage.
     pub fn view(&self, project: &str, region: &str) -> Vec<QuotaView> {
         crate::spec::QuotaMetric::ALL

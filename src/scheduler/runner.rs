@@ -64,6 +64,7 @@ impl SchedulerService {
 
     /// Asks for a pass soon. Wake-ups coalesce: many events, one pass.
     pub fn wake(&self) {
+        crate::metrics::record_wake();
         self.shared.wake.notify_one();
     }
 
@@ -118,8 +119,14 @@ impl SchedulerService {
             crate::metrics::record_pass(decide_time, 0);
             return;
         }
+        let commit_started = Instant::now();
         match self.shared.store.commit_decisions(&decisions, now).await {
             Ok(applied) => {
+                crate::metrics::record_commit(
+                    "decisions",
+                    commit_started.elapsed(),
+                    decisions.len(),
+                );
                 for (d, ok) in decisions.iter().zip(applied) {
                     if ok {
                         log_decision(d, now);
@@ -156,23 +163,30 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
     match d {
         Decision::Allocate(a) => {
             let gpus: usize = a.placements.iter().map(|p| p.gpus.len()).sum();
-            tracing::info!(batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, "batch allocated");
-            crate::metrics::record_allocation(&a.region);
+            let waited = (a.allocated_at - a.queued_at).to_std().unwrap_or_default();
+            tracing::info!(batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, wait_ms = waited.as_millis() as u64, "batch allocated");
+            crate::metrics::record_admitted(&a.region, a.accelerator, waited);
         }
-        Decision::Expire { key, message } => {
+        Decision::Expire {
+            key,
+            message,
+            region,
+            accelerator,
+        } => {
             tracing::info!(batch.seq = key.0, at = %now, message = %message, "batch expired");
-            crate::metrics::record_transition(crate::api::State::Failed);
-            crate::metrics::record_expired();
+            crate::metrics::record_expired(region, accelerator);
         }
-        Decision::Reject { key, message } => {
+        Decision::Reject {
+            key,
+            message,
+            reason,
+        } => {
             tracing::info!(batch.seq = key.0, message = %message, "batch rejected (default mode, no room)");
-            crate::metrics::record_transition(crate::api::State::Failed);
+            crate::metrics::record_rejected(reason, true);
         }
         Decision::LoseNode { node, failed, .. } => {
             tracing::warn!(node = %node, failed = failed.len(), "node lost: lease expired");
-            for _ in failed {
-                crate::metrics::record_transition(crate::api::State::Failed);
-            }
+            crate::metrics::record_lease_lost(failed.len());
         }
     }
 }

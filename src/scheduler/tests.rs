@@ -284,7 +284,7 @@ fn expiry_comes_first_and_names_what_was_missing() {
     let msgs: BTreeMap<i64, &str> = d
         .iter()
         .filter_map(|d| match d {
-            Decision::Expire { key, message } => Some((key.0, message.as_str())),
+            Decision::Expire { key, message, .. } => Some((key.0, message.as_str())),
             _ => None,
         })
         .collect();

@@ -50,6 +50,7 @@ impl App {
             group_commit_max: config.database.group_commit_max,
         })
         .await?;
+        crate::metrics::init(&config);
         let config = Arc::new(config);
         let scheduler = SchedulerService::start(config.clone(), store.clone(), shutdown).await?;
         Ok(App {
@@ -87,7 +88,6 @@ pub fn router(app: App) -> Router {
         )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
@@ -178,13 +178,34 @@ async fn readyz(AppState(app): AppState<App>) -> Response {
     }
 }
 
-async fn metrics() -> Response {
+/// `/metrics`, on its own listener: event metrics and the gauges of a
+/// scheduler snapshot taken now.
+async fn metrics(AppState(app): AppState<App>) -> Response {
+    let snapshot = app.scheduler.lock().await.snapshot(chrono::Utc::now());
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4")],
-        crate::metrics::render(),
+        crate::metrics::render(Some(&snapshot)),
     )
         .into_response()
+}
+
+/// Serves `/metrics` on `listener` until `shutdown` fires.
+pub async fn run_metrics(
+    listener: TcpListener,
+    app: App,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "metrics listening");
+    let router = Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(unknown_route)
+        .with_state(app);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    Ok(())
 }
 
 /// The runtime catalog: what each version carries.
@@ -263,8 +284,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(bind)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {bind} (server.bind): {e}"))?;
+    let metrics_bind = config.server.metrics_bind;
+    let metrics_listener = TcpListener::bind(metrics_bind).await.map_err(|e| {
+        anyhow::anyhow!("cannot listen on {metrics_bind} (server.metrics_bind): {e}")
+    })?;
     let token = CancellationToken::new();
     cancel_on_signals(token.clone());
     let app = App::open(config, token.clone()).await?;
+    tokio::spawn(run_metrics(metrics_listener, app.clone(), token.clone()));
     run(listener, app, token).await
 }

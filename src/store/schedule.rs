@@ -141,7 +141,7 @@ impl Store {
     pub async fn active_allocations(&self) -> Result<Vec<Allocation>, StoreError> {
         let mut rows = sqlx::query(
             "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
-             a.allocated_at, b.project, b.region, b.zone, b.cluster \
+             a.allocated_at, b.project, b.region, b.zone, b.cluster, b.create_time \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is null order by a.batch_seq, a.id",
         )
@@ -171,6 +171,8 @@ impl Store {
                     expected_end: cluster
                         .ttl_s
                         .map(|t| allocated_at + Duration::seconds(t as i64)),
+                    queued_at: from_micros(row.try_get("create_time")?),
+                    accelerator: crate::scheduler::accelerator_label(&cluster),
                 },
             );
         }
@@ -214,10 +216,10 @@ impl Store {
                     lose_node(&mut tx, node, failed, message, now).await?;
                     applied[i] = true;
                 }
-                Decision::Expire { key, message } => {
+                Decision::Expire { key, message, .. } => {
                     endings.push((i, key.0, Provisioning::Expired as i64, message));
                 }
-                Decision::Reject { key, message } => {
+                Decision::Reject { key, message, .. } => {
                     endings.push((i, key.0, Provisioning::Rejected as i64, message));
                 }
                 Decision::Allocate(a) => {

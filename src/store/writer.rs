@@ -50,7 +50,7 @@ async fn commit_group(pool: &SqlitePool, group: Vec<CreateCmd>) {
     let now = now_micros();
     match try_group(pool, &batches, now).await {
         Ok(outcomes) => {
-            crate::metrics::record_commit(started.elapsed(), batches.len());
+            crate::metrics::record_commit("create", started.elapsed(), batches.len());
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A waiter that went away (client hung up) is fine: the
                 // batch is committed and a retry with its requestId finds it.

@@ -409,15 +409,7 @@ async fn every_state_change_is_counted_in_metrics() {
 }
 
 async fn transitions(s: &TestServer, state: &str) -> f64 {
-    let text = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = s.scrape().await;
     text.lines()
         .find(|l| {
             l.starts_with(&format!(

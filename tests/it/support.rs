@@ -7,13 +7,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flexq::config::Config;
-use flexq::server::{App, run};
+use flexq::server::{App, run, run_metrics};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
     pub http: reqwest::Client,
     shutdown: CancellationToken,
     _dir: tempfile::TempDir,
@@ -44,9 +45,13 @@ impl TestServer {
         let addr = listener.local_addr().expect("addr");
         let shutdown = CancellationToken::new();
         let app = App::open(config, shutdown.clone()).await.expect("open app");
+        let metrics = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let metrics_addr = metrics.local_addr().expect("addr");
+        tokio::spawn(run_metrics(metrics, app.clone(), shutdown.clone()));
         tokio::spawn(run(listener, app, shutdown.clone()));
         TestServer {
             addr,
+            metrics_addr,
             http: reqwest::Client::new(),
             shutdown,
             _dir: dir,
@@ -55,6 +60,18 @@ impl TestServer {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// The text of `/metrics`.
+    pub async fn scrape(&self) -> String {
+        self.http
+            .get(format!("http://{}/metrics", self.metrics_addr))
+            .send()
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text")
     }
 
     pub fn batches(&self) -> String {
@@ -173,6 +190,7 @@ pub fn flexq_bin() -> PathBuf {
 pub struct ServerProcess {
     pub child: Child,
     pub endpoint: String,
+    pub metrics_endpoint: String,
 }
 
 impl ServerProcess {
@@ -184,10 +202,14 @@ impl ServerProcess {
 
     /// The same with a config file layered over the default.
     pub async fn start_with(dir: &Path, config: Option<&Path>) -> ServerProcess {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port()
+        };
+        let port = free_port();
+        let metrics_port = free_port();
         let mut cmd = Command::new(flexq_bin());
         cmd.arg("serve");
         if let Some(config) = config {
@@ -195,6 +217,10 @@ impl ServerProcess {
         }
         let child = cmd
             .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
+            .env(
+                "FLEXQ_SERVER__METRICS_BIND",
+                format!("127.0.0.1:{metrics_port}"),
+            )
             .env("FLEXQ_DATABASE__DATA_DIR", dir)
             .env("FLEXQ_LOG__FILTER", "warn")
             .stdout(Stdio::null())
@@ -216,7 +242,11 @@ impl ServerProcess {
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        ServerProcess { child, endpoint }
+        ServerProcess {
+            child,
+            endpoint,
+            metrics_endpoint: format!("http://127.0.0.1:{metrics_port}"),
+        }
     }
 
     pub fn kill9(&mut self) {
