@@ -7,7 +7,8 @@
 //! happens; and gauges derived from the scheduler's state, computed from a
 //! [`Snapshot`] at scrape time so nothing has to keep them up to date.
 
-use std::sync::{LazyLock, OnceLock};
+use std::collections::BTreeSet;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use prometheus::{
@@ -181,7 +182,16 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 
 /// The (region, accelerator) pairs the config offers: their series exist
 /// from the start, at zero, so rates and ratios have something to work on.
-static OFFERED: OnceLock<Vec<(String, String)>> = OnceLock::new();
+/// (A set, not a single value: tests open several servers per process.)
+static OFFERED: LazyLock<Mutex<BTreeSet<(String, String)>>> =
+    LazyLock::new(|| Mutex::new(BTreeSet::new()));
+
+fn offered() -> Vec<(String, String)> {
+    OFFERED
+        .lock()
+        .map(|o| o.iter().cloned().collect())
+        .unwrap_or_default()
+}
 
 /// Creates the zero series of every offered (region, accelerator).
 pub fn init(config: &Config) {
@@ -199,7 +209,9 @@ pub fn init(config: &Config) {
         METRICS.expired.with_label_values(&[r, a]);
         METRICS.wait_seconds.with_label_values(&[r, a]);
     }
-    let _ = OFFERED.set(offered);
+    if let Ok(mut set) = OFFERED.lock() {
+        set.extend(offered);
+    }
 }
 
 /// A batch entered `state`.
@@ -314,7 +326,8 @@ fn state_registry(s: &Snapshot) -> Registry {
         "Batches waiting for their cluster, by region, accelerator and why they are not admitted.",
         &["region", "accelerator", "reason"],
     );
-    for (region, accelerator) in OFFERED.get().into_iter().flatten() {
+    let offered = offered();
+    for (region, accelerator) in &offered {
         for reason in PENDING_REASONS {
             pending
                 .with_label_values(&[region.as_str(), accelerator.as_str(), reason])
@@ -332,7 +345,7 @@ fn state_registry(s: &Snapshot) -> Registry {
         "Per region, the largest share of its allocation timeout a queued batch has waited (1 = at its deadline).",
         &["region"],
     );
-    for (region, _) in OFFERED.get().into_iter().flatten() {
+    for (region, _) in &offered {
         ratio.with_label_values(&[region]).set(0.0);
     }
     for (region, f) in &s.wait_fraction {

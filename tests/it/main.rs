@@ -6,5 +6,7 @@ mod api;
 mod bad_input;
 mod cli;
 mod durability;
+mod metrics;
+mod prometheus;
 mod scheduler;
 mod support;

@@ -1,0 +1,240 @@
+//! `/metrics` after a scripted scenario: values, not just names.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use flexq::config::{PoolConfig, RegionConfig, ZoneConfig};
+use flexq::spec::Accelerator;
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, flex_with};
+
+/// A region of its own (counters are process-wide and other tests run in
+/// parallel): one virtual node of 4 L4 GPUs.
+pub async fn server() -> TestServer {
+    TestServer::start_with(|c| {
+        let pool = PoolConfig {
+            accelerator: Accelerator::L4,
+            gpus_per_node: 4,
+            cores: 48,
+            memory_mb: 214144,
+            local_ssd_gb: 1500,
+            max_nodes: 4,
+            virtual_nodes: 1,
+        };
+        c.regions.insert(
+            "mtest-east1".into(),
+            RegionConfig {
+                zones: BTreeMap::from([(
+                    "mtest-east1-a".to_string(),
+                    ZoneConfig {
+                        node_pools: BTreeMap::from([("l4".to_string(), pool)]),
+                    },
+                )]),
+            },
+        );
+    })
+    .await
+}
+
+/// The value of the series `name` whose labels include `labels`.
+pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+pub fn batch(executors: u32, timeout: &str) -> Value {
+    let mut b = flex_with("spark.executor.instances", &executors.to_string());
+    b["runtimeConfig"]["properties"]["spark.dataproc.executor.provisioning.allocationTimeout"] =
+        json!(timeout);
+    b
+}
+
+pub async fn create(s: &TestServer, id: &str, body: &Value) -> Value {
+    let r = s
+        .http
+        .post(s.url(&format!(
+            "/v1/projects/demo/locations/mtest-east1/batches?batchId={id}"
+        )))
+        .json(body)
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200);
+    r.json().await.expect("json")
+}
+
+async fn state_of(s: &TestServer, id: &str) -> Value {
+    s.get(&format!(
+        "/v1/projects/demo/locations/mtest-east1/batches/{id}"
+    ))
+    .await
+    .1
+}
+
+async fn until(s: &TestServer, id: &str, pred: impl Fn(&Value) -> bool) {
+    let t = Instant::now();
+    while !pred(&state_of(s, id).await) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{id}: {:#}",
+            state_of(s, id).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Queue, allocate, expire, cancel — then every metric says so.
+pub async fn scenario(s: &TestServer) {
+    create(s, "m-small", &batch(2, "3600s")).await;
+    until(s, "m-small", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    create(s, "m-waits", &batch(3, "3600s")).await;
+    until(s, "m-waits", |b| {
+        b["flexq"]["notAdmittedReasons"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())
+    })
+    .await;
+    create(s, "m-expires", &batch(4, "1s")).await;
+    until(s, "m-expires", |b| b["state"] == "FAILED").await;
+    let op = state_of(s, "m-small").await["operation"]
+        .as_str()
+        .expect("op")
+        .to_string();
+    assert_eq!(s.post(&format!("/v1/{op}:cancel")).await.0, 200);
+    // 1 + 3 executors fit the freed node.
+    until(s, "m-waits", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    create(s, "m-queued", &batch(2, "3600s")).await;
+    until(s, "m-queued", |b| {
+        b["flexq"]["notAdmittedReasons"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_scrape_after_a_scenario_has_the_right_values() {
+    let s = server().await;
+    scenario(&s).await;
+    let text = s.scrape().await;
+    let r = [("region", "mtest-east1")];
+    let l4 = [("region", "mtest-east1"), ("accelerator", "l4")];
+    assert_eq!(
+        value(&text, "flexq_batches_admitted_total", &l4),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(value(&text, "flexq_batches_expired_total", &l4), Some(1.0));
+    assert_eq!(
+        value(&text, "flexq_batch_wait_seconds_count", &l4),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "flexq_pending_batches",
+            &[
+                ("region", "mtest-east1"),
+                ("accelerator", "l4"),
+                ("reason", "capacity")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "flexq_pending_batches",
+            &[
+                ("region", "mtest-east1"),
+                ("accelerator", "l4"),
+                ("reason", "quota")
+            ]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "flexq_capacity_gpus",
+            &[("zone", "mtest-east1-a"), ("state", "allocated")]
+        ),
+        Some(4.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "flexq_capacity_gpus",
+            &[("zone", "mtest-east1-a"), ("state", "free")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "flexq_capacity_nodes",
+            &[("zone", "mtest-east1-a"), ("kind", "virtual")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "flexq_capacity_local_ssd_bytes",
+            &[("zone", "mtest-east1-a"), ("state", "allocated")]
+        ),
+        Some(4.0 * 375e9)
+    );
+    let quota = [
+        ("project", "demo"),
+        ("region", "mtest-east1"),
+        ("metric", "PREEMPTIBLE_NVIDIA_L4_GPUS"),
+    ];
+    assert_eq!(value(&text, "flexq_quota_usage", &quota), Some(4.0));
+    assert_eq!(value(&text, "flexq_quota_limit", &quota), Some(24.0));
+    let ratio = value(&text, "flexq_pending_wait_timeout_ratio", &r).expect("ratio");
+    assert!(ratio > 0.0 && ratio < 0.01, "{ratio}");
+    assert_eq!(
+        value(&text, "flexq_agent_nodes", &[("state", "active")]),
+        Some(0.0)
+    );
+    assert!(
+        value(&text, "flexq_scheduler_last_pass_timestamp_seconds", &[]).is_some_and(|t| t > 1.7e9)
+    );
+    assert!(value(&text, "flexq_build_info", &[]).is_some());
+    assert!(
+        value(
+            &text,
+            "flexq_http_requests_total",
+            &[
+                ("route", "/v1/projects/{project}/locations/{region}/batches"),
+                ("code", "200")
+            ]
+        )
+        .is_some_and(|n| n >= 4.0)
+    );
+    for name in [
+        "flexq_store_commit_seconds_count",
+        "flexq_scheduler_pass_seconds_count",
+    ] {
+        assert!(value(&text, name, &[]).is_some_and(|n| n >= 1.0), "{name}");
+    }
+    assert!(
+        !text.contains("m-small") && !text.contains("batch_id"),
+        "no per-batch labels"
+    );
+}
