@@ -200,6 +200,7 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     for (i, cluster) in clusters.into_iter().enumerate() {
         core.submit(PendingBatch {
             key: BatchKey(i as i64 + 1),
+            batch_id: format!("b-{i:07}"),
             project: "bench".into(),
             region: region_of(i),
             priority: 0,

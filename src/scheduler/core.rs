@@ -22,6 +22,8 @@ pub struct BatchKey(pub i64);
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingBatch {
     pub key: BatchKey,
+    /// The batch id, for logs (`batch.id`).
+    pub batch_id: String,
     pub project: String,
     pub region: String,
     pub priority: i32,
@@ -35,6 +37,7 @@ pub struct PendingBatch {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Allocation {
     pub key: BatchKey,
+    pub batch_id: String,
     pub project: String,
     pub region: String,
     pub zone: String,
@@ -57,6 +60,7 @@ pub enum Decision {
     /// The deadline passed first.
     Expire {
         key: BatchKey,
+        batch_id: String,
         message: String,
         region: String,
         accelerator: &'static str,
@@ -64,6 +68,7 @@ pub enum Decision {
     /// Default mode: no capacity or quota right now.
     Reject {
         key: BatchKey,
+        batch_id: String,
         message: String,
         /// "quota" or "stockout".
         reason: &'static str,
@@ -73,6 +78,8 @@ pub enum Decision {
     LoseNode {
         node: NodeId,
         failed: Vec<BatchKey>,
+        /// The ids of `failed`, for logs.
+        failed_ids: Vec<String>,
         message: String,
     },
 }
@@ -410,6 +417,10 @@ impl Scheduler {
         // and the clusters that used them fail whole.
         for (node, expired_at) in self.leases.lapsed(now) {
             let failed = self.remove_node(&node);
+            let failed_ids = failed
+                .iter()
+                .filter_map(|k| self.running.get(k).map(|a| a.batch_id.clone()))
+                .collect();
             for key in &failed {
                 self.forget(*key);
             }
@@ -420,6 +431,7 @@ impl Scheduler {
             decisions.push(Decision::LoseNode {
                 node,
                 failed,
+                failed_ids,
                 message,
             });
         }
@@ -431,14 +443,21 @@ impl Scheduler {
                 break;
             }
             let message = self.expiry_message(key, now, &mut missing);
-            let (region, accelerator) = self
+            let (batch_id, region, accelerator) = self
                 .pending
                 .get(&key)
-                .map(|b| (b.region.clone(), accelerator_label(&b.cluster)))
+                .map(|b| {
+                    (
+                        b.batch_id.clone(),
+                        b.region.clone(),
+                        accelerator_label(&b.cluster),
+                    )
+                })
                 .unwrap_or_default();
             self.forget(key);
             decisions.push(Decision::Expire {
                 key,
+                batch_id,
                 message,
                 region,
                 accelerator,
@@ -507,9 +526,11 @@ impl Scheduler {
                         "RESOURCE_EXHAUSTED: quota {} exceeded in {region}: limit {}, usage {}, asked {}",
                         short.metric, short.limit, short.usage, short.needed
                     );
+                    let batch_id = batch.batch_id.clone();
                     self.forget(key);
                     out.push(Decision::Reject {
                         key,
+                        batch_id,
                         message,
                         reason: "quota",
                     });
@@ -551,6 +572,7 @@ impl Scheduler {
                         .charge(&batch.project, region, &batch.cluster.quota);
                     let alloc = Allocation {
                         key,
+                        batch_id: batch.batch_id.clone(),
                         project: batch.project.clone(),
                         region: region.to_string(),
                         zone,
@@ -574,9 +596,11 @@ impl Scheduler {
                             "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",
                             shape_text(&batch.cluster)
                         );
+                        let batch_id = batch.batch_id.clone();
                         self.forget(key);
                         out.push(Decision::Reject {
                             key,
+                            batch_id,
                             message,
                             reason: "stockout",
                         });
@@ -790,6 +814,7 @@ impl Scheduler {
         }
         let probe = PendingBatch {
             key: BatchKey(i64::MAX),
+            batch_id: String::new(),
             project: project.into(),
             region: region.into(),
             priority: 0,

@@ -164,28 +164,38 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
         Decision::Allocate(a) => {
             let gpus: usize = a.placements.iter().map(|p| p.gpus.len()).sum();
             let waited = (a.allocated_at - a.queued_at).to_std().unwrap_or_default();
-            tracing::info!(batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, wait_ms = waited.as_millis() as u64, "batch allocated");
+            tracing::info!(batch.id = %a.batch_id, batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, wait_ms = waited.as_millis() as u64, "batch allocated");
             crate::metrics::record_admitted(&a.region, a.accelerator, waited);
         }
         Decision::Expire {
             key,
+            batch_id,
             message,
             region,
             accelerator,
         } => {
-            tracing::info!(batch.seq = key.0, at = %now, message = %message, "batch expired");
+            tracing::info!(batch.id = %batch_id, batch.seq = key.0, at = %now, message = %message, "batch expired");
             crate::metrics::record_expired(region, accelerator);
         }
         Decision::Reject {
             key,
+            batch_id,
             message,
             reason,
         } => {
-            tracing::info!(batch.seq = key.0, message = %message, "batch rejected (default mode, no room)");
+            tracing::info!(batch.id = %batch_id, batch.seq = key.0, message = %message, "batch rejected (default mode, no room)");
             crate::metrics::record_rejected(reason, true);
         }
-        Decision::LoseNode { node, failed, .. } => {
+        Decision::LoseNode {
+            node,
+            failed,
+            failed_ids,
+            ..
+        } => {
             tracing::warn!(node = %node, failed = failed.len(), "node lost: lease expired");
+            for id in failed_ids {
+                tracing::warn!(batch.id = %id, node = %node, "batch failed: node lost");
+            }
             crate::metrics::record_lease_lost(failed.len());
         }
     }

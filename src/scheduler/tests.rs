@@ -112,6 +112,7 @@ fn pool(zone: &str, gpus: u32, max: u32) -> PoolDecl {
 fn batch(key: i64, project: &str, c: ClusterRequest, at: DateTime<Utc>) -> PendingBatch {
     PendingBatch {
         key: BatchKey(key),
+        batch_id: format!("b-{key}"),
         project: project.into(),
         region: "r".into(),
         priority: 0,

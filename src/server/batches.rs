@@ -186,6 +186,7 @@ pub(super) async fn create(
             app.scheduler
                 .submitted(PendingBatch {
                     key: BatchKey(r.seq),
+                    batch_id: r.name.batch_id.clone(),
                     project: r.name.project.clone(),
                     region: r.name.region.clone(),
                     priority: r.priority,

@@ -320,8 +320,8 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<BatchRecord, StoreError> {
         let mut tx = self.pool.begin_with("begin immediate").await?;
-        let row: Option<(i64, i64, i64)> = sqlx::query_as(
-            "select seq, state, provisioning from batches \
+        let row: Option<(i64, i64, i64, String)> = sqlx::query_as(
+            "select seq, state, provisioning, batch_id from batches \
              where project = ? and region = ? and operation_id = ?",
         )
         .bind(project)
@@ -329,7 +329,7 @@ impl Store {
         .bind(operation_id)
         .fetch_optional(&mut *tx)
         .await?;
-        let (seq, state, provisioning) = row.ok_or(StoreError::NotFound)?;
+        let (seq, state, provisioning, batch_id) = row.ok_or(StoreError::NotFound)?;
         let state = State::from_number(state).unwrap_or(State::StateUnspecified);
         let held = Provisioning::from_number(provisioning) == Provisioning::Provisioned;
         if state == State::Pending && held {
@@ -368,7 +368,7 @@ impl Store {
         }
         tx.commit().await?;
         for (to, _) in steps {
-            tracing::info!(batch.seq = seq, to = %to, "batch state changed");
+            tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %to, "batch state changed");
             crate::metrics::record_transition(*to);
         }
         let sql = format!("select {BATCH_COLUMNS} from batches where seq = ?");

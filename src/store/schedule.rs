@@ -118,7 +118,7 @@ impl Store {
     /// many).
     pub async fn queued_batches(&self) -> Result<Vec<PendingBatch>, StoreError> {
         let mut rows = sqlx::query(
-            "select seq, project, region, priority, create_time, deadline, cluster from batches \
+            "select seq, batch_id, project, region, priority, create_time, deadline, cluster from batches \
              where provisioning = 0 and state = 1 order by seq",
         )
         .fetch(&self.pool);
@@ -126,6 +126,7 @@ impl Store {
         while let Some(row) = rows.try_next().await? {
             out.push(PendingBatch {
                 key: BatchKey(row.try_get("seq")?),
+                batch_id: row.try_get("batch_id")?,
                 project: row.try_get("project")?,
                 region: row.try_get("region")?,
                 priority: row.try_get("priority")?,
@@ -141,7 +142,7 @@ impl Store {
     pub async fn active_allocations(&self) -> Result<Vec<Allocation>, StoreError> {
         let mut rows = sqlx::query(
             "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
-             a.allocated_at, b.project, b.region, b.zone, b.cluster, b.create_time \
+             a.allocated_at, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is null order by a.batch_seq, a.id",
         )
@@ -160,6 +161,7 @@ impl Store {
                 seq,
                 Allocation {
                     key: BatchKey(seq),
+                    batch_id: row.try_get("batch_id")?,
                     project: row.try_get("project")?,
                     region: row.try_get("region")?,
                     zone: row
@@ -212,6 +214,7 @@ impl Store {
                     node,
                     failed,
                     message,
+                    ..
                 } => {
                     lose_node(&mut tx, node, failed, message, now).await?;
                     applied[i] = true;

@@ -265,3 +265,92 @@ async fn regions_nodes_and_quotas_through_the_cli() {
     assert!(!ok);
     assert!(err.contains("is not a quota metric"), "{err}");
 }
+
+#[tokio::test]
+async fn json_logs_trace_a_batch_by_its_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = std::fs::File::create(dir.path().join("log.jsonl")).expect("log file");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mport = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut child = Command::new(flexq_bin())
+        .arg("serve")
+        .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
+        .env("FLEXQ_SERVER__METRICS_BIND", format!("127.0.0.1:{mport}"))
+        .env("FLEXQ_DATABASE__DATA_DIR", dir.path())
+        .env("FLEXQ_LOG__FORMAT", "json")
+        .env_remove("RUST_LOG")
+        .stderr(log)
+        .spawn()
+        .expect("serve");
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let t = std::time::Instant::now();
+    while !http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30));
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let url = format!("{base}/v1/projects/demo/locations/us-central1/batches");
+    let r = http
+        .post(format!("{url}?batchId=traced-1"))
+        .json(&crate::support::flex_batch())
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200);
+    let b: serde_json::Value = http
+        .get(format!("{url}/traced-1"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let op = b["operation"].as_str().expect("op");
+    assert_eq!(
+        http.post(format!("{base}/v1/{op}:cancel"))
+            .send()
+            .await
+            .expect("cancel")
+            .status(),
+        200
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+
+    let text = std::fs::read_to_string(dir.path().join("log.jsonl")).expect("log");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}"))
+        })
+        .collect();
+    let traced: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["batch.id"] == "traced-1")
+        .map(|l| l["message"].as_str().unwrap_or_default())
+        .collect();
+    for step in [
+        "batch created",
+        "batch allocated",
+        "batch state changed",
+        "batch cancel requested",
+    ] {
+        assert!(
+            traced.contains(&step),
+            "{step:?} missing from the batch's trace {traced:?}"
+        );
+    }
+}
