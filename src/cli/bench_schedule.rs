@@ -187,7 +187,8 @@ pub async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
 /// Part 1: the core alone.
 fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let dir = tempfile::tempdir().map_err(err)?;
-    let config = bench_config(4, dir.path())?;
+    // 7 virtual nodes per zone: 1,050 nodes.
+    let config = bench_config(7, dir.path())?;
     let clusters: Vec<ClusterRequest> = (0..n)
         .map(|i| cluster_of(&config, i, 7200))
         .collect::<Result<_, _>>()?;
@@ -215,6 +216,7 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let first_pass = t.elapsed();
     let mut h = histogram();
     let mut admitted = 0;
+    let nodes = core.nodes().len();
     for k in 0..releases {
         let running = core.running_keys();
         let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
@@ -226,7 +228,22 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
         let _ = h.record(t.elapsed().as_micros().max(1) as u64);
         admitted += d.len();
     }
-    println!("\n[core] {n} pending");
+    // A Prometheus scrape: snapshot of the state plus encoding.
+    let mut scrape = histogram();
+    let mut bytes = 0;
+    for _ in 0..20 {
+        let t = Instant::now();
+        let text = crate::metrics::render(Some(&core.snapshot(now)));
+        let _ = scrape.record(t.elapsed().as_micros().max(1) as u64);
+        bytes = text.len();
+    }
+    println!("\n[core] {n} pending, {nodes} nodes");
+    println!(
+        "  /metrics scrape (snapshot + encoding, {} KiB): p50 {:.1} ms  max {:.1} ms",
+        bytes / 1024,
+        ms(&scrape, 0.5),
+        scrape.max() as f64 / 1000.0
+    );
     println!(
         "  memory per pending batch: {:.0} B (RSS +{} KiB for {n})",
         (after.saturating_sub(before) * 1024) as f64 / n as f64,

@@ -1,7 +1,7 @@
 //! What the metrics show of the scheduler, computed at scrape time from
 //! its state (never kept up to date all over the code).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -26,38 +26,58 @@ pub struct Snapshot {
 impl Scheduler {
     pub fn snapshot(&self, now: DateTime<Utc>) -> Snapshot {
         let mut s = Snapshot::default();
-        let mut pairs: BTreeSet<(String, String)> = self.ledger.pairs();
+        // Borrowed keys while walking every pending batch: a scrape with
+        // 100k of them must not allocate per batch.
+        let mut pending: HashMap<(&str, &'static str, &'static str), u64> = HashMap::new();
+        let mut fraction: HashMap<&str, f64> = HashMap::new();
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        // What is free per (project, region) and metric, computed once per
+        // pair rather than once per batch.
+        let mut free: HashMap<(&str, &str), [u64; QuotaMetric::ALL.len()]> = HashMap::new();
         for b in self.pending.values() {
-            let reason = if self
-                .ledger
-                .shortfall(&b.project, &b.region, &b.cluster.quota)
-                .is_some()
-            {
+            let room = free.entry((&b.project, &b.region)).or_insert_with(|| {
+                QuotaMetric::ALL.map(|m| {
+                    self.ledger
+                        .limit(&b.project, &b.region, m)
+                        .saturating_sub(self.ledger.usage(&b.project, &b.region, m))
+                })
+            });
+            let short = b.cluster.quota.iter().any(|q| {
+                QuotaMetric::ALL
+                    .iter()
+                    .position(|m| *m == q.metric)
+                    .is_some_and(|i| q.amount > room[i])
+            });
+            let reason = if short {
                 "quota"
             } else if self.held_back.contains(&b.key) {
                 "reservation"
             } else {
                 "capacity"
             };
-            let accelerator = b
-                .cluster
-                .executor
-                .accelerator
-                .or(b.cluster.driver.accelerator)
-                .map_or("cpu", |a| a.name());
-            *s.pending
-                .entry((b.region.clone(), accelerator.to_string(), reason))
-                .or_default() += 1;
+            let accelerator = super::accelerator_label(&b.cluster);
+            *pending.entry((&b.region, accelerator, reason)).or_default() += 1;
             if let Some(deadline) = b.deadline {
                 let total = (deadline - b.queued_at).num_milliseconds().max(1) as f64;
                 let waited = (now - b.queued_at).num_milliseconds().max(0) as f64;
-                let f = s.wait_fraction.entry(b.region.clone()).or_default();
+                let f = fraction.entry(&b.region).or_default();
                 *f = f.max(waited / total);
             }
-            if !pairs.contains(&(b.project.clone(), b.region.clone())) {
-                pairs.insert((b.project.clone(), b.region.clone()));
-            }
+            seen.insert((&b.project, &b.region));
         }
+        s.pending = pending
+            .into_iter()
+            .map(|((r, a, why), n)| ((r.to_string(), a.to_string(), why), n))
+            .collect();
+        s.wait_fraction = fraction
+            .into_iter()
+            .map(|(r, f)| (r.to_string(), f))
+            .collect();
+        let mut pairs: BTreeSet<(String, String)> = self.ledger.pairs();
+        pairs.extend(
+            seen.into_iter()
+                .map(|(p, r)| (p.to_string(), r.to_string())),
+        );
         for (project, region) in pairs {
             for metric in QuotaMetric::ALL {
                 let limit = self.ledger.limit(&project, &region, metric);
