@@ -275,35 +275,7 @@ async fn open_store(dir: &std::path::Path) -> Result<Store, CliError> {
 
 /// Stores `n` batches through the group-committing writer.
 async fn fill(store: &Store, config: &Config, n: usize, timeout_s: u64) -> Result<(), CliError> {
-    let mut set = tokio::task::JoinSet::new();
-    let chunk = n.div_ceil(64);
-    for c in 0..64 {
-        let store = store.clone();
-        let items: Vec<(usize, ClusterRequest)> = (c * chunk..((c + 1) * chunk).min(n))
-            .map(|i| Ok((i, cluster_of(config, i, timeout_s)?)))
-            .collect::<Result<_, CliError>>()?;
-        set.spawn(async move {
-            for (i, cluster) in items {
-                let b = NewBatch {
-                    name: BatchName::new("bench", &region_of(i), &format!("b-{i:07}")),
-                    uuid: uuid::Uuid::now_v7(),
-                    operation_id: uuid::Uuid::now_v7(),
-                    request_id: None,
-                    creator: "bench".into(),
-                    spec: shaped_batch(i, timeout_s),
-                    cluster,
-                    priority: 0,
-                    state_message: "Queued.".into(),
-                };
-                store.create(b).await.map_err(err)?;
-            }
-            Ok::<(), CliError>(())
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r.map_err(err)??;
-    }
-    Ok(())
+    fill_range(store, config, "b", 0, n, timeout_s).await
 }
 
 /// Part 2: 1,000 nodes arrive at once under a deep queue.
@@ -472,13 +444,26 @@ async fn expiry(n: usize) -> Result<(), CliError> {
         let config = config.clone();
         let count = n / 10;
         set.spawn(async move {
-            fill_range(&store, &config, part as usize * count, count, 5 + part).await
+            fill_range(
+                &store,
+                &config,
+                "e",
+                part as usize * count,
+                count,
+                10 + part,
+            )
+            .await
         });
     }
     while let Some(r) = set.join_next().await {
         r.map_err(err)??;
     }
     let filled = started.elapsed();
+    if filled >= Duration::from_secs(10) {
+        eprintln!(
+            "warning: the fill took {filled:?}; the first deadlines passed before the scheduler started"
+        );
+    }
     let shutdown = CancellationToken::new();
     let _service = crate::scheduler::SchedulerService::start(
         config.clone().into(),
@@ -514,25 +499,30 @@ async fn expiry(n: usize) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Stores batches `from..from + count` (ids `{prefix}-{i}`) from 32
+/// concurrent writers, so the group commit has company.
 async fn fill_range(
     store: &Store,
     config: &Config,
+    prefix: &str,
     from: usize,
     count: usize,
     timeout_s: u64,
 ) -> Result<(), CliError> {
+    const WRITERS: usize = 32;
     let mut set = tokio::task::JoinSet::new();
-    for c in 0..8 {
+    for c in 0..WRITERS {
         let store = store.clone();
-        let items: Vec<(usize, ClusterRequest)> = (from + c * count / 8
-            ..from + (c + 1) * count / 8)
+        let prefix = prefix.to_string();
+        let items: Vec<(usize, ClusterRequest)> = (from + c * count / WRITERS
+            ..from + (c + 1) * count / WRITERS)
             .map(|i| Ok((i, cluster_of(config, i, timeout_s)?)))
             .collect::<Result<_, CliError>>()?;
         set.spawn(async move {
             for (i, cluster) in items {
                 store
                     .create(NewBatch {
-                        name: BatchName::new("bench", &region_of(i), &format!("e-{i:07}")),
+                        name: BatchName::new("bench", &region_of(i), &format!("{prefix}-{i:07}")),
                         uuid: uuid::Uuid::now_v7(),
                         operation_id: uuid::Uuid::now_v7(),
                         request_id: None,

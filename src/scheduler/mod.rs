@@ -24,59 +24,70 @@ pub use snapshot::Snapshot;
 
 use crate::config::Config;
 
+/// A node of a configured pool.
+fn pool_node(
+    id: String,
+    region: &str,
+    zone: &str,
+    name: &str,
+    p: &crate::config::PoolConfig,
+    is_virtual: bool,
+) -> NodeSpec {
+    NodeSpec {
+        id: NodeId(id),
+        region: region.to_string(),
+        zone: zone.to_string(),
+        pool: name.to_string(),
+        accelerator: p.accelerator,
+        gpu_addresses: (0..p.gpus_per_node).map(|i| i.to_string()).collect(),
+        cores: p.cores,
+        memory_mb: p.memory_mb,
+        local_ssd_gb: p.local_ssd_gb,
+        is_virtual,
+    }
+}
+
+/// Every configured pool: (region, zone, pool name, pool).
+fn config_pools(
+    config: &Config,
+) -> impl Iterator<Item = (&String, &String, &String, &crate::config::PoolConfig)> {
+    config.regions.iter().flat_map(|(region, r)| {
+        r.zones.iter().flat_map(move |(zone, z)| {
+            z.node_pools
+                .iter()
+                .map(move |(name, p)| (region, zone, name, p))
+        })
+    })
+}
+
 /// The declared pools of the config, as the core sees them.
 pub fn pools(config: &Config) -> Vec<PoolDecl> {
-    let mut out = Vec::new();
-    for (region, r) in &config.regions {
-        for (zone, z) in &r.zones {
-            for (name, p) in &z.node_pools {
-                out.push(PoolDecl {
-                    region: region.clone(),
-                    zone: zone.clone(),
-                    max_nodes: p.max_nodes,
-                    node: NodeSpec {
-                        id: NodeId(format!("{zone}/{name}")),
-                        region: region.clone(),
-                        zone: zone.clone(),
-                        pool: name.clone(),
-                        accelerator: p.accelerator,
-                        gpu_addresses: (0..p.gpus_per_node).map(|i| i.to_string()).collect(),
-                        cores: p.cores,
-                        memory_mb: p.memory_mb,
-                        local_ssd_gb: p.local_ssd_gb,
-                        is_virtual: false,
-                    },
-                });
-            }
-        }
-    }
-    out
+    config_pools(config)
+        .map(|(region, zone, name, p)| PoolDecl {
+            region: region.clone(),
+            zone: zone.clone(),
+            max_nodes: p.max_nodes,
+            node: pool_node(format!("{zone}/{name}"), region, zone, name, p, false),
+        })
+        .collect()
 }
 
 /// The operator's virtual nodes: `virtual/{zone}/{pool}/{n}`.
 pub fn virtual_nodes(config: &Config) -> Vec<NodeSpec> {
-    let mut out = Vec::new();
-    for (region, r) in &config.regions {
-        for (zone, z) in &r.zones {
-            for (name, p) in &z.node_pools {
-                for i in 0..p.virtual_nodes {
-                    out.push(NodeSpec {
-                        id: NodeId(format!("virtual/{zone}/{name}/{i}")),
-                        region: region.clone(),
-                        zone: zone.clone(),
-                        pool: name.clone(),
-                        accelerator: p.accelerator,
-                        gpu_addresses: (0..p.gpus_per_node).map(|i| i.to_string()).collect(),
-                        cores: p.cores,
-                        memory_mb: p.memory_mb,
-                        local_ssd_gb: p.local_ssd_gb,
-                        is_virtual: true,
-                    });
-                }
-            }
-        }
-    }
-    out
+    config_pools(config)
+        .flat_map(|(region, zone, name, p)| {
+            (0..p.virtual_nodes).map(move |i| {
+                pool_node(
+                    format!("virtual/{zone}/{name}/{i}"),
+                    region,
+                    zone,
+                    name,
+                    p,
+                    true,
+                )
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
