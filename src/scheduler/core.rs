@@ -125,11 +125,11 @@ impl std::fmt::Display for Blocker {
             } => match best_zone {
                 Some(z) => write!(
                     f,
-                    "needs {total} nodes' worth of {shape} in one zone; the best zone, {z}, has room for {placed}"
+                    "needs all {total} parts of {shape} in one zone; the best zone, {z}, has room for {placed}"
                 ),
                 None => write!(
                     f,
-                    "needs {total} nodes' worth of {shape} in one zone; the region has no such nodes"
+                    "needs all {total} parts of {shape} in one zone; the region has no nodes for them"
                 ),
             },
             Blocker::Reservation { until, .. } => match until {
@@ -800,7 +800,7 @@ impl Scheduler {
             best = best.max(plan.placed);
         }
         Some(format!(
-            "the request needs {} nodes' worth of {} in one zone, but the largest declared capacity of a zone of {region} holds {best} (short by {})",
+            "the request needs all {} parts of {} in one zone, but the largest declared capacity of a zone of {region} holds {best} (short by {})",
             parts.len(),
             shape_text(cluster),
             parts.len() - best

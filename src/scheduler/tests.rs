@@ -290,7 +290,7 @@ fn expiry_comes_first_and_names_what_was_missing() {
         })
         .collect();
     assert!(
-        msgs[&2].contains("needs 9 nodes' worth of 1 l4 driver + 8 executors of l4"),
+        msgs[&2].contains("needs all 9 parts of 1 l4 driver + 8 executors of l4"),
         "{}",
         msgs[&2]
     );

@@ -220,7 +220,7 @@ async fn a_batch_expires_at_its_deadline_saying_what_was_missing() {
         "expired after {waited:?}"
     );
     let msg = b["stateMessage"].as_str().expect("message");
-    assert!(msg.starts_with("Batch could not be allocated within its allocation timeout of 2s (waited 2s): needs 6 nodes' worth of 1 l4 driver + 5 executors of l4 (4 cores, 1 GPU, 375 GB local SSD) in one zone; the best zone, us-central1-a, has room for 4"), "{msg}");
+    assert!(msg.starts_with("Batch could not be allocated within its allocation timeout of 2s (waited 2s): needs all 6 parts of 1 l4 driver + 5 executors of l4 (4 cores, 1 GPU, 375 GB local SSD) in one zone; the best zone, us-central1-a, has room for 4"), "{msg}");
     assert_eq!(b["flexq"]["provisioningState"], "EXPIRED");
     let (_, op) = s
         .get(&format!("/v1/{}", b["operation"].as_str().expect("op")))
