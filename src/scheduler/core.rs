@@ -227,6 +227,13 @@ pub struct Scheduler {
 
 type ShapeKey = (Need, Need, u32);
 
+/// The first batch of a pass blocked by capacity: what it needs and, once
+/// computed, when it could start (None inside: never, as things stand).
+struct Reservation {
+    needs: Vec<Need>,
+    until: Option<Option<DateTime<Utc>>>,
+}
+
 impl Scheduler {
     pub fn new(pools: Vec<PoolDecl>, rules: Vec<QuotaRule>) -> Scheduler {
         // Every pool at its maximum node count, all free: what never-fit
@@ -479,10 +486,13 @@ impl Scheduler {
         let mut buffer = Vec::new().into_iter();
         // The first batch blocked by capacity reserves it: later batches
         // may start only if their ttl ends before its estimated start.
-        let mut reservation: Option<(BatchKey, Option<DateTime<Utc>>)> = None;
+        let mut reservation: Option<Reservation> = None;
         // Shapes that did not fit in this pass: free capacity only shrinks
         // during a pass, so they cannot fit later in it either.
         let mut failed_shapes: HashSet<ShapeKey> = HashSet::new();
+        // Shapes that fit but were held back by the reservation, with their
+        // plan: valid until the next allocation takes capacity.
+        let mut fitting: HashMap<ShapeKey, (String, Vec<Placement>)> = HashMap::new();
         loop {
             let queued = match buffer.next() {
                 Some(k) => k,
@@ -537,32 +547,46 @@ impl Scheduler {
                 }
                 continue;
             }
-            if let Some((_, until)) = reservation {
-                let ends = batch
-                    .cluster
-                    .ttl_s
-                    .map(|t| now + Duration::seconds(t as i64));
-                let delays_holder = match (until, ends) {
-                    (Some(u), Some(e)) => e > u,
-                    (Some(_), None) => true,
-                    (None, _) => false,
-                };
-                if delays_holder && !default_mode {
-                    self.held_back.insert(key);
-                    continue;
-                }
-            }
-            self.held_back.remove(&key);
             let shape = shape_key(&batch.cluster);
+            let ends = batch
+                .cluster
+                .ttl_s
+                .map(|t| now + Duration::seconds(t as i64));
             let plan = if failed_shapes.contains(&shape) {
                 None
+            } else if let Some(plan) = fitting.get(&shape) {
+                Some(plan.clone())
             } else {
                 self.best_zone(region, &needs(&batch.cluster))
             };
             match plan {
                 Some((zone, placements)) => {
+                    fitting.insert(shape, (zone.clone(), placements.clone()));
+                    // Under a reservation, a batch that fits may start only
+                    // if its ttl ends before the holder's estimated start.
+                    // The estimate is costly and rarely needed: computed
+                    // once, on first need.
+                    if let Some(r) = reservation.as_mut() {
+                        if !default_mode {
+                            let until = *r
+                                .until
+                                .get_or_insert_with(|| self.estimate_start(region, &r.needs));
+                            let delays_holder = match (until, ends) {
+                                (Some(u), Some(e)) => e > u,
+                                (Some(_), None) => true,
+                                (None, _) => false,
+                            };
+                            if delays_holder {
+                                self.held_back.insert(key);
+                                continue;
+                            }
+                        }
+                    }
+                    self.held_back.remove(&key);
                     let batch = self.pending.get(&key).cloned();
                     let Some(batch) = batch else { continue };
+                    // Capacity changes now: plans made before no longer hold.
+                    fitting.clear();
                     if !self.capacity.take(&placements) {
                         failed_shapes.insert(shape);
                         continue;
@@ -605,8 +629,10 @@ impl Scheduler {
                             reason: "stockout",
                         });
                     } else if reservation.is_none() {
-                        let until = self.estimate_start(region, &needs(&batch.cluster));
-                        reservation = Some((key, until));
+                        reservation = Some(Reservation {
+                            needs: needs(&batch.cluster),
+                            until: None,
+                        });
                     }
                 }
             }
