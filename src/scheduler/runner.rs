@@ -217,14 +217,29 @@ async fn rebuild(config: &Config, store: &Store) -> Result<Scheduler, StoreError
     for (spec, epoch) in store.active_nodes().await? {
         core.register_node(spec, epoch, expires);
     }
+    let mut orphans = Vec::new();
     for alloc in store.active_allocations().await? {
-        let key = alloc.key;
+        let (key, batch_id) = (alloc.key, alloc.batch_id.clone());
         if !core.restore_allocation(alloc) {
-            tracing::warn!(
-                batch.seq = key.0,
-                "an allocated cluster no longer fits its nodes (config changed?)"
-            );
+            tracing::warn!(batch.id = %batch_id, batch.seq = key.0, "an allocated cluster no longer fits its nodes (config changed?)");
+            orphans.push((key, batch_id));
         }
+    }
+    if !orphans.is_empty() {
+        // Its nodes are gone from the config (virtual nodes removed, a
+        // pool shrunk): fail the batch and release what the store holds,
+        // like a lost node, rather than keep it provisioned forever.
+        let (failed, failed_ids) = orphans.into_iter().unzip();
+        let lost = Decision::LoseNode {
+            node: super::NodeId("(configuration)".into()),
+            failed,
+            failed_ids,
+            message: "The nodes of this batch's cluster are no longer declared in the configuration; the batch failed and its cluster was released.".into(),
+        };
+        store
+            .commit_decisions(std::slice::from_ref(&lost), Utc::now())
+            .await?;
+        log_decision(&lost, Utc::now());
     }
     for batch in store.queued_batches().await? {
         core.submit(batch);

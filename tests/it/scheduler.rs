@@ -564,3 +564,89 @@ async fn a_deadline_that_passes_while_flexq_is_down_fails_the_batch_never_alloca
     }
     drop(server);
 }
+
+#[tokio::test]
+async fn a_cluster_whose_nodes_left_the_config_fails_at_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("nodes.toml");
+    std::fs::write(
+        &config,
+        "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 2\n",
+    )
+    .expect("config");
+    let mut server = ServerProcess::start_with(dir.path(), Some(&config)).await;
+    let http = reqwest::Client::new();
+    let url = format!(
+        "{}/v1/projects/demo/locations/us-central1/batches",
+        server.endpoint
+    );
+    let r = http
+        .post(format!("{url}?batchId=orphan"))
+        .json(&gpu_batch(2, "3600s"))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200);
+    let t = Instant::now();
+    loop {
+        let b: Value = http
+            .get(format!("{url}/orphan"))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        if b["flexq"]["provisioningState"] == "PROVISIONED" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{b:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill9();
+    std::fs::write(
+        &config,
+        "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 0\n",
+    )
+    .expect("config");
+    let server = ServerProcess::start_with(dir.path(), Some(&config)).await;
+    let url = format!(
+        "{}/v1/projects/demo/locations/us-central1/batches",
+        server.endpoint
+    );
+    let b: Value = http
+        .get(format!("{url}/orphan"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(b["state"], "FAILED", "{b:#}");
+    assert!(
+        b["stateMessage"]
+            .as_str()
+            .expect("msg")
+            .contains("no longer declared in the configuration"),
+        "{b:#}"
+    );
+    let q: Value = http
+        .get(format!(
+            "{}/v1/projects/demo/regions/us-central1/quotas",
+            server.endpoint
+        ))
+        .send()
+        .await
+        .expect("q")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        q["quotas"]
+            .as_array()
+            .expect("quotas")
+            .iter()
+            .all(|m| m["usage"] == 0),
+        "{q:#}"
+    );
+}
