@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::capacity::{Capacity, Need, Node, NodeId, NodeSpec, Placement, needs, plan_zone};
 use super::lease::{LeaseError, Leases};
-use super::quota::{Ledger, QuotaRule, QuotaView, Shortfall};
+use super::quota::{Ledger, QuotaRule};
+use super::views::Blocker;
 use crate::spec::{ClusterRequest, ProvisioningMode, QuotaAmount};
 
 /// A batch's key: its store sequence number.
@@ -95,100 +96,6 @@ impl Decision {
     }
 }
 
-/// Why a batch is not admitted (yet).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Blocker {
-    Quota(Shortfall),
-    /// `placed` of `total` parts fit in the best zone.
-    Capacity {
-        total: usize,
-        placed: usize,
-        best_zone: Option<String>,
-        shape: String,
-    },
-    /// Fits, but would delay the reservation of an earlier, larger batch.
-    Reservation {
-        holder: BatchKey,
-        until: Option<DateTime<Utc>>,
-    },
-}
-
-impl std::fmt::Display for Blocker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Blocker::Quota(s) => write!(f, "{s}"),
-            Blocker::Capacity {
-                total,
-                placed,
-                best_zone,
-                shape,
-            } => match best_zone {
-                Some(z) => write!(
-                    f,
-                    "needs all {total} parts of {shape} in one zone; the best zone, {z}, has room for {placed}"
-                ),
-                None => write!(
-                    f,
-                    "needs all {total} parts of {shape} in one zone; the region has no nodes for them"
-                ),
-            },
-            Blocker::Reservation { until, .. } => match until {
-                Some(t) => write!(
-                    f,
-                    "capacity is reserved for an earlier batch of the queue until about {}",
-                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                ),
-                None => write!(f, "capacity is reserved for an earlier batch of the queue"),
-            },
-        }
-    }
-}
-
-/// What the API shows of a waiting batch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PendingInfo {
-    pub queue_position: usize,
-    pub reasons: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub estimated_start_time: Option<DateTime<Utc>>,
-}
-
-/// The verdict of a validate-only create.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    AllocateNow {
-        zone: String,
-    },
-    WouldQueue {
-        reasons: Vec<String>,
-    },
-    /// Default mode without room now: the batch would fail at once.
-    WouldFail {
-        reason: String,
-        stock_out: bool,
-    },
-    NeverFits {
-        reason: String,
-    },
-}
-
-/// Capacity per region, zone and GPU type, for the admin views.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CapacityRow {
-    pub region: String,
-    pub zone: String,
-    pub accelerator: String,
-    pub nodes: u64,
-    pub virtual_nodes: u64,
-    pub total_gpus: u64,
-    pub allocated_gpus: u64,
-    pub free_gpus: u64,
-    pub total_local_ssd_gb: u64,
-    pub free_local_ssd_gb: u64,
-}
-
 /// The declared (not registered) capacity of a zone pool: what the region
 /// could offer if every node were up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,17 +107,17 @@ pub struct PoolDecl {
 }
 
 /// Queue order: higher priority first, then older first.
-type QueueKey = (std::cmp::Reverse<i32>, BatchKey);
+pub(super) type QueueKey = (std::cmp::Reverse<i32>, BatchKey);
 
 #[derive(Debug, Default)]
 pub struct Scheduler {
     pub(super) capacity: Capacity,
-    declared: HashMap<String, BTreeMap<String, Vec<Node>>>,
+    pub(super) declared: HashMap<String, BTreeMap<String, Vec<Node>>>,
     pub(super) ledger: Ledger,
     pub(super) pending: HashMap<BatchKey, PendingBatch>,
-    queues: BTreeMap<String, BTreeSet<QueueKey>>,
+    pub(super) queues: BTreeMap<String, BTreeSet<QueueKey>>,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
-    running: HashMap<BatchKey, Allocation>,
+    pub(super) running: HashMap<BatchKey, Allocation>,
     pub(super) leases: Leases,
     /// Queued batches held back last time only by the reservation of an
     /// earlier batch (for the metrics' not-admitted reason).
@@ -640,7 +547,11 @@ impl Scheduler {
     }
 
     /// The zone that fits every part with the least fragmentation left.
-    fn best_zone(&self, region: &str, parts: &[Need]) -> Option<(String, Vec<Placement>)> {
+    pub(super) fn best_zone(
+        &self,
+        region: &str,
+        parts: &[Need],
+    ) -> Option<(String, Vec<Placement>)> {
         let zones: BTreeSet<&str> = self
             .capacity
             .nodes
@@ -661,7 +572,7 @@ impl Scheduler {
 
     /// When `parts` could start if running clusters end at their ttl:
     /// replays their releases in time order on a copy of the region.
-    fn estimate_start(&self, region: &str, parts: &[Need]) -> Option<DateTime<Utc>> {
+    pub(super) fn estimate_start(&self, region: &str, parts: &[Need]) -> Option<DateTime<Utc>> {
         let mut ends: Vec<&Allocation> = self
             .running
             .values()
@@ -691,7 +602,7 @@ impl Scheduler {
     }
 
     /// What stands in the way of a batch now.
-    fn blockers(&self, batch: &PendingBatch) -> Vec<Blocker> {
+    pub(super) fn blockers(&self, batch: &PendingBatch) -> Vec<Blocker> {
         let mut out = Vec::new();
         if let Some(s) = self
             .ledger
@@ -769,235 +680,6 @@ impl Scheduler {
             batch.cluster.allocation_timeout_s
         )
     }
-
-    // ---- views -------------------------------------------------------
-
-    /// Queue position (1-based), reasons and an estimated start.
-    pub fn pending_info(&self, key: BatchKey) -> Option<PendingInfo> {
-        let batch = self.pending.get(&key)?;
-        let queue = self.queues.get(&batch.region)?;
-        let position = queue
-            .iter()
-            .position(|(_, k)| *k == key)
-            .map(|p| p + 1)
-            .unwrap_or(0);
-        let reasons = self.blockers(batch);
-        let estimated_start_time = if reasons.iter().any(|r| matches!(r, Blocker::Quota(_))) {
-            None
-        } else {
-            self.estimate_start(&batch.region, &needs(&batch.cluster))
-        };
-        Some(PendingInfo {
-            queue_position: position,
-            reasons: reasons.iter().map(ToString::to_string).collect(),
-            estimated_start_time,
-        })
-    }
-
-    /// Whether a request could ever fit: the quota limit and the region's
-    /// declared capacity (every pool at its maximum node count, all free).
-    pub fn never_fits(
-        &self,
-        project: &str,
-        region: &str,
-        cluster: &ClusterRequest,
-    ) -> Option<String> {
-        if let Some(s) = self.ledger.never_fits(project, region, &cluster.quota) {
-            return Some(format!(
-                "the request needs {} {}, above the project's quota limit of {} in {region} by {}",
-                s.needed,
-                s.metric,
-                s.limit,
-                s.needed - s.limit
-            ));
-        }
-        let parts = needs(cluster);
-        let mut best = 0;
-        for nodes in self
-            .declared
-            .get(region)
-            .into_iter()
-            .flat_map(|z| z.values())
-        {
-            let plan = plan_zone(&nodes.iter().collect::<Vec<_>>(), &parts);
-            if plan.complete() {
-                return None;
-            }
-            best = best.max(plan.placed);
-        }
-        Some(format!(
-            "the request needs all {} parts of {} in one zone, but the largest declared capacity of a zone of {region} holds {best} (short by {})",
-            parts.len(),
-            shape_text(cluster),
-            parts.len() - best
-        ))
-    }
-
-    /// What would happen to this request now (validate-only create).
-    pub fn verdict(&self, project: &str, region: &str, cluster: &ClusterRequest) -> Verdict {
-        if let Some(reason) = self.never_fits(project, region, cluster) {
-            return Verdict::NeverFits { reason };
-        }
-        let probe = PendingBatch {
-            key: BatchKey(i64::MAX),
-            batch_id: String::new(),
-            project: project.into(),
-            region: region.into(),
-            priority: 0,
-            queued_at: DateTime::<Utc>::MIN_UTC,
-            deadline: None,
-            cluster: cluster.clone(),
-        };
-        let blockers = self.blockers(&probe);
-        let queued_ahead = self.queues.get(region).is_some_and(|q| !q.is_empty());
-        if blockers.is_empty() && !queued_ahead {
-            let zone = self
-                .best_zone(region, &needs(cluster))
-                .map(|(z, _)| z)
-                .unwrap_or_default();
-            return Verdict::AllocateNow { zone };
-        }
-        let mut reasons: Vec<String> = blockers.iter().map(ToString::to_string).collect();
-        if blockers.is_empty() {
-            reasons.push("earlier batches of the region's queue go first".into());
-        }
-        if cluster.mode == ProvisioningMode::Default {
-            let stock_out = !blockers.iter().any(|b| matches!(b, Blocker::Quota(_)));
-            return Verdict::WouldFail {
-                reason: reasons.join("; "),
-                stock_out,
-            };
-        }
-        Verdict::WouldQueue { reasons }
-    }
-
-    pub fn quotas(&self, project: &str, region: &str) -> Vec<QuotaView> {
-        self.ledger.view(project, region)
-    }
-
-    /// Total, allocated and free GPUs and SSD per region, zone and type.
-    pub fn capacity_rows(&self) -> Vec<CapacityRow> {
-        let mut rows: BTreeMap<(String, String, String), CapacityRow> = BTreeMap::new();
-        for n in self.capacity.nodes.values() {
-            let s = &n.spec;
-            let row = rows
-                .entry((s.region.clone(), s.zone.clone(), s.accelerator.to_string()))
-                .or_insert_with(|| CapacityRow {
-                    region: s.region.clone(),
-                    zone: s.zone.clone(),
-                    accelerator: s.accelerator.to_string(),
-                    nodes: 0,
-                    virtual_nodes: 0,
-                    total_gpus: 0,
-                    allocated_gpus: 0,
-                    free_gpus: 0,
-                    total_local_ssd_gb: 0,
-                    free_local_ssd_gb: 0,
-                });
-            row.nodes += 1;
-            row.virtual_nodes += u64::from(s.is_virtual);
-            row.total_gpus += s.gpu_addresses.len() as u64;
-            row.free_gpus += u64::from(n.free_gpus());
-            row.allocated_gpus += (s.gpu_addresses.len() as u64) - u64::from(n.free_gpus());
-            row.total_local_ssd_gb += s.local_ssd_gb;
-            row.free_local_ssd_gb += n.free_ssd_gb;
-        }
-        rows.into_values().collect()
-    }
-
-    /// Every node with what is free on it.
-    pub fn nodes(&self) -> Vec<(NodeSpec, u32, u32, u64, u64)> {
-        self.capacity
-            .nodes
-            .values()
-            .map(|n| {
-                (
-                    n.spec.clone(),
-                    n.free_gpus(),
-                    n.free_cores,
-                    n.free_memory_mb,
-                    n.free_ssd_gb,
-                )
-            })
-            .collect()
-    }
-
-    /// Checks the invariants: no node over-given, quota usage equal to what
-    /// running clusters hold. For tests.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let mut used: HashMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = HashMap::new();
-        for a in self.running.values() {
-            for p in &a.placements {
-                let e = used.entry(&p.node).or_default();
-                e.0 += p.cores;
-                e.1 += p.memory_mb;
-                e.2 += p.local_ssd_gb;
-                for g in &p.gpus {
-                    if !e.3.insert(g) {
-                        return Err(format!("GPU {g} of {} given twice", p.node));
-                    }
-                }
-            }
-        }
-        for (id, (cores, mem, ssd, gpus)) in used {
-            let Some(n) = self.capacity.nodes.get(id) else {
-                continue;
-            };
-            if cores > n.spec.cores || mem > n.spec.memory_mb || ssd > n.spec.local_ssd_gb {
-                return Err(format!("node {id} overcommitted"));
-            }
-            if n.free_cores + cores != n.spec.cores
-                || n.free_gpus() as usize + gpus.len() != n.spec.gpu_addresses.len()
-            {
-                return Err(format!("node {id}: free and used do not add up"));
-            }
-        }
-        let mut usage: HashMap<(&str, &str, crate::spec::QuotaMetric), u64> = HashMap::new();
-        for a in self.running.values() {
-            for q in &a.quota {
-                *usage.entry((&a.project, &a.region, q.metric)).or_default() += q.amount;
-            }
-        }
-        for ((p, r, m), u) in usage {
-            if self.ledger.usage(p, r, m) != u {
-                return Err(format!("quota usage of {p}/{r}/{m} is off"));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn running_keys(&self) -> Vec<BatchKey> {
-        let mut keys: Vec<_> = self.running.keys().copied().collect();
-        keys.sort();
-        keys
-    }
-
-    pub fn ledger_usage(
-        &self,
-        project: &str,
-        region: &str,
-        metric: crate::spec::QuotaMetric,
-    ) -> u64 {
-        self.ledger.usage(project, region, metric)
-    }
-
-    pub fn ledger_limit(
-        &self,
-        project: &str,
-        region: &str,
-        metric: crate::spec::QuotaMetric,
-    ) -> u64 {
-        self.ledger.limit(project, region, metric)
-    }
-
-    /// The first batch of a region's queue.
-    pub fn queue_head(&self, region: &str) -> Option<BatchKey> {
-        self.queues.get(region)?.first().map(|(_, k)| *k)
-    }
-
-    pub fn is_pending(&self, key: BatchKey) -> bool {
-        self.pending.contains_key(&key)
-    }
 }
 
 /// The GPU type of a cluster for metric labels: the executors', else the
@@ -1011,7 +693,7 @@ pub fn accelerator_label(c: &ClusterRequest) -> &'static str {
 
 /// What a cluster needs, as a small key: two clusters with equal keys fit
 /// or fail alike.
-fn shape_key(c: &ClusterRequest) -> ShapeKey {
+pub(super) fn shape_key(c: &ClusterRequest) -> ShapeKey {
     (
         Need::of(super::capacity::Role::Driver, &c.driver),
         Need::of(super::capacity::Role::Executor, &c.executor),

@@ -11,16 +11,18 @@ mod lease;
 mod quota;
 mod runner;
 mod snapshot;
+mod views;
 
 pub use capacity::{NodeId, NodeSpec, Placement, Role};
 pub use core::{
-    Allocation, BatchKey, Blocker, CapacityRow, Decision, PendingBatch, PendingInfo, PoolDecl,
-    Scheduler, Verdict, accelerator_label, shape_text,
+    Allocation, BatchKey, Decision, PendingBatch, PoolDecl, Scheduler, accelerator_label,
+    shape_text,
 };
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use runner::SchedulerService;
 pub use snapshot::Snapshot;
+pub use views::{Blocker, CapacityRow, PendingInfo, Verdict};
 
 use crate::config::Config;
 

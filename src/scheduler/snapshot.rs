@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use super::core::{CapacityRow, Scheduler};
+use super::core::Scheduler;
+use super::views::CapacityRow;
 use crate::spec::QuotaMetric;
 
 /// Plain numbers; `metrics` turns them into series.
