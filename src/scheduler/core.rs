@@ -128,11 +128,23 @@ pub struct Scheduler {
     /// Per region: how many queued batches of each shape, and of default
     /// mode. A pass stops scanning a region once every shape present has
     /// failed and no default-mode batch awaits its verdict.
-    shapes: HashMap<String, HashMap<ShapeKey, usize>>,
+    shapes: HashMap<String, HashMap<ShapeKey, ShapeStats>>,
     defaults: HashMap<String, usize>,
 }
 
 type ShapeKey = (Need, Need, u32);
+
+/// Queued batches of one shape in a region: how many, and how many of each
+/// ttl (the shortest bounds whether any of them could backfill).
+#[derive(Debug, Default)]
+struct ShapeStats {
+    count: usize,
+    ttls: BTreeMap<u64, usize>,
+}
+
+fn ttl_key(c: &ClusterRequest) -> u64 {
+    c.ttl_s.unwrap_or(u64::MAX)
+}
 
 /// The first batch of a pass blocked by capacity: what it needs and, once
 /// computed, when it could start (None inside: never, as things stand).
@@ -196,12 +208,14 @@ impl Scheduler {
             return;
         }
         self.dirty.insert(batch.region.clone());
-        *self
+        let stats = self
             .shapes
             .entry(batch.region.clone())
             .or_default()
             .entry(shape_key(&batch.cluster))
-            .or_default() += 1;
+            .or_default();
+        stats.count += 1;
+        *stats.ttls.entry(ttl_key(&batch.cluster)).or_default() += 1;
         if batch.cluster.mode == ProvisioningMode::Default {
             *self.defaults.entry(batch.region.clone()).or_default() += 1;
         }
@@ -235,9 +249,16 @@ impl Scheduler {
             self.dirty.insert(b.region.clone());
             if let Some(m) = self.shapes.get_mut(&b.region) {
                 let shape = shape_key(&b.cluster);
-                if let Some(n) = m.get_mut(&shape) {
-                    *n -= 1;
-                    if *n == 0 {
+                if let Some(stats) = m.get_mut(&shape) {
+                    stats.count -= 1;
+                    let ttl = ttl_key(&b.cluster);
+                    if let Some(n) = stats.ttls.get_mut(&ttl) {
+                        *n -= 1;
+                        if *n == 0 {
+                            stats.ttls.remove(&ttl);
+                        }
+                    }
+                    if stats.count == 0 {
                         m.remove(&shape);
                     }
                 }
@@ -397,6 +418,10 @@ impl Scheduler {
         // Shapes that did not fit in this pass: free capacity only shrinks
         // during a pass, so they cannot fit later in it either.
         let mut failed_shapes: HashSet<ShapeKey> = HashSet::new();
+        // Shapes nothing more can be admitted of in this pass: failed, or
+        // held back with even their shortest ttl ending after the
+        // reservation.
+        let mut exhausted: HashSet<ShapeKey> = HashSet::new();
         // Shapes that fit but were held back by the reservation, with their
         // plan: valid until the next allocation takes capacity.
         let mut fitting: HashMap<ShapeKey, (String, Vec<Placement>)> = HashMap::new();
@@ -426,9 +451,17 @@ impl Scheduler {
             let key = queued.1;
             let distinct = self.shapes.get(region).map_or(0, HashMap::len);
             let defaults = self.defaults.get(region).copied().unwrap_or(0);
-            if failed_shapes.len() >= distinct && defaults == 0 {
-                // Nothing left in this queue can fit in this pass.
-                break;
+            if defaults == 0 && exhausted.len() >= distinct {
+                // Every shape still queued here either does not fit or
+                // cannot end before the reservation: nothing more can be
+                // admitted in this pass. (Counted against the shapes still
+                // queued: a rejected batch may have been a shape's last.)
+                let present = self.shapes.get(region).map_or(0, |m| {
+                    exhausted.iter().filter(|s| m.contains_key(*s)).count()
+                });
+                if present >= distinct {
+                    break;
+                }
             }
             let Some(batch) = self.pending.get(&key) else {
                 continue;
@@ -485,6 +518,21 @@ impl Scheduler {
                             };
                             if delays_holder {
                                 self.held_back.insert(key);
+                                let shortest = self
+                                    .shapes
+                                    .get(region)
+                                    .and_then(|m| m.get(&shape))
+                                    .and_then(|st| st.ttls.keys().next().copied());
+                                let none_can = match (until, shortest) {
+                                    (Some(u), Some(t)) if t != u64::MAX => {
+                                        now + Duration::seconds(t as i64) > u
+                                    }
+                                    (Some(_), _) => true,
+                                    (None, _) => false,
+                                };
+                                if none_can {
+                                    exhausted.insert(shape);
+                                }
                                 continue;
                             }
                         }
@@ -496,6 +544,7 @@ impl Scheduler {
                     fitting.clear();
                     if !self.capacity.take(&placements) {
                         failed_shapes.insert(shape);
+                        exhausted.insert(shape);
                         continue;
                     }
                     self.forget(key);
@@ -522,6 +571,7 @@ impl Scheduler {
                 }
                 None => {
                     failed_shapes.insert(shape);
+                    exhausted.insert(shape);
                     if default_mode {
                         let message = format!(
                             "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",

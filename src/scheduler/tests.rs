@@ -775,3 +775,73 @@ fn a_pass_that_stops_early_still_answers_default_mode_batches() {
         "a different shape further back is still tried"
     );
 }
+
+#[test]
+fn a_rejected_last_batch_of_a_shape_does_not_end_the_scan() {
+    let mut s = Scheduler::new(vec![pool("a", 4, 8)], rules(100));
+    s.add_node(l4_node("n0", "a", 4));
+    // One default-mode batch that cannot fit (its shape's only batch), then
+    // a queued one of another shape that fits.
+    s.submit(batch(
+        1,
+        "p",
+        cluster(6, ProvisioningMode::Default, 0, None),
+        t0(),
+    ));
+    s.submit(batch(
+        2,
+        "p",
+        cluster(1, ProvisioningMode::Queue, 600, None),
+        t0(),
+    ));
+    let d = s.pass(t0());
+    assert!(
+        d.iter()
+            .any(|d| matches!(d, Decision::Reject { key, .. } if key.0 == 1)),
+        "{d:?}"
+    );
+    assert_eq!(allocated(&d), vec![2]);
+}
+
+#[test]
+fn long_batches_held_back_by_a_reservation_end_the_scan_but_short_ones_still_backfill() {
+    let mut s = Scheduler::new(vec![pool("a", 4, 4)], rules(100));
+    s.add_node(l4_node("n0", "a", 4));
+    s.add_node(l4_node("n1", "a", 4));
+    s.submit(batch(
+        1,
+        "p",
+        cluster(1, ProvisioningMode::Queue, 7200, Some(3600)),
+        t0(),
+    ));
+    s.submit(batch(
+        2,
+        "p",
+        cluster(1, ProvisioningMode::Queue, 7200, Some(3600)),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0())).len(), 2);
+    s.submit(batch(
+        3,
+        "p",
+        cluster(7, ProvisioningMode::Queue, 7200, Some(3600)),
+        t0(),
+    ));
+    // Many long ones of one shape, then a short one of the same shape far
+    // behind them: the scan must reach it.
+    for k in 4..200 {
+        s.submit(batch(
+            k,
+            "p",
+            cluster(1, ProvisioningMode::Queue, 7200, Some(7200)),
+            t0(),
+        ));
+    }
+    s.submit(batch(
+        500,
+        "p",
+        cluster(1, ProvisioningMode::Queue, 7200, Some(600)),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0())), vec![500]);
+}
