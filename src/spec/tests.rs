@@ -620,3 +620,48 @@ fn an_a100_80_cluster_draws_its_own_metric() {
         ]
     );
 }
+
+#[test]
+fn a_gpu_driver_follows_the_same_shape_rules() {
+    let c = check(&flex(&[("spark.driver.cores", "24")])).expect("l4 driver with 24 cores");
+    assert_eq!((c.driver.gpus, c.driver.local_ssd_gb), (2, 750));
+    rejected(
+        &flex(&[("spark.driver.cores", "5")]),
+        "runtime_config.properties[spark.driver.cores]",
+        "is not a driver core count for l4; accepted: 4, 8, 12, 16, 24, 48, 96",
+    );
+    rejected(
+        &flex(&[("spark.dataproc.driver.disk.size", "750g")]),
+        "runtime_config.properties[spark.dataproc.driver.disk.size]",
+        "accepted: 375g",
+    );
+    rejected(
+        &flex(&[
+            ("spark.driver.memory", "8g"),
+            ("spark.driver.memoryOverhead", "1g"),
+        ]),
+        "runtime_config.properties[spark.driver.memoryOverhead]",
+        "set at most one of spark.driver.memory and spark.driver.memoryOverhead",
+    );
+}
+
+#[test]
+fn a_cpu_driver_takes_cpu_shapes() {
+    let b = flex_without("spark.dataproc.driver.resource.accelerator.type");
+    let c = check(&b).expect("CPU driver");
+    assert_eq!(
+        (c.driver.accelerator, c.driver.gpus, c.driver.local_ssd_gb),
+        (None, 0, 0)
+    );
+    let mut props: Vec<(&str, &str)> = FLEX
+        .iter()
+        .copied()
+        .filter(|(k, _)| *k != "spark.dataproc.driver.resource.accelerator.type")
+        .collect();
+    props.push(("spark.driver.cores", "12"));
+    rejected(
+        &batch("3.0", &props),
+        "runtime_config.properties[spark.driver.cores]",
+        "accepted: 4, 8, 16",
+    );
+}
