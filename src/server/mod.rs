@@ -17,6 +17,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use axum::{BoxError, Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -238,6 +239,13 @@ pub async fn run(
     let store = app.store.clone();
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "flexq listening");
+    // Small request/response exchanges: do not let Nagle hold a response
+    // back waiting for an ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let server = axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let server = tokio::spawn(async move { server.await });
