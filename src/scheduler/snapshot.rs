@@ -1,7 +1,9 @@
 //! What the metrics show of the scheduler, computed at scrape time from
 //! its state (never kept up to date all over the code).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -29,13 +31,15 @@ impl Scheduler {
         let mut s = Snapshot::default();
         // Borrowed keys while walking every pending batch: a scrape with
         // 100k of them must not allocate per batch.
-        let mut pending: HashMap<(&str, &'static str, &'static str), u64> = HashMap::new();
-        let mut fraction: HashMap<&str, f64> = HashMap::new();
-        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        let mut pending: FxHashMap<(&str, &'static str, &'static str), u64> = FxHashMap::default();
+        let mut fraction: FxHashMap<&str, f64> = FxHashMap::default();
+        let mut seen: FxHashSet<(&str, &str)> = FxHashSet::default();
         // What is free per (project, region) and metric, computed once per
         // pair rather than once per batch.
-        let mut free: HashMap<(&str, &str), [u64; QuotaMetric::ALL.len()]> = HashMap::new();
+        let mut free: FxHashMap<(&str, &str), [u64; QuotaMetric::ALL.len()]> = FxHashMap::default();
         for b in self.pending.values() {
+            // Pending batches are visited in hash order; a fast hasher for
+            // these scrape-local maps keeps a 100k-batch scrape cheap.
             let room = free.entry((&b.project, &b.region)).or_insert_with(|| {
                 QuotaMetric::ALL.map(|m| {
                     self.ledger
