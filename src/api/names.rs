@@ -79,10 +79,6 @@ impl BatchName {
             _ => None,
         }
     }
-
-    pub fn parent(&self) -> String {
-        format!("projects/{}/locations/{}", self.project, self.region)
-    }
 }
 
 impl fmt::Display for BatchName {
@@ -101,20 +97,6 @@ pub struct OperationName {
     pub project: String,
     pub region: String,
     pub operation_id: String,
-}
-
-impl OperationName {
-    pub fn parse(name: &str) -> Option<OperationName> {
-        let parts: Vec<&str> = name.split('/').collect();
-        match parts.as_slice() {
-            ["projects", p, "regions", r, "operations", o] => Some(OperationName {
-                project: p.to_string(),
-                region: r.to_string(),
-                operation_id: o.to_string(),
-            }),
-            _ => None,
-        }
-    }
 }
 
 impl fmt::Display for OperationName {

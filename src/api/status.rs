@@ -144,11 +144,4 @@ impl Status {
             .flatten()
             .collect()
     }
-
-    /// The ErrorInfo reason.
-    pub fn reason(&self) -> Option<&str> {
-        self.details
-            .iter()
-            .find_map(|d| d.get("reason").and_then(|r| r.as_str()))
-    }
 }

@@ -278,12 +278,11 @@ async fn fill(store: &Store, config: &Config, n: usize, timeout_s: u64) -> Resul
     fill_range(store, config, "b", 0, n, timeout_s).await
 }
 
-/// Part 2: 1,000 nodes arrive at once under a deep queue.
-async fn flood(n: usize) -> Result<(), CliError> {
-    let dir = tempfile::tempdir().map_err(err)?;
-    let config = bench_config(0, dir.path())?;
-    let store = open_store(dir.path()).await?;
-    fill(&store, &config, n, 7200).await?;
+/// Starts a scheduler on `store`; cancel the token to stop it.
+async fn start_scheduler(
+    config: &Config,
+    store: &Store,
+) -> Result<(crate::scheduler::SchedulerService, CancellationToken), CliError> {
     let shutdown = CancellationToken::new();
     let service = crate::scheduler::SchedulerService::start(
         config.clone().into(),
@@ -292,6 +291,16 @@ async fn flood(n: usize) -> Result<(), CliError> {
     )
     .await
     .map_err(err)?;
+    Ok((service, shutdown))
+}
+
+/// Part 2: 1,000 nodes arrive at once under a deep queue.
+async fn flood(n: usize) -> Result<(), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(0, dir.path())?;
+    let store = open_store(dir.path()).await?;
+    fill(&store, &config, n, 7200).await?;
+    let (service, shutdown) = start_scheduler(&config, &store).await?;
     // Let the first (empty) pass go by.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let far = Utc::now() + chrono::Duration::hours(1);
@@ -464,14 +473,7 @@ async fn expiry(n: usize) -> Result<(), CliError> {
             "warning: the fill took {filled:?}; the first deadlines passed before the scheduler started"
         );
     }
-    let shutdown = CancellationToken::new();
-    let _service = crate::scheduler::SchedulerService::start(
-        config.clone().into(),
-        store.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .map_err(err)?;
+    let (_service, shutdown) = start_scheduler(&config, &store).await?;
     let waited = Instant::now();
     while waited.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(500)).await;

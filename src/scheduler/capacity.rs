@@ -81,6 +81,16 @@ pub enum Role {
     Executor,
 }
 
+impl Role {
+    /// "driver" or "executor", as stored and shown.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Driver => "driver",
+            Role::Executor => "executor",
+        }
+    }
+}
+
 /// What one part needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Need {

@@ -240,6 +240,14 @@ impl Scheduler {
         rows.into_values().collect()
     }
 
+    /// Whether a node is an operator-declared virtual node.
+    pub fn is_virtual(&self, node: &NodeId) -> bool {
+        self.capacity
+            .nodes
+            .get(node)
+            .is_some_and(|n| n.spec.is_virtual)
+    }
+
     /// Every node with what is free on it.
     pub fn nodes(&self) -> Vec<(NodeSpec, u32, u32, u64, u64)> {
         self.capacity

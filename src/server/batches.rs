@@ -18,7 +18,7 @@ use crate::api::{
     ListBatchesResponse, Operation, OperationError, OperationMetadata, OperationName, State,
     check_batch_id, check_request_id,
 };
-use crate::scheduler::{BatchKey, PendingBatch, Role, Verdict, shape_text};
+use crate::scheduler::{BatchKey, PendingBatch, Verdict, shape_text};
 use crate::spec;
 use crate::store::{BatchRecord, Created, Filter, NewBatch, Provisioning};
 
@@ -241,27 +241,14 @@ async fn describe_provisioning(
             }
         }
         Provisioning::Provisioned | Provisioning::Released => {
-            let virtual_nodes: std::collections::HashSet<String> = app
-                .scheduler
-                .lock()
-                .await
-                .nodes()
-                .into_iter()
-                .filter(|n| n.0.is_virtual)
-                .map(|n| n.0.id.0)
-                .collect();
-            info.nodes = app
-                .store
-                .placements(record.seq)
-                .await?
+            let placements = app.store.placements(record.seq).await?;
+            let core = app.scheduler.lock().await;
+            info.nodes = placements
                 .into_iter()
                 .map(|p| AllocatedPart {
-                    is_virtual: virtual_nodes.contains(&p.node.0),
+                    is_virtual: core.is_virtual(&p.node),
                     node: p.node.0,
-                    role: match p.role {
-                        Role::Driver => "driver".into(),
-                        Role::Executor => "executor".into(),
-                    },
+                    role: p.role.name().into(),
                     gpus: p.gpus,
                     cores: p.cores,
                     memory_mb: p.memory_mb,

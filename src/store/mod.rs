@@ -194,20 +194,25 @@ impl Store {
             .map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?
     }
 
+    /// Runs a query over [`BATCH_COLUMNS`] that matches at most one batch.
+    async fn one<'q>(
+        &self,
+        query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    ) -> Result<Option<BatchRecord>, StoreError> {
+        let rows = query.fetch_all(&self.pool).await?;
+        Ok(read_batches(&self.pool, rows).await?.pop())
+    }
+
     pub async fn get(&self, name: &BatchName) -> Result<BatchRecord, StoreError> {
-        let sql = format!(
-            "select {BATCH_COLUMNS} from batches where project = ? and region = ? and batch_id = ?"
-        );
-        let rows = sqlx::query(&sql)
-            .bind(&name.project)
-            .bind(&name.region)
-            .bind(&name.batch_id)
-            .fetch_all(&self.pool)
-            .await?;
-        read_batches(&self.pool, rows)
-            .await?
-            .pop()
-            .ok_or(StoreError::NotFound)
+        let sql = select_batches("project = ? and region = ? and batch_id = ?");
+        self.one(
+            sqlx::query(&sql)
+                .bind(&name.project)
+                .bind(&name.region)
+                .bind(&name.batch_id),
+        )
+        .await?
+        .ok_or(StoreError::NotFound)
     }
 
     pub async fn get_by_operation(
@@ -216,28 +221,22 @@ impl Store {
         region: &str,
         operation_id: &str,
     ) -> Result<BatchRecord, StoreError> {
-        let sql = format!(
-            "select {BATCH_COLUMNS} from batches where project = ? and region = ? and operation_id = ?"
-        );
-        let rows = sqlx::query(&sql)
-            .bind(project)
-            .bind(region)
-            .bind(operation_id)
-            .fetch_all(&self.pool)
-            .await?;
-        read_batches(&self.pool, rows)
-            .await?
-            .pop()
-            .ok_or(StoreError::NotFound)
+        let sql = select_batches("project = ? and region = ? and operation_id = ?");
+        self.one(
+            sqlx::query(&sql)
+                .bind(project)
+                .bind(region)
+                .bind(operation_id),
+        )
+        .await?
+        .ok_or(StoreError::NotFound)
     }
 
     /// A batch by its sequence number.
     pub async fn get_by_seq(&self, seq: i64) -> Result<BatchRecord, StoreError> {
-        let sql = format!("select {BATCH_COLUMNS} from batches where seq = ?");
-        let rows = sqlx::query(&sql).bind(seq).fetch_all(&self.pool).await?;
-        read_batches(&self.pool, rows)
+        let sql = select_batches("seq = ?");
+        self.one(sqlx::query(&sql).bind(seq))
             .await?
-            .pop()
             .ok_or(StoreError::NotFound)
     }
 
@@ -247,16 +246,10 @@ impl Store {
         project: &str,
         region: &str,
     ) -> Result<Option<BatchRecord>, StoreError> {
-        let sql = format!(
-            "select {BATCH_COLUMNS} from batches where project = ? and region = ? \
-             and provisioning = 0 and state = 1 order by seq limit 1"
+        let sql = select_batches(
+            "project = ? and region = ? and provisioning = 0 and state = 1 order by seq limit 1",
         );
-        let rows = sqlx::query(&sql)
-            .bind(project)
-            .bind(region)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(read_batches(&self.pool, rows).await?.pop())
+        self.one(sqlx::query(&sql).bind(project).bind(region)).await
     }
 
     /// For every expired batch: how long after its deadline it was failed,
@@ -371,12 +364,7 @@ impl Store {
             tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %to, "batch state changed");
             crate::metrics::record_transition(*to);
         }
-        let sql = format!("select {BATCH_COLUMNS} from batches where seq = ?");
-        let rows = sqlx::query(&sql).bind(seq).fetch_all(&self.pool).await?;
-        read_batches(&self.pool, rows)
-            .await?
-            .pop()
-            .ok_or(StoreError::NotFound)
+        self.get_by_seq(seq).await
     }
 
     /// Deletes a batch in a terminal state.
@@ -454,6 +442,11 @@ async fn connect(options: &StoreOptions) -> Result<SqlitePool, StoreError> {
         .connect_with(connect)
         .await
         .map_err(StoreError::from)
+}
+
+/// `select` of every batch column, with a `where` clause.
+fn select_batches(condition: &str) -> String {
+    format!("select {BATCH_COLUMNS} from batches where {condition}")
 }
 
 /// Applies the embedded migrations (idempotent).

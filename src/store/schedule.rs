@@ -303,7 +303,7 @@ impl Store {
             q.push_values(chunk, |mut row, (seq, p)| {
                 row.push_bind(*seq)
                     .push_bind(&p.node.0)
-                    .push_bind(role_name(p.role))
+                    .push_bind(p.role.name())
                     .push_bind(serde_json::to_string(&p.gpus).unwrap_or_else(|_| "[]".into()))
                     .push_bind(p.cores)
                     .push_bind(p.memory_mb as i64)
@@ -351,36 +351,6 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
-    }
-
-    /// The allocation history: every part ever allocated, with its
-    /// lifetime, for audits (no overcommit at any instant).
-    pub async fn allocation_history(
-        &self,
-    ) -> Result<Vec<(i64, Placement, DateTime<Utc>, Option<DateTime<Utc>>)>, StoreError> {
-        let rows = sqlx::query(
-            "select batch_seq, node_id, role, gpus, cores, memory_mb, local_ssd_gb, allocated_at, released_at \
-             from allocations order by id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("batch_seq")?,
-                    placement_of(r)?,
-                    from_micros(r.try_get("allocated_at")?),
-                    r.try_get::<Option<i64>, _>("released_at")?.map(from_micros),
-                ))
-            })
-            .collect()
-    }
-}
-
-fn role_name(r: Role) -> &'static str {
-    match r {
-        Role::Driver => "driver",
-        Role::Executor => "executor",
     }
 }
 

@@ -4,10 +4,13 @@ use std::process::Command;
 
 use crate::support::{TestServer, flexq_bin};
 
+/// Runs `flexq COMMAND [target flags] REST...` against `s`: the target
+/// flags go right after the command name, before any `--` job arguments.
 fn flexq(s: &TestServer, args: &[&str]) -> (bool, String, String) {
+    let (command, rest) = args.split_first().expect("a command");
     let out = Command::new(flexq_bin())
+        .arg(command)
         .args([
-            "batches",
             "--endpoint",
             &s.url(""),
             "--project",
@@ -15,7 +18,7 @@ fn flexq(s: &TestServer, args: &[&str]) -> (bool, String, String) {
             "--region",
             "us-central1",
         ])
-        .args(args)
+        .args(rest)
         .env_remove("FLEXQ_ENDPOINT")
         .output()
         .expect("run flexq");
@@ -37,6 +40,7 @@ async fn submit_list_describe_cancel_delete_through_the_cli() {
         flexq(
             s2,
             &[
+                "batches",
                 "submit",
                 "pyspark",
                 &path,
@@ -64,7 +68,7 @@ async fn submit_list_describe_cancel_delete_through_the_cli() {
         "{stdout}"
     );
 
-    let (ok, stdout, _) = tokio::task::block_in_place(|| flexq(s2, &["list"]));
+    let (ok, stdout, _) = tokio::task::block_in_place(|| flexq(s2, &["batches", "list"]));
     assert!(ok);
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines[0].starts_with("BATCH_ID"), "{stdout}");
@@ -75,7 +79,8 @@ async fn submit_list_describe_cancel_delete_through_the_cli() {
         "{stdout}"
     );
 
-    let (ok, stdout, _) = tokio::task::block_in_place(|| flexq(s2, &["describe", "cli-batch"]));
+    let (ok, stdout, _) =
+        tokio::task::block_in_place(|| flexq(s2, &["batches", "describe", "cli-batch"]));
     assert!(ok);
     assert!(stdout.contains("state: PENDING"), "{stdout}");
     assert!(stdout.contains("ttl: 7200s"), "{stdout}");
@@ -88,24 +93,29 @@ async fn submit_list_describe_cancel_delete_through_the_cli() {
         "job args after -- are kept: {stdout}"
     );
 
-    let (ok, stdout, _) = tokio::task::block_in_place(|| flexq(s2, &["--format", "json", "list"]));
+    let (ok, stdout, _) =
+        tokio::task::block_in_place(|| flexq(s2, &["batches", "--format", "json", "list"]));
     assert!(ok);
     let list: serde_json::Value = serde_json::from_str(&stdout).expect("json list");
     assert_eq!(list[0]["labels"]["team"], "ml");
 
-    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["delete", "cli-batch"]));
+    let (ok, _, stderr) =
+        tokio::task::block_in_place(|| flexq(s2, &["batches", "delete", "cli-batch"]));
     assert!(!ok, "a pending batch cannot be deleted");
     assert!(stderr.contains("FAILED_PRECONDITION"), "{stderr}");
 
-    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["cancel", "cli-batch"]));
+    let (ok, _, stderr) =
+        tokio::task::block_in_place(|| flexq(s2, &["batches", "cancel", "cli-batch"]));
     assert!(ok, "{stderr}");
     assert!(stderr.contains("CANCELLED"), "{stderr}");
 
-    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["wait", "cli-batch"]));
+    let (ok, _, stderr) =
+        tokio::task::block_in_place(|| flexq(s2, &["batches", "wait", "cli-batch"]));
     assert!(!ok, "wait exits non-zero for a cancelled batch");
     assert!(stderr.contains("Batch job is CANCELLED."), "{stderr}");
 
-    let (ok, _, stderr) = tokio::task::block_in_place(|| flexq(s2, &["delete", "cli-batch"]));
+    let (ok, _, stderr) =
+        tokio::task::block_in_place(|| flexq(s2, &["batches", "delete", "cli-batch"]));
     assert!(ok, "{stderr}");
 }
 
@@ -117,6 +127,7 @@ async fn a_bad_submit_prints_every_violation() {
         flexq(
             s2,
             &[
+                "batches",
                 "submit",
                 "pyspark",
                 "gs://b/job.py",
@@ -198,31 +209,11 @@ async fn sigterm_drains_and_exits_cleanly() {
     }
 }
 
-fn flexq_admin(s: &TestServer, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(flexq_bin())
-        .args(args)
-        .args([
-            "--endpoint",
-            &s.url(""),
-            "--project",
-            "demo",
-            "--region",
-            "us-central1",
-        ])
-        .output()
-        .expect("run flexq");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_nodes_and_quotas_through_the_cli() {
     let s = TestServer::start_with(|_| {}).await;
     let s2 = &s;
-    let (ok, out, err) = tokio::task::block_in_place(|| flexq_admin(s2, &["regions", "list"]));
+    let (ok, out, err) = tokio::task::block_in_place(|| flexq(s2, &["regions", "list"]));
     assert!(ok, "{err}");
     let row = out
         .lines()
@@ -231,7 +222,7 @@ async fn regions_nodes_and_quotas_through_the_cli() {
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cols[3..8], ["2", "2", "8", "0", "8"], "{out}");
 
-    let (ok, out, _) = tokio::task::block_in_place(|| flexq_admin(s2, &["nodes", "list"]));
+    let (ok, out, _) = tokio::task::block_in_place(|| flexq(s2, &["nodes", "list"]));
     assert!(ok);
     assert_eq!(
         out.lines()
@@ -242,7 +233,7 @@ async fn regions_nodes_and_quotas_through_the_cli() {
     );
 
     let (ok, out, _) = tokio::task::block_in_place(|| {
-        flexq_admin(s2, &["quotas", "set", "PREEMPTIBLE_NVIDIA_L4_GPUS", "48"])
+        flexq(s2, &["quotas", "set", "PREEMPTIBLE_NVIDIA_L4_GPUS", "48"])
     });
     assert!(ok);
     assert!(
@@ -251,7 +242,7 @@ async fn regions_nodes_and_quotas_through_the_cli() {
         "{out}"
     );
     let (ok, out, _) =
-        tokio::task::block_in_place(|| flexq_admin(s2, &["quotas", "list", "--format", "json"]));
+        tokio::task::block_in_place(|| flexq(s2, &["quotas", "list", "--format", "json"]));
     assert!(ok);
     let list: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert!(
@@ -260,8 +251,7 @@ async fn regions_nodes_and_quotas_through_the_cli() {
             .iter()
             .any(|q| q["metric"] == "PREEMPTIBLE_NVIDIA_L4_GPUS" && q["limit"] == 48)
     );
-    let (ok, _, err) =
-        tokio::task::block_in_place(|| flexq_admin(s2, &["quotas", "set", "H100", "1"]));
+    let (ok, _, err) = tokio::task::block_in_place(|| flexq(s2, &["quotas", "set", "H100", "1"]));
     assert!(!ok);
     assert!(err.contains("is not a quota metric"), "{err}");
 }

@@ -8,7 +8,7 @@ use flexq::scheduler::QuotaRule;
 use flexq::spec::{Accelerator, QuotaMetric};
 use serde_json::{Value, json};
 
-use crate::support::{ServerProcess, TestServer, assert_status, flex_with};
+use crate::support::{ServerProcess, TestServer, assert_status, flex_with, virtual_l4_config};
 
 /// us-central1 with one zone of `nodes` virtual L4 nodes of `gpus` GPUs
 /// (declared capacity `max_nodes`), and a quota of `quota` GPUs per pool.
@@ -488,62 +488,20 @@ async fn quotas_and_capacity_are_visible_and_limits_can_change() {
 async fn a_deadline_that_passes_while_flexq_is_down_fails_the_batch_never_allocates_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("small.toml");
-    std::fs::write(
-        &config,
-        "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 1\n",
-    )
-    .expect("config");
+    virtual_l4_config(&config, 1);
     let mut server = ServerProcess::start_with(dir.path(), Some(&config)).await;
-    let http = reqwest::Client::new();
-    let url = format!(
-        "{}/v1/projects/demo/locations/us-central1/batches",
-        server.endpoint
-    );
     // 1 + 5 GPUs; one virtual node has 4: it waits, 2s at most.
-    let r = http
-        .post(format!("{url}?batchId=outage"))
-        .json(&gpu_batch(5, "2s"))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(r.status(), 200);
-    let r = http
-        .post(format!("{url}?batchId=survivor"))
-        .json(&gpu_batch(5, "3600s"))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(r.status(), 200);
+    assert_eq!(server.create("outage", &gpu_batch(5, "2s")).await, 200);
+    assert_eq!(server.create("survivor", &gpu_batch(5, "3600s")).await, 200);
     server.kill9();
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
     // Back with room for both: the expired one must still fail.
-    std::fs::write(
-        &config,
-        "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 4\n",
-    )
-    .expect("config");
+    virtual_l4_config(&config, 4);
     let server = ServerProcess::start_with(dir.path(), Some(&config)).await;
-    let url = format!(
-        "{}/v1/projects/demo/locations/us-central1/batches",
-        server.endpoint
-    );
-    let get = |id: &'static str| {
-        let http = http.clone();
-        let url = format!("{url}/{id}");
-        async move {
-            http.get(url)
-                .send()
-                .await
-                .expect("get")
-                .json::<Value>()
-                .await
-                .expect("json")
-        }
-    };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (a, b) = (get("outage").await, get("survivor").await);
+        let (a, b) = (server.batch("outage").await, server.batch("survivor").await);
         if a["state"] == "FAILED" && b["flexq"]["provisioningState"] == "PROVISIONED" {
             assert_eq!(a["flexq"]["provisioningState"], "EXPIRED");
             assert!(
@@ -562,66 +520,24 @@ async fn a_deadline_that_passes_while_flexq_is_down_fails_the_batch_never_alloca
         assert!(Instant::now() < deadline, "{a:#} {b:#}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    drop(server);
 }
 
 #[tokio::test]
 async fn a_cluster_whose_nodes_left_the_config_fails_at_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("nodes.toml");
-    std::fs::write(
-        &config,
-        "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 2\n",
-    )
-    .expect("config");
+    virtual_l4_config(&config, 2);
     let mut server = ServerProcess::start_with(dir.path(), Some(&config)).await;
-    let http = reqwest::Client::new();
-    let url = format!(
-        "{}/v1/projects/demo/locations/us-central1/batches",
-        server.endpoint
-    );
-    let r = http
-        .post(format!("{url}?batchId=orphan"))
-        .json(&gpu_batch(2, "3600s"))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(r.status(), 200);
+    assert_eq!(server.create("orphan", &gpu_batch(2, "3600s")).await, 200);
     let t = Instant::now();
-    loop {
-        let b: Value = http
-            .get(format!("{url}/orphan"))
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
-        if b["flexq"]["provisioningState"] == "PROVISIONED" {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "{b:#}");
+    while server.batch("orphan").await["flexq"]["provisioningState"] != "PROVISIONED" {
+        assert!(t.elapsed() < Duration::from_secs(20), "never provisioned");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.kill9();
-    std::fs::write(
-        &config,
-        "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 0\n",
-    )
-    .expect("config");
+    virtual_l4_config(&config, 0);
     let server = ServerProcess::start_with(dir.path(), Some(&config)).await;
-    let url = format!(
-        "{}/v1/projects/demo/locations/us-central1/batches",
-        server.endpoint
-    );
-    let b: Value = http
-        .get(format!("{url}/orphan"))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let b = server.batch("orphan").await;
     assert_eq!(b["state"], "FAILED", "{b:#}");
     assert!(
         b["stateMessage"]
@@ -630,17 +546,9 @@ async fn a_cluster_whose_nodes_left_the_config_fails_at_restart() {
             .contains("no longer declared in the configuration"),
         "{b:#}"
     );
-    let q: Value = http
-        .get(format!(
-            "{}/v1/projects/demo/regions/us-central1/quotas",
-            server.endpoint
-        ))
-        .send()
-        .await
-        .expect("q")
-        .json()
-        .await
-        .expect("json");
+    let q = server
+        .get("/v1/projects/demo/regions/us-central1/quotas")
+        .await;
     assert!(
         q["quotas"]
             .as_array()

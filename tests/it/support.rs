@@ -249,10 +249,52 @@ impl ServerProcess {
         }
     }
 
+    /// GET `path` on this server, as JSON.
+    pub async fn get(&self, path: &str) -> Value {
+        reqwest::get(format!("{}{path}", self.endpoint))
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// A batch of the demo project's us-central1 queue.
+    pub async fn batch(&self, id: &str) -> Value {
+        self.get(&format!(
+            "/v1/projects/demo/locations/us-central1/batches/{id}"
+        ))
+        .await
+    }
+
+    /// Creates a batch with id `id`; returns the HTTP status.
+    pub async fn create(&self, id: &str, body: &Value) -> u16 {
+        reqwest::Client::new()
+            .post(format!(
+                "{}/v1/projects/demo/locations/us-central1/batches?batchId={id}",
+                self.endpoint
+            ))
+            .json(body)
+            .send()
+            .await
+            .expect("create")
+            .status()
+            .as_u16()
+    }
+
     pub fn kill9(&mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reap");
     }
+}
+
+/// Writes a config file giving us-central1-a `n` virtual L4 nodes.
+pub fn virtual_l4_config(path: &Path, n: u32) {
+    std::fs::write(
+        path,
+        format!("[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = {n}\n"),
+    )
+    .expect("config");
 }
 
 impl Drop for ServerProcess {
