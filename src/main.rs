@@ -323,19 +323,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         Command::Quotas { target, action } => {
             let format = target.format;
-            let project = target
-                .project
-                .clone()
-                .ok_or("ERROR: (flexq) no project: pass --project or set FLEXQ_PROJECT")?;
-            let region = target
-                .region
-                .clone()
-                .ok_or("ERROR: (flexq) no region: pass --region or set FLEXQ_REGION")?;
-            let client = Client::new(Target {
-                endpoint: target.endpoint,
-                project,
-                region,
-            })?;
+            let client = project_client(target)?;
             match action {
                 QuotasAction::List => flexq::cli::admin::quotas(&client, format).await?,
                 QuotasAction::Set { metric, limit } => {
@@ -381,22 +369,27 @@ fn admin_client(target: TargetArgs) -> Result<Client, Box<dyn std::error::Error>
     })?)
 }
 
-async fn batches_command(
-    target: TargetArgs,
-    action: BatchesAction,
-) -> Result<ExitCode, Box<dyn std::error::Error>> {
+/// A client for commands about one project's region: both must be given.
+fn project_client(target: TargetArgs) -> Result<Client, Box<dyn std::error::Error>> {
     let project = target
         .project
         .ok_or("ERROR: (flexq) no project: pass --project or set FLEXQ_PROJECT")?;
     let region = target
         .region
         .ok_or("ERROR: (flexq) no region: pass --region or set FLEXQ_REGION")?;
-    let client = Client::new(Target {
+    Ok(Client::new(Target {
         endpoint: target.endpoint,
         project,
         region,
-    })?;
+    })?)
+}
+
+async fn batches_command(
+    target: TargetArgs,
+    action: BatchesAction,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let format = target.format;
+    let client = project_client(target)?;
     let ok = match action {
         BatchesAction::Submit { kind } => {
             let (workload, args) = match kind {

@@ -129,16 +129,7 @@ impl Ledger {
         region: &str,
         amounts: &[QuotaAmount],
     ) -> Option<Shortfall> {
-        amounts.iter().find_map(|a| {
-            let limit = self.limit(project, region, a.metric);
-            let usage = self.usage(project, region, a.metric);
-            (usage + a.amount > limit).then_some(Shortfall {
-                metric: a.metric,
-                needed: a.amount,
-                limit,
-                usage,
-            })
-        })
+        self.first_short(project, region, amounts, true)
     }
 
     /// The first metric whose *limit* is below `amounts`: the request can
@@ -149,13 +140,27 @@ impl Ledger {
         region: &str,
         amounts: &[QuotaAmount],
     ) -> Option<Shortfall> {
+        self.first_short(project, region, amounts, false)
+    }
+
+    /// The first metric `amounts` exceed, against what is free (`in_use`)
+    /// or against the bare limit.
+    fn first_short(
+        &self,
+        project: &str,
+        region: &str,
+        amounts: &[QuotaAmount],
+        in_use: bool,
+    ) -> Option<Shortfall> {
         amounts.iter().find_map(|a| {
             let limit = self.limit(project, region, a.metric);
-            (a.amount > limit).then_some(Shortfall {
+            let usage = self.usage(project, region, a.metric);
+            let taken = if in_use { usage } else { 0 };
+            (taken + a.amount > limit).then_some(Shortfall {
                 metric: a.metric,
                 needed: a.amount,
                 limit,
-                usage: self.usage(project, region, a.metric),
+                usage,
             })
         })
     }
