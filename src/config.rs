@@ -109,6 +109,9 @@ pub struct AgentsConfig {
     /// capacity returns and its batches fail.
     #[serde(with = "humantime_serde")]
     pub lease_duration: Duration,
+    /// Driver output kept per batch; beyond it output is dropped and the
+    /// batch's runtimeInfo says so.
+    pub max_output_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -14,13 +14,19 @@
 //!   decisions.
 //! - [`server`]: the axum REST API (Dataproc Batches v1 compatible),
 //!   health endpoints and graceful shutdown.
+//! - [`launch`]: how an allocated batch becomes Spark work (spec §4): its
+//!   Spark configuration, spark-submit line, GPU discovery script, failure
+//!   summary, and the Spark Operator `SparkApplication`.
+//! - [`agent`]: the executor agent on each GPU node (`flexq agent`).
 //! - [`cli`]: the client commands (`flexq batches …`) and the benchmark.
 //! - [`config`], [`telemetry`], [`metrics`]: operator configuration, logs,
 //!   Prometheus metrics.
 
+pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod launch;
 pub mod metrics;
 pub mod scheduler;
 pub mod server;

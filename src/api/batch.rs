@@ -259,6 +259,18 @@ pub struct RuntimeInfo {
     pub output_uri: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnostic_output_uri: Option<String>,
+    /// flexq: whether the batch ran with the RAPIDS Accelerator, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rapids_accelerator: Option<String>,
+    /// flexq: the node that ran the driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_node: Option<String>,
+    /// flexq: the driver's exit status, once it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_exit_code: Option<i32>,
+    /// flexq: driver output beyond `agents.max_output_bytes` was dropped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_truncated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

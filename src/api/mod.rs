@@ -2,6 +2,7 @@
 //! resource, Operations, the state enum and the `google.rpc.Status` error
 //! body. Nothing here does I/O.
 
+pub mod agent;
 mod batch;
 mod names;
 mod status;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Mutex, MutexGuard, Notify};
+use tokio::sync::{Mutex, MutexGuard, Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::core::{BatchKey, Decision, PendingBatch, Scheduler};
@@ -20,6 +20,10 @@ use crate::store::{Store, StoreError};
 struct Shared {
     core: Mutex<Scheduler>,
     wake: Notify,
+    /// Bumped whenever what some node must run may have changed (an
+    /// allocation, a release, a cancel, a report): agents' long polls wait
+    /// on it.
+    changes: watch::Sender<u64>,
     store: Store,
     config: Arc<Config>,
 }
@@ -52,6 +56,7 @@ impl SchedulerService {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
                 wake: Notify::new(),
+                changes: watch::channel(0).0,
                 store,
                 config,
             }),
@@ -66,6 +71,16 @@ impl SchedulerService {
     pub fn wake(&self) {
         crate::metrics::record_wake();
         self.shared.wake.notify_one();
+    }
+
+    /// Says that some node's work may have changed.
+    pub fn work_changed(&self) {
+        self.shared.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Waits on [`Self::work_changed`].
+    pub fn watch_work(&self) -> watch::Receiver<u64> {
+        self.shared.changes.subscribe()
     }
 
     /// Locks the core (for views and event application).
@@ -141,6 +156,12 @@ impl SchedulerService {
                     }
                 }
                 crate::metrics::record_pass(started.elapsed(), decisions.len());
+                if decisions
+                    .iter()
+                    .any(|d| matches!(d, Decision::Allocate(_) | Decision::LoseNode { .. }))
+                {
+                    self.work_changed();
+                }
             }
             Err(e) => {
                 // Nothing of the pass is durable: start again from what is.

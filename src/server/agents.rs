@@ -11,25 +11,21 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::agent::{
+    Action, Assignment, Assignments, BatchOutput, OutputUpload, Poll, RegisterNode, Report,
+    ReportEvent,
+};
+use crate::launch::SparkJob;
+use crate::scheduler::{BatchKey, Role};
+use crate::store::{AgentEvent, ReportOutcome, StoreError};
 
 use super::App;
 use super::error::ApiError;
-use super::extract::{ApiPath, Format, JsonBody};
-use crate::api::{Code, quote};
+use super::extract::{ApiPath, ApiQuery, Format, JsonBody};
+use crate::api::{Code, State, quote};
 use crate::scheduler::{LeaseError, NodeId, NodeSpec};
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct RegisterNode {
-    node_id: String,
-    region: String,
-    zone: String,
-    pool: String,
-    gpu_addresses: Vec<String>,
-    cores: u32,
-    memory_mb: u64,
-    local_ssd_gb: u64,
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -176,29 +172,78 @@ pub(super) async fn register(
     tracing::info!(node = %spec.id, zone = %spec.zone, pool = %spec.pool, gpus = spec.gpu_addresses.len(), epoch, "node registered");
     let node = spec.id.0.clone();
     core.register_node(spec, epoch, expires);
+    // An agent that restarted: the work its node had started and that it
+    // no longer runs is lost with the old agent's processes.
+    let mut ended = Vec::new();
+    for part in app.store.node_parts(&node).await? {
+        let b = &part.batch;
+        let started = matches!(b.state, State::Running | State::Cancelling)
+            || (part.role == Role::Driver && b.master_url.is_some());
+        if started && !req.running.contains(&b.uuid) {
+            let message = format!(
+                "The agent of node {node} restarted and no longer runs this batch's {} (its Spark processes were lost); the batch failed and its cluster was released.",
+                part.role.name()
+            );
+            if let ReportOutcome::Ended { seq, .. } = app
+                .store
+                .report(&node, &b.uuid, &AgentEvent::PartFailed { message }, now)
+                .await?
+            {
+                tracing::warn!(batch.id = %b.name.batch_id, node, "batch failed: its agent restarted without it");
+                ended.push(seq);
+            }
+        }
+    }
+    for seq in &ended {
+        core.forget(BatchKey(*seq));
+    }
     drop(core);
     app.scheduler.wake();
+    app.scheduler.work_changed();
     Ok(format.respond(StatusCode::OK, &lease_answer(&app, &node, epoch, expires)))
 }
 
-/// `POST /v1/nodes/{node}:heartbeat`
+/// `POST /v1/nodes/{node}:METHOD`: the calls of a node's agent, each
+/// carrying the epoch its registration answered.
 pub(super) async fn node_method(
     AppState(app): AppState<App>,
-    ApiPath(node): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
     format: Format,
-    JsonBody(req): JsonBody<Heartbeat>,
+    JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let Some(node) = node.strip_suffix(":heartbeat") else {
-        return Err(ApiError::new(
-            Code::NotFound,
-            "NO_SUCH_METHOD",
-            format!(
-                "no method POST on node {}; use {node}:heartbeat",
-                quote(&node)
-            ),
-        ));
+    let (node, method) = path.split_once(':').unwrap_or((&path, ""));
+    let answer = match method {
+        "heartbeat" => heartbeat(&app, node, parse(body)?).await?,
+        "poll" => poll(&app, node, parse(body)?).await?,
+        "report" => report(&app, node, parse(body)?).await?,
+        "output" => output(&app, node, parse(body)?).await?,
+        _ => {
+            return Err(ApiError::new(
+                Code::NotFound,
+                "NO_SUCH_METHOD",
+                format!(
+                    "no method POST on node {}; use {node}:heartbeat, :poll, :report or :output",
+                    quote(&path)
+                ),
+            ));
+        }
     };
-    let epoch = match &req.epoch {
+    Ok(format.respond(StatusCode::OK, &answer))
+}
+
+/// A method's body, with the field path of what is wrong.
+fn parse<T: DeserializeOwned>(body: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let field = match e.path().to_string() {
+            p if p == "." => "body".to_string(),
+            p => p,
+        };
+        ApiError::invalid_field(&field, e.inner().to_string())
+    })
+}
+
+fn parse_epoch(value: &serde_json::Value) -> Result<u64, ApiError> {
+    match value {
         serde_json::Value::String(s) => s.parse::<u64>().ok(),
         serde_json::Value::Number(n) => n.as_u64(),
         _ => None,
@@ -206,30 +251,271 @@ pub(super) async fn node_method(
     .ok_or_else(|| {
         ApiError::invalid_field(
             "epoch",
-            format!(
-                "{} is not an epoch; send the one registration answered",
-                req.epoch
-            ),
+            format!("{value} is not an epoch; send the one registration answered"),
         )
-    })?;
-    let expires = Utc::now()
-        + chrono::Duration::from_std(app.config.agents.lease_duration).unwrap_or_default();
-    let result = app
-        .scheduler
-        .lock()
-        .await
-        .heartbeat(&NodeId(node.to_string()), epoch, expires);
-    match result {
-        Ok(()) => Ok(format.respond(StatusCode::OK, &lease_answer(&app, node, epoch, expires))),
-        Err(e @ LeaseError::Unknown(_)) => {
-            Err(
-                ApiError::new(Code::FailedPrecondition, "LEASE_LOST", e.to_string())
-                    .with_meta("node", node),
-            )
+    })
+}
+
+fn lease_error(node: &str, e: LeaseError) -> ApiError {
+    match e {
+        LeaseError::Unknown(_) => {
+            ApiError::new(Code::FailedPrecondition, "LEASE_LOST", e.to_string())
+                .with_meta("node", node)
         }
-        Err(e @ LeaseError::Stale { .. }) => {
-            tracing::warn!(node, epoch, "late report from a fenced agent refused");
-            Err(ApiError::new(Code::Aborted, "FENCED", e.to_string()).with_meta("node", node))
+        LeaseError::Stale { .. } => {
+            tracing::warn!(node, "late report from a fenced agent refused");
+            ApiError::new(Code::Aborted, "FENCED", e.to_string()).with_meta("node", node)
         }
     }
+}
+
+/// Refuses a call whose epoch is not the node's current one.
+fn check_epoch(core: &crate::scheduler::Scheduler, node: &str, epoch: u64) -> Result<(), ApiError> {
+    let id = NodeId(node.to_string());
+    match core.node_epoch(&id) {
+        None => Err(lease_error(node, LeaseError::Unknown(id))),
+        Some(current) if current != epoch => Err(lease_error(
+            node,
+            LeaseError::Stale {
+                node: id,
+                given: epoch,
+                current,
+            },
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+async fn heartbeat(app: &App, node: &str, req: Heartbeat) -> Result<serde_json::Value, ApiError> {
+    let epoch = parse_epoch(&req.epoch)?;
+    let expires = Utc::now()
+        + chrono::Duration::from_std(app.config.agents.lease_duration).unwrap_or_default();
+    app.scheduler
+        .lock()
+        .await
+        .heartbeat(&NodeId(node.to_string()), epoch, expires)
+        .map_err(|e| lease_error(node, e))?;
+    Ok(lease_answer(app, node, epoch, expires))
+}
+
+/// The node's assignments now, and their version (a digest: equal
+/// versions, equal assignments).
+async fn assignments(app: &App, node: &str) -> Result<Assignments, ApiError> {
+    let mut out = Vec::new();
+    for part in app.store.node_parts(node).await? {
+        let b = part.batch;
+        let action = match b.state {
+            State::Pending | State::Running => Action::Run,
+            State::Cancelling => Action::Stop,
+            // Ended: its cluster is being released.
+            _ => continue,
+        };
+        let job = (part.role == Role::Driver).then(|| SparkJob {
+            batch: b.name.to_string(),
+            uuid: b.uuid.clone(),
+            spec: b.spec.clone(),
+            cluster: b.cluster.clone(),
+        });
+        out.push(Assignment {
+            batch: b.name.to_string(),
+            uuid: b.uuid,
+            role: part.role.name().to_string(),
+            index: part.index,
+            gpus: part.gpus,
+            cores: part.cores,
+            memory_mb: part.memory_mb,
+            local_ssd_gb: part.local_ssd_gb,
+            action,
+            master_url: b.master_url,
+            ttl_seconds: b.cluster.ttl_s,
+            job,
+        });
+    }
+    let digest = serde_json::to_vec(&out).map_err(ApiError::internal)?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&digest, &mut hasher);
+    let version = format!("{:016x}", std::hash::Hasher::finish(&hasher));
+    Ok(Assignments {
+        version,
+        assignments: out,
+    })
+}
+
+/// Long poll: answers at once when the node's assignments differ from the
+/// version the agent has, else when they change, else after `waitFor`.
+async fn poll(app: &App, node: &str, req: Poll) -> Result<serde_json::Value, ApiError> {
+    let epoch = parse_epoch(&serde_json::Value::String(req.epoch.clone()))?;
+    let longest = app
+        .config
+        .server
+        .request_timeout
+        .saturating_sub(std::time::Duration::from_secs(5))
+        .max(std::time::Duration::from_secs(1));
+    let wait = match &req.wait_for {
+        None => longest,
+        Some(text) => wait_for(text)?.min(longest),
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut changes = app.scheduler.watch_work();
+    loop {
+        changes.borrow_and_update();
+        check_epoch(&*app.scheduler.lock().await, node, epoch)?;
+        let now = assignments(app, node).await?;
+        if now.version != req.version || tokio::time::Instant::now() >= deadline {
+            return serde_json::to_value(now).map_err(ApiError::internal);
+        }
+        tokio::select! {
+            r = changes.changed() => if r.is_err() { return serde_json::to_value(now).map_err(ApiError::internal) },
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+async fn report(app: &App, node: &str, req: Report) -> Result<serde_json::Value, ApiError> {
+    let epoch = parse_epoch(&serde_json::Value::String(req.epoch.clone()))?;
+    let event = match req.event {
+        ReportEvent::MasterReady { master_url } => {
+            if !master_url.starts_with("spark://") {
+                return Err(ApiError::invalid_field(
+                    "masterUrl",
+                    format!("{} is not a spark:// URL", quote(&master_url)),
+                ));
+            }
+            AgentEvent::MasterReady { url: master_url }
+        }
+        ReportEvent::DriverStarted { rapids } => AgentEvent::DriverStarted { rapids },
+        ReportEvent::Finished {
+            succeeded,
+            message,
+            exit_code,
+        } => AgentEvent::Finished {
+            succeeded,
+            message,
+            exit_code,
+        },
+        ReportEvent::PartFailed { message } => AgentEvent::PartFailed { message },
+    };
+    // Under the core's lock: a report and a lost-lease decision never
+    // interleave, so a fenced agent cannot end a batch after its node was
+    // lost.
+    let mut core = app.scheduler.lock().await;
+    check_epoch(&core, node, epoch)?;
+    let outcome = app
+        .store
+        .report(node, &req.uuid, &event, Utc::now())
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound => ApiError::not_found("batch with uuid", &req.uuid),
+            other => other.into(),
+        })?;
+    if let ReportOutcome::Ended { seq, .. } = outcome {
+        core.forget(BatchKey(seq));
+        drop(core);
+        app.scheduler.wake();
+    } else {
+        drop(core);
+    }
+    app.scheduler.work_changed();
+    Ok(serde_json::json!({}))
+}
+
+async fn output(app: &App, node: &str, req: OutputUpload) -> Result<serde_json::Value, ApiError> {
+    let epoch = parse_epoch(&serde_json::Value::String(req.epoch.clone()))?;
+    let offset: u64 = req.offset.parse().map_err(|_| {
+        ApiError::invalid_field(
+            "offset",
+            format!("{} is not a byte offset", quote(&req.offset)),
+        )
+    })?;
+    check_epoch(&*app.scheduler.lock().await, node, epoch)?;
+    let next = app
+        .store
+        .append_output(
+            node,
+            &req.uuid,
+            offset,
+            req.data.as_bytes(),
+            app.config.agents.max_output_bytes,
+        )
+        .await?;
+    // Readers of the output long-poll on the same signal.
+    app.scheduler.work_changed();
+    Ok(serde_json::json!({"nextOffset": next.to_string()}))
+}
+
+/// Query of `GET .../batches/{batch}/output`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct OutputParams {
+    #[serde(default)]
+    offset: Option<String>,
+    #[serde(default)]
+    wait_for: Option<String>,
+    #[serde(rename = "$alt")]
+    _alt: Option<String>,
+}
+
+/// Most output bytes one read returns.
+const OUTPUT_READ_MAX: usize = 1 << 20;
+
+/// `GET /v1/projects/{p}/locations/{r}/batches/{b}/output`: the driver's
+/// output from `offset`. With `waitFor`, waits for more output or the end
+/// of the batch (how `flexq batches wait` streams it).
+pub(super) async fn read_output(
+    AppState(app): AppState<App>,
+    ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,
+    ApiQuery(params): ApiQuery<OutputParams>,
+    format: Format,
+) -> Result<Response, ApiError> {
+    let offset: u64 = match &params.offset {
+        None => 0,
+        Some(o) => o.parse().map_err(|_| {
+            ApiError::invalid_field("offset", format!("{} is not a byte offset", quote(o)))
+        })?,
+    };
+    let wait = match &params.wait_for {
+        None => std::time::Duration::ZERO,
+        Some(text) => wait_for(text)?.min(
+            app.config
+                .server
+                .request_timeout
+                .saturating_sub(std::time::Duration::from_secs(5)),
+        ),
+    };
+    let name = crate::api::BatchName::new(&project, &region, &batch_id);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut changes = app.scheduler.watch_work();
+    loop {
+        changes.borrow_and_update();
+        let record = app.store.get(&name).await.map_err(|e| match e {
+            StoreError::NotFound => ApiError::not_found("batch", &name.to_string()),
+            other => other.into(),
+        })?;
+        let chunk = app
+            .store
+            .read_output(record.seq, offset, OUTPUT_READ_MAX)
+            .await?;
+        let done = record.state.is_terminal() && chunk.next_offset >= chunk.total;
+        if !chunk.data.is_empty() || done || tokio::time::Instant::now() >= deadline {
+            let answer = BatchOutput {
+                data: String::from_utf8_lossy(&chunk.data).into_owned(),
+                next_offset: chunk.next_offset.to_string(),
+                total_bytes: chunk.total.to_string(),
+                done,
+                truncated: record.run.output_truncated,
+            };
+            return Ok(format.respond(StatusCode::OK, &answer));
+        }
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// A `waitFor` duration ("20s", proto3 JSON).
+fn wait_for(text: &str) -> Result<std::time::Duration, ApiError> {
+    crate::spec::parse_proto_duration(text)
+        .map(std::time::Duration::from_secs_f64)
+        .map_err(|e| ApiError::invalid_field("waitFor", format!("{}: {e}", quote(text))))
 }

@@ -378,6 +378,9 @@ pub(super) async fn post_operation(
     if record.state.is_terminal() {
         app.scheduler.forget(BatchKey(record.seq)).await;
     }
+    // The agents of its nodes stop the work (or drop a cluster that was
+    // released before it started).
+    app.scheduler.work_changed();
     Ok(format.respond(StatusCode::OK, &serde_json::json!({})))
 }
 
@@ -409,6 +412,7 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
         creator: Some(r.creator.clone()),
         operation: Some(op_name(&r.name.project, &r.name.region, &r.operation_id)),
         state_history: r.history.clone(),
+        runtime_info: runtime_info(r),
         flexq: Some(FlexqInfo {
             provisioning_state: r.provisioning.name().into(),
             provisioning_mode: r.cluster.mode.name().into(),
@@ -419,6 +423,26 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
         }),
         ..r.spec.clone()
     }
+}
+
+/// Where the run can be seen, once an agent started it.
+fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
+    if r.master_url.is_none() && r.run.start_time.is_none() {
+        return None;
+    }
+    let mut endpoints = std::collections::BTreeMap::new();
+    if let Some(url) = &r.master_url {
+        endpoints.insert("Spark master".to_string(), url.clone());
+    }
+    Some(crate::api::RuntimeInfo {
+        endpoints,
+        output_uri: Some(format!("/v1/{}/output", r.name)),
+        diagnostic_output_uri: None,
+        rapids_accelerator: r.run.rapids.clone(),
+        driver_node: r.run.driver_node.clone(),
+        driver_exit_code: r.run.exit_code,
+        output_truncated: r.run.output_truncated,
+    })
 }
 
 /// The label that sets a batch's queue priority (higher goes first).

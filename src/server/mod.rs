@@ -75,6 +75,10 @@ pub fn router(app: App) -> Router {
             get(batches::get).delete(batches::delete),
         )
         .route(
+            &format!("{batches}/{{batch}}/output"),
+            get(agents::read_output),
+        )
+        .route(
             "/v1/projects/{project}/regions/{region}/operations/{operation}",
             get(batches::get_operation).post(batches::post_operation),
         )

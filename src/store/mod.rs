@@ -10,6 +10,7 @@
 
 pub mod filter;
 mod rows;
+mod runs;
 mod schedule;
 mod writer;
 
@@ -28,6 +29,7 @@ use crate::spec::ClusterRequest;
 
 pub use filter::Filter;
 use rows::{BATCH_COLUMNS, read_batches};
+pub use runs::{AgentEvent, NodePart, OutputChunk, ReportOutcome};
 
 /// Why a store call failed, in terms the API layer can answer with.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -124,7 +126,34 @@ pub struct BatchRecord {
     pub priority: i32,
     pub zone: Option<String>,
     pub allocate_time: Option<DateTime<Utc>>,
+    /// The per-batch Spark master, once started.
+    pub master_url: Option<String>,
+    /// What the agents reported about the run.
+    pub run: RunInfo,
     pub history: Vec<StateHistory>,
+}
+
+/// A batch's run as its agents reported it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_node: Option<String>,
+    /// Whether the RAPIDS Accelerator was used, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rapids: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<DateTime<Utc>>,
+    /// Driver output bytes stored.
+    #[serde(default)]
+    pub output_bytes: u64,
+    /// Output past the stored limit that was dropped.
+    #[serde(default)]
+    pub output_truncated: bool,
 }
 
 /// What a create did.
@@ -385,6 +414,10 @@ impl Store {
                 "the batch is {state}; only SUCCEEDED, CANCELLED or FAILED batches can be deleted (cancel it first)"
             )));
         }
+        sqlx::query("delete from batch_output where batch_seq = ?")
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("delete from state_history where batch_seq = ?")
             .bind(seq)
             .execute(&mut *tx)

@@ -196,6 +196,8 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         priority: b.priority,
         zone: None,
         allocate_time: None,
+        master_url: None,
+        run: super::RunInfo::default(),
         history: vec![StateHistory {
             state: State::Pending,
             state_message: b.state_message.clone(),

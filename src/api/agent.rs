@@ -1,0 +1,158 @@
+//! The agent protocol: what a node's agent and the server say to each
+//! other (`/v1/nodes/...`). int64 values travel as strings (proto3 JSON).
+
+use serde::{Deserialize, Serialize};
+
+use crate::launch::SparkJob;
+
+/// `POST /v1/nodes:register`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterNode {
+    pub node_id: String,
+    pub region: String,
+    pub zone: String,
+    pub pool: String,
+    pub gpu_addresses: Vec<String>,
+    pub cores: u32,
+    pub memory_mb: u64,
+    pub local_ssd_gb: u64,
+    /// Batch uuids whose work this agent still runs (after a restart).
+    /// Work the node had started and that is not listed fails.
+    #[serde(default)]
+    pub running: Vec<String>,
+}
+
+/// The lease a registration or heartbeat answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    pub node_id: String,
+    pub epoch: String,
+    pub lease_duration: String,
+    pub heartbeat_interval: String,
+    pub lease_expire_time: chrono::DateTime<chrono::Utc>,
+}
+
+/// `POST /v1/nodes/{node}:poll`: answers when the node's assignments
+/// differ from `version`, or after `waitFor`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Poll {
+    pub epoch: String,
+    #[serde(default)]
+    pub version: String,
+    /// A duration like "20s".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignments {
+    pub version: String,
+    pub assignments: Vec<Assignment>,
+}
+
+/// What an agent must do for one part of one batch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Action {
+    /// Start it, or keep it running.
+    Run,
+    /// The batch is being cancelled: stop it and report.
+    Stop,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignment {
+    pub batch: String,
+    pub uuid: String,
+    /// "driver" or "executor".
+    pub role: String,
+    /// The executor's number in its batch (0 for the driver).
+    pub index: u32,
+    pub gpus: Vec<String>,
+    pub cores: u32,
+    pub memory_mb: u64,
+    pub local_ssd_gb: u64,
+    pub action: Action,
+    /// The batch's Spark master, once its driver's node started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_url: Option<String>,
+    /// The longest the batch may run, in seconds (its ttl).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    /// The driver's part carries what to launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<SparkJob>,
+}
+
+impl Assignment {
+    /// One part of one batch on a node.
+    pub fn key(&self) -> (String, String, u32) {
+        (self.uuid.clone(), self.role.clone(), self.index)
+    }
+
+    pub fn is_driver(&self) -> bool {
+        self.role == "driver"
+    }
+}
+
+/// `POST /v1/nodes/{node}:report`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub epoch: String,
+    pub uuid: String,
+    #[serde(flatten)]
+    pub event: ReportEvent,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "event",
+    rename_all = "SCREAMING_SNAKE_CASE",
+    rename_all_fields = "camelCase"
+)]
+pub enum ReportEvent {
+    MasterReady {
+        master_url: String,
+    },
+    DriverStarted {
+        rapids: String,
+    },
+    Finished {
+        succeeded: bool,
+        message: String,
+        #[serde(default)]
+        exit_code: Option<i32>,
+    },
+    PartFailed {
+        message: String,
+    },
+}
+
+/// `POST /v1/nodes/{node}:output`: driver output from `offset` on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutputUpload {
+    pub epoch: String,
+    pub uuid: String,
+    pub offset: String,
+    pub data: String,
+}
+
+/// `GET .../batches/{batch}/output`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchOutput {
+    pub data: String,
+    pub next_offset: String,
+    pub total_bytes: String,
+    /// The batch ended and everything stored was read.
+    pub done: bool,
+    #[serde(default)]
+    pub truncated: bool,
+}

@@ -1,0 +1,251 @@
+//! The second launcher: Spark on Kubernetes through the Spark Operator. An
+//! allocated batch becomes a `SparkApplication` (sparkoperator.k8s.io/v1beta2)
+//! with the Spark configuration of spec §4, the allocated shape, and node
+//! affinity that pins the driver and executors to the allocated nodes; the
+//! application's status maps back to the batch's state.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+
+use super::{Rapids, SparkJob, spark_conf};
+use crate::api::State;
+use crate::spec::Workload;
+
+/// Where and how applications are created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K8sTarget {
+    pub namespace: String,
+    /// The Spark image with the RAPIDS jar, used when the batch does not
+    /// set `runtimeConfig.containerImage`.
+    pub image: String,
+    pub service_account: String,
+    /// The RAPIDS jar's path inside the image; None: the image has none.
+    pub rapids_jar: Option<String>,
+    /// The Spark version of the runtime.
+    pub spark_version: String,
+}
+
+/// One allocated part: its node and role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartNode {
+    pub node: String,
+    pub driver: bool,
+}
+
+/// A Kubernetes object name from a batch id (already 4–63 of [a-z0-9-]).
+pub fn application_name(job: &SparkJob) -> String {
+    let id = job.batch.rsplit('/').next().unwrap_or("batch");
+    format!("flexq-{id}").chars().take(63).collect()
+}
+
+fn pinned_to(nodes: &BTreeSet<&str>) -> Value {
+    json!({
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{
+                    "matchExpressions": [{
+                        "key": "kubernetes.io/hostname",
+                        "operator": "In",
+                        "values": nodes.iter().collect::<Vec<_>>(),
+                    }]
+                }]
+            }
+        }
+    })
+}
+
+/// The `SparkApplication` of an allocated batch.
+pub fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8sTarget) -> Value {
+    let rapids = match &target.rapids_jar {
+        Some(path) => Rapids::Jar(path.clone()),
+        None => Rapids::Missing {
+            reason: format!("the image {} has no RAPIDS jar configured", target.image),
+        },
+    };
+    let mut conf = spark_conf(job, &rapids);
+    // The operator sets these from the driver/executor sections.
+    for key in [
+        "spark.submit.deployMode",
+        "spark.executor.instances",
+        "spark.executor.cores",
+        "spark.executor.memory",
+        "spark.executor.memoryOverhead",
+        "spark.driver.cores",
+        "spark.driver.memory",
+        "spark.cores.max",
+    ] {
+        conf.remove(key);
+    }
+    let c = &job.cluster;
+    let image = job
+        .spec
+        .runtime_config
+        .as_ref()
+        .and_then(|r| r.container_image.clone())
+        .unwrap_or_else(|| target.image.clone());
+    let driver_nodes: BTreeSet<&str> = parts
+        .iter()
+        .filter(|p| p.driver)
+        .map(|p| p.node.as_str())
+        .collect();
+    let executor_nodes: BTreeSet<&str> = parts
+        .iter()
+        .filter(|p| !p.driver)
+        .map(|p| p.node.as_str())
+        .collect();
+    let gpu = |n: u32| (n > 0).then(|| json!({"name": "nvidia.com/gpu", "quantity": n}));
+    let mut driver = json!({
+        "cores": c.driver.cores,
+        "memory": format!("{}m", c.driver.memory_mb),
+        "memoryOverhead": format!("{}m", c.driver.memory_overhead_mb),
+        "serviceAccount": target.service_account,
+        "affinity": pinned_to(&driver_nodes),
+        "labels": {"flexq.io/role": "driver"},
+    });
+    let mut executor = json!({
+        "instances": c.executor_count,
+        "cores": c.executor.cores,
+        "memory": format!("{}m", c.executor.memory_mb),
+        "memoryOverhead": format!("{}m", c.executor.memory_overhead_mb),
+        "affinity": pinned_to(&executor_nodes),
+        "labels": {"flexq.io/role": "executor"},
+    });
+    if let Some(g) = gpu(c.driver.gpus) {
+        driver["gpu"] = g;
+    }
+    if let Some(g) = gpu(c.executor.gpus) {
+        executor["gpu"] = g;
+    }
+    let env: Vec<Value> = super::driver_env(job)
+        .into_iter()
+        .map(|(name, value)| json!({"name": name, "value": value}))
+        .collect();
+    if !env.is_empty() {
+        driver["env"] = Value::Array(env);
+    }
+    let spec = &job.spec;
+    let (kind, main_file, main_class, args, mut jars, py_files, files, archives) = match c.workload
+    {
+        Workload::Pyspark => {
+            let p = spec.pyspark_batch.clone().unwrap_or_default();
+            (
+                "Python",
+                Some(p.main_python_file_uri),
+                None,
+                p.args,
+                p.jar_file_uris,
+                p.python_file_uris,
+                p.file_uris,
+                p.archive_uris,
+            )
+        }
+        Workload::Spark => {
+            let s = spec.spark_batch.clone().unwrap_or_default();
+            (
+                "Scala",
+                s.main_jar_file_uri,
+                s.main_class,
+                s.args,
+                s.jar_file_uris,
+                vec![],
+                s.file_uris,
+                s.archive_uris,
+            )
+        }
+        Workload::SparkSql => {
+            let s = spec.spark_sql_batch.clone().unwrap_or_default();
+            let mut args: Vec<String> = s
+                .query_variables
+                .iter()
+                .flat_map(|(k, v)| ["--hivevar".to_string(), format!("{k}={v}")])
+                .collect();
+            args.extend(["-f".to_string(), s.query_file_uri]);
+            (
+                "Scala",
+                None,
+                Some("org.apache.spark.sql.hive.thriftserver.SparkSQLCLIDriver".into()),
+                args,
+                s.jar_file_uris,
+                vec![],
+                vec![],
+                vec![],
+            )
+        }
+    };
+    if let Some(path) = &target.rapids_jar {
+        jars.insert(0, format!("local://{path}"));
+    }
+    let mut app_spec = json!({
+        "type": kind,
+        "mode": "cluster",
+        "image": image,
+        "sparkVersion": target.spark_version,
+        "sparkConf": conf,
+        "restartPolicy": {"type": "Never"},
+        "driver": driver,
+        "executor": executor,
+    });
+    if let Some(f) = main_file {
+        app_spec["mainApplicationFile"] = json!(f);
+    }
+    if let Some(cls) = main_class {
+        app_spec["mainClass"] = json!(cls);
+    }
+    if !args.is_empty() {
+        app_spec["arguments"] = json!(args);
+    }
+    let mut deps = serde_json::Map::new();
+    for (key, list) in [
+        ("jars", jars),
+        ("pyFiles", py_files),
+        ("files", files),
+        ("archives", archives),
+    ] {
+        if !list.is_empty() {
+            deps.insert(key.into(), json!(list));
+        }
+    }
+    if !deps.is_empty() {
+        app_spec["deps"] = Value::Object(deps);
+    }
+    let project = job.batch.split('/').nth(1).unwrap_or_default();
+    json!({
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": {
+            "name": application_name(job),
+            "namespace": target.namespace,
+            "labels": {
+                "app.kubernetes.io/managed-by": "flexq",
+                "flexq.io/project": project,
+                "flexq.io/batch-uuid": job.uuid,
+            },
+            "annotations": {"flexq.io/batch": job.batch},
+        },
+        "spec": app_spec,
+    })
+}
+
+/// What a `SparkApplication`'s status means for its batch: the state, and
+/// the operator's message for a failure. None while the application has
+/// not started (the batch stays PENDING).
+pub fn batch_state(status: &Value) -> Option<(State, String)> {
+    let app = &status["applicationState"];
+    let state = app["state"].as_str().unwrap_or("");
+    let message = app["errorMessage"].as_str().unwrap_or("").to_string();
+    match state {
+        "RUNNING" | "SUCCEEDING" | "FAILING" => Some((State::Running, message)),
+        "COMPLETED" => Some((State::Succeeded, message)),
+        "FAILED" | "SUBMISSION_FAILED" => Some((
+            State::Failed,
+            if message.is_empty() {
+                format!("the Spark application ended {state}")
+            } else {
+                message
+            },
+        )),
+        // "", NEW, SUBMITTED, PENDING_RERUN, INVALIDATING, UNKNOWN.
+        _ => None,
+    }
+}
