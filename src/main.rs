@@ -34,6 +34,17 @@ struct Cli {
 enum Command {
     /// Run the API server (and, later, the scheduler).
     Serve(ConfigArg),
+    /// Run the executor agent of a GPU node: register it, heartbeat, and
+    /// run the Spark work of the batches allocated to it.
+    Agent {
+        /// The agent's TOML file (see config/agent.toml); any key can be
+        /// overridden by FLEXQ_AGENT_<KEY>.
+        #[arg(long, env = "FLEXQ_AGENT_CONFIG")]
+        config: Option<PathBuf>,
+        /// Log lines as JSON.
+        #[arg(long)]
+        json_logs: bool,
+    },
     /// Create or upgrade the database schema, then exit.
     Migrate(ConfigArg),
     /// Show or check the effective configuration.
@@ -282,6 +293,24 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             };
             flexq::telemetry::init(config.log.format, &config.log.filter);
             flexq::server::serve(config).await?;
+        }
+        Command::Agent { config, json_logs } => {
+            let config = match flexq::agent::AgentConfig::load(config.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("flexq agent: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let format = if json_logs {
+                flexq::config::LogFormat::Json
+            } else {
+                flexq::config::LogFormat::Text
+            };
+            flexq::telemetry::init(format, "info");
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            flexq::server::cancel_on_signals(shutdown.clone());
+            flexq::agent::run(config, shutdown).await?;
         }
         Command::Migrate(arg) => {
             let config = match load_config(&arg) {

@@ -1,1 +1,309 @@
-//! placeholder
+//! `flexq agent`: the executor agent on each GPU node.
+//!
+//! It finds the node's GPUs, registers the node (region, zone, pool, shape)
+//! and keeps its lease by heartbeat. It long-polls the server for its
+//! assignments — the parts of allocated batches this node holds — and
+//! turns each into Spark processes ([`work`]): a per-batch standalone
+//! Spark cluster whose master and driver run on the driver's node and
+//! whose workers each see exactly the GPUs allocated to them. When the
+//! lease is lost the agent stops everything (the server failed those
+//! batches already) and registers again with a new epoch.
+
+mod client;
+pub mod config;
+pub mod discovery;
+mod process;
+mod work;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::AgentConfig;
+
+use crate::api::agent::{Action, Assignment, RegisterNode, ReportEvent};
+use client::{CallError, Client};
+use work::Ctx;
+
+/// A part of a batch this agent runs.
+struct Part {
+    assignment: watch::Sender<Assignment>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+type PartKey = (String, String, u32);
+
+/// Finds Spark: the configured home, $SPARK_HOME, or the pyspark package of
+/// the configured Python.
+async fn spark_home(config: &AgentConfig) -> anyhow::Result<PathBuf> {
+    let home = if !config.spark_home.is_empty() {
+        PathBuf::from(&config.spark_home)
+    } else if let Some(h) = std::env::var_os("SPARK_HOME") {
+        PathBuf::from(h)
+    } else {
+        let out = tokio::process::Command::new(&config.python)
+            .args([
+                "-c",
+                "import os, pyspark; print(os.path.dirname(pyspark.__file__))",
+            ])
+            .output()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", config.python))?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "no Spark found: spark_home is not set, SPARK_HOME is not set, and {} has no pyspark package (pip install pyspark)",
+                config.python
+            );
+        }
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    };
+    if !home.join("bin/spark-class").is_file() {
+        anyhow::bail!(
+            "{} is not a Spark installation (no bin/spark-class)",
+            home.display()
+        );
+    }
+    Ok(home)
+}
+
+fn parse_seconds(text: &str) -> Option<Duration> {
+    text.strip_suffix('s')?
+        .parse::<f64>()
+        .ok()
+        .map(Duration::from_secs_f64)
+}
+
+/// Runs the agent until `shutdown` fires.
+pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let spark_home = spark_home(&config).await?;
+    let gpus = discovery::discover(&config.gpu_discovery_script)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!("the node's GPUs cannot be seen, so it is not offered: {e}")
+        })?;
+    std::fs::create_dir_all(&config.work_dir)?;
+    let leftovers = process::stop_leftovers(&config.work_dir);
+    tracing::info!(node = %config.node_id, gpus = ?gpus, spark_home = %spark_home.display(), leftovers, "agent starting");
+    let client = Client::new(&config.server, &config.node_id);
+    let request = RegisterNode {
+        node_id: config.node_id.clone(),
+        region: config.region.clone(),
+        zone: config.zone.clone(),
+        pool: config.pool.clone(),
+        gpu_addresses: gpus,
+        cores: config.cores,
+        memory_mb: config.memory_mb,
+        local_ssd_gb: config.local_ssd_gb,
+        // What this agent runs survives only with this agent: leftovers of
+        // an earlier one were stopped above.
+        running: Vec::new(),
+    };
+    while !shutdown.is_cancelled() {
+        let Some(lease) = register(&client, &request, &shutdown).await? else {
+            break;
+        };
+        tracing::info!(node = %config.node_id, epoch = %lease.epoch, "registered");
+        let interval = parse_seconds(&lease.heartbeat_interval).unwrap_or(Duration::from_secs(5));
+        let ctx = Arc::new(Ctx {
+            config: config.clone(),
+            client: client.clone(),
+            epoch: lease.epoch,
+            spark_home: spark_home.clone(),
+        });
+        let session = shutdown.child_token();
+        let heartbeat = tokio::spawn(heartbeat(ctx.clone(), interval, session.clone()));
+        serve_session(&ctx, &session).await;
+        heartbeat.abort();
+        if !shutdown.is_cancelled() {
+            tracing::warn!(node = %config.node_id, "lease lost: the node's work was stopped; registering again");
+        }
+    }
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+/// Registers, retrying while the server is unreachable. None: shutdown.
+async fn register(
+    client: &Client,
+    request: &RegisterNode,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<crate::api::agent::Lease>> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match client.register(request).await {
+            Ok(lease) => return Ok(Some(lease)),
+            Err(CallError::Refused(e)) => anyhow::bail!("registration refused: {e}"),
+            Err(e) => tracing::warn!(error = %e, "cannot register yet; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+}
+
+async fn heartbeat(ctx: Arc<Ctx>, interval: Duration, session: CancellationToken) {
+    let mut wait = interval;
+    loop {
+        tokio::select! {
+            _ = session.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        match ctx.client.heartbeat(&ctx.epoch).await {
+            Ok(_) => wait = interval,
+            Err(CallError::LeaseLost(e)) => {
+                tracing::warn!(error = %e, "heartbeat refused");
+                session.cancel();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat failed; trying again sooner");
+                wait = interval / 3;
+            }
+        }
+    }
+}
+
+/// Polls for assignments and keeps the running parts in step with them
+/// until the session ends; then stops every part.
+async fn serve_session(ctx: &Arc<Ctx>, session: &CancellationToken) {
+    let mut parts: HashMap<PartKey, Part> = HashMap::new();
+    let mut stopping: Vec<JoinHandle<()>> = Vec::new();
+    let mut version = String::new();
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let polled = tokio::select! {
+            _ = session.cancelled() => break,
+            r = ctx.client.poll(&ctx.epoch, &version, ctx.config.poll_wait) => r,
+        };
+        match polled {
+            Ok(answer) => {
+                backoff = Duration::from_millis(200);
+                version = answer.version;
+                reconcile(ctx, session, &mut parts, &mut stopping, answer.assignments);
+            }
+            Err(CallError::LeaseLost(e)) => {
+                tracing::warn!(error = %e, "poll refused");
+                session.cancel();
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "poll failed; retrying");
+                tokio::select! {
+                    _ = session.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    // The session is over (lease lost or shutdown): every part's token is a
+    // child of the session's, so each is stopping; wait for them.
+    let running: Vec<(String, String)> = parts
+        .values()
+        .map(|p| {
+            let a = p.assignment.borrow();
+            (a.uuid.clone(), a.batch.clone())
+        })
+        .collect();
+    for part in parts.into_values() {
+        let _ = part.task.await;
+    }
+    for task in stopping {
+        let _ = task.await;
+    }
+    // On a shutdown (not a lost lease) the node is still ours: say at once
+    // that its work stopped rather than leave it to the lease.
+    for (uuid, batch) in running {
+        let message = format!(
+            "The agent of node {} was stopped while the batch ran; its Spark processes were stopped.",
+            ctx.config.node_id
+        );
+        match ctx
+            .client
+            .report(&ctx.epoch, &uuid, ReportEvent::PartFailed { message })
+            .await
+        {
+            Ok(()) => tracing::warn!(%batch, "batch failed: the agent stopped"),
+            Err(e) => tracing::debug!(%batch, error = %e, "not reported"),
+        }
+    }
+}
+
+fn reconcile(
+    ctx: &Arc<Ctx>,
+    session: &CancellationToken,
+    parts: &mut HashMap<PartKey, Part>,
+    stopping: &mut Vec<JoinHandle<()>>,
+    assignments: Vec<Assignment>,
+) {
+    let wanted: std::collections::HashSet<PartKey> =
+        assignments.iter().map(Assignment::key).collect();
+    // Parts whose batch ended or was released: tear them down.
+    let gone: Vec<PartKey> = parts
+        .keys()
+        .filter(|k| !wanted.contains(*k))
+        .cloned()
+        .collect();
+    for key in gone {
+        if let Some(part) = parts.remove(&key) {
+            tracing::info!(batch_uuid = %key.0, role = %key.1, index = key.2, "assignment gone; tearing the part down");
+            part.cancel.cancel();
+            stopping.push(part.task);
+        }
+    }
+    stopping.retain(|t| !t.is_finished());
+    for a in assignments {
+        let key = a.key();
+        if let Some(part) = parts.get(&key) {
+            part.assignment.send_if_modified(|current| {
+                if *current != a {
+                    *current = a.clone();
+                    true
+                } else {
+                    false
+                }
+            });
+            continue;
+        }
+        if a.action == Action::Stop {
+            // Being cancelled, and nothing of it runs here (this agent
+            // restarted): say it stopped.
+            if a.is_driver() {
+                let (ctx, uuid) = (ctx.clone(), a.uuid.clone());
+                tokio::spawn(async move {
+                    let event = ReportEvent::Finished {
+                        succeeded: false,
+                        message: "Stopped on cancellation.".into(),
+                        exit_code: None,
+                    };
+                    let _ = ctx.client.report(&ctx.epoch, &uuid, event).await;
+                });
+            }
+            continue;
+        }
+        tracing::info!(batch = %a.batch, role = %a.role, index = a.index, gpus = ?a.gpus, "assignment received");
+        let (tx, rx) = watch::channel(a.clone());
+        let cancel = session.child_token();
+        let task = if a.is_driver() {
+            tokio::spawn(work::run_driver(ctx.clone(), rx, cancel.clone()))
+        } else {
+            tokio::spawn(work::run_executor(ctx.clone(), rx, cancel.clone()))
+        };
+        parts.insert(
+            key,
+            Part {
+                assignment: tx,
+                cancel,
+                task,
+            },
+        );
+    }
+}

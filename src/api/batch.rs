@@ -97,6 +97,10 @@ pub struct FlexqInfo {
 pub struct AllocatedPart {
     pub node: String,
     pub role: String,
+    /// An executor's number in its batch (what its agent exports to the
+    /// executor as FLEXQ_EXECUTOR_INDEX).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
     pub gpus: Vec<String>,
     pub cores: u32,
     pub memory_mb: u64,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::Method;
 
 use super::{CliError, Client, OutputFormat, print_structured, print_table};
+use crate::api::agent::BatchOutput;
 use crate::api::{
     Batch, EnvironmentConfig, ExecutionConfig, ListBatchesResponse, Operation, PySparkBatch,
     RuntimeConfig, SparkBatch, SparkSqlBatch, State,
@@ -304,10 +305,13 @@ pub async fn delete(client: &Client, batch_id: &str) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Follows a batch until it ends; prints each state change. Ok(true) when
-/// it SUCCEEDED.
+/// Follows a batch until it ends: prints each state change (stderr) and
+/// streams the driver's output (stdout) as it comes. Ok(true) when it
+/// SUCCEEDED.
 pub async fn wait(client: &Client, batch_id: &str) -> Result<bool, CliError> {
+    use std::io::Write;
     let mut last: Option<(State, String)> = None;
+    let mut offset = 0u64;
     loop {
         let batch = get(client, batch_id).await?;
         let state = batch.state.unwrap_or(State::StateUnspecified);
@@ -318,15 +322,39 @@ pub async fn wait(client: &Client, batch_id: &str) -> Result<bool, CliError> {
             }
             last = Some((state, message.clone()));
         }
+        let mut output_done = true;
+        if batch.runtime_info.is_some() {
+            // Long poll: answers with new output, at the end, or after 2s
+            // (then the state is looked at again).
+            let out: BatchOutput = client
+                .call::<(), _>(
+                    Method::GET,
+                    &format!(
+                        "{}/{batch_id}/output?offset={offset}&waitFor=2s",
+                        client.batches_path()
+                    ),
+                    None,
+                )
+                .await?;
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(out.data.as_bytes());
+            let _ = stdout.flush();
+            offset = out.next_offset.parse().unwrap_or(offset);
+            output_done = out.done;
+            if out.done && out.truncated {
+                eprintln!("(output beyond the server's limit was not kept)");
+            }
+        }
         match state {
-            State::Succeeded => {
-                eprintln!("Batch [{batch_id}] finished.");
+            State::Succeeded if output_done => {
+                eprintln!("Batch [{batch_id}] finished: SUCCEEDED. {message}");
                 return Ok(true);
             }
-            State::Failed | State::Cancelled => {
+            State::Failed | State::Cancelled if output_done => {
                 eprintln!("Batch job is {state}. Detail: {message}");
                 return Ok(false);
             }
+            _ if batch.runtime_info.is_some() => {}
             _ => tokio::time::sleep(POLL).await,
         }
     }

@@ -90,6 +90,9 @@ pub fn spark_conf(job: &SparkJob, rapids: &Rapids) -> BTreeMap<String, String> {
         "spark.executor.memoryOverhead",
         mb(c.executor.memory_overhead_mb),
     );
+    // The whole cluster was allocated at once: start the job once every
+    // executor is there, not on the first one.
+    set("spark.scheduler.minRegisteredResourcesRatio", "1.0".into());
     set("spark.driver.cores", c.driver.cores.to_string());
     set("spark.driver.memory", mb(c.driver.memory_mb));
     if c.executor.gpus > 0 {

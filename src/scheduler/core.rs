@@ -307,10 +307,27 @@ impl Scheduler {
     }
 
     /// An agent registered its node (again): it joins the capacity with a
-    /// fresh lease. A node already known keeps what it holds.
+    /// fresh lease. A node already known keeps what it holds; its shape is
+    /// updated when what it holds still fits the new one.
     pub fn register_node(&mut self, spec: NodeSpec, epoch: u64, expires: DateTime<Utc>) {
         let id = spec.id.clone();
-        self.add_node(spec);
+        let changed = self.capacity.nodes.get(&id).is_some_and(|n| n.spec != spec);
+        if changed {
+            let held: Vec<_> = self
+                .running
+                .values()
+                .flat_map(|a| a.placements.iter().filter(|p| p.node == id).cloned())
+                .collect();
+            self.dirty.insert(spec.region.clone());
+            if let Some(old) = self.capacity.nodes.insert(id.clone(), Node::new(spec)) {
+                if !self.capacity.take(&held) {
+                    tracing::warn!(node = %id, "the node registered a shape smaller than what it holds; keeping its old shape");
+                    self.capacity.nodes.insert(id.clone(), old);
+                }
+            }
+        } else {
+            self.add_node(spec);
+        }
         self.leases.grant(id, epoch, expires);
     }
 

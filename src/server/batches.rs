@@ -243,9 +243,12 @@ async fn describe_provisioning(
         Provisioning::Provisioned | Provisioning::Released => {
             let placements = app.store.placements(record.seq).await?;
             let core = app.scheduler.lock().await;
+            let mut executors = 0..;
             info.nodes = placements
                 .into_iter()
                 .map(|p| AllocatedPart {
+                    index: (p.role == crate::scheduler::Role::Executor)
+                        .then(|| executors.next().unwrap_or_default()),
                     is_virtual: core.is_virtual(&p.node),
                     node: p.node.0,
                     role: p.role.name().into(),

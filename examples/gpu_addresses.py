@@ -1,0 +1,35 @@
+"""An example PySpark job: records, per task, the GPU addresses Spark gave it.
+
+With fake GPUs (examples/fake-gpus.sh) nothing runs on a GPU, but Spark's
+resource scheduling is real: each task sees exactly the addresses the worker
+it runs on was given, which are exactly those flexq allocated.
+Usage: gpu_addresses.py OUTPUT_JSON [TASKS]
+"""
+import json
+import os
+import sys
+
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+
+out = sys.argv[1]
+tasks = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+spark = SparkSession.builder.getOrCreate()
+print("gpu_addresses: started", flush=True)
+
+
+def record(i):
+    ctx = TaskContext.get()
+    return {
+        "task": i,
+        "gpus": ctx.resources()["gpu"].addresses,
+        "node": os.environ.get("FLEXQ_NODE"),
+        "executorIndex": os.environ.get("FLEXQ_EXECUTOR_INDEX"),
+    }
+
+
+rows = spark.sparkContext.parallelize(range(tasks), tasks).map(record).collect()
+with open(out, "w") as f:
+    json.dump(rows, f)
+print(f"gpu_addresses: {len(rows)} tasks recorded in {out}", flush=True)
+spark.stop()

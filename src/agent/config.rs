@@ -1,0 +1,128 @@
+//! The agent's configuration: `config/agent.toml` documents every key; any
+//! key can be overridden by `FLEXQ_AGENT_<KEY>` (e.g. FLEXQ_AGENT_SERVER).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Base URL of the flexq server.
+    pub server: String,
+    /// This node's id (1 to 63 of [a-z0-9-]); default: the host name.
+    #[serde(default)]
+    pub node_id: String,
+    pub region: String,
+    pub zone: String,
+    /// The node pool (of the server's config) this node belongs to.
+    pub pool: String,
+    /// What this node offers besides its GPUs.
+    pub cores: u32,
+    pub memory_mb: u64,
+    pub local_ssd_gb: u64,
+    /// A script printing `{"name":"gpu","addresses":[...]}` (Spark's
+    /// format); empty: `nvidia-smi -L`.
+    #[serde(default)]
+    pub gpu_discovery_script: String,
+    /// The address other nodes reach this one at (Spark master, driver).
+    pub advertise_host: String,
+    /// Where each batch's scripts, logs and Spark scratch go.
+    pub work_dir: PathBuf,
+    /// Spark's installation; empty: $SPARK_HOME, else the pyspark package
+    /// of `python`.
+    #[serde(default)]
+    pub spark_home: String,
+    /// The RAPIDS Accelerator jar. Where it is missing, batches run on
+    /// plain Spark and say so.
+    pub rapids_jar: PathBuf,
+    /// The Python of PySpark drivers and workers.
+    pub python: String,
+    /// After SIGTERM, how long Spark processes get before SIGKILL.
+    #[serde(with = "humantime_serde")]
+    pub stop_grace: Duration,
+    /// How long one assignment poll waits on the server.
+    #[serde(with = "humantime_serde")]
+    pub poll_wait: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            server: "http://127.0.0.1:8080".into(),
+            node_id: String::new(),
+            region: String::new(),
+            zone: String::new(),
+            pool: String::new(),
+            cores: 0,
+            memory_mb: 0,
+            local_ssd_gb: 0,
+            gpu_discovery_script: String::new(),
+            advertise_host: "127.0.0.1".into(),
+            work_dir: PathBuf::from("agent-work"),
+            spark_home: String::new(),
+            rapids_jar: PathBuf::from("/opt/rapids/rapids-4-spark.jar"),
+            python: "python3".into(),
+            stop_grace: Duration::from_secs(5),
+            poll_wait: Duration::from_secs(20),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Defaults, then `file`, then FLEXQ_AGENT_* variables.
+    pub fn load(file: Option<&Path>) -> Result<AgentConfig, String> {
+        let mut figment = Figment::from(Serialized::defaults(AgentConfig::default()));
+        if let Some(file) = file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        let mut config: AgentConfig = figment
+            .merge(Env::prefixed("FLEXQ_AGENT_"))
+            .extract()
+            .map_err(|e| e.to_string())?;
+        if config.node_id.is_empty() {
+            config.node_id = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_ascii_lowercase())
+                .unwrap_or_default();
+        }
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let missing: Vec<&str> = [
+            ("region", self.region.is_empty()),
+            ("zone", self.zone.is_empty()),
+            ("pool", self.pool.is_empty()),
+            ("node_id", self.node_id.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(k, empty)| empty.then_some(k))
+        .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "agent config: {} must be set (in the file or as FLEXQ_AGENT_<KEY>)",
+                missing.join(", ")
+            ));
+        }
+        for (key, v) in [
+            ("cores", u64::from(self.cores)),
+            ("memory_mb", self.memory_mb),
+            ("local_ssd_gb", self.local_ssd_gb),
+        ] {
+            if v == 0 {
+                return Err(format!("agent config: {key} must be at least 1"));
+            }
+        }
+        if !self.server.starts_with("http://") && !self.server.starts_with("https://") {
+            return Err(format!(
+                "agent config: server {:?} must be an http:// or https:// URL",
+                self.server
+            ));
+        }
+        Ok(())
+    }
+}
