@@ -31,10 +31,13 @@ pub struct Ctx {
 /// Output kept in memory for the failure summary.
 const TAIL_BYTES: usize = 64 * 1024;
 
-fn spark_class(ctx: &Ctx, class: &str, args: &[String]) -> Command {
+/// A Spark daemon of batch `uuid`. Every process of a batch carries
+/// FLEXQ_BATCH_UUID in its environment (operators can find them by it).
+fn spark_class(ctx: &Ctx, uuid: &str, class: &str, args: &[String]) -> Command {
     let mut cmd = Command::new(ctx.spark_home.join("bin/spark-class"));
     cmd.arg(class).args(args);
-    cmd.env("SPARK_HOME", &ctx.spark_home)
+    cmd.env("FLEXQ_BATCH_UUID", uuid)
+        .env("SPARK_HOME", &ctx.spark_home)
         .env("SPARK_LOCAL_IP", &ctx.config.advertise_host)
         .env("PYSPARK_PYTHON", &ctx.config.python)
         .env("PYTHONUNBUFFERED", "1");
@@ -108,11 +111,13 @@ pub async fn run_driver(
 /// Starts the batch's Spark master; answers its URL once it listens.
 async fn start_master(
     ctx: &Ctx,
+    uuid: &str,
     dir: &Path,
     cancel: &CancellationToken,
 ) -> Result<Option<(Group, String)>, String> {
     let mut cmd = spark_class(
         ctx,
+        uuid,
         "org.apache.spark.deploy.master.Master",
         &[
             "--host".into(),
@@ -186,7 +191,7 @@ async fn drive(
     cancel: &CancellationToken,
 ) -> Result<Option<ReportEvent>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let Some((master, url)) = start_master(ctx, dir, cancel).await? else {
+    let Some((master, url)) = start_master(ctx, &a.uuid, dir, cancel).await? else {
         return Ok(None);
     };
     tracing::info!(batch = %a.batch, master = %url, "spark master started");
@@ -234,6 +239,7 @@ async fn drive(
     let mut cmd = Command::new(ctx.spark_home.join("bin/spark-submit"));
     cmd.args(&args)
         .current_dir(dir)
+        .env("FLEXQ_BATCH_UUID", &a.uuid)
         .env("SPARK_HOME", &ctx.spark_home)
         .env("SPARK_LOCAL_IP", &ctx.config.advertise_host)
         .env("PYSPARK_PYTHON", &ctx.config.python)
@@ -528,6 +534,7 @@ async fn work(
     }
     let mut cmd = spark_class(
         ctx,
+        &a.uuid,
         "org.apache.spark.deploy.worker.Worker",
         &[
             "--host".into(),
@@ -548,7 +555,6 @@ async fn work(
     cmd.env("SPARK_WORKER_OPTS", opts.join(" "))
         .env("SPARK_LOCAL_DIRS", &local)
         .env("FLEXQ_NODE", node)
-        .env("FLEXQ_BATCH_UUID", &a.uuid)
         .env("FLEXQ_EXECUTOR_INDEX", a.index.to_string())
         .stdout(out)
         .stderr(err);

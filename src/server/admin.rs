@@ -20,10 +20,8 @@ pub(super) async fn regions(AppState(app): AppState<App>, format: Format) -> Res
 
 /// `GET /v1/nodes`: every node, virtual ones marked, with what is free.
 pub(super) async fn nodes(AppState(app): AppState<App>, format: Format) -> Response {
-    let nodes: Vec<_> = app
-        .scheduler
-        .lock()
-        .await
+    let core = app.scheduler.lock().await;
+    let nodes: Vec<_> = core
         .nodes()
         .into_iter()
         .map(
@@ -43,6 +41,9 @@ pub(super) async fn nodes(AppState(app): AppState<App>, format: Format) -> Respo
                     "freeMemoryMb": free_memory_mb,
                     "localSsdGb": spec.local_ssd_gb,
                     "freeLocalSsdGb": free_ssd_gb,
+                    // The fencing token of the agent holding it (none for
+                    // virtual nodes).
+                    "epoch": core.node_epoch(&spec.id).map(|e| e.to_string()),
                 })
             },
         )

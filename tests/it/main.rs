@@ -9,4 +9,5 @@ mod durability;
 mod metrics;
 mod prometheus;
 mod scheduler;
+mod spark;
 mod support;

@@ -1,0 +1,580 @@
+//! The whole life of GPU batches on real Spark: a real server, three real
+//! `flexq agent` processes on loopback, each with a FAKE GPU discovery
+//! script (two GPU addresses, no GPU behind them), and real PySpark jobs
+//! (`pip install pyspark`; Java 17).
+//!
+//! One test runs the scenarios in turn, to keep the machine's two cores
+//! for one Spark cluster at a time: each JVM start costs seconds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, assert_status, flexq_bin};
+
+const ZONE: &str = "us-central1-a";
+const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+/// A `flexq agent` child process.
+struct Agent {
+    node: String,
+    child: Child,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(server: &TestServer, dir: &Path, node: &str) -> Agent {
+        let work = dir.join(node);
+        std::fs::create_dir_all(&work).expect("agent dir");
+        // A FAKE GPU: the discovery script names two addresses; no GPU is
+        // behind them. Spark's resource scheduling is real all the same.
+        let script = work.join("fake-gpus.sh");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n# FAKE GPUs for tests: two addresses, no hardware.\necho '{\"name\":\"gpu\",\"addresses\":[\"0\",\"1\"]}'\n",
+        )
+        .expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let config = work.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"server = "http://{addr}"
+node_id = "{node}"
+region = "us-central1"
+zone = "{ZONE}"
+pool = "l4"
+cores = 8
+memory_mb = 65536
+local_ssd_gb = 1500
+gpu_discovery_script = "{script}"
+advertise_host = "127.0.0.1"
+work_dir = "{work}"
+rapids_jar = "{work}/no-rapids.jar"
+stop_grace = "3s"
+poll_wait = "20s"
+"#,
+                addr = server.addr,
+                script = script.display(),
+                work = work.join("work").display(),
+            ),
+        )
+        .expect("config");
+        let log = work.join("agent.log");
+        Agent {
+            node: node.to_string(),
+            child: spawn_agent(&config, &log),
+            config,
+            log,
+        }
+    }
+
+    /// Starts the agent again after a kill.
+    fn restart(&mut self) {
+        self.child = spawn_agent(&self.config, &self.log);
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent {} did not stop on SIGTERM",
+                self.node
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.terminate_quietly();
+    }
+}
+
+impl Agent {
+    fn terminate_quietly(&mut self) -> Option<()> {
+        if self.child.try_wait().ok()?.is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            for _ in 0..100 {
+                if self.child.try_wait().ok()?.is_some() {
+                    return Some(());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.child.kill();
+        }
+        Some(())
+    }
+}
+
+fn spawn_agent(config: &Path, log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log");
+    Command::new(flexq_bin())
+        .args(["agent", "--config"])
+        .arg(config)
+        .env_remove("FLEXQ_AGENT_SERVER")
+        .stdout(Stdio::from(log.try_clone().expect("log")))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("start flexq agent")
+}
+
+/// Processes whose environment carries FLEXQ_BATCH_UUID=uuid.
+fn processes_of(uuid: &str) -> Vec<u32> {
+    let needle = format!("FLEXQ_BATCH_UUID={uuid}");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Waits until no process of batch `uuid` is left.
+async fn all_gone(uuid: &str, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let left = processes_of(uuid);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "processes of batch {uuid} remain after {limit:?}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn gpu_batch(file: &str, args: &[&str], extra: &[(&str, &str)]) -> Value {
+    let mut props = json!({
+        "spark.dataproc.executor.resource.accelerator.type": "l4",
+        "spark.dataproc.executor.compute.tier": "premium",
+        "spark.dataproc.executor.disk.tier": "premium",
+        // Small JVMs: the machine runs several at once.
+        "spark.executor.memory": "1024m",
+        "spark.driver.memory": "1024m",
+        "spark.ui.enabled": "false",
+    });
+    for (k, v) in extra {
+        props[*k] = json!(v);
+    }
+    json!({
+        "pysparkBatch": {
+            "mainPythonFileUri": examples().join(file).display().to_string(),
+            "args": args,
+        },
+        "runtimeConfig": {"version": "3.0", "properties": props},
+    })
+}
+
+async fn batch(s: &TestServer, id: &str) -> Value {
+    let (st, b) = s.get(&format!("{BATCHES}/{id}")).await;
+    assert_eq!(st, 200, "{b:#}");
+    b
+}
+
+/// Polls batch `id` until `done` holds; panics with the batch and the
+/// agents' logs after `limit`.
+async fn until(
+    s: &TestServer,
+    id: &str,
+    what: &str,
+    limit: Duration,
+    agents: &[Agent],
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let b = batch(s, id).await;
+        if done(&b) {
+            return b;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = agents
+                .iter()
+                .map(|a| {
+                    let text = std::fs::read_to_string(&a.log).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                    format!(
+                        "--- {} ---\n{}",
+                        a.node,
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    )
+                })
+                .collect();
+            panic!(
+                "batch {id} not {what} within {limit:?}: {b:#}\n{}",
+                logs.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn output(s: &TestServer, id: &str) -> String {
+    let (st, out) = s.get(&format!("{BATCHES}/{id}/output")).await;
+    assert_eq!(st, 200, "{out:#}");
+    out["data"].as_str().expect("data").to_string()
+}
+
+async fn cancel(s: &TestServer, b: &Value) {
+    let (st, body) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            b["operation"].as_str().expect("op")
+        ))
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+}
+
+async fn node(s: &TestServer, id: &str) -> Option<Value> {
+    let (_, nodes) = s.get("/v1/nodes").await;
+    nodes["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == id)
+        .cloned()
+}
+
+fn pyspark_available() -> bool {
+    Command::new("python3")
+        .args(["-c", "import pyspark"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
+    assert!(
+        pyspark_available(),
+        "these tests run real Spark: pip install pyspark (.ci/run does)"
+    );
+    let s = TestServer::start_with(|c| {
+        c.agents.lease_duration = Duration::from_secs(3);
+        for region in c.regions.values_mut() {
+            for zone in region.zones.values_mut() {
+                for pool in zone.node_pools.values_mut() {
+                    pool.virtual_nodes = 0;
+                }
+            }
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut agents: Vec<Agent> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|n| Agent::start(&s, dir.path(), n))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for a in &agents {
+        while node(&s, &a.node).await.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "agent {} did not register",
+                a.node
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // 1. A driver and two executors of one GPU each: every task sees
+    //    exactly the GPU the scheduler allocated to its executor.
+    let out_file = dir.path().join("gpus.json");
+    let (st, body) = s
+        .create(
+            "batchId=gpu-addresses",
+            &gpu_batch(
+                "gpu_addresses.py",
+                &[&out_file.display().to_string(), "8"],
+                // One task per GPU at a time: both executors get tasks.
+                &[("spark.task.resource.gpu.amount", "1")],
+            ),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    let b = until(
+        &s,
+        "gpu-addresses",
+        "finished",
+        Duration::from_secs(240),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    assert_eq!(
+        b["state"],
+        "SUCCEEDED",
+        "{b:#}\n{}",
+        output(&s, "gpu-addresses").await
+    );
+    let states: Vec<&str> = b["stateHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .map(|h| h["state"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        states,
+        ["PENDING", "PENDING", "RUNNING", "SUCCEEDED"],
+        "{b:#}"
+    );
+    let rapids = b["runtimeInfo"]["rapidsAccelerator"]
+        .as_str()
+        .expect("rapids");
+    assert!(
+        rapids.contains("without the RAPIDS Accelerator"),
+        "{rapids}"
+    );
+    let running = &b["stateHistory"][2]["stateMessage"];
+    assert!(
+        running
+            .as_str()
+            .is_some_and(|m| m.contains("without the RAPIDS Accelerator")),
+        "the history says it ran without RAPIDS: {running}"
+    );
+    let parts = b["flexq"]["nodes"].as_array().expect("nodes");
+    let allocated: BTreeMap<String, (String, Vec<String>)> = parts
+        .iter()
+        .filter(|p| p["role"] == "executor")
+        .map(|p| {
+            (
+                p["index"].as_u64().expect("executor index").to_string(),
+                (
+                    p["node"].as_str().expect("node").to_string(),
+                    serde_json::from_value(p["gpus"].clone()).expect("gpus"),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(allocated.len(), 2, "{parts:#?}");
+    let tasks: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(&out_file).expect("the job wrote its records"))
+            .expect("records");
+    assert_eq!(tasks.len(), 8);
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &tasks {
+        let index = t["executorIndex"].as_str().expect("FLEXQ_EXECUTOR_INDEX");
+        let (node, gpus) = &allocated[index];
+        let given: Vec<String> = serde_json::from_value(t["gpus"].clone()).expect("gpus");
+        assert_eq!(&given, gpus, "task {t} on executor {index}");
+        assert_eq!(t["node"].as_str(), Some(node.as_str()), "task {t}");
+        seen.insert(index.to_string());
+    }
+    assert_eq!(seen.len(), 2, "both executors ran tasks: {tasks:?}");
+    let text = output(&s, "gpu-addresses").await;
+    assert!(text.contains("gpu_addresses: 8 tasks recorded"), "{text}");
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    all_gone(&uuid, Duration::from_secs(20)).await;
+    for a in &agents {
+        let n = node(&s, &a.node).await.expect("node");
+        assert_eq!(n["freeGpus"], 2, "capacity back: {n}");
+    }
+
+    // 2. A job that raises: FAILED with the exception; output readable.
+    let (st, _) = s
+        .create("batchId=raises", &gpu_batch("fails.py", &[], &[]))
+        .await;
+    assert_eq!(st, 200);
+    let b = until(
+        &s,
+        "raises",
+        "failed",
+        Duration::from_secs(240),
+        &agents,
+        |b| b["state"] == "FAILED" || b["state"] == "SUCCEEDED",
+    )
+    .await;
+    let message = b["stateMessage"].as_str().expect("message");
+    assert!(
+        message.contains("ValueError: bad row 17 in the input") && message.contains("exit status"),
+        "{b:#}"
+    );
+    assert_ne!(b["runtimeInfo"]["driverExitCode"], 0);
+    let text = output(&s, "raises").await;
+    assert!(text.contains("fails: about to raise"), "{text}");
+    assert!(text.contains("Traceback"), "{text}");
+
+    // 3. Cancel of a running batch stops its whole process tree within
+    //    seconds and frees its GPUs: a batch queued behind it starts.
+    let (st, _) = s
+        .http
+        .patch(s.url("/v1/projects/demo/regions/us-central1/quotas"))
+        .json(&json!({"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": 2}))
+        .send()
+        .await
+        .map(|r| (r.status().as_u16(), ()))
+        .expect("patch");
+    assert_eq!(st, 200);
+    for id in ["long-1", "long-2"] {
+        let (st, _) = s
+            .create(
+                &format!("batchId={id}"),
+                &gpu_batch("sleeps.py", &["600"], &[]),
+            )
+            .await;
+        assert_eq!(st, 200);
+    }
+    let b1 = until(
+        &s,
+        "long-1",
+        "running",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "RUNNING",
+    )
+    .await;
+    let uuid1 = b1["uuid"].as_str().expect("uuid").to_string();
+    let started = Instant::now();
+    while processes_of(&uuid1).len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "Spark processes of long-1"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        batch(&s, "long-2").await["flexq"]["provisioningState"],
+        "QUEUED",
+        "held back by the quota of 2 GPUs"
+    );
+    let cancelled_at = Instant::now();
+    cancel(&s, &b1).await;
+    let b1 = until(
+        &s,
+        "long-1",
+        "cancelled",
+        Duration::from_secs(30),
+        &agents,
+        |b| b["state"] == "CANCELLED",
+    )
+    .await;
+    let took = cancelled_at.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "cancel took {took:?}: {b1:#}"
+    );
+    // Every Spark process of the cancelled batch is gone within seconds.
+    all_gone(&uuid1, Duration::from_secs(15)).await;
+    let b2 = until(
+        &s,
+        "long-2",
+        "running",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "RUNNING",
+    )
+    .await;
+
+    // 4. Killing the agent of long-2's driver: after its lease the batch
+    //    fails saying the node was lost, the capacity returns, and a late
+    //    report from the killed agent is refused.
+    let driver_node = b2["flexq"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|p| p["role"] == "driver")
+        .and_then(|p| p["node"].as_str())
+        .expect("driver node")
+        .to_string();
+    let epoch = node(&s, &driver_node).await.expect("node")["epoch"]
+        .as_str()
+        .expect("epoch")
+        .to_string();
+    let uuid2 = b2["uuid"].as_str().expect("uuid").to_string();
+    let victim = agents
+        .iter_mut()
+        .find(|a| a.node == driver_node)
+        .expect("agent");
+    victim.kill();
+    let b2 = until(
+        &s,
+        "long-2",
+        "failed",
+        Duration::from_secs(30),
+        &agents,
+        |b| b["state"] == "FAILED",
+    )
+    .await;
+    let message = b2["stateMessage"].as_str().expect("message");
+    assert!(
+        message.contains("lost") && message.contains(&driver_node),
+        "{message}"
+    );
+    assert!(
+        node(&s, &driver_node).await.is_none(),
+        "the lost node left the capacity"
+    );
+    let late = json!({"epoch": epoch, "uuid": uuid2, "event": "FINISHED", "succeeded": true, "message": "late"});
+    let (st, body) = post(&s, &format!("/v1/nodes/{driver_node}:report"), &late).await;
+    assert_status(st, &body, 400, "FAILED_PRECONDITION");
+    // The agent comes back: it stops what its killed predecessor left
+    // running, registers with a new epoch, and the old epoch is fenced.
+    let victim = agents
+        .iter_mut()
+        .find(|a| a.node == driver_node)
+        .expect("agent");
+    victim.restart();
+    let back = Instant::now();
+    let new_epoch = loop {
+        if let Some(n) = node(&s, &driver_node).await {
+            break n["epoch"].as_str().expect("epoch").to_string();
+        }
+        assert!(back.elapsed() < Duration::from_secs(30), "agent back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_ne!(new_epoch, epoch);
+    let (st, body) = post(&s, &format!("/v1/nodes/{driver_node}:report"), &late).await;
+    assert_status(st, &body, 409, "ABORTED");
+    all_gone(&uuid2, Duration::from_secs(30)).await;
+
+    // Agents stop cleanly on SIGTERM.
+    for a in &mut agents {
+        assert!(a.terminate().success(), "agent {} exit status", a.node);
+    }
+}
+
+async fn post(s: &TestServer, path: &str, body: &Value) -> (u16, Value) {
+    let r = s
+        .http
+        .post(s.url(path))
+        .json(body)
+        .send()
+        .await
+        .expect("post");
+    let st = r.status().as_u16();
+    (st, r.json().await.expect("json"))
+}
