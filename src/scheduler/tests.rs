@@ -845,3 +845,32 @@ fn long_batches_held_back_by_a_reservation_end_the_scan_but_short_ones_still_bac
     ));
     assert_eq!(allocated(&s.pass(t0())), vec![500]);
 }
+
+#[test]
+fn a_node_registering_again_with_another_shape_keeps_what_it_holds() {
+    let mut s = Scheduler::new(vec![pool("a", 8, 4)], rules(100));
+    let lease = t0() + Duration::seconds(60);
+    let mut spec = l4_node("agent0", "a", 4);
+    spec.is_virtual = false;
+    s.register_node(spec.clone(), 1, lease);
+    s.submit(batch(
+        1,
+        "p",
+        cluster(2, ProvisioningMode::Queue, 3600, Some(3600)),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    // More GPUs: taken, and what batch 1 holds is still held.
+    let mut bigger = l4_node("agent0", "a", 8);
+    bigger.is_virtual = false;
+    s.register_node(bigger, 2, lease);
+    s.check_invariants().expect("invariants");
+    let free: u32 = s.nodes().iter().map(|n| n.1).sum();
+    assert_eq!(free, 8 - 3, "8 GPUs, batch 1's 3 still held");
+    // A shape too small for what it holds is not taken.
+    let mut tiny = l4_node("agent0", "a", 1);
+    tiny.is_virtual = false;
+    s.register_node(tiny, 3, lease);
+    s.check_invariants().expect("invariants");
+    assert_eq!(s.nodes()[0].0.gpu_addresses.len(), 8);
+}

@@ -179,7 +179,7 @@ pub(super) async fn register(
         let b = &part.batch;
         let started = matches!(b.state, State::Running | State::Cancelling)
             || (part.role == Role::Driver && b.master_url.is_some());
-        if started && !req.running.contains(&b.uuid) {
+        if started && !req.running.contains(&b.uuid) && !ended.contains(&b.seq) {
             let message = format!(
                 "The agent of node {node} restarted and no longer runs this batch's {} (its Spark processes were lost); the batch failed and its cluster was released.",
                 part.role.name()

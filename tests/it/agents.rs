@@ -29,8 +29,13 @@ async fn post(s: &TestServer, path: &str, body: &Value) -> (u16, Value) {
 /// A server whose only capacity is what agents register (us-central1-b
 /// declares 4 nodes of 8 L4s), with a 1s lease.
 async fn server() -> TestServer {
+    server_with_lease(Duration::from_secs(1)).await
+}
+
+/// The same with a lease of `lease`.
+async fn server_with_lease(lease: Duration) -> TestServer {
     TestServer::start_with(|c| {
-        c.agents.lease_duration = Duration::from_secs(1);
+        c.agents.lease_duration = lease;
         for region in c.regions.values_mut() {
             for zone in region.zones.values_mut() {
                 for pool in zone.node_pools.values_mut() {
@@ -228,4 +233,287 @@ async fn bad_registrations_are_refused_by_name() {
     assert_status(st, &err, 400, "FAILED_PRECONDITION");
     let (st, err) = post(&s, "/v1/nodes/gpu-0:explode", &json!({"epoch": 1})).await;
     assert_status(st, &err, 404, "NOT_FOUND");
+}
+
+/// Registers `id` with 8 GPUs and returns its epoch.
+async fn register(s: &TestServer, id: &str) -> String {
+    let (st, reg) = post(s, "/v1/nodes:register", &node(id, 8)).await;
+    assert_eq!(st, 200, "{reg:#}");
+    reg["epoch"].as_str().expect("epoch").to_string()
+}
+
+async fn poll(s: &TestServer, id: &str, epoch: &str, version: &str, wait: &str) -> (u16, Value) {
+    post(
+        s,
+        &format!("/v1/nodes/{id}:poll"),
+        &json!({"epoch": epoch, "version": version, "waitFor": wait}),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_agent_protocol_long_polls_reports_and_streams_output() {
+    let s = server_with_lease(Duration::from_secs(30)).await;
+    let epoch = register(&s, "gpu-host-1").await;
+
+    // Nothing to do: the first poll answers at once (no version yet), the
+    // next waits for its waitFor.
+    let (st, first) = poll(&s, "gpu-host-1", &epoch, "", "5s").await;
+    assert_eq!(st, 200, "{first:#}");
+    assert_eq!(first["assignments"], json!([]));
+    let version = first["version"].as_str().expect("version").to_string();
+    let started = Instant::now();
+    let (_, same) = poll(&s, "gpu-host-1", &epoch, &version, "1s").await;
+    assert_eq!(same["version"], version.as_str());
+    assert!(started.elapsed() >= Duration::from_millis(900), "it waited");
+
+    // A poll waiting when a batch is allocated answers at once with it.
+    let waiting = {
+        let (s2, e2, v2) = (s.url(""), epoch.clone(), version.clone());
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let started = Instant::now();
+            let r = http
+                .post(format!("{s2}/v1/nodes/gpu-host-1:poll"))
+                .json(&json!({"epoch": e2, "version": v2, "waitFor": "20s"}))
+                .send()
+                .await
+                .expect("poll");
+            (started.elapsed(), r.json::<Value>().await.expect("json"))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (st, _) = s
+        .create(
+            "batchId=run-me",
+            &flex_with("spark.executor.instances", "4"),
+        )
+        .await;
+    assert_eq!(st, 200);
+    let (took, answer) = waiting.await.expect("poll task");
+    assert!(
+        took < Duration::from_secs(5),
+        "long poll woke on the allocation: {took:?}"
+    );
+    let parts = answer["assignments"].as_array().expect("assignments");
+    assert_eq!(parts.len(), 5, "{answer:#}");
+    let driver = parts
+        .iter()
+        .find(|a| a["role"] == "driver")
+        .expect("driver");
+    assert_eq!(driver["action"], "RUN");
+    assert_eq!(
+        driver["job"]["batch"],
+        "projects/demo/locations/us-central1/batches/run-me"
+    );
+    let mut indexes: Vec<u64> = parts
+        .iter()
+        .filter(|a| a["role"] == "executor")
+        .map(|a| a["index"].as_u64().expect("index"))
+        .collect();
+    indexes.sort();
+    assert_eq!(indexes, [0, 1, 2, 3]);
+    let uuid = driver["uuid"].as_str().expect("uuid").to_string();
+    let report = |event: Value| {
+        let mut body = event;
+        body["epoch"] = json!(epoch);
+        body["uuid"] = json!(uuid);
+        body
+    };
+
+    // Bad reports are refused by name.
+    let (st, err) = post(
+        &s,
+        "/v1/nodes/gpu-host-1:report",
+        &report(json!({"event": "MASTER_READY", "masterUrl": "http://x"})),
+    )
+    .await;
+    assert_status(st, &err, 400, "INVALID_ARGUMENT");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .expect("m")
+            .contains("masterUrl")
+    );
+    let (st, err) = post(
+        &s,
+        "/v1/nodes/gpu-host-1:report",
+        &report(json!({"event": "EXPLODED"})),
+    )
+    .await;
+    assert_status(st, &err, 400, "INVALID_ARGUMENT");
+    let other = register(&s, "gpu-host-2").await;
+    let mut foreign = report(json!({"event": "DRIVER_STARTED", "rapids": "enabled"}));
+    foreign["epoch"] = json!(other);
+    let (st, err) = post(&s, "/v1/nodes/gpu-host-2:report", &foreign).await;
+    assert_status(st, &err, 400, "FAILED_PRECONDITION");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .expect("m")
+            .contains("holds no part"),
+        "an agent acts only for its own node's parts: {err:#}"
+    );
+
+    // The driver's agent: master, start, output, end.
+    let (st, _) = post(
+        &s,
+        "/v1/nodes/gpu-host-1:report",
+        &report(json!({"event": "MASTER_READY", "masterUrl": "spark://127.0.0.1:7077"})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let (_, again) = poll(
+        &s,
+        "gpu-host-1",
+        &epoch,
+        answer["version"].as_str().expect("v"),
+        "5s",
+    )
+    .await;
+    assert!(
+        again["assignments"]
+            .as_array()
+            .expect("a")
+            .iter()
+            .all(|a| a["masterUrl"] == "spark://127.0.0.1:7077"),
+        "executors learn the master: {again:#}"
+    );
+    let (st, _) = post(
+        &s,
+        "/v1/nodes/gpu-host-1:report",
+        &report(json!({"event": "DRIVER_STARTED", "rapids": "enabled (/opt/rapids.jar)"})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let (_, b) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/run-me")
+        .await;
+    assert_eq!(b["state"], "RUNNING");
+    let out = |offset: u64, data: &str| json!({"epoch": epoch, "uuid": uuid, "offset": offset.to_string(), "data": data});
+    assert_eq!(
+        post(&s, "/v1/nodes/gpu-host-1:output", &out(0, "line 1\n"))
+            .await
+            .0,
+        200
+    );
+    // A retried chunk is accepted once; a gap is refused.
+    assert_eq!(
+        post(&s, "/v1/nodes/gpu-host-1:output", &out(0, "line 1\n"))
+            .await
+            .0,
+        200
+    );
+    let (st, err) = post(&s, "/v1/nodes/gpu-host-1:output", &out(99, "x")).await;
+    assert_status(st, &err, 400, "FAILED_PRECONDITION");
+    // A reader long-polling from the end wakes on the next chunk.
+    let reader = {
+        let url = s.url(
+            "/v1/projects/demo/locations/us-central1/batches/run-me/output?offset=7&waitFor=20s",
+        );
+        tokio::spawn(async move {
+            let r = reqwest::get(url).await.expect("read");
+            r.json::<Value>().await.expect("json")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        post(&s, "/v1/nodes/gpu-host-1:output", &out(7, "line 2 ✓\n"))
+            .await
+            .0,
+        200
+    );
+    let chunk = reader.await.expect("reader");
+    assert_eq!(chunk["data"], "line 2 ✓\n");
+    assert_eq!(chunk["done"], false);
+    let (st, _) = post(
+        &s,
+        "/v1/nodes/gpu-host-1:report",
+        &report(json!({"event": "FINISHED", "succeeded": false, "message": "The driver failed (exit status 1): ValueError: x", "exitCode": 1})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let (_, b) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/run-me")
+        .await;
+    assert_eq!(b["state"], "FAILED");
+    assert_eq!(
+        b["stateMessage"],
+        "The driver failed (exit status 1): ValueError: x"
+    );
+    assert_eq!(b["runtimeInfo"]["driverExitCode"], 1);
+    assert_eq!(
+        b["runtimeInfo"]["endpoints"]["Spark master"],
+        "spark://127.0.0.1:7077"
+    );
+    let (_, all) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/run-me/output")
+        .await;
+    assert_eq!(all["data"], "line 1\nline 2 ✓\n");
+    assert_eq!(all["done"], true);
+    // Its cluster was released: the node is free and has nothing to do.
+    let (_, nodes) = s.get("/v1/nodes").await;
+    assert_eq!(nodes["nodes"][0]["freeGpus"], 8, "{nodes:#}");
+    let (_, after) = poll(&s, "gpu-host-1", &epoch, "", "1s").await;
+    assert_eq!(after["assignments"], json!([]));
+    // A report after the end is refused.
+    let (st, _) = post(
+        &s,
+        "/v1/nodes/gpu-host-1:report",
+        &report(json!({"event": "FINISHED", "succeeded": true, "message": "again"})),
+    )
+    .await;
+    assert_eq!(st, 400);
+}
+
+#[tokio::test]
+async fn an_agent_that_restarts_without_its_work_fails_the_batch_it_ran() {
+    let s = server_with_lease(Duration::from_secs(30)).await;
+    let epoch = register(&s, "gpu-host-1").await;
+    let (st, _) = s
+        .create(
+            "batchId=was-running",
+            &flex_with("spark.executor.instances", "2"),
+        )
+        .await;
+    assert_eq!(st, 200);
+    let (_, answer) = poll(&s, "gpu-host-1", &epoch, "", "5s").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut answer = answer;
+    while answer["assignments"]
+        .as_array()
+        .is_none_or(|a| a.is_empty())
+    {
+        assert!(Instant::now() < deadline, "allocated");
+        let v = answer["version"].as_str().unwrap_or_default().to_string();
+        answer = poll(&s, "gpu-host-1", &epoch, &v, "2s").await.1;
+    }
+    let uuid = answer["assignments"][0]["uuid"]
+        .as_str()
+        .expect("uuid")
+        .to_string();
+    let (st, _) = post(
+        &s,
+        "/v1/nodes/gpu-host-1:report",
+        &json!({"epoch": epoch, "uuid": uuid, "event": "DRIVER_STARTED", "rapids": "enabled"}),
+    )
+    .await;
+    let (_, b) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/was-running")
+        .await;
+    assert_eq!(st, 200, "{b:#}");
+    // The agent restarts and says it runs nothing.
+    let new_epoch = register(&s, "gpu-host-1").await;
+    let (_, b) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/was-running")
+        .await;
+    assert_eq!(b["state"], "FAILED", "{b:#}");
+    assert!(
+        b["stateMessage"].as_str().expect("m").contains("restarted"),
+        "{b:#}"
+    );
+    let (_, after) = poll(&s, "gpu-host-1", &new_epoch, "", "1s").await;
+    assert_eq!(after["assignments"], json!([]));
+    let (st, err) = poll(&s, "gpu-host-1", &epoch, "", "1s").await;
+    assert_status(st, &err, 409, "ABORTED");
 }
