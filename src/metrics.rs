@@ -12,8 +12,8 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::api::State;
@@ -48,6 +48,9 @@ struct Metrics {
     commit_batches: HistogramVec,
     http_requests: IntCounterVec,
     http_seconds: HistogramVec,
+    agent_reports: IntCounterVec,
+    start_seconds: Histogram,
+    run_seconds: HistogramVec,
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -141,6 +144,25 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             exponential(0.0005, 14),
             &["method", "route"],
         ),
+        agent_reports: counter_vec(
+            "flexq_agent_reports_total",
+            "Reports accepted from executor agents, by event.",
+            &["event"],
+        ),
+        start_seconds: Histogram::with_opts(
+            HistogramOpts::new(
+                "flexq_batch_start_seconds",
+                "Time from the allocation of a batch's cluster to its driver running (Spark master start included).",
+            )
+            .buckets(exponential(0.25, 12)),
+        )
+        .expect("valid metric"),
+        run_seconds: histogram_vec(
+            "flexq_batch_run_seconds",
+            "Run time of batches, from the driver's start to the end, by how they ended.",
+            WAIT_BUCKETS.to_vec(),
+            &["state"],
+        ),
     };
     let build = IntGaugeVec::new(
         Opts::new("flexq_build_info", "Build information; the value is 1."),
@@ -163,6 +185,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.commit_batches.clone()),
         Box::new(m.http_requests.clone()),
         Box::new(m.http_seconds.clone()),
+        Box::new(m.agent_reports.clone()),
+        Box::new(m.start_seconds.clone()),
+        Box::new(m.run_seconds.clone()),
         Box::new(build),
     ];
     for c in collectors {
@@ -173,6 +198,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     }
     for state in State::ALL {
         m.transitions.with_label_values(&[state.name()]);
+    }
+    for e in ["MASTER_READY", "DRIVER_STARTED", "FINISHED", "PART_FAILED"] {
+        m.agent_reports.with_label_values(&[e]);
+    }
+    for state in [State::Succeeded, State::Failed, State::Cancelled] {
+        m.run_seconds.with_label_values(&[state.name()]);
     }
     for d in ["allocate", "expire", "reject", "lose_node"] {
         m.decisions.with_label_values(&[d]);
@@ -212,6 +243,24 @@ pub fn init(config: &Config) {
     if let Ok(mut set) = OFFERED.lock() {
         set.extend(offered);
     }
+}
+
+/// An agent's report was accepted.
+pub fn record_agent_report(event: &str) {
+    METRICS.agent_reports.with_label_values(&[event]).inc();
+}
+
+/// A batch's driver started `after` its cluster was allocated.
+pub fn record_started(after: Duration) {
+    METRICS.start_seconds.observe(after.as_secs_f64());
+}
+
+/// A batch that ran for `ran` ended in `state`.
+pub fn record_run(state: State, ran: Duration) {
+    METRICS
+        .run_seconds
+        .with_label_values(&[state.name()])
+        .observe(ran.as_secs_f64());
 }
 
 /// A batch entered `state`.

@@ -47,6 +47,18 @@ pub enum AgentEvent {
     PartFailed { message: String },
 }
 
+impl AgentEvent {
+    /// The event's name on the wire and in metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AgentEvent::MasterReady { .. } => "MASTER_READY",
+            AgentEvent::DriverStarted { .. } => "DRIVER_STARTED",
+            AgentEvent::Finished { .. } => "FINISHED",
+            AgentEvent::PartFailed { .. } => "PART_FAILED",
+        }
+    }
+}
+
 /// What a report did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReportOutcome {
@@ -93,7 +105,8 @@ async fn set_run_info(
     Ok(())
 }
 
-/// Ends a batch: state, run info, release of its cluster.
+/// Ends a batch: state, run info, release of its cluster. Answers how long
+/// its driver ran, if it started.
 async fn end(
     conn: &mut SqliteConnection,
     seq: i64,
@@ -101,13 +114,14 @@ async fn end(
     message: &str,
     exit_code: Option<i32>,
     now: DateTime<Utc>,
-) -> Result<(), StoreError> {
+) -> Result<Option<std::time::Duration>, StoreError> {
     let mut run = run_info(conn, seq).await?;
     run.exit_code = exit_code.or(run.exit_code);
     run.end_time = Some(now);
     set_run_info(conn, seq, &run).await?;
     transition(conn, seq, to, message, now).await?;
-    release(conn, seq, now).await
+    release(conn, seq, now).await?;
+    Ok(run.start_time.and_then(|t| (now - t).to_std().ok()))
 }
 
 impl Store {
@@ -180,6 +194,8 @@ impl Store {
         }
         let is_driver = roles.iter().any(|r| r == "driver");
         let needs_driver = !matches!(event, AgentEvent::PartFailed { .. });
+        let mut ran = None;
+        let mut started_after = None;
         if needs_driver && !is_driver {
             return Err(StoreError::FailedPrecondition(format!(
                 "node {node} does not run the driver of batch {batch_id}"
@@ -201,6 +217,13 @@ impl Store {
                 run.start_time = Some(now);
                 set_run_info(&mut tx, seq, &run).await?;
                 if state == State::Pending {
+                    let allocated: Option<i64> =
+                        sqlx::query_scalar("select allocate_time from batches where seq = ?")
+                            .bind(seq)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    started_after =
+                        allocated.and_then(|t| (now - super::rows::from_micros(t)).to_std().ok());
                     transition(
                         &mut tx,
                         seq,
@@ -230,7 +253,7 @@ impl Store {
                 } else {
                     message.clone()
                 };
-                end(&mut tx, seq, to, &message, *exit_code, now).await?;
+                ran = end(&mut tx, seq, to, &message, *exit_code, now).await?;
                 ReportOutcome::Ended { seq, state: to }
             }
             AgentEvent::PartFailed { message } => {
@@ -239,14 +262,21 @@ impl Store {
                 } else {
                     State::Failed
                 };
-                end(&mut tx, seq, to, message, None, now).await?;
+                ran = end(&mut tx, seq, to, message, None, now).await?;
                 ReportOutcome::Ended { seq, state: to }
             }
         };
         tx.commit().await?;
+        crate::metrics::record_agent_report(event.name());
+        if let Some(after) = started_after {
+            crate::metrics::record_started(after);
+        }
         if let ReportOutcome::Ended { state, .. } = &outcome {
             tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %state, node, "batch state changed");
             crate::metrics::record_transition(*state);
+            if let Some(ran) = ran {
+                crate::metrics::record_run(*state, ran);
+            }
         } else if matches!(event, AgentEvent::DriverStarted { .. }) && state == State::Pending {
             tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %State::Running, node, "batch state changed");
             crate::metrics::record_transition(State::Running);

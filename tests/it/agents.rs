@@ -456,6 +456,24 @@ async fn the_agent_protocol_long_polls_reports_and_streams_output() {
     assert_eq!(nodes["nodes"][0]["freeGpus"], 8, "{nodes:#}");
     let (_, after) = poll(&s, "gpu-host-1", &epoch, "", "1s").await;
     assert_eq!(after["assignments"], json!([]));
+    // The run is in the metrics.
+    let text = s.scrape().await;
+    for series in [
+        "flexq_agent_reports_total{event=\"FINISHED\"}",
+        "flexq_batch_start_seconds_count",
+        "flexq_batch_run_seconds_count{state=\"FAILED\"}",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series))
+            .unwrap_or_else(|| panic!("{series} missing"));
+        let n: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("value");
+        assert!(n >= 1.0, "{line}");
+    }
     // A report after the end is refused.
     let (st, _) = post(
         &s,
