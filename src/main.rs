@@ -253,6 +253,13 @@ enum BenchAction {
         #[arg(long)]
         endpoint: Option<String>,
     },
+    /// The agent on real Spark: flexq's overhead from allocation to the
+    /// driver's first line of output (Spark's own start excluded), and the
+    /// agent's memory. Needs pyspark and Java.
+    Agent {
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
     /// The scheduler at scale: pass time, memory, flood, end to end,
     /// expiry lateness, restart.
     Schedule {
@@ -376,6 +383,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     warmup,
                 })
                 .await?;
+            }
+            BenchAction::Agent { runs } => {
+                flexq::cli::bench_agent::run(flexq::cli::bench_agent::AgentBenchOptions { runs })
+                    .await?;
             }
             BenchAction::Schedule { pending, releases } => {
                 flexq::cli::bench_schedule::run(flexq::cli::bench_schedule::ScheduleOptions {

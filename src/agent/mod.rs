@@ -289,7 +289,7 @@ fn reconcile(
             }
             continue;
         }
-        tracing::info!(batch = %a.batch, role = %a.role, index = a.index, gpus = ?a.gpus, "assignment received");
+        tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, role = %a.role, index = a.index, gpus = ?a.gpus, "assignment received");
         let (tx, rx) = watch::channel(a.clone());
         let cancel = session.child_token();
         let task = if a.is_driver() {

@@ -133,6 +133,7 @@ async fn start_master(
     cmd.stdout(Stdio::from(file)).stderr(Stdio::piped());
     let mut master = Group::spawn("spark master", cmd, &ctx.config.work_dir)
         .map_err(|e| format!("cannot start the Spark master: {e}"))?;
+    tracing::info!(batch_uuid = uuid, "spark master spawned");
     let stderr = master
         .child()
         .stderr
@@ -194,7 +195,7 @@ async fn drive(
     let Some((master, url)) = start_master(ctx, &a.uuid, dir, cancel).await? else {
         return Ok(None);
     };
-    tracing::info!(batch = %a.batch, master = %url, "spark master started");
+    tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, master = %url, "spark master started");
     let reported = ctx
         .client
         .report_surely(
@@ -255,7 +256,7 @@ async fn drive(
             return Err(format!("cannot run spark-submit: {e}"));
         }
     };
-    tracing::info!(batch = %a.batch, rapids = %rapids.describe(), "driver started");
+    tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, rapids = %rapids.describe(), "driver started");
     let pump = {
         let stdout = driver.child().stdout.take();
         let stderr = driver.child().stderr.take();
@@ -409,6 +410,9 @@ async fn pump_output(
         let mut chunk = first;
         while let Ok(more) = rx.try_recv() {
             chunk.extend_from_slice(&more);
+        }
+        if offset == 0 && pending.is_empty() {
+            tracing::info!(batch_uuid = %uuid, "driver first output");
         }
         if let Some(f) = file.as_mut() {
             let _ = f.write_all(&chunk).await;
