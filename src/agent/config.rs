@@ -47,6 +47,57 @@ pub struct AgentConfig {
     /// How long one assignment poll waits on the server.
     #[serde(with = "humantime_serde")]
     pub poll_wait: Duration,
+    /// How batches run: a per-batch Spark standalone cluster on the
+    /// allocated nodes, or Spark Operator `SparkApplication`s.
+    pub launcher: Launcher,
+    /// The Kubernetes launcher's settings.
+    pub kubernetes: KubernetesConfig,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    Standalone,
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// The API server; in a pod, the in-cluster address.
+    pub api_server: String,
+    /// A bearer token file (a service account's); empty: none.
+    pub token_file: PathBuf,
+    /// The API server's CA certificate (PEM); empty or missing: the
+    /// system's roots.
+    pub ca_file: PathBuf,
+    pub namespace: String,
+    /// The Spark image (with the RAPIDS jar) for batches that do not set
+    /// runtimeConfig.containerImage.
+    pub image: String,
+    pub service_account: String,
+    /// The RAPIDS jar inside the image; empty: the image has none.
+    pub rapids_jar: String,
+    pub spark_version: String,
+    /// How often an application's status is read.
+    #[serde(with = "humantime_serde")]
+    pub status_interval: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            api_server: "https://kubernetes.default.svc".into(),
+            token_file: PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+            ca_file: PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+            namespace: "spark-jobs".into(),
+            image: "nvcr.io/nvidia/rapidsai/spark:latest".into(),
+            service_account: "spark".into(),
+            rapids_jar: "/opt/sparkRapidsPlugin/rapids-4-spark.jar".into(),
+            spark_version: "3.5.1".into(),
+            status_interval: Duration::from_secs(2),
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -68,6 +119,8 @@ impl Default for AgentConfig {
             python: "python3".into(),
             stop_grace: Duration::from_secs(5),
             poll_wait: Duration::from_secs(20),
+            launcher: Launcher::Standalone,
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }

@@ -12,6 +12,7 @@
 mod client;
 pub mod config;
 pub mod discovery;
+mod kubernetes;
 mod process;
 mod work;
 
@@ -24,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use config::AgentConfig;
+pub use config::{AgentConfig, Launcher};
 
 use crate::api::agent::{Action, Assignment, RegisterNode, ReportEvent};
 use client::{CallError, Client};
@@ -81,7 +82,11 @@ fn parse_seconds(text: &str) -> Option<Duration> {
 
 /// Runs the agent until `shutdown` fires.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let spark_home = spark_home(&config).await?;
+    // Spark runs on this node only with the standalone launcher.
+    let spark_home = match config.launcher {
+        Launcher::Standalone => spark_home(&config).await?,
+        Launcher::Kubernetes => PathBuf::new(),
+    };
     let gpus = discovery::discover(&config.gpu_discovery_script)
         .await
         .map_err(|e| {
@@ -292,10 +297,22 @@ fn reconcile(
         tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, role = %a.role, index = a.index, gpus = ?a.gpus, "assignment received");
         let (tx, rx) = watch::channel(a.clone());
         let cancel = session.child_token();
-        let task = if a.is_driver() {
-            tokio::spawn(work::run_driver(ctx.clone(), rx, cancel.clone()))
-        } else {
-            tokio::spawn(work::run_executor(ctx.clone(), rx, cancel.clone()))
+        let task = match (ctx.config.launcher, a.is_driver()) {
+            (Launcher::Standalone, true) => {
+                tokio::spawn(work::run_driver(ctx.clone(), rx, cancel.clone()))
+            }
+            (Launcher::Standalone, false) => {
+                tokio::spawn(work::run_executor(ctx.clone(), rx, cancel.clone()))
+            }
+            (Launcher::Kubernetes, true) => {
+                tokio::spawn(kubernetes::run_driver(ctx.clone(), rx, cancel.clone()))
+            }
+            // The operator's executor pods run here, pinned by affinity;
+            // the agent holds the part until the batch ends.
+            (Launcher::Kubernetes, false) => {
+                let cancel = cancel.clone();
+                tokio::spawn(async move { cancel.cancelled().await })
+            }
         };
         parts.insert(
             key,

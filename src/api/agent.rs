@@ -87,6 +87,18 @@ pub struct Assignment {
     /// The driver's part carries what to launch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<SparkJob>,
+    /// The driver's part also lists every part of the cluster (where the
+    /// Kubernetes launcher pins the pods).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster: Vec<ClusterPart>,
+}
+
+/// One part of a batch's cluster: its node and role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPart {
+    pub node: String,
+    pub role: String,
 }
 
 impl Assignment {

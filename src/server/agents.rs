@@ -14,8 +14,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::agent::{
-    Action, Assignment, Assignments, BatchOutput, OutputUpload, Poll, RegisterNode, Report,
-    ReportEvent,
+    Action, Assignment, Assignments, BatchOutput, ClusterPart, OutputUpload, Poll, RegisterNode,
+    Report, ReportEvent,
 };
 use crate::launch::SparkJob;
 use crate::scheduler::{BatchKey, Role};
@@ -310,6 +310,19 @@ async fn assignments(app: &App, node: &str) -> Result<Assignments, ApiError> {
             // Ended: its cluster is being released.
             _ => continue,
         };
+        let cluster = if part.role == Role::Driver {
+            app.store
+                .placements(b.seq)
+                .await?
+                .into_iter()
+                .map(|p| ClusterPart {
+                    node: p.node.0,
+                    role: p.role.name().to_string(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let job = (part.role == Role::Driver).then(|| SparkJob {
             batch: b.name.to_string(),
             uuid: b.uuid.clone(),
@@ -329,6 +342,7 @@ async fn assignments(app: &App, node: &str) -> Result<Assignments, ApiError> {
             master_url: b.master_url,
             ttl_seconds: b.cluster.ttl_s,
             job,
+            cluster,
         });
     }
     let digest = serde_json::to_vec(&out).map_err(ApiError::internal)?;

@@ -6,6 +6,7 @@ mod api;
 mod bad_input;
 mod cli;
 mod durability;
+mod kubernetes;
 mod metrics;
 mod prometheus;
 mod scheduler;

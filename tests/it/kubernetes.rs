@@ -1,0 +1,382 @@
+//! The Kubernetes launcher: real `flexq agent` processes in kubernetes mode
+//! against a FAKE Kubernetes API server (these machines have no cluster).
+//! The fake keeps applied SparkApplications and lets the test move their
+//! status the way the Spark Operator would; the manifests themselves are
+//! checked field by field here and against golden files in
+//! `src/launch/tests.rs`.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, flexq_bin};
+
+const APPS: &str = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/{ns}/sparkapplications/{name}";
+const TOKEN: &str = "test-service-account-token";
+
+#[derive(Default)]
+struct FakeKube {
+    apps: HashMap<String, Value>,
+    deleted: Vec<String>,
+    content_types: Vec<String>,
+}
+
+type Shared = Arc<Mutex<FakeKube>>;
+
+fn authorized(headers: &HeaderMap) -> bool {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {TOKEN}"))
+}
+
+fn not_found() -> (StatusCode, axum::Json<Value>) {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({"kind": "Status", "message": "not found", "code": 404})),
+    )
+}
+
+async fn apply(
+    State(k): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, axum::Json<Value>) {
+    if !authorized(&headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"message": "Unauthorized"})),
+        );
+    }
+    let mut app: Value = serde_json::from_slice(&body).unwrap_or_default();
+    if app["metadata"]["name"] != name.as_str() || app["metadata"]["namespace"] != ns.as_str() {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"message": "name or namespace mismatch"})),
+        );
+    }
+    let mut k = k.lock().expect("lock");
+    k.content_types.push(
+        headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string(),
+    );
+    app["status"] = json!({"applicationState": {"state": "SUBMITTED"}});
+    k.apps.insert(name, app.clone());
+    (StatusCode::OK, axum::Json(app))
+}
+
+async fn read(
+    State(k): State<Shared>,
+    UrlPath((_ns, name)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> (StatusCode, axum::Json<Value>) {
+    if !authorized(&headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"message": "Unauthorized"})),
+        );
+    }
+    match k.lock().expect("lock").apps.get(&name) {
+        Some(app) => (StatusCode::OK, axum::Json(app.clone())),
+        None => not_found(),
+    }
+}
+
+async fn delete(
+    State(k): State<Shared>,
+    UrlPath((_ns, name)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> (StatusCode, axum::Json<Value>) {
+    if !authorized(&headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"message": "Unauthorized"})),
+        );
+    }
+    let mut k = k.lock().expect("lock");
+    match k.apps.remove(&name) {
+        Some(_) => {
+            k.deleted.push(name);
+            (
+                StatusCode::OK,
+                axum::Json(json!({"kind": "Status", "status": "Success"})),
+            )
+        }
+        None => not_found(),
+    }
+}
+
+async fn fake_kube() -> (String, Shared) {
+    let shared: Shared = Arc::default();
+    let app = Router::new()
+        .route(APPS, get(read).patch(apply).delete(delete))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, shared)
+}
+
+struct KubeAgent(Child);
+
+impl Drop for KubeAgent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_agent(s: &TestServer, kube: &str, dir: &Path, node: &str) -> KubeAgent {
+    use std::os::unix::fs::PermissionsExt;
+    let work = dir.join(node);
+    std::fs::create_dir_all(&work).expect("dir");
+    let script = work.join("fake-gpus.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n# FAKE GPUs for tests: two addresses, no hardware.\necho '{\"name\":\"gpu\",\"addresses\":[\"0\",\"1\"]}'\n",
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let token = work.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
+    let config = work.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"server = "http://{addr}"
+node_id = "{node}"
+region = "us-central1"
+zone = "us-central1-a"
+pool = "l4"
+cores = 8
+memory_mb = 65536
+local_ssd_gb = 1500
+gpu_discovery_script = "{script}"
+work_dir = "{work}"
+launcher = "kubernetes"
+
+[kubernetes]
+api_server = "{kube}"
+token_file = "{token}"
+ca_file = "{work}/no-ca.pem"
+namespace = "spark-jobs"
+image = "registry.example/spark-rapids:3.5.1"
+service_account = "spark"
+rapids_jar = "/opt/sparkRapidsPlugin/rapids-4-spark.jar"
+spark_version = "3.5.1"
+status_interval = "100ms"
+"#,
+            addr = s.addr,
+            script = script.display(),
+            work = work.join("work").display(),
+            token = token.display(),
+        ),
+    )
+    .expect("config");
+    let log = std::fs::File::create(work.join("agent.log")).expect("log");
+    KubeAgent(
+        Command::new(flexq_bin())
+            .args(["agent", "--config"])
+            .arg(&config)
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start flexq agent"),
+    )
+}
+
+fn batch() -> Value {
+    json!({
+        "pysparkBatch": {"mainPythonFileUri": "local:///opt/jobs/etl.py"},
+        "runtimeConfig": {"version": "3.0", "properties": {
+            "spark.dataproc.executor.resource.accelerator.type": "l4",
+            "spark.dataproc.executor.compute.tier": "premium",
+            "spark.dataproc.executor.disk.tier": "premium",
+        }},
+    })
+}
+
+async fn until(s: &TestServer, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, b) = s
+            .get(&format!(
+                "/v1/projects/demo/locations/us-central1/batches/{id}"
+            ))
+            .await;
+        if done(&b) {
+            return b;
+        }
+        assert!(Instant::now() < deadline, "batch {id} not {what}: {b:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn applied(k: &Shared, name: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(app) = k.lock().expect("lock").apps.get(name).cloned() {
+            return app;
+        }
+        assert!(Instant::now() < deadline, "{name} was not applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn set_state(k: &Shared, name: &str, state: &str, message: &str) {
+    let mut k = k.lock().expect("lock");
+    let app = k.apps.get_mut(name).expect("app");
+    app["status"] = json!({"applicationState": {"state": state, "errorMessage": message}});
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
+    let s = TestServer::start_with(|c| {
+        for region in c.regions.values_mut() {
+            for zone in region.zones.values_mut() {
+                for pool in zone.node_pools.values_mut() {
+                    pool.virtual_nodes = 0;
+                }
+            }
+        }
+    })
+    .await;
+    let (kube, k) = fake_kube().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _agents: Vec<KubeAgent> = ["node-a", "node-b"]
+        .iter()
+        .map(|n| start_agent(&s, &kube, dir.path(), n))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, nodes) = s.get("/v1/nodes").await;
+        if nodes["nodes"].as_array().is_some_and(|n| n.len() == 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agents registered: {nodes:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Applied, pinned to the allocated nodes, then RUNNING and SUCCEEDED as
+    // the operator reports.
+    assert_eq!(s.create("batchId=on-k8s", &batch()).await.0, 200);
+    let app = applied(&k, "flexq-on-k8s").await;
+    let b = until(&s, "on-k8s", "provisioned", |b| {
+        b["flexq"]["nodes"].is_array()
+    })
+    .await;
+    let nodes_of = |role: &str| {
+        let mut v: Vec<String> = b["flexq"]["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter(|p| p["role"] == role)
+            .map(|p| p["node"].as_str().expect("node").to_string())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let pinned = |part: &str| -> Vec<String> {
+        serde_json::from_value(
+            app["spec"][part]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+                .clone(),
+        )
+        .expect("affinity values")
+    };
+    assert_eq!(pinned("driver"), nodes_of("driver"), "{app:#}");
+    assert_eq!(pinned("executor"), nodes_of("executor"), "{app:#}");
+    assert_eq!(app["spec"]["executor"]["instances"], 2);
+    assert_eq!(
+        app["spec"]["executor"]["gpu"],
+        json!({"name": "nvidia.com/gpu", "quantity": 1})
+    );
+    assert_eq!(
+        app["spec"]["sparkConf"]["spark.plugins"],
+        "com.nvidia.spark.SQLPlugin"
+    );
+    assert_eq!(
+        app["spec"]["sparkConf"]["spark.executor.resource.gpu.amount"],
+        "1"
+    );
+    assert_eq!(app["spec"]["image"], "registry.example/spark-rapids:3.5.1");
+    assert_eq!(app["metadata"]["labels"]["flexq.io/batch-uuid"], b["uuid"]);
+    assert_eq!(
+        k.lock().expect("lock").content_types,
+        ["application/apply-patch+yaml"],
+        "server-side apply"
+    );
+    assert_eq!(
+        until(&s, "on-k8s", "pending", |b| b["state"].is_string()).await["state"],
+        "PENDING",
+        "SUBMITTED is not running yet"
+    );
+    set_state(&k, "flexq-on-k8s", "RUNNING", "");
+    let b = until(&s, "on-k8s", "running", |b| b["state"] == "RUNNING").await;
+    assert!(
+        b["runtimeInfo"]["rapidsAccelerator"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("enabled")),
+        "{b:#}"
+    );
+    set_state(&k, "flexq-on-k8s", "COMPLETED", "");
+    until(&s, "on-k8s", "succeeded", |b| b["state"] == "SUCCEEDED").await;
+
+    // A failed application fails the batch with the operator's message.
+    assert_eq!(s.create("batchId=k8s-fails", &batch()).await.0, 200);
+    applied(&k, "flexq-k8s-fails").await;
+    set_state(
+        &k,
+        "flexq-k8s-fails",
+        "FAILED",
+        "driver container failed with ExitCode: 1, Reason: OOMKilled",
+    );
+    let b = until(&s, "k8s-fails", "failed", |b| b["state"] == "FAILED").await;
+    assert!(
+        b["stateMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("OOMKilled")),
+        "{b:#}"
+    );
+
+    // Cancel deletes the application.
+    assert_eq!(s.create("batchId=k8s-cancel", &batch()).await.0, 200);
+    applied(&k, "flexq-k8s-cancel").await;
+    set_state(&k, "flexq-k8s-cancel", "RUNNING", "");
+    let b = until(&s, "k8s-cancel", "running", |b| b["state"] == "RUNNING").await;
+    let (st, _) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            b["operation"].as_str().expect("op")
+        ))
+        .await;
+    assert_eq!(st, 200);
+    until(&s, "k8s-cancel", "cancelled", |b| b["state"] == "CANCELLED").await;
+    let k = k.lock().expect("lock");
+    assert!(
+        k.deleted.contains(&"flexq-k8s-cancel".to_string()),
+        "{:?}",
+        k.deleted
+    );
+    assert!(
+        k.apps.is_empty(),
+        "every ended application deleted: {:?}",
+        k.apps.keys()
+    );
+}
