@@ -179,3 +179,36 @@ impl AgentConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<AgentConfig, String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, text).expect("write");
+        AgentConfig::load(Some(&path))
+    }
+
+    const GOOD: &str = "node_id = \"n1\"\nregion = \"r\"\nzone = \"z\"\npool = \"l4\"\ncores = 8\nmemory_mb = 1024\nlocal_ssd_gb = 375\n";
+
+    #[test]
+    fn bad_agent_configs_name_the_key() {
+        let c = load(GOOD).expect("good config");
+        assert_eq!(c.launcher, Launcher::Standalone);
+        assert_eq!(c.poll_wait, Duration::from_secs(20));
+        let e = load(&GOOD.replace("region = \"r\"\n", "")).expect_err("no region");
+        assert!(e.contains("region must be set"), "{e}");
+        let e = load(&GOOD.replace("cores = 8", "cores = 0")).expect_err("no cores");
+        assert!(e.contains("cores must be at least 1"), "{e}");
+        let e = load(&format!("{GOOD}server = \"127.0.0.1:8080\"\n")).expect_err("url");
+        assert!(e.contains("http://"), "{e}");
+        let e = load(&format!("{GOOD}poll_wiat = \"5s\"\n")).expect_err("typo");
+        assert!(e.contains("poll_wiat"), "{e}");
+        let e = load(&format!("{GOOD}launcher = \"yarn\"\n")).expect_err("launcher");
+        assert!(e.contains("yarn"), "{e}");
+        let e = load(&format!("{GOOD}stop_grace = \"soon\"\n")).expect_err("duration");
+        assert!(e.contains("stop_grace"), "{e}");
+    }
+}
