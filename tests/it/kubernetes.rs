@@ -258,9 +258,9 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
     .await;
     let (kube, k) = fake_kube().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let _agents: Vec<KubeAgent> = ["node-a", "node-b"]
-        .iter()
-        .map(|n| start_agent(&s, &kube, dir.path(), n))
+    let mut agents: Vec<(&str, KubeAgent)> = ["node-a", "node-b"]
+        .into_iter()
+        .map(|n| (n, start_agent(&s, &kube, dir.path(), n)))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -368,6 +368,36 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
         .await;
     assert_eq!(st, 200);
     until(&s, "k8s-cancel", "cancelled", |b| b["state"] == "CANCELLED").await;
+
+    // An agent stopped (SIGTERM) while its batch runs stops the work and
+    // fails the batch at once, saying so, rather than leave it to the lease.
+    assert_eq!(s.create("batchId=k8s-agent-stops", &batch()).await.0, 200);
+    applied(&k, "flexq-k8s-agent-stops").await;
+    set_state(&k, "flexq-k8s-agent-stops", "RUNNING", "");
+    let b = until(&s, "k8s-agent-stops", "running", |b| {
+        b["state"] == "RUNNING"
+    })
+    .await;
+    let driver = b["runtimeInfo"]["driverNode"]
+        .as_str()
+        .expect("driver node")
+        .to_string();
+    let (_, agent) = agents
+        .iter_mut()
+        .find(|(n, _)| *n == driver)
+        .expect("agent");
+    let _ = Command::new("kill")
+        .args(["-TERM", &agent.0.id().to_string()])
+        .status();
+    let status = agent.0.wait().expect("agent exits");
+    assert!(status.success(), "{status}");
+    let b = until(&s, "k8s-agent-stops", "failed", |b| b["state"] == "FAILED").await;
+    assert!(
+        b["stateMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("was stopped")),
+        "{b:#}"
+    );
     let k = k.lock().expect("lock");
     assert!(
         k.deleted.contains(&"flexq-k8s-cancel".to_string()),
