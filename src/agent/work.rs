@@ -90,20 +90,28 @@ pub async fn run_driver(
         Some(job) => drive(&ctx, &a, job, &dir, &mut rx, &cancel).await,
         None => Err("the driver's assignment carries no job".to_string()),
     };
-    let event = match outcome {
-        Ok(Some(event)) => Some(event),
-        Ok(None) => None,
-        Err(message) => Some(ReportEvent::PartFailed {
-            message: format!(
-                "The driver could not start on node {}: {message}",
-                ctx.config.node_id
-            ),
-        }),
+    let (event, master) = match outcome {
+        Ok(Some((event, master))) => (Some(event), Some(master)),
+        Ok(None) => (None, None),
+        Err(message) => (
+            Some(ReportEvent::PartFailed {
+                message: format!(
+                    "The driver could not start on node {}: {message}",
+                    ctx.config.node_id
+                ),
+            }),
+            None,
+        ),
     };
     if let Some(event) = event {
         if let Err(e) = ctx.client.report_surely(&ctx.epoch, &a.uuid, event).await {
             tracing::warn!(batch = %a.batch, error = %e, "the batch's end could not be reported");
         }
+    }
+    // The master goes after the end is reported: its workers, which would
+    // notice it leave, are stopped by their agents once the batch ended.
+    if let Some(master) = master {
+        master.stop(ctx.config.stop_grace).await;
     }
     remove_part_dir(&dir);
 }
@@ -190,7 +198,7 @@ async fn drive(
     dir: &Path,
     rx: &mut watch::Receiver<Assignment>,
     cancel: &CancellationToken,
-) -> Result<Option<ReportEvent>, String> {
+) -> Result<Option<(ReportEvent, Group)>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let Some((master, url)) = start_master(ctx, &a.uuid, dir, cancel).await? else {
         return Ok(None);
@@ -331,9 +339,8 @@ async fn drive(
         .ok()
         .and_then(Result::ok)
         .unwrap_or_default();
-    master.stop(grace).await;
     let tail = String::from_utf8_lossy(&tail);
-    Ok(Some(match (end, exit) {
+    let event = match (end, exit) {
         (End::Exited(_), Some(status)) if status.success() => ReportEvent::Finished {
             succeeded: true,
             message: "The driver finished successfully (exit status 0).".into(),
@@ -366,7 +373,8 @@ async fn drive(
             message: "Stopped on cancellation.".into(),
             exit_code: None,
         },
-    }))
+    };
+    Ok(Some((event, master)))
 }
 
 async fn read_into<R: AsyncRead + Unpin>(mut r: R, tx: mpsc::Sender<Vec<u8>>) {

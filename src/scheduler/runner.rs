@@ -24,6 +24,9 @@ struct Shared {
     /// allocation, a release, a cancel, a report): agents' long polls wait
     /// on it.
     changes: watch::Sender<u64>,
+    /// Bumped when driver output is stored (readers of the output wait on
+    /// it; agents' polls do not).
+    output: watch::Sender<u64>,
     store: Store,
     config: Arc<Config>,
 }
@@ -57,6 +60,7 @@ impl SchedulerService {
                 core: Mutex::new(core),
                 wake: Notify::new(),
                 changes: watch::channel(0).0,
+                output: watch::channel(0).0,
                 store,
                 config,
             }),
@@ -81,6 +85,16 @@ impl SchedulerService {
     /// Waits on [`Self::work_changed`].
     pub fn watch_work(&self) -> watch::Receiver<u64> {
         self.shared.changes.subscribe()
+    }
+
+    /// Says that some batch's driver output grew.
+    pub fn output_written(&self) {
+        self.shared.output.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Waits on [`Self::output_written`].
+    pub fn watch_output(&self) -> watch::Receiver<u64> {
+        self.shared.output.subscribe()
     }
 
     /// Locks the core (for views and event application).

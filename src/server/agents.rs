@@ -452,8 +452,7 @@ async fn output(app: &App, node: &str, req: OutputUpload) -> Result<serde_json::
             app.config.agents.max_output_bytes,
         )
         .await?;
-    // Readers of the output long-poll on the same signal.
-    app.scheduler.work_changed();
+    app.scheduler.output_written();
     Ok(serde_json::json!({"nextOffset": next.to_string()}))
 }
 
@@ -498,9 +497,12 @@ pub(super) async fn read_output(
     };
     let name = crate::api::BatchName::new(&project, &region, &batch_id);
     let deadline = tokio::time::Instant::now() + wait;
+    // New output, or the batch's end (a work change).
     let mut changes = app.scheduler.watch_work();
+    let mut written = app.scheduler.watch_output();
     loop {
         changes.borrow_and_update();
+        written.borrow_and_update();
         let record = app.store.get(&name).await.map_err(|e| match e {
             StoreError::NotFound => ApiError::not_found("batch", &name.to_string()),
             other => other.into(),
@@ -522,6 +524,7 @@ pub(super) async fn read_output(
         }
         tokio::select! {
             _ = changes.changed() => {}
+            _ = written.changed() => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }

@@ -344,3 +344,118 @@ async fn json_logs_trace_a_batch_by_its_id() {
         );
     }
 }
+
+/// `flexq batches wait` streams the driver's output as an agent uploads it
+/// (the agent is played over HTTP here; the real one is in spark.rs) and
+/// exits non-zero with the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_streams_the_driver_output_and_the_end() {
+    use serde_json::{Value, json};
+    let s = TestServer::start_with(|c| {
+        c.agents.lease_duration = std::time::Duration::from_secs(60);
+        for region in c.regions.values_mut() {
+            for zone in region.zones.values_mut() {
+                for pool in zone.node_pools.values_mut() {
+                    pool.virtual_nodes = 0;
+                }
+            }
+        }
+    })
+    .await;
+    let post = |path: String, body: Value| {
+        let http = s.http.clone();
+        let url = s.url(&path);
+        async move {
+            let r = http.post(url).json(&body).send().await.expect("post");
+            assert!(
+                r.status().is_success(),
+                "{path}: {}",
+                r.text().await.unwrap_or_default()
+            );
+            r.json::<Value>().await.expect("json")
+        }
+    };
+    let reg = post(
+        "/v1/nodes:register".into(),
+        json!({"nodeId": "n1", "region": "us-central1", "zone": "us-central1-b", "pool": "l4",
+               "gpuAddresses": ["0", "1"], "cores": 96, "memoryMb": 393216, "localSsdGb": 3000}),
+    )
+    .await;
+    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let (st, _) = s
+        .create(
+            "batchId=streamed",
+            &json!({"pysparkBatch": {"mainPythonFileUri": "file:///jobs/x.py"},
+                    "runtimeConfig": {"version": "3.0", "properties": {
+                        "spark.dataproc.executor.resource.accelerator.type": "l4",
+                        "spark.dataproc.executor.compute.tier": "premium",
+                        "spark.dataproc.executor.disk.tier": "premium"}}}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    let uuid = loop {
+        let (_, b) = s
+            .get("/v1/projects/demo/locations/us-central1/batches/streamed")
+            .await;
+        if b["flexq"]["provisioningState"] == "PROVISIONED" {
+            break b["uuid"].as_str().expect("uuid").to_string();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let report = |body: Value| {
+        let mut b = body;
+        b["epoch"] = json!(epoch);
+        b["uuid"] = json!(uuid);
+        post("/v1/nodes/n1:report".into(), b)
+    };
+    report(json!({"event": "DRIVER_STARTED", "rapids": "enabled (/opt/rapids.jar)"})).await;
+    let output = |offset: usize, data: &str| {
+        post(
+            "/v1/nodes/n1:output".into(),
+            json!({"epoch": epoch, "uuid": uuid, "offset": offset.to_string(), "data": data}),
+        )
+    };
+    output(0, "first line\n").await;
+    let wait = {
+        let (bin, url) = (flexq_bin(), s.url(""));
+        std::thread::spawn(move || {
+            Command::new(bin)
+                .args([
+                    "batches",
+                    "--endpoint",
+                    &url,
+                    "--project",
+                    "demo",
+                    "--region",
+                    "us-central1",
+                    "wait",
+                    "streamed",
+                ])
+                .env_remove("FLEXQ_ENDPOINT")
+                .output()
+                .expect("run flexq")
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    output(11, "second line\n").await;
+    report(
+        json!({"event": "FINISHED", "succeeded": false, "exitCode": 1,
+                  "message": "The driver failed (exit status 1): ValueError: boom"}),
+    )
+    .await;
+    let out = tokio::task::spawn_blocking(move || wait.join().expect("thread"))
+        .await
+        .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stdout, "first line\nsecond line\n", "{stderr}");
+    assert!(!out.status.success(), "a failed batch exits non-zero");
+    assert!(
+        stderr.contains("is RUNNING: The driver started on node n1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("FAILED. Detail: The driver failed (exit status 1): ValueError: boom"),
+        "{stderr}"
+    );
+}
