@@ -15,15 +15,7 @@ fn node(id: &str, gpus: u32) -> Value {
 }
 
 async fn post(s: &TestServer, path: &str, body: &Value) -> (u16, Value) {
-    let r = s
-        .http
-        .post(s.url(path))
-        .json(body)
-        .send()
-        .await
-        .expect("post");
-    let st = r.status().as_u16();
-    (st, r.json().await.expect("json"))
+    s.post_json(path, body).await
 }
 
 /// A server whose only capacity is what agents register (us-central1-b
@@ -34,17 +26,7 @@ async fn server() -> TestServer {
 
 /// The same with a lease of `lease`.
 async fn server_with_lease(lease: Duration) -> TestServer {
-    TestServer::start_with(|c| {
-        c.agents.lease_duration = lease;
-        for region in c.regions.values_mut() {
-            for zone in region.zones.values_mut() {
-                for pool in zone.node_pools.values_mut() {
-                    pool.virtual_nodes = 0;
-                }
-            }
-        }
-    })
-    .await
+    TestServer::start_for_agents(lease).await
 }
 
 #[tokio::test]

@@ -351,17 +351,7 @@ async fn json_logs_trace_a_batch_by_its_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_streams_the_driver_output_and_the_end() {
     use serde_json::{Value, json};
-    let s = TestServer::start_with(|c| {
-        c.agents.lease_duration = std::time::Duration::from_secs(60);
-        for region in c.regions.values_mut() {
-            for zone in region.zones.values_mut() {
-                for pool in zone.node_pools.values_mut() {
-                    pool.virtual_nodes = 0;
-                }
-            }
-        }
-    })
-    .await;
+    let s = TestServer::start_for_agents(std::time::Duration::from_secs(60)).await;
     let post = |path: String, body: Value| {
         let http = s.http.clone();
         let url = s.url(&path);

@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, flexq_bin};
+use crate::support::{TestServer, fake_gpu_script, flexq_bin};
 
 const APPS: &str = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/{ns}/sparkapplications/{name}";
 const TOKEN: &str = "test-service-account-token";
@@ -142,16 +142,9 @@ impl Drop for KubeAgent {
 }
 
 fn start_agent(s: &TestServer, kube: &str, dir: &Path, node: &str) -> KubeAgent {
-    use std::os::unix::fs::PermissionsExt;
     let work = dir.join(node);
     std::fs::create_dir_all(&work).expect("dir");
-    let script = work.join("fake-gpus.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\n# FAKE GPUs for tests: two addresses, no hardware.\necho '{\"name\":\"gpu\",\"addresses\":[\"0\",\"1\"]}'\n",
-    )
-    .expect("script");
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let script = fake_gpu_script(&work);
     let token = work.join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
     let config = work.join("agent.toml");
@@ -246,16 +239,7 @@ fn set_state(k: &Shared, name: &str, state: &str, message: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
-    let s = TestServer::start_with(|c| {
-        for region in c.regions.values_mut() {
-            for zone in region.zones.values_mut() {
-                for pool in zone.node_pools.values_mut() {
-                    pool.virtual_nodes = 0;
-                }
-            }
-        }
-    })
-    .await;
+    let s = TestServer::start_for_agents(Duration::from_secs(15)).await;
     let (kube, k) = fake_kube().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut agents: Vec<(&str, KubeAgent)> = ["node-a", "node-b"]

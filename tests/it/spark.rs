@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, assert_status, flexq_bin};
+use crate::support::{TestServer, assert_status, fake_gpu_script, flexq_bin};
 
 const ZONE: &str = "us-central1-a";
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
@@ -36,14 +36,7 @@ impl Agent {
         std::fs::create_dir_all(&work).expect("agent dir");
         // A FAKE GPU: the discovery script names two addresses; no GPU is
         // behind them. Spark's resource scheduling is real all the same.
-        let script = work.join("fake-gpus.sh");
-        std::fs::write(
-            &script,
-            "#!/bin/sh\n# FAKE GPUs for tests: two addresses, no hardware.\necho '{\"name\":\"gpu\",\"addresses\":[\"0\",\"1\"]}'\n",
-        )
-        .expect("script");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let script = fake_gpu_script(&work);
         let config = work.join("agent.toml");
         std::fs::write(
             &config,
@@ -283,17 +276,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         pyspark_available(),
         "these tests run real Spark: pip install pyspark (.ci/run does)"
     );
-    let s = TestServer::start_with(|c| {
-        c.agents.lease_duration = Duration::from_secs(3);
-        for region in c.regions.values_mut() {
-            for zone in region.zones.values_mut() {
-                for pool in zone.node_pools.values_mut() {
-                    pool.virtual_nodes = 0;
-                }
-            }
-        }
-    })
-    .await;
+    let s = TestServer::start_for_agents(Duration::from_secs(3)).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut agents: Vec<Agent> = ["node-a", "node-b", "node-c"]
         .iter()
@@ -539,7 +522,9 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         "the lost node left the capacity"
     );
     let late = json!({"epoch": epoch, "uuid": uuid2, "event": "FINISHED", "succeeded": true, "message": "late"});
-    let (st, body) = post(&s, &format!("/v1/nodes/{driver_node}:report"), &late).await;
+    let (st, body) = s
+        .post_json(&format!("/v1/nodes/{driver_node}:report"), &late)
+        .await;
     assert_status(st, &body, 400, "FAILED_PRECONDITION");
     // The agent comes back: it stops what its killed predecessor left
     // running, registers with a new epoch, and the old epoch is fenced.
@@ -557,7 +542,9 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_ne!(new_epoch, epoch);
-    let (st, body) = post(&s, &format!("/v1/nodes/{driver_node}:report"), &late).await;
+    let (st, body) = s
+        .post_json(&format!("/v1/nodes/{driver_node}:report"), &late)
+        .await;
     assert_status(st, &body, 409, "ABORTED");
     all_gone(&uuid2, Duration::from_secs(30)).await;
 
@@ -565,16 +552,4 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     for a in &mut agents {
         assert!(a.terminate().success(), "agent {} exit status", a.node);
     }
-}
-
-async fn post(s: &TestServer, path: &str, body: &Value) -> (u16, Value) {
-    let r = s
-        .http
-        .post(s.url(path))
-        .json(body)
-        .send()
-        .await
-        .expect("post");
-    let st = r.status().as_u16();
-    (st, r.json().await.expect("json"))
 }
