@@ -55,6 +55,39 @@ pub struct Config {
     /// rule wins. Admins override them at run time.
     #[serde(default)]
     pub quotas: Vec<crate::scheduler::QuotaRule>,
+    /// Who may call the API. Without principals flexq serves only on
+    /// loopback, to anyone there, as an admin.
+    #[serde(default)]
+    pub principals: Vec<PrincipalConfig>,
+}
+
+/// A principal: a bearer token (stored as its SHA-256) and what it may do.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalConfig {
+    /// Recorded as `creator` on the batches it creates.
+    pub name: String,
+    pub role: Role,
+    /// Submitters: the projects they reach.
+    #[serde(default)]
+    pub projects: Vec<String>,
+    /// Agents: the node they act for.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// Lowercase hex SHA-256 of the token (`flexq auth new-token` makes
+    /// both). The token itself is never stored.
+    pub token_sha256: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Submits and manages batches of its projects; reads their quotas.
+    Submitter,
+    /// Everything but the agent endpoints.
+    Admin,
+    /// The agent endpoints, for its node only.
+    Agent,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -246,6 +279,44 @@ impl Config {
 
     /// The checks serde cannot express: relations between keys and ranges.
     fn check(&self) -> Result<(), ConfigError> {
+        for (i, p) in self.principals.iter().enumerate() {
+            let key = |k: &str| format!("principals[{i}].{k}");
+            if p.token_sha256.len() != 64
+                || !p
+                    .token_sha256
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            {
+                return Err(invalid(
+                    key("token_sha256"),
+                    "must be 64 lowercase hex digits (the SHA-256 of the token; flexq auth new-token prints one)",
+                ));
+            }
+            if p.name.trim().is_empty() {
+                return Err(invalid(key("name"), "must not be empty"));
+            }
+            match p.role {
+                Role::Submitter if p.projects.is_empty() => {
+                    return Err(invalid(
+                        key("projects"),
+                        "a submitter needs at least one project",
+                    ));
+                }
+                Role::Agent if p.node.is_none() => {
+                    return Err(invalid(key("node"), "an agent needs the node it acts for"));
+                }
+                _ => {}
+            }
+        }
+        if self.principals.is_empty() && !self.server.bind.ip().is_loopback() {
+            return Err(invalid(
+                "server.bind",
+                format!(
+                    "{} is not a loopback address and no principals are configured: without tokens flexq serves only on loopback",
+                    self.server.bind
+                ),
+            ));
+        }
         let p = &self.provisioning;
         if p.max_allocation_timeout > ALLOCATION_TIMEOUT_CEILING {
             return Err(invalid(
@@ -511,5 +582,33 @@ mod tests {
             "postgres://flexq:REDACTED@db:5432/flexq"
         );
         assert_eq!(redact_url("sqlite://data/x.db"), "sqlite://data/x.db");
+    }
+}
+
+#[cfg(test)]
+mod principal_tests {
+    use super::*;
+
+    #[test]
+    fn principals_are_checked_and_no_tokens_means_loopback_only() {
+        let mut c = Config::load_without_env(None).expect("default");
+        c.server.bind = "0.0.0.0:8080".parse().expect("addr");
+        let e = c.check().expect_err("open bind without tokens");
+        assert!(e.to_string().contains("server.bind"), "{e}");
+        c.principals.push(PrincipalConfig {
+            name: "a".into(),
+            role: Role::Submitter,
+            projects: vec![],
+            node: None,
+            token_sha256: "0".repeat(64),
+        });
+        let e = c.check().expect_err("submitter without projects");
+        assert!(e.to_string().contains("principals[0].projects"), "{e}");
+        c.principals[0].projects.push("demo".into());
+        c.principals[0].token_sha256 = "not-a-hash".into();
+        let e = c.check().expect_err("bad hash");
+        assert!(e.to_string().contains("principals[0].token_sha256"), "{e}");
+        c.principals[0].token_sha256 = "a".repeat(64);
+        c.check().expect("valid with a principal on 0.0.0.0");
     }
 }

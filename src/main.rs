@@ -45,6 +45,11 @@ enum Command {
         #[arg(long)]
         json_logs: bool,
     },
+    /// Authentication helpers.
+    Auth {
+        #[command(subcommand)]
+        action: AuthAction,
+    },
     /// Create or upgrade the database schema, then exit.
     Migrate(ConfigArg),
     /// Show or check the effective configuration.
@@ -95,6 +100,20 @@ struct ConfigArg {
 }
 
 #[derive(Subcommand)]
+enum AuthAction {
+    /// Print a new random token and the principal entry (with its SHA-256)
+    /// to put in the server's config. The token is shown only here.
+    NewToken {
+        /// The principal's name (recorded as `creator`).
+        #[arg(long)]
+        name: String,
+        /// submitter, admin or agent.
+        #[arg(long, default_value = "submitter")]
+        role: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum ConfigAction {
     /// Print the effective configuration (secrets redacted).
     Print(ConfigArg),
@@ -118,6 +137,9 @@ struct TargetArgs {
     /// The region (location) of the batches.
     #[arg(long, global = true, env = "FLEXQ_REGION")]
     region: Option<String>,
+    /// The bearer token (better from the environment than the command line).
+    #[arg(long, global = true, env = "FLEXQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Output format.
     #[arg(long, global = true, value_enum, default_value = "table")]
     format: OutputFormat,
@@ -319,6 +341,26 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             flexq::server::cancel_on_signals(shutdown.clone());
             flexq::agent::run(config, shutdown).await?;
         }
+        Command::Auth {
+            action: AuthAction::NewToken { name, role },
+        } => {
+            let token = format!(
+                "flexq_{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            );
+            eprintln!("token (give it to {name}; it is not stored anywhere): ");
+            println!("{token}");
+            eprintln!(
+                "\n# in the server's config:\n[[principals]]\nname = {name:?}\nrole = {role:?}\n{}token_sha256 = {:?}",
+                match role.as_str() {
+                    "submitter" => "projects = [\"PROJECT\"]\n",
+                    "agent" => "node = \"NODE-ID\"\n",
+                    _ => "",
+                },
+                flexq::server::auth::token_hash(&token)
+            );
+        }
         Command::Migrate(arg) => {
             let config = match load_config(&arg) {
                 Ok(c) => c,
@@ -406,6 +448,7 @@ fn admin_client(target: TargetArgs) -> Result<Client, Box<dyn std::error::Error>
         endpoint: target.endpoint,
         project: target.project.unwrap_or_default(),
         region: target.region.unwrap_or_default(),
+        token: target.token,
     })?)
 }
 
@@ -421,6 +464,7 @@ fn project_client(target: TargetArgs) -> Result<Client, Box<dyn std::error::Erro
         endpoint: target.endpoint,
         project,
         region,
+        token: target.token,
     })?)
 }
 

@@ -29,10 +29,11 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     node: String,
+    token: Option<String>,
 }
 
 impl Client {
-    pub fn new(base: &str, node: &str) -> Client {
+    pub fn new(base: &str, node: &str, token: Option<String>) -> Client {
         Client {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
@@ -41,6 +42,7 @@ impl Client {
                 .unwrap_or_default(),
             base: base.trim_end_matches('/').to_string(),
             node: node.to_string(),
+            token,
         }
     }
 
@@ -50,9 +52,11 @@ impl Client {
         body: &B,
         timeout: Duration,
     ) -> Result<T, CallError> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
+        let mut request = self.http.post(format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
             .json(body)
             .timeout(timeout)
             .send()
@@ -77,6 +81,9 @@ impl Client {
             .to_string();
         Err(match reason {
             "LEASE_LOST" | "FENCED" => CallError::LeaseLost(message),
+            "UNAUTHENTICATED" | "PERMISSION_DENIED" => {
+                CallError::Refused(format!("{status}: {message} (check token_file)"))
+            }
             _ if status.is_server_error() => CallError::Unavailable(message),
             _ => CallError::Refused(format!("{status}: {message}")),
         })

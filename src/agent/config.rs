@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 pub struct AgentConfig {
     /// Base URL of the flexq server.
     pub server: String,
+    /// A file holding this agent's bearer token (a principal with role
+    /// agent and this node); empty: none (a server without principals).
+    #[serde(default)]
+    pub token_file: PathBuf,
     /// This node's id (1 to 63 of [a-z0-9-]); default: the host name.
     #[serde(default)]
     pub node_id: String,
@@ -104,6 +108,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             server: "http://127.0.0.1:8080".into(),
+            token_file: PathBuf::new(),
             node_id: String::new(),
             region: String::new(),
             zone: String::new(),

@@ -95,7 +95,14 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
     std::fs::create_dir_all(&config.work_dir)?;
     let leftovers = process::stop_leftovers(&config.work_dir);
     tracing::info!(node = %config.node_id, gpus = ?gpus, spark_home = %spark_home.display(), leftovers, "agent starting");
-    let client = Client::new(&config.server, &config.node_id);
+    let token = if config.token_file.as_os_str().is_empty() {
+        None
+    } else {
+        let t = std::fs::read_to_string(&config.token_file)
+            .map_err(|e| anyhow::anyhow!("token_file {}: {e}", config.token_file.display()))?;
+        Some(t.trim().to_string())
+    };
+    let client = Client::new(&config.server, &config.node_id, token);
     let request = RegisterNode {
         node_id: config.node_id.clone(),
         region: config.region.clone(),

@@ -32,6 +32,8 @@ pub struct Target {
     pub endpoint: String,
     pub project: String,
     pub region: String,
+    /// Sent as `Authorization: Bearer` when set.
+    pub token: Option<String>,
 }
 
 /// A failed call: the server's Status, or why the server was not reached.
@@ -96,6 +98,9 @@ impl Client {
             path_and_query
         );
         let mut req = self.http.request(method, &url);
+        if let Some(token) = &self.target.token {
+            req = req.bearer_auth(token);
+        }
         if let Some(body) = body {
             req = req.json(body);
         }

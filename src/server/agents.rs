@@ -48,6 +48,7 @@ fn lease_answer(app: &App, node: &str, epoch: u64, expires: DateTime<Utc>) -> se
 /// `POST /v1/nodes:register`
 pub(super) async fn register(
     AppState(app): AppState<App>,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     format: Format,
     JsonBody(req): JsonBody<RegisterNode>,
 ) -> Result<Response, ApiError> {
@@ -69,6 +70,18 @@ pub(super) async fn register(
                 ),
             )
         })?;
+    if !principal.may_act_for_node(&req.node_id) {
+        return Err(ApiError::new(
+            Code::PermissionDenied,
+            "PERMISSION_DENIED",
+            format!(
+                "{} acts for node {}, not {}",
+                principal.name,
+                principal.node.as_deref().unwrap_or("(none)"),
+                quote(&req.node_id)
+            ),
+        ));
+    }
     let mut violations = Vec::new();
     if !crate::spec::is_resource_id(&req.node_id) {
         violations.push((

@@ -71,6 +71,7 @@ pub(super) async fn create(
     ApiPath((project, region)): ApiPath<(String, String)>,
     ApiQuery(params): ApiQuery<CreateParams>,
     format: Format,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     JsonBody(batch): JsonBody<Batch>,
 ) -> Result<Response, ApiError> {
     let mut id_violations = Vec::new();
@@ -163,7 +164,7 @@ pub(super) async fn create(
         uuid,
         operation_id: Uuid::now_v7(),
         request_id: params.request_id,
-        creator: app.creator.clone(),
+        creator: principal.name.clone(),
         spec: batch.into_user_spec(),
         cluster,
         priority,

@@ -4,6 +4,7 @@
 
 mod admin;
 mod agents;
+pub mod auth;
 mod batches;
 mod error;
 mod extract;
@@ -23,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
+pub use auth::Principal;
 pub use batches::{operation, to_batch};
 pub use error::ApiError;
 
@@ -37,8 +39,6 @@ pub struct App {
     pub config: Arc<Config>,
     pub store: Store,
     pub scheduler: SchedulerService,
-    /// The principal recorded as `creator` (authentication comes later).
-    pub creator: String,
 }
 
 impl App {
@@ -58,7 +58,6 @@ impl App {
             config,
             store,
             scheduler,
-            creator: "anonymous".into(),
         })
     }
 }
@@ -95,6 +94,7 @@ pub fn router(app: App) -> Router {
         .route("/readyz", get(readyz))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), auth::enforce))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(
             ServiceBuilder::new()
@@ -302,6 +302,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     })?;
     let token = CancellationToken::new();
     cancel_on_signals(token.clone());
+    if config.principals.is_empty() {
+        tracing::warn!(bind = %bind, "no principals are configured: serving only on loopback, and every caller there is an anonymous admin");
+    } else {
+        tracing::info!(
+            principals = config.principals.len(),
+            "bearer tokens required"
+        );
+    }
     let app = App::open(config, token.clone()).await?;
     tokio::spawn(run_metrics(metrics_listener, app.clone(), token.clone()));
     run(listener, app, token).await

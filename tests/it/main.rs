@@ -3,6 +3,7 @@
 
 mod agents;
 mod api;
+mod auth;
 mod bad_input;
 mod cli;
 mod durability;

@@ -1,0 +1,308 @@
+//! Who may do what: every route × every role × own and other project,
+//! against a real server with configured principals. The expectations are
+//! written out here, independently of the server's own policy table.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, flex_batch};
+
+/// (name, role, projects, node, token)
+type Row = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    Option<&'static str>,
+    &'static str,
+);
+
+const PRINCIPALS: &[Row] = &[
+    (
+        "alice@example.com",
+        "submitter",
+        &["demo"],
+        None,
+        "token-alice",
+    ),
+    (
+        "bob@example.com",
+        "submitter",
+        &["other"],
+        None,
+        "token-bob",
+    ),
+    ("root@example.com", "admin", &[], None, "token-root"),
+    ("agent-gpu-1", "agent", &[], Some("gpu-1"), "token-agent"),
+];
+
+async fn server() -> TestServer {
+    TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        c.principals = PRINCIPALS
+            .iter()
+            .map(
+                |(name, role, projects, node, token)| flexq::config::PrincipalConfig {
+                    name: name.to_string(),
+                    role: serde_json::from_value(json!(role)).expect("role"),
+                    projects: projects.iter().map(|p| p.to_string()).collect(),
+                    node: node.map(str::to_string),
+                    token_sha256: flexq::server::auth::token_hash(token),
+                },
+            )
+            .collect();
+    })
+    .await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Health,
+    Catalog,
+    ProjectRead,
+    ProjectWrite,
+    AdminOnly,
+    /// Agent endpoint for node gpu-1 or gpu-2.
+    Agent(&'static str),
+}
+
+/// (method, path with {P} for the project, body, kind)
+fn routes() -> Vec<(Method, &'static str, Option<Value>, Kind)> {
+    let node = |id: &str| {
+        json!({"nodeId": id, "region": "us-central1", "zone": "us-central1-b", "pool": "l4",
+               "gpuAddresses": ["0"], "cores": 8, "memoryMb": 1024, "localSsdGb": 375})
+    };
+    vec![
+        (Method::GET, "/healthz", None, Kind::Health),
+        (Method::GET, "/readyz", None, Kind::Health),
+        (Method::GET, "/v1/runtimes", None, Kind::Catalog),
+        (Method::GET, "/v1/regions", None, Kind::Catalog),
+        (
+            Method::GET,
+            "/v1/projects/{P}/locations/us-central1/batches",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
+            Method::POST,
+            "/v1/projects/{P}/locations/us-central1/batches",
+            Some(flex_batch()),
+            Kind::ProjectWrite,
+        ),
+        (
+            Method::GET,
+            "/v1/projects/{P}/locations/us-central1/batches/nope",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
+            Method::GET,
+            "/v1/projects/{P}/locations/us-central1/batches/nope/output",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
+            Method::DELETE,
+            "/v1/projects/{P}/locations/us-central1/batches/nope",
+            None,
+            Kind::ProjectWrite,
+        ),
+        (
+            Method::GET,
+            "/v1/projects/{P}/regions/us-central1/operations/nope",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
+            Method::POST,
+            "/v1/projects/{P}/regions/us-central1/operations/nope:cancel",
+            None,
+            Kind::ProjectWrite,
+        ),
+        (
+            Method::GET,
+            "/v1/projects/{P}/regions/us-central1/quotas",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
+            Method::PATCH,
+            "/v1/projects/{P}/regions/us-central1/quotas",
+            Some(json!({"metric": "NVIDIA_L4_GPUS", "limit": 8})),
+            Kind::AdminOnly,
+        ),
+        (Method::GET, "/v1/nodes", None, Kind::AdminOnly),
+        (
+            Method::POST,
+            "/v1/nodes:register",
+            Some(node("gpu-1")),
+            Kind::Agent("gpu-1"),
+        ),
+        (
+            Method::POST,
+            "/v1/nodes:register",
+            Some(node("gpu-2")),
+            Kind::Agent("gpu-2"),
+        ),
+        (
+            Method::POST,
+            "/v1/nodes/gpu-1:heartbeat",
+            Some(json!({"epoch": "1"})),
+            Kind::Agent("gpu-1"),
+        ),
+        (
+            Method::POST,
+            "/v1/nodes/gpu-2:poll",
+            Some(json!({"epoch": "1", "waitFor": "0s"})),
+            Kind::Agent("gpu-2"),
+        ),
+        (
+            Method::POST,
+            "/v1/nodes/gpu-2:report",
+            Some(json!({"epoch": "1", "uuid": "u", "event": "PART_FAILED", "message": "m"})),
+            Kind::Agent("gpu-2"),
+        ),
+    ]
+}
+
+/// What the caller should get: true = allowed (any answer but 401/403).
+fn allowed(kind: Kind, principal: &str, project: &str) -> bool {
+    let p = PRINCIPALS
+        .iter()
+        .find(|p| p.0 == principal)
+        .expect("principal");
+    match (kind, p.1) {
+        (Kind::Health | Kind::Catalog, _) => true,
+        (Kind::Agent(node), "agent") => p.3 == Some(node),
+        (Kind::Agent(_), _) => false,
+        (_, "agent") => false,
+        (_, "admin") => true,
+        (Kind::AdminOnly, _) => false,
+        (Kind::ProjectRead | Kind::ProjectWrite, _) => p.2.contains(&project),
+    }
+}
+
+async fn call(
+    s: &TestServer,
+    method: &Method,
+    path: &str,
+    body: &Option<Value>,
+    token: Option<&str>,
+) -> (u16, Value) {
+    let mut req = s.http.request(method.clone(), s.url(path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    let r = req.send().await.expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn every_route_every_role_own_and_other_project() {
+    let s = server().await;
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (method, template, body, kind) in routes() {
+        for project in ["demo", "other"] {
+            let path = template.replace("{P}", project);
+            if project == "other" && !template.contains("{P}") {
+                continue;
+            }
+            // No token, and a wrong one.
+            for token in [None, Some("not-a-token")] {
+                let (st, b) = call(&s, &method, &path, &body, token).await;
+                let want = if kind == Kind::Health {
+                    st != 401
+                } else {
+                    st == 401 && b["error"]["status"] == "UNAUTHENTICATED"
+                };
+                checked += 1;
+                if !want {
+                    failures.push(format!("{method} {path} token={token:?}: {st} {b}"));
+                }
+            }
+            for (name, _, _, _, token) in PRINCIPALS {
+                let (st, b) = call(&s, &method, &path, &body, Some(token)).await;
+                let expect = allowed(kind, name, project);
+                let ok = if expect {
+                    st != 401 && st != 403 && st < 500
+                } else {
+                    st == 403 && b["error"]["status"] == "PERMISSION_DENIED"
+                };
+                checked += 1;
+                if !ok {
+                    failures.push(format!(
+                        "{method} {path} as {name}: {st} (expected {}) {b}",
+                        if expect { "allowed" } else { "403" }
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(checked > 150, "{checked}");
+}
+
+#[tokio::test]
+async fn creator_is_the_principal_and_lists_never_leak() {
+    let s = server().await;
+    let (st, op) = call(
+        &s,
+        &Method::POST,
+        "/v1/projects/demo/locations/us-central1/batches?batchId=alices",
+        &Some(flex_batch()),
+        Some("token-alice"),
+    )
+    .await;
+    assert_eq!(st, 200, "{op}");
+    let (_, b) = call(
+        &s,
+        &Method::GET,
+        "/v1/projects/demo/locations/us-central1/batches/alices",
+        &None,
+        Some("token-root"),
+    )
+    .await;
+    assert_eq!(b["creator"], "alice@example.com");
+    let (st, list) = call(
+        &s,
+        &Method::GET,
+        "/v1/projects/demo/locations/us-central1/batches",
+        &None,
+        Some("token-bob"),
+    )
+    .await;
+    assert_eq!(st, 403, "{list}");
+    assert!(!list.to_string().contains("alices"), "{list}");
+    let (_, own) = call(
+        &s,
+        &Method::GET,
+        "/v1/projects/other/locations/us-central1/batches",
+        &None,
+        Some("token-bob"),
+    )
+    .await;
+    assert_eq!(
+        own["batches"],
+        json!([]),
+        "bob sees only his project: {own}"
+    );
+    // Errors never echo a token.
+    let (_, e) = call(
+        &s,
+        &Method::GET,
+        "/v1/runtimes",
+        &None,
+        Some("secret-looking-token"),
+    )
+    .await;
+    assert!(!e.to_string().contains("secret-looking-token"), "{e}");
+}
