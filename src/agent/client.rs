@@ -81,6 +81,8 @@ impl Client {
             .to_string();
         Err(match reason {
             "LEASE_LOST" | "FENCED" => CallError::LeaseLost(message),
+            // The pool may have room later (a node leaves): keep trying.
+            "POOL_FULL" => CallError::Unavailable(message),
             "UNAUTHENTICATED" | "PERMISSION_DENIED" => {
                 CallError::Refused(format!("{status}: {message} (check token_file)"))
             }

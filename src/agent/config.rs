@@ -175,6 +175,9 @@ impl AgentConfig {
                 return Err(format!("agent config: {key} must be at least 1"));
             }
         }
+        if self.poll_wait < Duration::from_secs(1) {
+            return Err("agent config: poll_wait must be at least 1s".into());
+        }
         if !self.server.starts_with("http://") && !self.server.starts_with("https://") {
             return Err(format!(
                 "agent config: server {:?} must be an http:// or https:// URL",

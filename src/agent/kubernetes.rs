@@ -21,7 +21,8 @@ use crate::launch::k8s::{K8sTarget, PartNode, application_name, batch_state, spa
 pub struct Kube {
     http: reqwest::Client,
     base: String,
-    token: Option<String>,
+    /// Read at each request: mounted service-account tokens rotate.
+    token_file: std::path::PathBuf,
     namespace: String,
 }
 
@@ -33,14 +34,10 @@ impl Kube {
                 .map_err(|e| format!("{}: {e}", config.ca_file.display()))?;
             builder = builder.add_root_certificate(cert);
         }
-        let token = std::fs::read_to_string(&config.token_file)
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty());
         Ok(Kube {
             http: builder.build().map_err(|e| e.to_string())?,
             base: config.api_server.trim_end_matches('/').to_string(),
-            token,
+            token_file: config.token_file.clone(),
             namespace: config.namespace.clone(),
         })
     }
@@ -53,7 +50,11 @@ impl Kube {
     }
 
     fn auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.token {
+        let token = std::fs::read_to_string(&self.token_file)
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
+        match token {
             Some(t) => req.bearer_auth(t),
             None => req,
         }
@@ -124,9 +125,25 @@ pub async fn run_driver(
     let a = rx.borrow().clone();
     let event = match drive(&ctx, &a, &mut rx, &cancel).await {
         Ok(event) => event,
-        Err(message) => Some(ReportEvent::PartFailed {
-            message: format!("The Spark application could not run: {message}"),
-        }),
+        Err(message) => {
+            // Whatever failed after the apply, the application must not
+            // outlive the batch.
+            if let (Some(job), Ok(kube)) = (&a.job, Kube::new(&ctx.config.kubernetes)) {
+                let name = application_name(job);
+                for attempt in 0..5 {
+                    match kube.delete(&name).await {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(application = %name, attempt, error = %e, "cannot delete the application; retrying");
+                            tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
+                        }
+                    }
+                }
+            }
+            Some(ReportEvent::PartFailed {
+                message: format!("The Spark application could not run: {message}"),
+            })
+        }
     };
     if let Some(event) = event {
         if let Err(e) = ctx.client.report_surely(&ctx.epoch, &a.uuid, event).await {

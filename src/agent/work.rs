@@ -151,12 +151,16 @@ async fn start_master(
     let log_path = dir.join("master.err.log");
     tokio::spawn(async move {
         let mut url_tx = Some(url_tx);
-        let mut lines = BufReader::new(stderr).lines();
+        let mut reader = BufReader::new(stderr);
         let mut file = tokio::fs::File::create(&log_path).await.ok();
-        while let Ok(Some(line)) = lines.next_line().await {
+        let mut raw = Vec::new();
+        // Bytes, not UTF-8 lines: a stray byte must not end the reading.
+        while matches!(reader.read_until(b'\n', &mut raw).await, Ok(n) if n > 0) {
             if let Some(f) = file.as_mut() {
-                let _ = f.write_all(format!("{line}\n").as_bytes()).await;
+                let _ = f.write_all(&raw).await;
             }
+            let line = String::from_utf8_lossy(&raw).into_owned();
+            raw.clear();
             if let Some(i) = line.find("Starting Spark master at spark://") {
                 let url = line[i + "Starting Spark master at ".len()..]
                     .trim()
@@ -171,11 +175,12 @@ async fn start_master(
         url = url_rx => match url {
             Ok(url) => Ok(Some((master, url))),
             Err(_) => {
-                let status = master.wait().await.ok();
-                master.reap();
+                // Its stderr closed without the URL: it is exiting, or
+                // something is wrong with it; either way it goes.
+                let status = master.stop(ctx.config.stop_grace).await;
                 Err(format!(
                     "the Spark master exited ({}) before listening: {}",
-                    status.map(|s| s.to_string()).unwrap_or_default(),
+                    status.map(|s| s.to_string()).unwrap_or_else(|| "stopped".into()),
                     launch::failure_summary(&tail_of(&dir.join("master.err.log")))
                 ))
             }

@@ -33,10 +33,11 @@ pub struct PartNode {
     pub driver: bool,
 }
 
-/// A Kubernetes object name from a batch id (already 4–63 of [a-z0-9-]).
+/// The application's Kubernetes name: from the batch's uuid, unique across
+/// projects (batch ids are unique only within one project's region); the
+/// batch's name is in its labels and annotations.
 pub fn application_name(job: &SparkJob) -> String {
-    let id = job.batch.rsplit('/').next().unwrap_or("batch");
-    format!("flexq-{id}").chars().take(63).collect()
+    format!("flexq-{}", job.uuid.to_ascii_lowercase())
 }
 
 fn pinned_to(nodes: &BTreeSet<&str>) -> Value {
@@ -219,6 +220,7 @@ pub fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8sTarget)
             "labels": {
                 "app.kubernetes.io/managed-by": "flexq",
                 "flexq.io/project": project,
+                "flexq.io/batch-id": job.batch.rsplit('/').next().unwrap_or_default(),
                 "flexq.io/batch-uuid": job.uuid,
             },
             "annotations": {"flexq.io/batch": job.batch},

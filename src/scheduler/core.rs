@@ -346,6 +346,14 @@ impl Scheduler {
         self.leases.epoch(node)
     }
 
+    /// Whether `node` is a registered node of this zone's pool.
+    pub fn is_node_of_pool(&self, node: &NodeId, zone: &str, pool: &str) -> bool {
+        self.capacity
+            .nodes
+            .get(node)
+            .is_some_and(|n| !n.spec.is_virtual && n.spec.zone == zone && n.spec.pool == pool)
+    }
+
     /// Registered nodes in a pool (for its max_nodes).
     pub fn nodes_in_pool(&self, zone: &str, pool: &str) -> usize {
         self.capacity

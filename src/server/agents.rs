@@ -169,8 +169,9 @@ pub(super) async fn register(
     // Under the core's lock: a registration and a lease-expiry decision
     // never interleave.
     let mut core = app.scheduler.lock().await;
-    let known = core.node_epoch(&spec.id).is_some();
-    let registered = core.nodes_in_pool(&spec.zone, &spec.pool) as u32 - u32::from(known);
+    let known = core.is_node_of_pool(&spec.id, &spec.zone, &spec.pool);
+    let registered =
+        (core.nodes_in_pool(&spec.zone, &spec.pool) as u32).saturating_sub(u32::from(known));
     if registered + pool.virtual_nodes >= pool.max_nodes {
         return Err(ApiError::new(
             Code::ResourceExhausted,
@@ -197,18 +198,27 @@ pub(super) async fn register(
                 "The agent of node {node} restarted and no longer runs this batch's {} (its Spark processes were lost); the batch failed and its cluster was released.",
                 part.role.name()
             );
-            if let ReportOutcome::Ended { seq, .. } = app
+            let outcome = app
                 .store
                 .report(&node, &b.uuid, &AgentEvent::PartFailed { message }, now)
-                .await?
-            {
-                tracing::warn!(batch.id = %b.name.batch_id, node, "batch failed: its agent restarted without it");
-                ended.push(seq);
+                .await;
+            match outcome {
+                Ok(ReportOutcome::Ended { seq, .. }) => {
+                    // At once: a later failure must not leave an ended
+                    // batch's capacity held in memory.
+                    core.forget(BatchKey(seq));
+                    tracing::warn!(batch.id = %b.name.batch_id, node, "batch failed: its agent restarted without it");
+                    ended.push(seq);
+                }
+                Ok(ReportOutcome::Recorded) => {}
+                Err(e) => {
+                    drop(core);
+                    app.scheduler.wake();
+                    app.scheduler.work_changed();
+                    return Err(e.into());
+                }
             }
         }
-    }
-    for seq in &ended {
-        core.forget(BatchKey(*seq));
     }
     drop(core);
     app.scheduler.wake();
@@ -448,12 +458,17 @@ async fn report(app: &App, node: &str, req: Report) -> Result<serde_json::Value,
 
 async fn output(app: &App, node: &str, req: OutputUpload) -> Result<serde_json::Value, ApiError> {
     let epoch = parse_epoch(&serde_json::Value::String(req.epoch.clone()))?;
-    let offset: u64 = req.offset.parse().map_err(|_| {
-        ApiError::invalid_field(
-            "offset",
-            format!("{} is not a byte offset", quote(&req.offset)),
-        )
-    })?;
+    let offset: u64 = req
+        .offset
+        .parse()
+        .ok()
+        .filter(|o| *o <= i64::MAX as u64 / 2)
+        .ok_or_else(|| {
+            ApiError::invalid_field(
+                "offset",
+                format!("{} is not a byte offset", quote(&req.offset)),
+            )
+        })?;
     check_epoch(&*app.scheduler.lock().await, node, epoch)?;
     let next = app
         .store
@@ -495,9 +510,13 @@ pub(super) async fn read_output(
 ) -> Result<Response, ApiError> {
     let offset: u64 = match &params.offset {
         None => 0,
-        Some(o) => o.parse().map_err(|_| {
-            ApiError::invalid_field("offset", format!("{} is not a byte offset", quote(o)))
-        })?,
+        Some(o) => o
+            .parse()
+            .ok()
+            .filter(|o| *o <= i64::MAX as u64 / 2)
+            .ok_or_else(|| {
+                ApiError::invalid_field("offset", format!("{} is not a byte offset", quote(o)))
+            })?,
     };
     let wait = match &params.wait_for {
         None => std::time::Duration::ZERO,

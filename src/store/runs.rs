@@ -214,7 +214,7 @@ impl Store {
                 let mut run = run_info(&mut tx, seq).await?;
                 run.driver_node = Some(node.to_string());
                 run.rapids = Some(rapids.clone());
-                run.start_time = Some(now);
+                run.start_time.get_or_insert(now);
                 set_run_info(&mut tx, seq, &run).await?;
                 if state == State::Pending {
                     let allocated: Option<i64> =
@@ -310,14 +310,9 @@ impl Store {
                 "node {node} does not run the driver of batch {uuid} now"
             ))
         })?;
-        let stored: i64 = sqlx::query_scalar(
-            "select coalesce(sum(length(data)), 0) from batch_output where batch_seq = ?",
-        )
-        .bind(seq)
-        .fetch_one(&mut *tx)
-        .await?;
-        let stored = stored.max(0) as u64;
+        // The run keeps the stored size: no scan of the chunks per upload.
         let mut run = run_info(&mut tx, seq).await?;
+        let stored = run.output_bytes;
         let end = offset + data.len() as u64;
         if run.output_truncated {
             return Ok(end);
@@ -360,14 +355,16 @@ impl Store {
     ) -> Result<OutputChunk, StoreError> {
         let rows = sqlx::query(
             "select byte_offset, data from batch_output \
-             where batch_seq = ? and byte_offset + length(data) > ? order by byte_offset",
+             where batch_seq = ? and byte_offset + length(data) > ? and byte_offset < ? \
+             order by byte_offset",
         )
         .bind(seq)
         .bind(offset as i64)
+        .bind((offset + max as u64) as i64)
         .fetch_all(&self.pool)
         .await?;
         let total: i64 = sqlx::query_scalar(
-            "select coalesce(sum(length(data)), 0) from batch_output where batch_seq = ?",
+            "select coalesce(max(byte_offset + length(data)), 0) from batch_output where batch_seq = ?",
         )
         .bind(seq)
         .fetch_one(&self.pool)

@@ -231,6 +231,16 @@ async fn applied(k: &Shared, name: &str) -> Value {
     }
 }
 
+/// Creates batch `id`; answers its application's name (from its uuid).
+async fn create(s: &TestServer, id: &str) -> String {
+    let (st, op) = s.create(&format!("batchId={id}"), &batch()).await;
+    assert_eq!(st, 200, "{op:#}");
+    format!(
+        "flexq-{}",
+        op["metadata"]["batchUuid"].as_str().expect("uuid")
+    )
+}
+
 fn set_state(k: &Shared, name: &str, state: &str, message: &str) {
     let mut k = k.lock().expect("lock");
     let app = k.apps.get_mut(name).expect("app");
@@ -258,8 +268,8 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
 
     // Applied, pinned to the allocated nodes, then RUNNING and SUCCEEDED as
     // the operator reports.
-    assert_eq!(s.create("batchId=on-k8s", &batch()).await.0, 200);
-    let app = applied(&k, "flexq-on-k8s").await;
+    let on_k8s = create(&s, "on-k8s").await;
+    let app = applied(&k, &on_k8s).await;
     let b = until(&s, "on-k8s", "provisioned", |b| {
         b["flexq"]["nodes"].is_array()
     })
@@ -301,6 +311,7 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
     );
     assert_eq!(app["spec"]["image"], "registry.example/spark-rapids:3.5.1");
     assert_eq!(app["metadata"]["labels"]["flexq.io/batch-uuid"], b["uuid"]);
+    assert_eq!(app["metadata"]["labels"]["flexq.io/batch-id"], "on-k8s");
     assert_eq!(
         k.lock().expect("lock").content_types,
         ["application/apply-patch+yaml"],
@@ -311,7 +322,7 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
         "PENDING",
         "SUBMITTED is not running yet"
     );
-    set_state(&k, "flexq-on-k8s", "RUNNING", "");
+    set_state(&k, &on_k8s, "RUNNING", "");
     let b = until(&s, "on-k8s", "running", |b| b["state"] == "RUNNING").await;
     assert!(
         b["runtimeInfo"]["rapidsAccelerator"]
@@ -319,15 +330,15 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
             .is_some_and(|r| r.starts_with("enabled")),
         "{b:#}"
     );
-    set_state(&k, "flexq-on-k8s", "COMPLETED", "");
+    set_state(&k, &on_k8s, "COMPLETED", "");
     until(&s, "on-k8s", "succeeded", |b| b["state"] == "SUCCEEDED").await;
 
     // A failed application fails the batch with the operator's message.
-    assert_eq!(s.create("batchId=k8s-fails", &batch()).await.0, 200);
-    applied(&k, "flexq-k8s-fails").await;
+    let k8s_fails = create(&s, "k8s-fails").await;
+    applied(&k, &k8s_fails).await;
     set_state(
         &k,
-        "flexq-k8s-fails",
+        &k8s_fails,
         "FAILED",
         "driver container failed with ExitCode: 1, Reason: OOMKilled",
     );
@@ -340,9 +351,9 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
     );
 
     // Cancel deletes the application.
-    assert_eq!(s.create("batchId=k8s-cancel", &batch()).await.0, 200);
-    applied(&k, "flexq-k8s-cancel").await;
-    set_state(&k, "flexq-k8s-cancel", "RUNNING", "");
+    let k8s_cancel = create(&s, "k8s-cancel").await;
+    applied(&k, &k8s_cancel).await;
+    set_state(&k, &k8s_cancel, "RUNNING", "");
     let b = until(&s, "k8s-cancel", "running", |b| b["state"] == "RUNNING").await;
     let (st, _) = s
         .post(&format!(
@@ -355,9 +366,9 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
 
     // An agent stopped (SIGTERM) while its batch runs stops the work and
     // fails the batch at once, saying so, rather than leave it to the lease.
-    assert_eq!(s.create("batchId=k8s-agent-stops", &batch()).await.0, 200);
-    applied(&k, "flexq-k8s-agent-stops").await;
-    set_state(&k, "flexq-k8s-agent-stops", "RUNNING", "");
+    let k8s_agent_stops = create(&s, "k8s-agent-stops").await;
+    applied(&k, &k8s_agent_stops).await;
+    set_state(&k, &k8s_agent_stops, "RUNNING", "");
     let b = until(&s, "k8s-agent-stops", "running", |b| {
         b["state"] == "RUNNING"
     })
@@ -383,11 +394,7 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
         "{b:#}"
     );
     let k = k.lock().expect("lock");
-    assert!(
-        k.deleted.contains(&"flexq-k8s-cancel".to_string()),
-        "{:?}",
-        k.deleted
-    );
+    assert!(k.deleted.contains(&k8s_cancel), "{:?}", k.deleted);
     assert!(
         k.apps.is_empty(),
         "every ended application deleted: {:?}",
