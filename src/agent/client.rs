@@ -141,12 +141,14 @@ impl Client {
     }
 
     /// A report that must arrive: retried while the server is unreachable,
-    /// for up to ten minutes.
+    /// for up to ten minutes, or until `stop` fires (the part was torn
+    /// down or the agent is stopping).
     pub async fn report_surely(
         &self,
         epoch: &str,
         uuid: &str,
         event: ReportEvent,
+        stop: &tokio_util::sync::CancellationToken,
     ) -> Result<(), CallError> {
         let mut delay = Duration::from_millis(200);
         let give_up = tokio::time::Instant::now() + Duration::from_secs(600);
@@ -154,7 +156,10 @@ impl Client {
             match self.report(epoch, uuid, event.clone()).await {
                 Err(CallError::Unavailable(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(error = %e, "report failed; retrying");
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = stop.cancelled() => return Err(CallError::Unavailable(format!("given up: {e}"))),
+                    }
                     delay = (delay * 2).min(Duration::from_secs(10));
                 }
                 other => return other,
@@ -176,7 +181,7 @@ impl Client {
             data,
         };
         let answer: serde_json::Value = self
-            .post(&self.method("output"), &req, Duration::from_secs(30))
+            .post(&self.method("output"), &req, Duration::from_secs(10))
             .await?;
         answer["nextOffset"]
             .as_str()

@@ -146,7 +146,11 @@ pub async fn run_driver(
         }
     };
     if let Some(event) = event {
-        if let Err(e) = ctx.client.report_surely(&ctx.epoch, &a.uuid, event).await {
+        if let Err(e) = ctx
+            .client
+            .report_surely(&ctx.epoch, &a.uuid, event, &cancel)
+            .await
+        {
             tracing::warn!(batch = %a.batch, error = %e, "the batch's end could not be reported");
         }
     }
@@ -248,6 +252,7 @@ async fn drive(
                         ReportEvent::DriverStarted {
                             rapids: rapids.clone(),
                         },
+                        cancel,
                     )
                     .await
                     .map_err(|e| e.to_string())?;

@@ -36,6 +36,15 @@ struct Part {
     assignment: watch::Sender<Assignment>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
+    /// Cancelled once the part's task is over (its processes are gone).
+    done: CancellationToken,
+}
+
+/// A part being torn down: its GPUs are not free until `done`.
+struct Stopping {
+    gpus: Vec<String>,
+    done: CancellationToken,
+    task: JoinHandle<()>,
 }
 
 type PartKey = (String, String, u32);
@@ -187,7 +196,7 @@ async fn heartbeat(ctx: Arc<Ctx>, interval: Duration, session: CancellationToken
 /// until the session ends; then stops every part.
 async fn serve_session(ctx: &Arc<Ctx>, session: &CancellationToken) {
     let mut parts: HashMap<PartKey, Part> = HashMap::new();
-    let mut stopping: Vec<JoinHandle<()>> = Vec::new();
+    let mut stopping: Vec<Stopping> = Vec::new();
     let mut version = String::new();
     let mut backoff = Duration::from_millis(200);
     loop {
@@ -228,8 +237,8 @@ async fn serve_session(ctx: &Arc<Ctx>, session: &CancellationToken) {
     for part in parts.into_values() {
         let _ = part.task.await;
     }
-    for task in stopping {
-        let _ = task.await;
+    for s in stopping {
+        let _ = s.task.await;
     }
     // On a shutdown (not a lost lease) the node is still ours: say at once
     // that its work stopped rather than leave it to the lease.
@@ -253,7 +262,7 @@ fn reconcile(
     ctx: &Arc<Ctx>,
     session: &CancellationToken,
     parts: &mut HashMap<PartKey, Part>,
-    stopping: &mut Vec<JoinHandle<()>>,
+    stopping: &mut Vec<Stopping>,
     assignments: Vec<Assignment>,
 ) {
     let wanted: std::collections::HashSet<PartKey> =
@@ -268,10 +277,14 @@ fn reconcile(
         if let Some(part) = parts.remove(&key) {
             tracing::info!(batch_uuid = %key.0, role = %key.1, index = key.2, "assignment gone; tearing the part down");
             part.cancel.cancel();
-            stopping.push(part.task);
+            stopping.push(Stopping {
+                gpus: part.assignment.borrow().gpus.clone(),
+                done: part.done,
+                task: part.task,
+            });
         }
     }
-    stopping.retain(|t| !t.is_finished());
+    stopping.retain(|s| !s.task.is_finished());
     for a in assignments {
         let key = a.key();
         if let Some(part) = parts.get(&key) {
@@ -304,29 +317,51 @@ fn reconcile(
         tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, role = %a.role, index = a.index, gpus = ?a.gpus, "assignment received");
         let (tx, rx) = watch::channel(a.clone());
         let cancel = session.child_token();
-        let task = match (ctx.config.launcher, a.is_driver()) {
-            (Launcher::Standalone, true) => {
-                tokio::spawn(work::run_driver(ctx.clone(), rx, cancel.clone()))
+        // GPUs handed over from a part still stopping (its batch just
+        // ended) are used only once its processes are gone.
+        let handover: Vec<CancellationToken> = stopping
+            .iter()
+            .filter(|s| s.gpus.iter().any(|g| a.gpus.contains(g)))
+            .map(|s| s.done.clone())
+            .collect();
+        let done = CancellationToken::new();
+        let finished = done.clone().drop_guard();
+        let run: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            match (ctx.config.launcher, a.is_driver()) {
+                (Launcher::Standalone, true) => {
+                    Box::pin(work::run_driver(ctx.clone(), rx, cancel.clone()))
+                }
+                (Launcher::Standalone, false) => {
+                    Box::pin(work::run_executor(ctx.clone(), rx, cancel.clone()))
+                }
+                (Launcher::Kubernetes, true) => {
+                    Box::pin(kubernetes::run_driver(ctx.clone(), rx, cancel.clone()))
+                }
+                // The operator's executor pods run here, pinned by affinity;
+                // the agent holds the part until the batch ends.
+                (Launcher::Kubernetes, false) => {
+                    let cancel = cancel.clone();
+                    Box::pin(async move { cancel.cancelled().await })
+                }
+            };
+        let waiting = cancel.clone();
+        let task = tokio::spawn(async move {
+            let _finished = finished;
+            for h in handover {
+                tokio::select! {
+                    _ = h.cancelled() => {}
+                    _ = waiting.cancelled() => return,
+                }
             }
-            (Launcher::Standalone, false) => {
-                tokio::spawn(work::run_executor(ctx.clone(), rx, cancel.clone()))
-            }
-            (Launcher::Kubernetes, true) => {
-                tokio::spawn(kubernetes::run_driver(ctx.clone(), rx, cancel.clone()))
-            }
-            // The operator's executor pods run here, pinned by affinity;
-            // the agent holds the part until the batch ends.
-            (Launcher::Kubernetes, false) => {
-                let cancel = cancel.clone();
-                tokio::spawn(async move { cancel.cancelled().await })
-            }
-        };
+            run.await;
+        });
         parts.insert(
             key,
             Part {
                 assignment: tx,
                 cancel,
                 task,
+                done,
             },
         );
     }

@@ -104,7 +104,11 @@ pub async fn run_driver(
         ),
     };
     if let Some(event) = event {
-        if let Err(e) = ctx.client.report_surely(&ctx.epoch, &a.uuid, event).await {
+        if let Err(e) = ctx
+            .client
+            .report_surely(&ctx.epoch, &a.uuid, event, &cancel)
+            .await
+        {
             tracing::warn!(batch = %a.batch, error = %e, "the batch's end could not be reported");
         }
     }
@@ -217,6 +221,7 @@ async fn drive(
             ReportEvent::MasterReady {
                 master_url: url.clone(),
             },
+            cancel,
         )
         .await;
     if let Err(e) = reported {
@@ -285,6 +290,7 @@ async fn drive(
             ReportEvent::DriverStarted {
                 rapids: rapids.describe(),
             },
+            cancel,
         )
         .await
     {
@@ -339,11 +345,12 @@ async fn drive(
         }
     };
     // Everything the driver printed is uploaded before the end is reported.
-    let tail = tokio::time::timeout(Duration::from_secs(30), pump)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
+    let tail = match tokio::time::timeout(Duration::from_secs(30), pump).await {
+        Ok(Ok(tail)) => tail,
+        // The upload is stuck (the server is slow or gone): the local log
+        // still has the tail for the failure summary.
+        _ => tail_of(&dir.join("driver.log")).into_bytes(),
+    };
     let tail = String::from_utf8_lossy(&tail);
     let event = match (end, exit) {
         (End::Exited(_), Some(status)) if status.success() => ReportEvent::Finished {
@@ -453,8 +460,12 @@ async fn pump_output(
     tail.split_off(start)
 }
 
-/// Uploads what of `pending` is complete UTF-8 (all of it when `last`);
-/// keeps it for the next try when the server is unreachable.
+/// Largest upload: well under the server's body limit.
+const UPLOAD_BYTES: usize = 256 * 1024;
+
+/// Uploads what of `pending` is complete UTF-8 (all of it when `last`), in
+/// slices of at most [`UPLOAD_BYTES`]; keeps the rest for the next try when
+/// the server is unreachable.
 async fn send_output(
     client: &Client,
     epoch: &str,
@@ -463,28 +474,33 @@ async fn send_output(
     pending: &mut Vec<u8>,
     last: bool,
 ) {
-    let take = match std::str::from_utf8(pending) {
-        Ok(_) => pending.len(),
-        // Cut before a character split across reads, unless nothing
-        // more will come.
-        Err(e) if e.error_len().is_none() && !last => e.valid_up_to(),
-        Err(_) => pending.len(),
-    };
-    if take == 0 {
-        return;
-    }
-    let text = String::from_utf8_lossy(&pending[..take]).into_owned();
-    match client.output(epoch, uuid, *offset, text).await {
-        Ok(next) => {
-            *offset = next;
-            pending.drain(..take);
+    while !pending.is_empty() {
+        let limit = pending.len().min(UPLOAD_BYTES);
+        let whole = limit == pending.len();
+        let take = match std::str::from_utf8(&pending[..limit]) {
+            Ok(_) => limit,
+            // Cut before a character split across reads (or by the slice),
+            // unless nothing more will come.
+            Err(e) if e.error_len().is_none() && !(last && whole) => e.valid_up_to(),
+            Err(_) => limit,
+        };
+        if take == 0 {
+            return;
         }
-        Err(CallError::Unavailable(e)) => {
-            tracing::warn!(error = %e, "driver output upload failed; will retry");
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "driver output refused; dropping it");
-            pending.clear();
+        let text = String::from_utf8_lossy(&pending[..take]).into_owned();
+        match client.output(epoch, uuid, *offset, text).await {
+            Ok(next) => {
+                *offset = next;
+                pending.drain(..take);
+            }
+            Err(CallError::Unavailable(e)) => {
+                tracing::warn!(error = %e, "driver output upload failed; will retry");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "driver output refused; dropping it");
+                pending.clear();
+            }
         }
     }
 }
@@ -518,7 +534,11 @@ pub async fn run_executor(
     if let Err(message) = work(&ctx, &a, &master, &dir, &mut rx, &cancel).await {
         tracing::warn!(batch = %a.batch, executor = a.index, %message, "executor part failed");
         let event = ReportEvent::PartFailed { message };
-        if let Err(e) = ctx.client.report_surely(&ctx.epoch, &a.uuid, event).await {
+        if let Err(e) = ctx
+            .client
+            .report_surely(&ctx.epoch, &a.uuid, event, &cancel)
+            .await
+        {
             tracing::warn!(batch = %a.batch, error = %e, "the failure could not be reported");
         }
     }
