@@ -32,6 +32,7 @@ const SECTIONS: &[&str] = &[
     "batches",
     "log",
     "agents",
+    "limits",
     "runtimes",
     "regions",
     "projects",
@@ -47,6 +48,7 @@ pub struct Config {
     pub batches: BatchesConfig,
     pub log: LogConfig,
     pub agents: AgentsConfig,
+    pub limits: LimitsConfig,
     pub runtimes: BTreeMap<String, RuntimeConfig>,
     pub regions: BTreeMap<String, RegionConfig>,
     #[serde(default)]
@@ -132,6 +134,19 @@ pub struct BatchesConfig {
     pub max_properties: usize,
     pub max_property_key_bytes: usize,
     pub max_property_value_bytes: usize,
+}
+
+/// Per-project limits, so no project can crowd out the others.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Creates, deletes and cancels per minute, per project and region.
+    pub mutations_per_minute: u32,
+    /// Gets and lists (output reads included) per minute, per project and
+    /// region.
+    pub reads_per_minute: u32,
+    /// Batches of one project waiting in the queue at once (all regions).
+    pub max_pending_per_project: u64,
 }
 
 /// Executor agents: how long a node stays without a heartbeat.
@@ -279,6 +294,17 @@ impl Config {
 
     /// The checks serde cannot express: relations between keys and ranges.
     fn check(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            (
+                "limits.mutations_per_minute",
+                self.limits.mutations_per_minute,
+            ),
+            ("limits.reads_per_minute", self.limits.reads_per_minute),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
         for (i, p) in self.principals.iter().enumerate() {
             let key = |k: &str| format!("principals[{i}].{k}");
             if p.token_sha256.len() != 64

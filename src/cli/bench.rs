@@ -73,7 +73,7 @@ async fn start_server() -> Result<(Server, String), CliError> {
     std::fs::write(
         &config,
         format!(
-            "[server]\nbind = \"127.0.0.1:{port}\"\n[database]\ndata_dir = \"{}\"\n[log]\nformat = \"text\"\nfilter = \"warn\"\n",
+            "[server]\nbind = \"127.0.0.1:{port}\"\n[database]\ndata_dir = \"{}\"\n[log]\nformat = \"text\"\nfilter = \"warn\"\n# A throughput benchmark of one project: far above the per-project quotas.\n[limits]\nmutations_per_minute = 100000000\nreads_per_minute = 100000000\nmax_pending_per_project = 100000000\n",
             dir.path().join("data").display()
         ),
     )

@@ -46,6 +46,9 @@ fn err(e: impl std::fmt::Display) -> CliError {
 fn bench_config(virtual_nodes: u32, data_dir: &std::path::Path) -> Result<Config, CliError> {
     let mut c = Config::load_without_env(None).map_err(err)?;
     c.database.data_dir = data_dir.to_path_buf();
+    c.limits.mutations_per_minute = u32::MAX;
+    c.limits.reads_per_minute = u32::MAX;
+    c.limits.max_pending_per_project = u64::MAX;
     c.regions.clear();
     for r in 0..REGIONS {
         let region = format!("bench-r{r:02}");

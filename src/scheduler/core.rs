@@ -117,6 +117,8 @@ pub struct Scheduler {
     /// Boxed: growing a map of a million entries moves only pointers, not
     /// the batches (a rehash of inline entries stalled creates for 0.6 s).
     pub(super) pending: HashMap<BatchKey, Box<PendingBatch>>,
+    /// Queued batches per project (for the per-project limit).
+    pub(super) pending_by_project: HashMap<String, usize>,
     pub(super) queues: BTreeMap<String, BTreeSet<QueueKey>>,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     pub(super) running: HashMap<BatchKey, Allocation>,
@@ -228,6 +230,10 @@ impl Scheduler {
         if let Some(d) = batch.deadline {
             self.deadlines.insert((d, batch.key));
         }
+        *self
+            .pending_by_project
+            .entry(batch.project.clone())
+            .or_default() += 1;
         self.pending.insert(batch.key, Box::new(batch));
     }
 
@@ -249,6 +255,12 @@ impl Scheduler {
         self.held_back.remove(&key);
         if let Some(b) = self.pending.remove(&key) {
             self.dirty.insert(b.region.clone());
+            if let Some(n) = self.pending_by_project.get_mut(&b.project) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending_by_project.remove(&b.project);
+                }
+            }
             if let Some(m) = self.shapes.get_mut(&b.region) {
                 let shape = shape_key(&b.cluster);
                 if let Some(stats) = m.get_mut(&shape) {
@@ -361,6 +373,11 @@ impl Scheduler {
             .values()
             .filter(|n| !n.spec.is_virtual && n.spec.zone == zone && n.spec.pool == pool)
             .count()
+    }
+
+    /// Queued batches of `project`.
+    pub fn pending_of(&self, project: &str) -> usize {
+        self.pending_by_project.get(project).copied().unwrap_or(0)
     }
 
     pub fn pending_count(&self) -> usize {

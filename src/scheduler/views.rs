@@ -268,6 +268,20 @@ impl Scheduler {
     /// Checks the invariants: no node over-given, quota usage equal to what
     /// running clusters hold. For tests.
     pub fn check_invariants(&self) -> Result<(), String> {
+        let mut by_project: HashMap<&str, usize> = HashMap::new();
+        for b in self.pending.values() {
+            *by_project.entry(b.project.as_str()).or_default() += 1;
+        }
+        let counted: HashMap<&str, usize> = self
+            .pending_by_project
+            .iter()
+            .map(|(p, n)| (p.as_str(), *n))
+            .collect();
+        if by_project != counted {
+            return Err(format!(
+                "queued per project {counted:?} does not match the queue {by_project:?}"
+            ));
+        }
         let mut used: HashMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = HashMap::new();
         for a in self.running.values() {
             for p in &a.placements {

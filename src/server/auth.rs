@@ -214,6 +214,11 @@ pub(super) async fn enforce(
         tracing::info!(principal = %principal.name, http.method = %req.method(), http.path = %req.uri().path(), "request refused: permission denied");
         return e.into_response();
     }
+    if matches!(need, Need::ReadProject(_) | Need::WriteProject(_)) {
+        if let Err(refused) = app.limits.check(req.method(), req.uri().path()) {
+            return refused;
+        }
+    }
     req.extensions_mut().insert(principal);
     next.run(req).await
 }

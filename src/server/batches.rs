@@ -132,6 +132,18 @@ pub(super) async fn create(
             let verdict = core.verdict(&project, &region, &cluster);
             return Ok(format.respond(StatusCode::OK, &verdict_json(&verdict, &cluster)));
         }
+        let queued = core.pending_of(&project);
+        let max = app.config.limits.max_pending_per_project;
+        if queued as u64 >= max {
+            return Err(ApiError::new(
+                Code::ResourceExhausted,
+                "TOO_MANY_PENDING",
+                format!(
+                    "project {project} has {queued} batches queued; limits.max_pending_per_project is {max}: wait for some to start or cancel some"
+                ),
+            )
+            .with_meta("limit", "limits.max_pending_per_project"));
+        }
         if let Some(reason) = core.never_fits(&project, &region, &cluster) {
             return Err(ApiError::new(
                 Code::ResourceExhausted,

@@ -8,6 +8,7 @@ pub mod auth;
 mod batches;
 mod error;
 mod extract;
+mod limits;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,6 +40,8 @@ pub struct App {
     pub config: Arc<Config>,
     pub store: Store,
     pub scheduler: SchedulerService,
+    /// Per-project rate limits.
+    pub limits: Arc<limits::RateLimits>,
 }
 
 impl App {
@@ -53,11 +56,24 @@ impl App {
         .await?;
         crate::metrics::init(&config);
         let config = Arc::new(config);
-        let scheduler = SchedulerService::start(config.clone(), store.clone(), shutdown).await?;
+        let scheduler =
+            SchedulerService::start(config.clone(), store.clone(), shutdown.clone()).await?;
+        let limits = Arc::new(limits::RateLimits::new(&config.limits));
+        let idle = limits.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = every.tick() => idle.shrink(),
+                }
+            }
+        });
         Ok(App {
             config,
             store,
             scheduler,
+            limits,
         })
     }
 }

@@ -306,3 +306,105 @@ async fn creator_is_the_principal_and_lists_never_leak() {
     .await;
     assert!(!e.to_string().contains("secret-looking-token"), "{e}");
 }
+
+/// The per-project limits: rate per project and region, queued batches per
+/// project; each refusal names its limit.
+#[tokio::test]
+async fn per_project_limits_are_enforced_and_named() {
+    let s = TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        c.limits.mutations_per_minute = 5;
+        c.limits.reads_per_minute = 8;
+        c.limits.max_pending_per_project = 1_000;
+    })
+    .await;
+    for i in 0..5 {
+        let (st, b) = s.create(&format!("batchId=ok-{i}"), &flex_batch()).await;
+        assert_eq!(st, 200, "{b}");
+    }
+    let r = s
+        .http
+        .post(format!("{}?batchId=sixth", s.batches()))
+        .json(&flex_batch())
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 429);
+    let retry: u64 = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!((1..=60).contains(&retry), "{retry}");
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("limits.mutations_per_minute") && message.contains("demo"),
+        "{message}"
+    );
+    // Nothing was stored for the refused call; reads have their own budget
+    // and other projects theirs.
+    let (st, got) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/sixth")
+        .await;
+    assert_eq!(st, 404, "{got}");
+    let (st, body) = call(
+        &s,
+        &Method::POST,
+        "/v1/projects/other/locations/us-central1/batches?batchId=other-1",
+        &Some(flex_batch()),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "another project is not limited by demo's calls: {body}");
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(
+            s.get("/v1/projects/demo/locations/us-central1/batches")
+                .await
+                .0,
+        );
+    }
+    // One read (the 404 above) was already counted.
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        7,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.last(), Some(&429));
+
+    // Queued batches per project.
+    let s = TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        c.limits.max_pending_per_project = 3;
+    })
+    .await;
+    for i in 0..3 {
+        assert_eq!(
+            s.create(&format!("batchId=queued-{i}"), &flex_batch()).await.0,
+            200
+        );
+    }
+    let (st, body) = s.create("batchId=queued-3", &flex_batch()).await;
+    assert_eq!(st, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limits.max_pending_per_project")),
+        "{body}"
+    );
+    // Cancelling one makes room.
+    let (_, b) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/queued-0")
+        .await;
+    let (st, _) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            b["operation"].as_str().expect("op")
+        ))
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(s.create("batchId=queued-3", &flex_batch()).await.0, 200);
+}

@@ -40,6 +40,11 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = Config::load_without_env(None).expect("default config");
         config.database.data_dir = dir.path().join("data");
+        // Tests send bursts far above the per-project API quotas; the
+        // limits have tests of their own.
+        config.limits.mutations_per_minute = 1_000_000;
+        config.limits.reads_per_minute = 1_000_000;
+        config.limits.max_pending_per_project = 10_000_000;
         tune(&mut config);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -260,6 +265,9 @@ impl ServerProcess {
                 format!("127.0.0.1:{metrics_port}"),
             )
             .env("FLEXQ_DATABASE__DATA_DIR", dir)
+            .env("FLEXQ_LIMITS__MUTATIONS_PER_MINUTE", "1000000")
+            .env("FLEXQ_LIMITS__READS_PER_MINUTE", "1000000")
+            .env("FLEXQ_LIMITS__MAX_PENDING_PER_PROJECT", "10000000")
             .env("FLEXQ_LOG__FILTER", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
