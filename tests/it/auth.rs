@@ -358,7 +358,10 @@ async fn per_project_limits_are_enforced_and_named() {
         None,
     )
     .await;
-    assert_eq!(st, 200, "another project is not limited by demo's calls: {body}");
+    assert_eq!(
+        st, 200,
+        "another project is not limited by demo's calls: {body}"
+    );
     let mut statuses = Vec::new();
     for _ in 0..8 {
         statuses.push(
@@ -383,7 +386,9 @@ async fn per_project_limits_are_enforced_and_named() {
     .await;
     for i in 0..3 {
         assert_eq!(
-            s.create(&format!("batchId=queued-{i}"), &flex_batch()).await.0,
+            s.create(&format!("batchId=queued-{i}"), &flex_batch())
+                .await
+                .0,
             200
         );
     }

@@ -7,6 +7,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod durability;
+mod hostile;
 mod kubernetes;
 mod metrics;
 mod prometheus;

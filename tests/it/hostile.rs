@@ -1,0 +1,179 @@
+//! Hostile load while normal work goes on: random and malformed bodies on
+//! every write route, oversized bodies, and slow clients holding
+//! connections with half-sent requests. The normal submits must keep
+//! succeeding, nothing hostile may get a 5xx, and every acknowledged batch
+//! must be stored exactly once.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestRunner;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+use crate::support::{TestServer, flex_batch};
+
+/// Random request bodies: arbitrary bytes, JSON of the wrong shape, deep
+/// nesting, near-valid batches with random property values.
+fn hostile_body() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..2048),
+        "[\\[\\{\":,a-z0-9 \\}\\]]{0,512}".prop_map(String::into_bytes),
+        (1usize..5000)
+            .prop_map(|depth| format!("{}{}", "[".repeat(depth), "]".repeat(depth)).into_bytes()),
+        (".{0,64}", ".{0,256}").prop_map(|(k, v)| {
+            let mut b = flex_batch();
+            b["runtimeConfig"]["properties"][k] = Value::String(v);
+            serde_json::to_vec(&b).unwrap_or_default()
+        }),
+        any::<i64>().prop_map(|n| format!("{{\"pysparkBatch\": {n}}}").into_bytes()),
+    ]
+}
+
+const PATHS: &[&str] = &[
+    "/v1/projects/demo/locations/us-central1/batches",
+    "/v1/projects/demo/locations/us-central1/batches?batchId=%00%ff",
+    "/v1/projects/demo/locations/us-central1/batches?validateOnly=true",
+    "/v1/projects/demo/regions/us-central1/operations/x:cancel",
+    "/v1/projects/demo/regions/us-central1/quotas",
+    "/v1/nodes:register",
+    "/v1/nodes/n1:report",
+    "/v1/nodes/n1:output",
+    "/v1/nodes/n1:poll",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn normal_submits_survive_hostile_input_and_slow_clients() {
+    let s = TestServer::start().await;
+    let stop = Instant::now() + Duration::from_secs(6);
+
+    // Slow clients: connections that send half a request, a byte at a time.
+    let mut slow = Vec::new();
+    for i in 0..200 {
+        let addr = s.addr;
+        slow.push(tokio::spawn(async move {
+            let Ok(mut conn) = tokio::net::TcpStream::connect(addr).await else {
+                return;
+            };
+            let head = format!(
+                "POST /v1/projects/demo/locations/us-central1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\nX-Slow-{i}: "
+            );
+            for b in head.bytes() {
+                if Instant::now() > stop || conn.write_all(&[b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+    }
+
+    // Hostile bodies, as fast as one client sends them.
+    let hostile = {
+        let (http, base) = (s.http.clone(), s.url(""));
+        tokio::spawn(async move {
+            let mut runner = TestRunner::deterministic();
+            let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+            let mut five_hundreds = Vec::new();
+            let mut i = 0;
+            while Instant::now() < stop {
+                let body = hostile_body()
+                    .new_tree(&mut runner)
+                    .expect("strategy")
+                    .current();
+                let path = PATHS[i % PATHS.len()];
+                i += 1;
+                let content_type = if i % 7 == 0 {
+                    "text/plain"
+                } else {
+                    "application/json"
+                };
+                let req = http
+                    .post(format!("{base}{path}"))
+                    .header("content-type", content_type)
+                    .body(body.clone());
+                let Ok(r) = req.send().await else { continue };
+                let st = r.status().as_u16();
+                *statuses.entry(st).or_default() += 1;
+                if st >= 500 {
+                    five_hundreds.push(format!("{path} {st} {:?}", String::from_utf8_lossy(&body)));
+                }
+            }
+            // One body over the limit.
+            let big = vec![b'{'; 2 * 1024 * 1024];
+            if let Ok(r) = http
+                .post(format!("{base}{}", PATHS[0]))
+                .header("content-type", "application/json")
+                .body(big)
+                .send()
+                .await
+            {
+                *statuses.entry(r.status().as_u16()).or_default() += 1;
+            }
+            (statuses, five_hundreds)
+        })
+    };
+
+    // Normal work: submits with request ids, and each is acknowledged.
+    let mut acknowledged = Vec::new();
+    let mut n = 0;
+    while Instant::now() < stop {
+        let id = format!("normal-{n:05}");
+        let started = Instant::now();
+        let (st, op) = s
+            .create(&format!("batchId={id}&requestId=req-{n}"), &flex_batch())
+            .await;
+        assert_eq!(st, 200, "a normal submit failed under hostile load: {op}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a normal submit took {:?}",
+            started.elapsed()
+        );
+        acknowledged.push(id);
+        n += 1;
+    }
+    let (statuses, five_hundreds) = hostile.await.expect("hostile task");
+    for t in slow {
+        let _ = t.await;
+    }
+    eprintln!(
+        "hostile statuses: {statuses:?}; normal submits acknowledged: {}",
+        acknowledged.len()
+    );
+    assert!(
+        five_hundreds.is_empty(),
+        "5xx on hostile input: {five_hundreds:#?}"
+    );
+    let sent: usize = statuses.values().sum();
+    assert!(
+        sent > 100,
+        "the hostile client sent {sent} requests: {statuses:?}"
+    );
+    assert!(statuses.contains_key(&400), "{statuses:?}");
+    assert!(
+        acknowledged.len() > 20,
+        "only {} normal submits",
+        acknowledged.len()
+    );
+
+    // Every acknowledged batch is there, once.
+    let stored = s.list_all("").await;
+    let mut ids: Vec<&str> = stored
+        .iter()
+        .filter_map(|b| b["name"].as_str())
+        .filter_map(|n| n.rsplit('/').next())
+        .filter(|id| id.starts_with("normal-"))
+        .collect();
+    ids.sort();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(before, ids.len(), "a batch stored twice");
+    assert_eq!(
+        ids,
+        acknowledged.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    // The server still answers promptly.
+    let ready = s.http.get(s.url("/readyz")).send().await.expect("readyz");
+    assert_eq!(ready.status(), 200);
+}
