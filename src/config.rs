@@ -104,6 +104,12 @@ pub struct ServerConfig {
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub max_body_bytes: usize,
+    /// PEM certificate chain and private key: with both, the API listener
+    /// serves HTTPS only.
+    #[serde(default)]
+    pub tls_cert: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -294,6 +300,25 @@ impl Config {
 
     /// The checks serde cannot express: relations between keys and ranges.
     fn check(&self) -> Result<(), ConfigError> {
+        match (&self.server.tls_cert, &self.server.tls_key) {
+            (Some(_), None) => {
+                return Err(invalid("server.tls_key", "is needed with server.tls_cert"));
+            }
+            (None, Some(_)) => {
+                return Err(invalid("server.tls_cert", "is needed with server.tls_key"));
+            }
+            (Some(cert), Some(key)) => {
+                for (k, path) in [("server.tls_cert", cert), ("server.tls_key", key)] {
+                    if !path.is_file() {
+                        return Err(invalid(
+                            k,
+                            format!("{} is not a readable file", path.display()),
+                        ));
+                    }
+                }
+            }
+            (None, None) => {}
+        }
         for (key, v) in [
             (
                 "limits.mutations_per_minute",

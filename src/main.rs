@@ -140,6 +140,9 @@ struct TargetArgs {
     /// The bearer token (better from the environment than the command line).
     #[arg(long, global = true, env = "FLEXQ_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A PEM CA certificate that signed the server's (HTTPS endpoints).
+    #[arg(long, global = true, env = "FLEXQ_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     /// Output format.
     #[arg(long, global = true, value_enum, default_value = "table")]
     format: OutputFormat,
@@ -449,6 +452,7 @@ fn admin_client(target: TargetArgs) -> Result<Client, Box<dyn std::error::Error>
         project: target.project.unwrap_or_default(),
         region: target.region.unwrap_or_default(),
         token: target.token,
+        ca_cert: target.ca_cert,
     })?)
 }
 
@@ -465,6 +469,7 @@ fn project_client(target: TargetArgs) -> Result<Client, Box<dyn std::error::Erro
         project,
         region,
         token: target.token,
+        ca_cert: target.ca_cert,
     })?)
 }
 

@@ -33,13 +33,20 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(base: &str, node: &str, token: Option<String>) -> Client {
+    pub fn new(
+        base: &str,
+        node: &str,
+        token: Option<String>,
+        ca: Option<reqwest::Certificate>,
+    ) -> Client {
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        if let Some(ca) = ca {
+            builder = builder.add_root_certificate(ca);
+        }
         Client {
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .build()
-                .unwrap_or_default(),
+            http: builder.build().unwrap_or_default(),
             base: base.trim_end_matches('/').to_string(),
             node: node.to_string(),
             token,

@@ -17,6 +17,10 @@ pub struct AgentConfig {
     /// agent and this node); empty: none (a server without principals).
     #[serde(default)]
     pub token_file: PathBuf,
+    /// A PEM CA certificate that signed the server's (an https:// server
+    /// with a private CA); empty: the system's roots.
+    #[serde(default)]
+    pub ca_file: PathBuf,
     /// This node's id (1 to 63 of [a-z0-9-]); default: the host name.
     #[serde(default)]
     pub node_id: String,
@@ -109,6 +113,7 @@ impl Default for AgentConfig {
         AgentConfig {
             server: "http://127.0.0.1:8080".into(),
             token_file: PathBuf::new(),
+            ca_file: PathBuf::new(),
             node_id: String::new(),
             region: String::new(),
             zone: String::new(),

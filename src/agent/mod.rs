@@ -111,7 +111,17 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
             .map_err(|e| anyhow::anyhow!("token_file {}: {e}", config.token_file.display()))?;
         Some(t.trim().to_string())
     };
-    let client = Client::new(&config.server, &config.node_id, token);
+    let ca = if config.ca_file.as_os_str().is_empty() {
+        None
+    } else {
+        let pem = std::fs::read(&config.ca_file)
+            .map_err(|e| anyhow::anyhow!("ca_file {}: {e}", config.ca_file.display()))?;
+        Some(
+            reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| anyhow::anyhow!("ca_file {}: {e}", config.ca_file.display()))?,
+        )
+    };
+    let client = Client::new(&config.server, &config.node_id, token, ca);
     let request = RegisterNode {
         node_id: config.node_id.clone(),
         region: config.region.clone(),

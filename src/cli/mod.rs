@@ -34,6 +34,9 @@ pub struct Target {
     pub region: String,
     /// Sent as `Authorization: Bearer` when set.
     pub token: Option<String>,
+    /// A PEM CA certificate to verify an HTTPS server with (besides the
+    /// system's roots).
+    pub ca_cert: Option<std::path::PathBuf>,
 }
 
 /// A failed call: the server's Status, or why the server was not reached.
@@ -71,8 +74,15 @@ pub struct Client {
 
 impl Client {
     pub fn new(target: Target) -> Result<Client, CliError> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        if let Some(path) = &target.ca_cert {
+            let pem = std::fs::read(path)
+                .map_err(|e| CliError::Transport(format!("--ca-cert {}: {e}", path.display())))?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| CliError::Transport(format!("--ca-cert {}: {e}", path.display())))?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder
             .build()
             .map_err(|e| CliError::Transport(format!("cannot build HTTP client: {e}")))?;
         Ok(Client { http, target })

@@ -9,6 +9,7 @@ mod batches;
 mod error;
 mod extract;
 mod limits;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -258,17 +259,33 @@ pub async fn run(
     let drain = app.config.server.shutdown_timeout;
     let store = app.store.clone();
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "flexq listening");
-    // Small request/response exchanges: do not let Nagle hold a response
-    // back waiting for an ACK.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    let tls = match (&app.config.server.tls_cert, &app.config.server.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    let router = router(app);
+    let server = match tls {
+        Some(acceptor) => {
+            tracing::info!(%addr, "flexq listening (HTTPS)");
+            let listener = tls::TlsListener::new(listener, acceptor)?;
+            let server = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+            tokio::spawn(async move { server.await })
         }
-    });
-    let server = axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let server = tokio::spawn(async move { server.await });
+        None => {
+            tracing::info!(%addr, "flexq listening");
+            // Small request/response exchanges: do not let Nagle hold a
+            // response back waiting for an ACK.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                }
+            });
+            let server = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+            tokio::spawn(async move { server.await })
+        }
+    };
     shutdown.cancelled().await;
     tracing::info!(
         drain_s = drain.as_secs(),

@@ -14,3 +14,4 @@ mod prometheus;
 mod scheduler;
 mod spark;
 mod support;
+mod tls;
