@@ -435,24 +435,31 @@ async fn report(app: &App, node: &str, req: Report) -> Result<serde_json::Value,
     // Under the core's lock: a report and a lost-lease decision never
     // interleave, so a fenced agent cannot end a batch after its node was
     // lost.
-    let mut core = app.scheduler.lock().await;
-    check_epoch(&core, node, epoch)?;
-    let outcome = app
-        .store
-        .report(node, &req.uuid, &event, Utc::now())
-        .await
-        .map_err(|e| match e {
-            StoreError::NotFound => ApiError::not_found("batch with uuid", &req.uuid),
-            other => other.into(),
-        })?;
-    if let ReportOutcome::Ended { seq, .. } = outcome {
-        core.forget(BatchKey(seq));
-        drop(core);
-        app.scheduler.wake();
-    } else {
-        drop(core);
-    }
-    app.scheduler.work_changed();
+    //
+    // In a task of its own: a request timeout (or a client hanging up)
+    // drops the handler's future, and must not drop it between the commit
+    // and the release of the capacity in memory.
+    let (app2, node2, uuid) = (app.clone(), node.to_string(), req.uuid.clone());
+    let applied = tokio::spawn(async move {
+        let mut core = app2.scheduler.lock().await;
+        check_epoch(&core, &node2, epoch)?;
+        let outcome = app2
+            .store
+            .report(&node2, &uuid, &event, Utc::now())
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound => ApiError::not_found("batch with uuid", &uuid),
+                other => other.into(),
+            })?;
+        if let ReportOutcome::Ended { seq, .. } = outcome {
+            core.forget(BatchKey(seq));
+            drop(core);
+            app2.scheduler.wake();
+        }
+        app2.scheduler.work_changed();
+        Ok::<(), ApiError>(())
+    });
+    applied.await.map_err(ApiError::internal)??;
     Ok(serde_json::json!({}))
 }
 

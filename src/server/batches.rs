@@ -385,18 +385,29 @@ pub(super) async fn post_operation(
             ),
         ));
     };
-    let record = app
-        .store
-        .cancel(&project, &region, operation_id, Utc::now())
+    // In a task of its own: a dropped request must not stop between the
+    // commit and the release of the capacity in memory.
+    let (app2, p, r, op) = (
+        app.clone(),
+        project.clone(),
+        region.clone(),
+        operation_id.to_string(),
+    );
+    let cancelled = tokio::spawn(async move {
+        let record = app2.store.cancel(&p, &r, &op, Utc::now()).await?;
+        tracing::info!(batch.id = %record.name.batch_id, state = %record.state, "batch cancel requested");
+        if record.state.is_terminal() {
+            app2.scheduler.forget(BatchKey(record.seq)).await;
+        }
+        // The agents of its nodes stop the work (or drop a cluster that
+        // was released before it started).
+        app2.scheduler.work_changed();
+        Ok::<_, crate::store::StoreError>(record)
+    });
+    cancelled
         .await
+        .map_err(ApiError::internal)?
         .map_err(|e| not_found_as(e, "operation", &op_name(&project, &region, operation_id)))?;
-    tracing::info!(batch.id = %record.name.batch_id, state = %record.state, "batch cancel requested");
-    if record.state.is_terminal() {
-        app.scheduler.forget(BatchKey(record.seq)).await;
-    }
-    // The agents of its nodes stop the work (or drop a cluster that was
-    // released before it started).
-    app.scheduler.work_changed();
     Ok(format.respond(StatusCode::OK, &serde_json::json!({})))
 }
 

@@ -106,6 +106,7 @@ async fn https_is_served_and_verified_by_the_cli_and_the_agent() {
     let mut agent = Command::new(flexq_bin())
         .args(["agent", "--config"])
         .arg(&config)
+        .stderr(std::process::Stdio::null())
         .spawn()
         .expect("agent");
     let deadline = Instant::now() + Duration::from_secs(20);
