@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::launch::SparkJob;
 
 /// `POST /v1/nodes:register`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterNode {
     pub node_id: String,
@@ -24,7 +24,7 @@ pub struct RegisterNode {
 }
 
 /// The lease a registration or heartbeat answers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Lease {
     pub node_id: String,
@@ -36,7 +36,7 @@ pub struct Lease {
 
 /// `POST /v1/nodes/{node}:poll`: answers when the node's assignments
 /// differ from `version`, or after `waitFor`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Poll {
     pub epoch: String,
@@ -47,7 +47,7 @@ pub struct Poll {
     pub wait_for: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Assignments {
     pub version: String,
@@ -55,7 +55,7 @@ pub struct Assignments {
 }
 
 /// What an agent must do for one part of one batch.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Action {
     /// Start it, or keep it running.
@@ -64,7 +64,7 @@ pub enum Action {
     Stop,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Assignment {
     pub batch: String,
@@ -86,6 +86,7 @@ pub struct Assignment {
     pub ttl_seconds: Option<u64>,
     /// The driver's part carries what to launch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub job: Option<SparkJob>,
     /// The driver's part also lists every part of the cluster (where the
     /// Kubernetes launcher pins the pods).
@@ -94,7 +95,7 @@ pub struct Assignment {
 }
 
 /// One part of a batch's cluster: its node and role.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterPart {
     pub node: String,
@@ -113,7 +114,7 @@ impl Assignment {
 }
 
 /// `POST /v1/nodes/{node}:report`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
     pub epoch: String,
@@ -122,7 +123,7 @@ pub struct Report {
     pub event: ReportEvent,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(
     tag = "event",
     rename_all = "SCREAMING_SNAKE_CASE",
@@ -147,7 +148,7 @@ pub enum ReportEvent {
 }
 
 /// `POST /v1/nodes/{node}:output`: driver output from `offset` on.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutputUpload {
     pub epoch: String,
@@ -157,7 +158,7 @@ pub struct OutputUpload {
 }
 
 /// `GET .../batches/{batch}/output`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchOutput {
     pub data: String,

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::State;
 
 /// A Spark batch workload.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Batch {
     // Output only.
@@ -65,7 +65,7 @@ pub struct Batch {
 }
 
 /// flexq's view of a batch's provisioning.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FlexqInfo {
     /// QUEUED, PROVISIONED, EXPIRED, REJECTED or RELEASED.
@@ -92,7 +92,7 @@ pub struct FlexqInfo {
 }
 
 /// One part of an allocated cluster.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AllocatedPart {
     pub node: String,
@@ -151,7 +151,7 @@ impl Batch {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PySparkBatch {
     #[serde(default)]
@@ -168,7 +168,7 @@ pub struct PySparkBatch {
     pub archive_uris: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SparkBatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,7 +185,7 @@ pub struct SparkBatch {
     pub archive_uris: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SparkSqlBatch {
     #[serde(default)]
@@ -196,7 +196,7 @@ pub struct SparkSqlBatch {
     pub jar_file_uris: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RuntimeConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -207,7 +207,7 @@ pub struct RuntimeConfig {
     pub properties: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvironmentConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -216,7 +216,7 @@ pub struct EnvironmentConfig {
     pub peripherals_config: Option<PeripheralsConfig>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExecutionConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -237,7 +237,7 @@ pub struct ExecutionConfig {
     pub staging_bucket: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PeripheralsConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -246,7 +246,7 @@ pub struct PeripheralsConfig {
     pub spark_history_server_config: Option<SparkHistoryServerConfig>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SparkHistoryServerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,7 +254,7 @@ pub struct SparkHistoryServerConfig {
 }
 
 /// Output only: where the running work can be seen.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeInfo {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -277,7 +277,7 @@ pub struct RuntimeInfo {
     pub output_truncated: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StateHistory {
     pub state: State,
@@ -287,7 +287,7 @@ pub struct StateHistory {
 }
 
 /// `google.longrunning.Operation` for a batch.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
     pub name: String,
@@ -297,18 +297,19 @@ pub struct Operation {
     pub error: Option<OperationError>,
     /// The Batch with its `@type`, once the batch succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub response: Option<serde_json::Value>,
 }
 
 /// `google.rpc.Status` inside an Operation: the gRPC code number.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OperationError {
     pub code: i32,
     pub message: String,
 }
 
 /// `google.cloud.dataproc.v1.BatchOperationMetadata`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OperationMetadata {
     #[serde(rename = "@type")]
@@ -331,7 +332,7 @@ pub const BATCH_METADATA_TYPE_URL: &str =
     "type.googleapis.com/google.cloud.dataproc.v1.BatchOperationMetadata";
 
 /// `{"batches": [...], "nextPageToken": "...", "unreachable": []}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ListBatchesResponse {
     #[serde(default)]

@@ -14,7 +14,7 @@ pub use status::*;
 use serde::{Deserialize, Serialize};
 
 /// The public state enum of a batch (spec §1), numbered as in the proto.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum State {
     StateUnspecified = 0,

@@ -13,12 +13,16 @@ use crate::api::quote;
 use crate::spec::QuotaMetric;
 
 /// `GET /v1/regions`: GPUs and local SSD per region, zone and GPU type.
+#[utoipa::path(get, path = "/v1/regions", tag = "capacity",
+    responses((status = 200, description = "GPUs and local SSD total / allocated / free per region, zone and GPU type"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn regions(AppState(app): AppState<App>, format: Format) -> Response {
     let rows = app.scheduler.lock().await.capacity_rows();
     format.respond(StatusCode::OK, &serde_json::json!({ "capacity": rows }))
 }
 
 /// `GET /v1/nodes`: every node, virtual ones marked, with what is free.
+#[utoipa::path(get, path = "/v1/nodes", tag = "capacity",
+    responses((status = 200, description = "Every node, virtual ones marked, with what is free"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn nodes(AppState(app): AppState<App>, format: Format) -> Response {
     let core = app.scheduler.lock().await;
     let nodes: Vec<_> = core
@@ -61,6 +65,9 @@ fn check_region(app: &App, region: &str) -> Result<(), ApiError> {
 
 /// `GET /v1/projects/{project}/regions/{region}/quotas`, shaped like
 /// Compute Engine's region quotas.
+#[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/quotas", tag = "quotas",
+    params(("project" = String, Path), ("region" = String, Path)),
+    responses((status = 200, description = "The project's quota limits and usage in the region"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn get_quotas(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -84,6 +91,10 @@ pub(super) struct QuotaPatch {
 /// `PATCH /v1/projects/{project}/regions/{region}/quotas` with
 /// `{"metric": "...", "limit": N}`. A lowered limit never revokes running
 /// work; it only blocks new admissions.
+#[utoipa::path(patch, path = "/v1/projects/{project}/regions/{region}/quotas", tag = "quotas",
+    params(("project" = String, Path), ("region" = String, Path)),
+    request_body(content = Object, description = "{\"metric\": \"NVIDIA_L4_GPUS\", \"limit\": 8}"),
+    responses((status = 200, description = "The project's quotas after the change"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn patch_quota(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,

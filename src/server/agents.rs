@@ -46,6 +46,9 @@ fn lease_answer(app: &App, node: &str, epoch: u64, expires: DateTime<Utc>) -> se
 }
 
 /// `POST /v1/nodes:register`
+#[utoipa::path(post, path = "/v1/nodes:register", tag = "agents",
+    request_body = crate::api::agent::RegisterNode,
+    responses((status = 200, body = crate::api::agent::Lease), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn register(
     AppState(app): AppState<App>,
     axum::Extension(principal): axum::Extension<super::Principal>,
@@ -228,6 +231,11 @@ pub(super) async fn register(
 
 /// `POST /v1/nodes/{node}:METHOD`: the calls of a node's agent, each
 /// carrying the epoch its registration answered.
+#[utoipa::path(post, path = "/v1/nodes/{node}", tag = "agents",
+    description = "`{node}` is `NODE:heartbeat` ({epoch}), `NODE:poll` (Poll → Assignments), `NODE:report` (Report) or `NODE:output` (OutputUpload).",
+    params(("node" = String, Path)),
+    request_body(content = Object),
+    responses((status = 200, description = "Lease, Assignments, {} or {nextOffset}"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn node_method(
     AppState(app): AppState<App>,
     ApiPath(path): ApiPath<String>,
@@ -509,6 +517,9 @@ const OUTPUT_READ_MAX: usize = 1 << 20;
 /// `GET /v1/projects/{p}/locations/{r}/batches/{b}/output`: the driver's
 /// output from `offset`. With `waitFor`, waits for more output or the end
 /// of the batch (how `flexq batches wait` streams it).
+#[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches/{batch}/output", tag = "batches",
+    params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path), ("offset" = Option<String>, Query), ("waitFor" = Option<String>, Query)),
+    responses((status = 200, body = crate::api::agent::BatchOutput), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn read_output(
     AppState(app): AppState<App>,
     ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,

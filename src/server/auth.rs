@@ -74,7 +74,7 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Need {
     };
     let read = method == Method::GET || method == Method::HEAD;
     match route {
-        "/healthz" | "/readyz" => Need::Nobody,
+        "/healthz" | "/readyz" | "/openapi.json" => Need::Nobody,
         "/v1/runtimes" | "/v1/regions" => Need::Anyone,
         "/v1/nodes" => Need::Admin,
         "/v1/nodes:register" => Need::Agent(None),

@@ -66,6 +66,10 @@ const DEFAULT_PAGE_SIZE: u32 = 20;
 const MAX_PAGE_SIZE: u32 = 1000;
 
 /// `POST /v1/projects/{project}/locations/{region}/batches`
+#[utoipa::path(post, path = "/v1/projects/{project}/locations/{region}/batches", tag = "batches",
+    params(("project" = String, Path), ("region" = String, Path), ("batchId" = Option<String>, Query), ("requestId" = Option<String>, Query), ("validateOnly" = Option<bool>, Query)),
+    request_body = crate::api::Batch,
+    responses((status = 200, description = "The batch's Operation (or, with validateOnly, a verdict)", body = crate::api::Operation), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn create(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -214,6 +218,9 @@ pub(super) async fn create(
 }
 
 /// `GET /v1/projects/{project}/locations/{region}/batches/{batch}`
+#[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches/{batch}", tag = "batches",
+    params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path)),
+    responses((status = 200, body = crate::api::Batch), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn get(
     AppState(app): AppState<App>,
     ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,
@@ -278,6 +285,9 @@ async fn describe_provisioning(
 }
 
 /// `GET /v1/projects/{project}/locations/{region}/batches`
+#[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches", tag = "batches",
+    params(("project" = String, Path), ("region" = String, Path), ("pageSize" = Option<u32>, Query), ("pageToken" = Option<String>, Query), ("filter" = Option<String>, Query), ("orderBy" = Option<String>, Query)),
+    responses((status = 200, body = crate::api::ListBatchesResponse), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn list(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -338,6 +348,9 @@ pub(super) async fn list(
 }
 
 /// `DELETE /v1/projects/{project}/locations/{region}/batches/{batch}`
+#[utoipa::path(delete, path = "/v1/projects/{project}/locations/{region}/batches/{batch}", tag = "batches",
+    params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path)),
+    responses((status = 200, description = "Deleted (terminal batches only)"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn delete(
     AppState(app): AppState<App>,
     ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,
@@ -354,6 +367,9 @@ pub(super) async fn delete(
 }
 
 /// `GET /v1/projects/{project}/regions/{region}/operations/{operation}`
+#[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/operations/{operation}", tag = "operations",
+    params(("project" = String, Path), ("region" = String, Path), ("operation" = String, Path)),
+    responses((status = 200, body = crate::api::Operation), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn get_operation(
     AppState(app): AppState<App>,
     ApiPath((project, region, operation_id)): ApiPath<(String, String, String)>,
@@ -369,6 +385,10 @@ pub(super) async fn get_operation(
 }
 
 /// `POST /v1/projects/{project}/regions/{region}/operations/{operation}:cancel`
+#[utoipa::path(post, path = "/v1/projects/{project}/regions/{region}/operations/{operation}", tag = "operations",
+    description = "`{operation}` is `ID:cancel`: cancels the batch of the operation.",
+    params(("project" = String, Path), ("region" = String, Path), ("operation" = String, Path)),
+    responses((status = 200, description = "Cancellation requested"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorBody)))]
 pub(super) async fn post_operation(
     AppState(app): AppState<App>,
     ApiPath((project, region, operation)): ApiPath<(String, String, String)>,

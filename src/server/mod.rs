@@ -9,6 +9,7 @@ mod batches;
 mod error;
 mod extract;
 mod limits;
+pub mod openapi;
 mod tls;
 
 use std::sync::Arc;
@@ -107,6 +108,7 @@ pub fn router(app: App) -> Router {
             "/v1/projects/{project}/regions/{region}/quotas",
             get(admin::get_quotas).patch(admin::patch_quota),
         )
+        .route("/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(unknown_route)
@@ -181,10 +183,12 @@ async fn method_not_allowed(req: Request) -> ApiError {
     .with_meta("method", req.method().as_str())
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "The process is up")))]
 async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
+#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, description = "The database answers"), (status = 503, description = "Not ready")))]
 async fn readyz(AppState(app): AppState<App>) -> Response {
     match app.store.ping().await {
         Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
@@ -231,6 +235,7 @@ pub async fn run_metrics(
 }
 
 /// The runtime catalog: what each version carries.
+#[utoipa::path(get, path = "/v1/runtimes", tag = "catalog", responses((status = 200, description = "Each runtime's Spark, RAPIDS and XGBoost versions")))]
 async fn runtimes(AppState(app): AppState<App>) -> Json<serde_json::Value> {
     let list: Vec<_> = app
         .config
