@@ -20,6 +20,8 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
+use tokio_util::sync::CancellationToken;
+
 use super::CliError;
 
 #[derive(Debug, Clone)]
@@ -326,4 +328,37 @@ async fn drive(
         }
     }
     result
+}
+
+/// A server in this process on a free loopback port, for benchmarks that
+/// read its state directly: the app, its address, and what stops it.
+pub(crate) async fn serve_in_process(
+    config: crate::config::Config,
+) -> Result<(crate::server::App, std::net::SocketAddr, CancellationToken), CliError> {
+    let transport = |e: &dyn std::fmt::Display| CliError::Transport(e.to_string());
+    let shutdown = CancellationToken::new();
+    let app = crate::server::App::open(config, shutdown.clone())
+        .await
+        .map_err(|e| transport(&e))?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| transport(&e))?;
+    let addr = listener.local_addr().map_err(|e| transport(&e))?;
+    tokio::spawn(crate::server::run(listener, app.clone(), shutdown.clone()));
+    Ok((app, addr, shutdown))
+}
+
+/// GET `url` as JSON (whatever the status: benchmarks read errors too).
+pub(crate) async fn get_json(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<serde_json::Value, CliError> {
+    let transport = |e: reqwest::Error| CliError::Transport(e.to_string());
+    http.get(url)
+        .send()
+        .await
+        .map_err(transport)?
+        .json()
+        .await
+        .map_err(transport)
 }

@@ -22,11 +22,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::CliError;
+use super::bench::{get_json, serve_in_process};
 use crate::config::Config;
-use crate::server::App;
 
 fn err(e: impl std::fmt::Display) -> CliError {
     CliError::Transport(e.to_string())
@@ -123,13 +122,8 @@ pub async fn run(opts: AgentBenchOptions) -> Result<(), CliError> {
             }
         }
     }
-    let shutdown = CancellationToken::new();
-    let app = App::open(config, shutdown.clone()).await.map_err(err)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(err)?;
-    let base = format!("http://{}", listener.local_addr().map_err(err)?);
-    tokio::spawn(crate::server::run(listener, app, shutdown.clone()));
+    let (_app, addr, shutdown) = serve_in_process(config).await?;
+    let base = format!("http://{addr}");
 
     let agent_config = write_agent_files(dir.path(), &base)?;
     let log_path = dir.path().join("agent.log");
@@ -145,14 +139,7 @@ pub async fn run(opts: AgentBenchOptions) -> Result<(), CliError> {
     let http = reqwest::Client::new();
     let registered = Instant::now();
     loop {
-        let nodes: Value = http
-            .get(format!("{base}/v1/nodes"))
-            .send()
-            .await
-            .map_err(err)?
-            .json()
-            .await
-            .map_err(err)?;
+        let nodes = get_json(&http, &format!("{base}/v1/nodes")).await?;
         if nodes["nodes"].as_array().is_some_and(|n| !n.is_empty()) {
             break;
         }
@@ -206,17 +193,8 @@ pub async fn run(opts: AgentBenchOptions) -> Result<(), CliError> {
         }
         // The first output, as a user following the batch sees it.
         let visible = loop {
-            let out: Value = http
-                .get(format!("{batches}/{id}/output?waitFor=20s"))
-                .send()
-                .await
-                .map_err(err)?
-                .json()
-                .await
-                .map_err(err)?;
-            if let Some(rss) = rss_kib(pid, "VmRSS:") {
-                peak_rss = peak_rss.max(rss);
-            }
+            let out = get_json(&http, &format!("{batches}/{id}/output?waitFor=20s")).await?;
+            peak_rss = peak_rss.max(rss_kib(pid, "VmRSS:").unwrap_or_default());
             if out["data"].as_str().is_some_and(|d| !d.is_empty()) {
                 break Utc::now();
             }
@@ -225,17 +203,8 @@ pub async fn run(opts: AgentBenchOptions) -> Result<(), CliError> {
             }
         };
         let batch = loop {
-            let b: Value = http
-                .get(format!("{batches}/{id}"))
-                .send()
-                .await
-                .map_err(err)?
-                .json()
-                .await
-                .map_err(err)?;
-            if let Some(rss) = rss_kib(pid, "VmRSS:") {
-                peak_rss = peak_rss.max(rss);
-            }
+            let b = get_json(&http, &format!("{batches}/{id}")).await?;
+            peak_rss = peak_rss.max(rss_kib(pid, "VmRSS:").unwrap_or_default());
             if matches!(
                 b["state"].as_str(),
                 Some("SUCCEEDED" | "FAILED" | "CANCELLED")

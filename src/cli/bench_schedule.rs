@@ -22,7 +22,6 @@ use super::CliError;
 use crate::api::{Batch, BatchName, PySparkBatch, RuntimeConfig};
 use crate::config::{Config, PoolConfig, ZoneConfig};
 use crate::scheduler::{BatchKey, PendingBatch, QuotaRule, Scheduler};
-use crate::server::App;
 use crate::spec::{Accelerator, ClusterRequest, QuotaMetric};
 use crate::store::{NewBatch, Store, StoreOptions};
 
@@ -376,13 +375,7 @@ async fn end_to_end(n: usize, samples: usize) -> Result<(), CliError> {
         fill(&store, &config, n, UNIFORM).await?;
         store.close().await;
     }
-    let shutdown = CancellationToken::new();
-    let app = App::open(config, shutdown.clone()).await.map_err(err)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(err)?;
-    let addr = listener.local_addr().map_err(err)?;
-    tokio::spawn(crate::server::run(listener, app.clone(), shutdown.clone()));
+    let (app, addr, shutdown) = super::bench::serve_in_process(config).await?;
     let http = reqwest::Client::new();
     // Wait for the first pass to fill the capacity.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -413,14 +406,7 @@ async fn end_to_end(n: usize, samples: usize) -> Result<(), CliError> {
         let t = Instant::now();
         http.post(&cancel).send().await.map_err(err)?;
         while t.elapsed() < Duration::from_secs(2) {
-            let b: serde_json::Value = http
-                .get(&next_url)
-                .send()
-                .await
-                .map_err(err)?
-                .json()
-                .await
-                .map_err(err)?;
+            let b = super::bench::get_json(&http, &next_url).await?;
             if b["flexq"]["provisioningState"] == "PROVISIONED" {
                 let _ = h.record(t.elapsed().as_micros().max(1) as u64);
                 break;

@@ -273,18 +273,26 @@ fn parse<T: DeserializeOwned>(body: serde_json::Value) -> Result<T, ApiError> {
     })
 }
 
+/// The epoch of a heartbeat: an int64 as a string (proto3 JSON) or, from
+/// lenient clients, a number.
 fn parse_epoch(value: &serde_json::Value) -> Result<u64, ApiError> {
     match value {
-        serde_json::Value::String(s) => s.parse::<u64>().ok(),
-        serde_json::Value::Number(n) => n.as_u64(),
-        _ => None,
+        serde_json::Value::String(s) => parse_epoch_str(s),
+        serde_json::Value::Number(n) => n.as_u64().ok_or_else(|| bad_epoch(value)),
+        _ => Err(bad_epoch(value)),
     }
-    .ok_or_else(|| {
-        ApiError::invalid_field(
-            "epoch",
-            format!("{value} is not an epoch; send the one registration answered"),
-        )
-    })
+}
+
+fn parse_epoch_str(text: &str) -> Result<u64, ApiError> {
+    text.parse::<u64>()
+        .map_err(|_| bad_epoch(&serde_json::Value::String(text.to_string())))
+}
+
+fn bad_epoch(value: &dyn std::fmt::Display) -> ApiError {
+    ApiError::invalid_field(
+        "epoch",
+        format!("{value} is not an epoch; send the one registration answered"),
+    )
 }
 
 fn lease_error(node: &str, e: LeaseError) -> ApiError {
@@ -389,7 +397,7 @@ async fn assignments(app: &App, node: &str) -> Result<Assignments, ApiError> {
 /// Long poll: answers at once when the node's assignments differ from the
 /// version the agent has, else when they change, else after `waitFor`.
 async fn poll(app: &App, node: &str, req: Poll) -> Result<serde_json::Value, ApiError> {
-    let epoch = parse_epoch(&serde_json::Value::String(req.epoch.clone()))?;
+    let epoch = parse_epoch_str(&req.epoch)?;
     let longest = app
         .config
         .server
@@ -417,7 +425,7 @@ async fn poll(app: &App, node: &str, req: Poll) -> Result<serde_json::Value, Api
 }
 
 async fn report(app: &App, node: &str, req: Report) -> Result<serde_json::Value, ApiError> {
-    let epoch = parse_epoch(&serde_json::Value::String(req.epoch.clone()))?;
+    let epoch = parse_epoch_str(&req.epoch)?;
     let event = match req.event {
         ReportEvent::MasterReady { master_url } => {
             if !master_url.starts_with("spark://") {
@@ -472,7 +480,7 @@ async fn report(app: &App, node: &str, req: Report) -> Result<serde_json::Value,
 }
 
 async fn output(app: &App, node: &str, req: OutputUpload) -> Result<serde_json::Value, ApiError> {
-    let epoch = parse_epoch(&serde_json::Value::String(req.epoch.clone()))?;
+    let epoch = parse_epoch_str(&req.epoch)?;
     let offset: u64 = req
         .offset
         .parse()

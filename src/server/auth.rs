@@ -112,7 +112,7 @@ pub fn authorize(p: &Principal, need: &Need) -> Result<(), ApiError> {
             "{} is not an agent: only agents use the agent endpoints",
             p.name
         )),
-        Need::Agent(Some(node)) if p.node.as_deref() != Some(node.as_str()) => denied(format!(
+        Need::Agent(Some(node)) if !p.may_act_for_node(node) => denied(format!(
             "{} acts for node {}, not {node}",
             p.name,
             p.node.as_deref().unwrap_or("(none)")

@@ -137,15 +137,25 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let mut parts = Vec::with_capacity(rows.len());
+        // A node often holds several parts of one batch: read each once.
+        let mut batches: std::collections::HashMap<i64, BatchRecord> = Default::default();
         for row in rows {
             let seq: i64 = row.try_get("batch_seq")?;
+            let batch = match batches.get(&seq) {
+                Some(b) => b.clone(),
+                None => {
+                    let b = self.get_by_seq(seq).await?;
+                    batches.insert(seq, b.clone());
+                    b
+                }
+            };
             let role = match row.try_get::<&str, _>("role")? {
                 "driver" => Role::Driver,
                 _ => Role::Executor,
             };
             let gpus: &str = row.try_get("gpus")?;
             parts.push(NodePart {
-                batch: self.get_by_seq(seq).await?,
+                batch,
                 role,
                 index: if role == Role::Driver {
                     0

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, fake_gpu_script, flexq_bin};
+use crate::support::{TestServer, fake_gpu_script, spawn_agent};
 
 const APPS: &str = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/{ns}/sparkapplications/{name}";
 const TOKEN: &str = "test-service-account-token";
@@ -181,16 +181,7 @@ status_interval = "100ms"
         ),
     )
     .expect("config");
-    let log = std::fs::File::create(work.join("agent.log")).expect("log");
-    KubeAgent(
-        Command::new(flexq_bin())
-            .args(["agent", "--config"])
-            .arg(&config)
-            .stdout(Stdio::from(log.try_clone().expect("log")))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("start flexq agent"),
-    )
+    KubeAgent(spawn_agent(&config, &work.join("agent.log")))
 }
 
 fn batch() -> Value {

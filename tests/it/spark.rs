@@ -8,12 +8,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, assert_status, fake_gpu_script, flexq_bin};
+use crate::support::{TestServer, assert_status, fake_gpu_script, spawn_agent};
 
 const ZONE: &str = "us-central1-a";
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
@@ -122,22 +122,6 @@ impl Agent {
         }
         Some(())
     }
-}
-
-fn spawn_agent(config: &Path, log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .expect("log");
-    Command::new(flexq_bin())
-        .args(["agent", "--config"])
-        .arg(config)
-        .env_remove("FLEXQ_AGENT_SERVER")
-        .stdout(Stdio::from(log.try_clone().expect("log")))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("start flexq agent")
 }
 
 /// Processes whose environment carries FLEXQ_BATCH_UUID=uuid.

@@ -183,6 +183,23 @@ pub fn fake_gpu_script(dir: &Path) -> PathBuf {
     path
 }
 
+/// Starts `flexq agent --config CONFIG`, its output appended to `log`.
+pub fn spawn_agent(config: &Path, log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log");
+    Command::new(flexq_bin())
+        .args(["agent", "--config"])
+        .arg(config)
+        .env_remove("FLEXQ_AGENT_SERVER")
+        .stdout(Stdio::from(log.try_clone().expect("log")))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("start flexq agent")
+}
+
 /// The flex start example of spec §6 as a create body.
 pub fn flex_batch() -> Value {
     json!({

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::{TestServer, fake_gpu_script, flexq_bin};
+use crate::support::{TestServer, fake_gpu_script, flexq_bin, spawn_agent};
 
 struct Tls {
     _dir: tempfile::TempDir,
@@ -103,12 +103,7 @@ async fn https_is_served_and_verified_by_the_cli_and_the_agent() {
         ),
     )
     .expect("config");
-    let mut agent = Command::new(flexq_bin())
-        .args(["agent", "--config"])
-        .arg(&config)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("agent");
+    let mut agent = spawn_agent(&config, &dir.path().join("agent.log"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let nodes: serde_json::Value = trusted
