@@ -120,6 +120,12 @@ pub struct DatabaseConfig {
     pub url: Option<String>,
     pub max_connections: u32,
     pub group_commit_max: usize,
+    #[serde(with = "humantime_serde")]
+    pub leader_lease: Duration,
+    #[serde(with = "humantime_serde")]
+    pub leader_renew: Duration,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -489,6 +495,18 @@ impl Config {
         if self.database.group_commit_max == 0 {
             return Err(invalid("database.group_commit_max", "must be at least 1"));
         }
+        if self.database.leader_renew.is_zero()
+            || self.database.leader_renew * 3 > self.database.leader_lease
+        {
+            return Err(invalid(
+                "database.leader_renew",
+                format!(
+                    "{} with leader_lease {}: must be more than 0 and at most a third of the lease, so that a late renewal or two do not lose it",
+                    humantime::format_duration(self.database.leader_renew),
+                    humantime::format_duration(self.database.leader_lease)
+                ),
+            ));
+        }
         if self.database.max_connections < 2 {
             return Err(invalid(
                 "database.max_connections",
@@ -521,7 +539,7 @@ impl Config {
 }
 
 /// Hides a password in `scheme://user:password@host/...`.
-fn redact_url(url: &str) -> String {
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };

@@ -51,6 +51,10 @@ struct Metrics {
     agent_reports: IntCounterVec,
     start_seconds: Histogram,
     run_seconds: HistogramVec,
+    leader: IntGaugeVec,
+    leader_term: prometheus::IntGauge,
+    leader_changes: IntCounter,
+    fenced: IntCounter,
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -69,6 +73,29 @@ fn exponential(start: f64, count: usize) -> Vec<f64> {
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     let m = Metrics {
         registry: Registry::new(),
+        leader: IntGaugeVec::new(
+            Opts::new(
+                "flexq_scheduler_leader",
+                "1 when this replica runs the scheduler (the leader, or the only process on SQLite), 0 on a follower; the replica and role are labels.",
+            ),
+            &["replica", "role"],
+        )
+        .expect("valid metric"),
+        leader_term: prometheus::IntGauge::new(
+            "flexq_scheduler_leader_term",
+            "The leader-lease term this replica holds (0 when it does not lead or on SQLite).",
+        )
+        .expect("valid metric"),
+        leader_changes: IntCounter::new(
+            "flexq_scheduler_leader_takeovers_total",
+            "Times this replica took the leader lease and rebuilt the scheduler from the database.",
+        )
+        .expect("valid metric"),
+        fenced: IntCounter::new(
+            "flexq_scheduler_fenced_commits_total",
+            "Scheduler commits refused because another replica had taken the leader lease.",
+        )
+        .expect("valid metric"),
         transitions: counter_vec(
             "flexq_batch_transitions_total",
             "Batch state transitions, by the state entered.",
@@ -171,6 +198,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     .expect("valid metric");
     build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
     let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+        Box::new(m.leader.clone()),
+        Box::new(m.leader_term.clone()),
+        Box::new(m.leader_changes.clone()),
+        Box::new(m.fenced.clone()),
         Box::new(m.transitions.clone()),
         Box::new(m.admitted.clone()),
         Box::new(m.expired.clone()),
@@ -308,6 +339,26 @@ pub fn record_lease_lost(batches: usize) {
     for _ in 0..batches {
         record_transition(State::Failed);
     }
+}
+
+/// This replica's scheduling role (one series: the old one is removed).
+pub fn set_role(replica: &str, role: &str, term: i64) {
+    METRICS.leader.reset();
+    METRICS
+        .leader
+        .with_label_values(&[replica, role])
+        .set(i64::from(role != "follower"));
+    METRICS.leader_term.set(term);
+}
+
+/// This replica took the leader lease.
+pub fn record_leader_change() {
+    METRICS.leader_changes.inc();
+}
+
+/// A commit refused by fencing.
+pub fn record_fenced() {
+    METRICS.fenced.inc();
 }
 
 /// One scheduler pass with `decisions` decisions.

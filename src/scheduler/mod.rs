@@ -9,6 +9,7 @@ mod capacity;
 mod core;
 mod lease;
 mod quota;
+mod replica;
 mod runner;
 mod snapshot;
 mod views;
@@ -20,7 +21,7 @@ pub use core::{
 };
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
-pub use runner::SchedulerService;
+pub use runner::{Role as SchedulerRole, SchedulerService};
 pub use snapshot::Snapshot;
 pub use views::{Blocker, CapacityRow, PendingInfo, Verdict};
 

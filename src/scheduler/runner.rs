@@ -5,8 +5,14 @@
 //! The core sits behind an async mutex held across pass *and* commit:
 //! readers of the scheduler (quota and capacity views, queue positions)
 //! never see a decision that is not yet durable, and never half of one.
+//!
+//! On SQLite flexq is one process and always decides. On PostgreSQL every
+//! replica keeps a core, but only the holder of the leader lease
+//! ([`super::replica`]) runs passes; the others keep theirs as a mirror of
+//! the database for their views.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -15,9 +21,42 @@ use tokio_util::sync::CancellationToken;
 
 use super::core::{BatchKey, Decision, PendingBatch, Scheduler};
 use crate::config::Config;
-use crate::store::{Store, StoreError};
+use crate::store::{Backend, Store, StoreError};
 
-struct Shared {
+/// What this process does about scheduling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// The only process (SQLite): it always decides.
+    Single,
+    /// Holds the leader lease in `term`: it decides, fenced by the term.
+    Leader { term: i64 },
+    /// Another replica leads; this one serves the API.
+    Follower,
+}
+
+impl Role {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Role::Single => "single",
+            Role::Leader { .. } => "leader",
+            Role::Follower => "follower",
+        }
+    }
+
+    pub fn decides(&self) -> bool {
+        !matches!(self, Role::Follower)
+    }
+
+    /// The fencing term of its commits.
+    fn fence(&self) -> Option<i64> {
+        match self {
+            Role::Leader { term } => Some(*term),
+            _ => None,
+        }
+    }
+}
+
+pub(super) struct Shared {
     core: Mutex<Scheduler>,
     wake: Notify,
     /// Bumped whenever what some node must run may have changed (an
@@ -27,14 +66,23 @@ struct Shared {
     /// Bumped when driver output is stored (readers of the output wait on
     /// it; agents' polls do not).
     output: watch::Sender<u64>,
-    store: Store,
-    config: Arc<Config>,
+    pub(super) store: Store,
+    pub(super) config: Arc<Config>,
+    /// Changed only under the core's lock.
+    role: watch::Sender<Role>,
+    /// The newest batch seq the leader's core has seen (new batches are
+    /// read past it when a create is announced).
+    pub(super) seen_seq: AtomicI64,
+    /// This replica's name in the leader lease.
+    pub(super) replica_id: String,
+    /// Asks a follower's core to be rebuilt from the database.
+    pub(super) mirror: Notify,
 }
 
 /// A handle on the running scheduler; cheap to clone.
 #[derive(Clone)]
 pub struct SchedulerService {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl SchedulerService {
@@ -47,14 +95,27 @@ impl SchedulerService {
         store: Store,
         shutdown: CancellationToken,
     ) -> Result<SchedulerService, StoreError> {
+        let replicated = store.backend() == Backend::Postgres;
+        let role = if replicated {
+            Role::Follower
+        } else {
+            Role::Single
+        };
         let started = Instant::now();
-        let core = rebuild(&config, &store).await?;
+        let seen = store.last_seq().await?;
+        let core = rebuild(&config, &store, role.decides().then_some(None)).await?;
         tracing::info!(
             pending = core.pending_count(),
             allocated = core.running_keys().len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "scheduler state rebuilt from the store"
         );
+        let replica_id = config
+            .database
+            .replica_id
+            .clone()
+            .unwrap_or_else(super::replica::default_replica_id);
+        crate::metrics::set_role(&replica_id, role.name(), 0);
         let service = SchedulerService {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
@@ -63,12 +124,48 @@ impl SchedulerService {
                 output: watch::channel(0).0,
                 store,
                 config,
+                role: watch::channel(role).0,
+                seen_seq: AtomicI64::new(seen),
+                replica_id,
+                mirror: Notify::new(),
             }),
         };
+        if replicated {
+            super::replica::start(service.clone(), shutdown.clone());
+        }
         let runner = service.clone();
         tokio::spawn(async move { runner.run(shutdown).await });
         service.wake();
         Ok(service)
+    }
+
+    /// What this process does about scheduling now.
+    pub fn role(&self) -> Role {
+        self.shared.role.borrow().clone()
+    }
+
+    /// Waits on changes of [`Self::role`].
+    pub fn watch_role(&self) -> watch::Receiver<Role> {
+        self.shared.role.subscribe()
+    }
+
+    pub fn replica_id(&self) -> &str {
+        &self.shared.replica_id
+    }
+
+    /// Whether the database is shared by several replicas (PostgreSQL):
+    /// changes then reach every core through the database's
+    /// announcements, not through calls in this process.
+    pub fn replicated(&self) -> bool {
+        self.shared.store.backend() == Backend::Postgres
+    }
+
+    /// Changes the role; the caller holds the core's lock.
+    pub(super) fn set_role(&self, _core: &mut Scheduler, role: Role) {
+        let term = role.fence().unwrap_or(0);
+        crate::metrics::set_role(&self.shared.replica_id, role.name(), term);
+        self.shared.role.send_replace(role);
+        self.wake();
     }
 
     /// Asks for a pass soon. Wake-ups coalesce: many events, one pass.
@@ -102,9 +199,12 @@ impl SchedulerService {
         self.shared.core.lock().await
     }
 
-    /// A batch was stored: queue it and wake the loop.
+    /// A batch was stored: queue it and wake the loop. With several
+    /// replicas the create's announcement queues it in the leader.
     pub async fn submitted(&self, batch: PendingBatch) {
-        self.lock().await.submit(batch);
+        if !self.replicated() {
+            self.lock().await.submit(batch);
+        }
         self.wake();
     }
 
@@ -134,13 +234,19 @@ impl SchedulerService {
                 _ = self.shared.wake.notified() => {}
                 _ = sleep => {}
             }
-            self.pass_once(Utc::now()).await;
+            if self.role().decides() {
+                self.pass_once(Utc::now()).await;
+            }
         }
     }
 
     /// One pass and its commit, under the core's lock.
     pub async fn pass_once(&self, now: DateTime<Utc>) {
         let mut core = self.lock().await;
+        let role = self.role();
+        if !role.decides() {
+            return;
+        }
         let started = Instant::now();
         let decisions = core.pass(now);
         let decide_time = started.elapsed();
@@ -149,7 +255,12 @@ impl SchedulerService {
             return;
         }
         let commit_started = Instant::now();
-        match self.shared.store.commit_decisions(&decisions, now).await {
+        match self
+            .shared
+            .store
+            .commit_decisions(&decisions, now, role.fence())
+            .await
+        {
             Ok(applied) => {
                 crate::metrics::record_commit(
                     "decisions",
@@ -177,10 +288,19 @@ impl SchedulerService {
                     self.work_changed();
                 }
             }
+            Err(StoreError::Fenced(why)) => {
+                // Another replica took the lease: nothing of the pass was
+                // written, and this core no longer decides.
+                tracing::warn!(reason = %why, decisions = decisions.len(), "decisions refused: this replica no longer leads");
+                crate::metrics::record_fenced();
+                self.set_role(&mut core, Role::Follower);
+                drop(core);
+                self.refresh_mirror();
+            }
             Err(e) => {
                 // Nothing of the pass is durable: start again from what is.
                 tracing::error!(error = %e, decisions = decisions.len(), "cannot commit the scheduler's decisions; rebuilding from the store");
-                match rebuild(&self.shared.config, &self.shared.store).await {
+                match rebuild(&self.shared.config, &self.shared.store, Some(role.fence())).await {
                     Ok(fresh) => *core = fresh,
                     Err(e) => {
                         tracing::error!(error = %e, "rebuild failed; keeping the in-memory state")
@@ -236,8 +356,14 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
     }
 }
 
-/// The core as the store and config say it is.
-async fn rebuild(config: &Config, store: &Store) -> Result<Scheduler, StoreError> {
+/// The core as the store and config say it is. `decides` is `Some(fence)`
+/// when this core decides (clusters whose nodes are gone are then failed
+/// and released); a follower's mirror writes nothing.
+pub(super) async fn rebuild(
+    config: &Config,
+    store: &Store,
+    decides: Option<Option<i64>>,
+) -> Result<Scheduler, StoreError> {
     let mut core = Scheduler::new(super::pools(config), config.quotas.clone());
     for node in super::virtual_nodes(config) {
         core.add_node(node);
@@ -260,7 +386,7 @@ async fn rebuild(config: &Config, store: &Store) -> Result<Scheduler, StoreError
             orphans.push((key, batch_id));
         }
     }
-    if !orphans.is_empty() {
+    if let (false, Some(fence)) = (orphans.is_empty(), decides) {
         // Its nodes are gone from the config (virtual nodes removed, a
         // pool shrunk): fail the batch and release what the store holds,
         // like a lost node, rather than keep it provisioned forever.
@@ -272,11 +398,11 @@ async fn rebuild(config: &Config, store: &Store) -> Result<Scheduler, StoreError
             message: "The nodes of this batch's cluster are no longer declared in the configuration; the batch failed and its cluster was released.".into(),
         };
         store
-            .commit_decisions(std::slice::from_ref(&lost), Utc::now())
+            .commit_decisions(std::slice::from_ref(&lost), Utc::now(), fence)
             .await?;
         log_decision(&lost, Utc::now());
     }
-    for batch in store.queued_batches().await? {
+    for batch in store.queued_batches(0).await? {
         core.submit(batch);
     }
     Ok(core)

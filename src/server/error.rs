@@ -98,7 +98,9 @@ impl From<StoreError> for ApiError {
             StoreError::FailedPrecondition(m) => {
                 ApiError::new(Code::FailedPrecondition, "WRONG_STATE", m)
             }
-            StoreError::Unavailable(m) => ApiError::new(Code::Unavailable, "STORE_UNAVAILABLE", m),
+            StoreError::Unavailable(m) | StoreError::Fenced(m) => {
+                ApiError::new(Code::Unavailable, "STORE_UNAVAILABLE", m)
+            }
         }
     }
 }

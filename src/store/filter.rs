@@ -14,8 +14,9 @@
 //! Parsing is pure; [`Filter::push_sql`] renders the tree as a SQL boolean
 //! with every value bound, never spliced.
 
+use super::Backend;
+use super::sql::Sql;
 use chrono::{DateTime, Utc};
-use sqlx::{QueryBuilder, Sqlite};
 
 use crate::api::{State, quote};
 
@@ -103,9 +104,9 @@ impl Filter {
     }
 
     /// Appends the filter as a SQL boolean expression over `batches`.
-    pub fn push_sql(&self, q: &mut QueryBuilder<'_, Sqlite>) {
+    pub(super) fn push_sql(&self, q: &mut Sql<'_>, backend: Backend) {
         match &self.root {
-            Some(e) => push_expr(e, q),
+            Some(e) => push_expr(e, q, backend),
             None => {
                 q.push("1 = 1");
             }
@@ -113,7 +114,7 @@ impl Filter {
     }
 }
 
-fn push_expr(e: &Expr, q: &mut QueryBuilder<'_, Sqlite>) {
+fn push_expr(e: &Expr, q: &mut Sql<'_>, backend: Backend) {
     match e {
         Expr::And(parts) | Expr::Or(parts) => {
             let joiner = if matches!(e, Expr::And(_)) {
@@ -126,13 +127,13 @@ fn push_expr(e: &Expr, q: &mut QueryBuilder<'_, Sqlite>) {
                 if i > 0 {
                     q.push(joiner);
                 }
-                push_expr(part, q);
+                push_expr(part, q, backend);
             }
             q.push(")");
         }
         Expr::Not(inner) => {
             q.push("not (");
-            push_expr(inner, q);
+            push_expr(inner, q, backend);
             q.push(")");
         }
         Expr::Cmp(field, op, value) => {
@@ -141,15 +142,21 @@ fn push_expr(e: &Expr, q: &mut QueryBuilder<'_, Sqlite>) {
                 Field::BatchUuid => q.push("uuid"),
                 Field::State => q.push("state"),
                 Field::CreateTime => q.push("create_time"),
-                Field::Label(key) => q
-                    .push("coalesce(json_extract(spec, ")
-                    .push_bind(format!("$.labels.\"{key}\""))
-                    .push("), '')"),
+                Field::Label(key) => match backend {
+                    Backend::Sqlite => q
+                        .push("coalesce(json_extract(spec, ")
+                        .bind(format!("$.labels.\"{key}\""))
+                        .push("), '')"),
+                    Backend::Postgres => q
+                        .push("coalesce(spec::jsonb -> 'labels' ->> ")
+                        .bind(key.clone())
+                        .push(", '')"),
+                },
             };
             q.push(op.sql());
             match value {
-                Value::Text(s) => q.push_bind(s.clone()),
-                Value::Int(n) => q.push_bind(*n),
+                Value::Text(s) => q.bind(s.clone()),
+                Value::Int(n) => q.bind(*n),
             };
         }
     }
@@ -412,17 +419,21 @@ mod tests {
     use super::*;
 
     fn sql(f: &str) -> String {
+        sql_for(f, Backend::Sqlite)
+    }
+
+    fn sql_for(f: &str, backend: Backend) -> String {
         let filter = Filter::parse(f).expect(f);
-        let mut q = QueryBuilder::<Sqlite>::new("");
-        filter.push_sql(&mut q);
-        q.sql().to_string()
+        let mut q = Sql::new("");
+        filter.push_sql(&mut q, backend);
+        q.text().to_string()
     }
 
     #[test]
     fn the_documented_example_parses() {
         assert_eq!(
             sql("state = RUNNING AND create_time < \"2026-01-01T00:00:00Z\""),
-            "(state = ? and create_time < ?)"
+            "(state = $1 and create_time < $2)"
         );
     }
 
@@ -430,12 +441,16 @@ mod tests {
     fn or_binds_tighter_than_and() {
         assert_eq!(
             sql("batch_id = a AND state = PENDING OR state = RUNNING"),
-            "(batch_id = ? and (state = ? or state = ?))"
+            "(batch_id = $1 and (state = $2 or state = $3))"
         );
-        assert_eq!(sql("NOT (state = FAILED)"), "not (state = ?)");
+        assert_eq!(sql("NOT (state = FAILED)"), "not (state = $1)");
         assert_eq!(
             sql("labels.team = ml"),
-            "coalesce(json_extract(spec, ?), '') = ?"
+            "coalesce(json_extract(spec, $1), '') = $2"
+        );
+        assert_eq!(
+            sql_for("labels.team = ml", Backend::Postgres),
+            "coalesce(spec::jsonb -> 'labels' ->> $1, '') = $2"
         );
     }
 

@@ -1,17 +1,25 @@
 //! Durable state: batches, their operations, request ids and state history,
-//! in SQLite through sqlx (WAL, `synchronous=FULL`).
+//! through sqlx on SQLite (WAL, `synchronous=FULL`; the embedded default)
+//! or PostgreSQL (several replicas on one database), chosen by the URL.
+//! Both run the same statements through sqlx's `Any` driver; the schema of
+//! each lives in its own migrations folder.
 //!
 //! The store is a narrow set of use-case methods in domain types. Creates
 //! go through one writer task that commits many of them per transaction
 //! (group commit, see [`writer`]): one fsync then answers every waiter, so
 //! durability does not cost throughput. Other writes are rare and use their
-//! own `BEGIN IMMEDIATE` transactions, which take SQLite's write lock up
-//! front and wait on the busy timeout instead of failing mid-transaction.
+//! own write transactions ([`Store::begin_write`]), which take the database's
+//! write lock up front: `BEGIN IMMEDIATE` on SQLite, a transaction-scoped
+//! advisory lock on PostgreSQL. Writers are serialized on both, so every
+//! read-then-write transaction sees what all earlier ones committed, with
+//! any number of replicas.
 
 pub mod filter;
+pub mod leader;
 mod rows;
 mod runs;
 mod schedule;
+mod sql;
 mod writer;
 
 use std::path::Path;
@@ -19,8 +27,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+use sqlx::any::{Any, AnyPoolOptions};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{AnyPool, Transaction};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -28,8 +37,10 @@ use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
 pub use filter::Filter;
+pub use leader::{Change, LeaseHolder};
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{AgentEvent, NodePart, OutputChunk, ReportOutcome};
+use sql::Sql;
 
 /// Why a store call failed, in terms the API layer can answer with.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -40,6 +51,9 @@ pub enum StoreError {
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A scheduler decision of a replica that no longer leads (fencing).
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// The database failed; the detail is logged, not sent to clients.
     #[error("database unavailable: {0}")]
     Unavailable(String),
@@ -181,6 +195,39 @@ pub struct Page {
     pub next_before_seq: Option<i64>,
 }
 
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn of_url(url: &str) -> Result<Backend, StoreError> {
+        if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "database.url {:?}: expected sqlite:PATH or postgres://HOST/DATABASE",
+                crate::config::redact_url(url)
+            )))
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// The advisory lock every PostgreSQL write transaction takes first (the
+/// counterpart of SQLite's database write lock). "flexq\0\0\1" in ASCII.
+const PG_WRITE_LOCK: i64 = 0x666c_6578_7100_0001;
+
 /// Connection settings the store needs.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -192,7 +239,8 @@ pub struct StoreOptions {
 /// The handle every part of flexq uses; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: AnyPool,
+    backend: Backend,
     creates: mpsc::Sender<writer::CreateCmd>,
 }
 
@@ -200,15 +248,39 @@ impl Store {
     /// Opens (creating if needed) the database, runs the migrations and
     /// starts the group-commit writer.
     pub async fn open(options: &StoreOptions) -> Result<Store, StoreError> {
-        let pool = connect(options).await?;
-        migrate(&pool).await?;
+        let (pool, backend) = connect(options).await?;
+        migrate(&pool, backend).await?;
         let (tx, rx) = mpsc::channel(options.group_commit_max.max(1) * 4);
+        let store = Store {
+            pool,
+            backend,
+            creates: tx,
+        };
         tokio::spawn(writer::run(
-            pool.clone(),
+            store.clone(),
             rx,
             options.group_commit_max.max(1),
         ));
-        Ok(Store { pool, creates: tx })
+        Ok(store)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Begins a write transaction holding the database's write lock.
+    pub(crate) async fn begin_write(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        match self.backend {
+            Backend::Sqlite => Ok(self.pool.begin_with("begin immediate").await?),
+            Backend::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("select 1 from pg_advisory_xact_lock($1)")
+                    .bind(PG_WRITE_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(tx)
+            }
+        }
     }
 
     /// Creates a batch, durably. Answers after the commit.
@@ -226,14 +298,14 @@ impl Store {
     /// Runs a query over [`BATCH_COLUMNS`] that matches at most one batch.
     async fn one<'q>(
         &self,
-        query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
     ) -> Result<Option<BatchRecord>, StoreError> {
         let rows = query.fetch_all(&self.pool).await?;
         Ok(read_batches(&self.pool, rows).await?.pop())
     }
 
     pub async fn get(&self, name: &BatchName) -> Result<BatchRecord, StoreError> {
-        let sql = select_batches("project = ? and region = ? and batch_id = ?");
+        let sql = select_batches("project = $1 and region = $2 and batch_id = $3");
         self.one(
             sqlx::query(&sql)
                 .bind(&name.project)
@@ -250,7 +322,7 @@ impl Store {
         region: &str,
         operation_id: &str,
     ) -> Result<BatchRecord, StoreError> {
-        let sql = select_batches("project = ? and region = ? and operation_id = ?");
+        let sql = select_batches("project = $1 and region = $2 and operation_id = $3");
         self.one(
             sqlx::query(&sql)
                 .bind(project)
@@ -263,7 +335,7 @@ impl Store {
 
     /// A batch by its sequence number.
     pub async fn get_by_seq(&self, seq: i64) -> Result<BatchRecord, StoreError> {
-        let sql = select_batches("seq = ?");
+        let sql = select_batches("seq = $1");
         self.one(sqlx::query(&sql).bind(seq))
             .await?
             .ok_or(StoreError::NotFound)
@@ -276,7 +348,7 @@ impl Store {
         region: &str,
     ) -> Result<Option<BatchRecord>, StoreError> {
         let sql = select_batches(
-            "project = ? and region = ? and provisioning = 0 and state = 1 order by seq limit 1",
+            "project = $1 and region = $2 and provisioning = 0 and state = 1 order by seq limit 1",
         );
         self.one(sqlx::query(&sql).bind(project).bind(region)).await
     }
@@ -301,23 +373,21 @@ impl Store {
         page_size: u32,
         before_seq: Option<i64>,
     ) -> Result<Page, StoreError> {
-        let mut q = QueryBuilder::<Sqlite>::new(format!(
+        let mut q = Sql::new(format!(
             "select {BATCH_COLUMNS} from batches where project = "
         ));
-        q.push_bind(project)
-            .push(" and region = ")
-            .push_bind(region);
+        q.bind(project).push(" and region = ").bind(region);
         if let Some(seq) = before_seq {
-            q.push(" and seq < ").push_bind(seq);
+            q.push(" and seq < ").bind(seq);
         }
         if !filter.is_empty() {
             q.push(" and (");
-            filter.push_sql(&mut q);
+            filter.push_sql(&mut q, self.backend);
             q.push(")");
         }
         q.push(" order by seq desc limit ")
-            .push_bind(i64::from(page_size) + 1);
-        let rows = q.build().fetch_all(&self.pool).await?;
+            .bind(i64::from(page_size) + 1);
+        let rows = q.fetch_all(&self.pool).await?;
         let mut batches = read_batches(&self.pool, rows).await?;
         let next_before_seq = if batches.len() > page_size as usize {
             batches.truncate(page_size as usize);
@@ -341,10 +411,10 @@ impl Store {
         operation_id: &str,
         now: DateTime<Utc>,
     ) -> Result<BatchRecord, StoreError> {
-        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let mut tx = self.begin_write().await?;
         let row: Option<(i64, i64, i64, String)> = sqlx::query_as(
             "select seq, state, provisioning, batch_id from batches \
-             where project = ? and region = ? and operation_id = ?",
+             where project = $1 and region = $2 and operation_id = $3",
         )
         .bind(project)
         .bind(region)
@@ -354,6 +424,7 @@ impl Store {
         let (seq, state, provisioning, batch_id) = row.ok_or(StoreError::NotFound)?;
         let state = State::from_number(state).unwrap_or(State::StateUnspecified);
         let held = Provisioning::from_number(provisioning) == Provisioning::Provisioned;
+        let ends = state == State::Pending;
         if state == State::Pending && held {
             // Nothing runs yet on an allocated cluster: give it back in the
             // same transaction as the state change.
@@ -388,6 +459,12 @@ impl Store {
         for (to, message) in steps {
             rows::transition(&mut tx, seq, *to, message, now).await?;
         }
+        let change = if ends {
+            Change::Ended { seq }
+        } else {
+            Change::Work
+        };
+        self.announce(&mut tx, &change).await?;
         tx.commit().await?;
         for (to, _) in steps {
             tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %to, "batch state changed");
@@ -398,9 +475,9 @@ impl Store {
 
     /// Deletes a batch in a terminal state.
     pub async fn delete(&self, name: &BatchName) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let mut tx = self.begin_write().await?;
         let row: Option<(i64, i64)> = sqlx::query_as(
-            "select seq, state from batches where project = ? and region = ? and batch_id = ?",
+            "select seq, state from batches where project = $1 and region = $2 and batch_id = $3",
         )
         .bind(&name.project)
         .bind(&name.region)
@@ -414,15 +491,15 @@ impl Store {
                 "the batch is {state}; only SUCCEEDED, CANCELLED or FAILED batches can be deleted (cancel it first)"
             )));
         }
-        sqlx::query("delete from batch_output where batch_seq = ?")
+        sqlx::query("delete from batch_output where batch_seq = $1")
             .bind(seq)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("delete from state_history where batch_seq = ?")
+        sqlx::query("delete from state_history where batch_seq = $1")
             .bind(seq)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("delete from batches where seq = ?")
+        sqlx::query("delete from batches where seq = $1")
             .bind(seq)
             .execute(&mut *tx)
             .await?;
@@ -454,27 +531,49 @@ impl Store {
     }
 }
 
-async fn connect(options: &StoreOptions) -> Result<SqlitePool, StoreError> {
-    let connect = SqliteConnectOptions::from_str(&options.url)
-        .map_err(|e| StoreError::Unavailable(format!("database URL {}: {e}", options.url)))?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        // FULL: a commit is on disk before the create is answered.
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(10))
-        .foreign_keys(true);
-    if let Some(dir) = connect.get_filename().parent() {
-        if !dir.as_os_str().is_empty() && !Path::new(dir).exists() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+async fn connect(options: &StoreOptions) -> Result<(AnyPool, Backend), StoreError> {
+    sqlx::any::install_default_drivers();
+    let backend = Backend::of_url(&options.url)?;
+    let pool = AnyPoolOptions::new().max_connections(options.max_connections.max(2));
+    let pool = match backend {
+        Backend::Sqlite => {
+            let file = SqliteConnectOptions::from_str(&options.url).map_err(|e| {
+                StoreError::Unavailable(format!("database URL {}: {e}", options.url))
             })?;
+            if let Some(dir) = file.get_filename().parent() {
+                if !dir.as_os_str().is_empty() && !Path::new(dir).exists() {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+                    })?;
+                }
+            }
+            pool.after_connect(|conn, _| {
+                Box::pin(async move {
+                    // WAL; FULL: a commit is on disk before the create is
+                    // answered; writers wait for the lock, not fail.
+                    sqlx::Executor::execute(
+                        conn,
+                        "pragma journal_mode = wal; pragma synchronous = full; \
+                         pragma busy_timeout = 10000; pragma foreign_keys = on;",
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
         }
-    }
-    SqlitePoolOptions::new()
-        .max_connections(options.max_connections.max(2))
-        .connect_with(connect)
+        // A replica that lost its database must notice within the leader
+        // lease, not after the kernel's TCP timeouts.
+        Backend::Postgres => pool.acquire_timeout(Duration::from_secs(5)),
+    };
+    pool.connect(&options.url)
         .await
-        .map_err(StoreError::from)
+        .map_err(|e| {
+            StoreError::Unavailable(format!(
+                "cannot open {}: {e}",
+                crate::config::redact_url(&options.url)
+            ))
+        })
+        .map(|pool| (pool, backend))
 }
 
 /// `select` of every batch column, with a `where` clause.
@@ -483,17 +582,18 @@ fn select_batches(condition: &str) -> String {
 }
 
 /// Applies the embedded migrations (idempotent).
-pub async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
-    sqlx::migrate!("./migrations/sqlite")
-        .run(pool)
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))
+pub async fn migrate(pool: &AnyPool, backend: Backend) -> Result<(), StoreError> {
+    match backend {
+        Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(pool).await,
+        Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(pool).await,
+    }
+    .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))
 }
 
 /// Opens the database and applies migrations, for `flexq migrate`.
 pub async fn migrate_only(options: &StoreOptions) -> Result<(), StoreError> {
-    let pool = connect(options).await?;
-    migrate(&pool).await?;
+    let (pool, backend) = connect(options).await?;
+    migrate(&pool, backend).await?;
     pool.close().await;
     Ok(())
 }

@@ -1,11 +1,13 @@
-//! Row decoding and the shared statements of the SQLite backend. Row shapes
+//! Row decoding and the statements several store calls share. Row shapes
 //! stay in here; callers see [`BatchRecord`]s.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, AnyPool, Row};
+
+use super::sql::Sql;
 
 use super::{BatchRecord, Provisioning, StoreError};
 use crate::api::{BatchName, State, StateHistory};
@@ -26,7 +28,7 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("stored {what} cannot be read: {e}"))
 }
 
-fn decode(row: &SqliteRow) -> Result<BatchRecord, StoreError> {
+fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
     let state: i64 = row.try_get("state")?;
     let spec: &str = row.try_get("spec")?;
     let cluster: &str = row.try_get("cluster")?;
@@ -66,22 +68,19 @@ fn decode(row: &SqliteRow) -> Result<BatchRecord, StoreError> {
 /// Decodes batch rows and attaches their state history (one extra query
 /// for the whole set).
 pub(super) async fn read_batches(
-    pool: &SqlitePool,
-    rows: Vec<SqliteRow>,
+    pool: &AnyPool,
+    rows: Vec<AnyRow>,
 ) -> Result<Vec<BatchRecord>, StoreError> {
     let mut batches = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
     if batches.is_empty() {
         return Ok(batches);
     }
-    let mut q = QueryBuilder::<Sqlite>::new(
+    let mut q = Sql::new(
         "select batch_seq, state, message, start_time from state_history where batch_seq in (",
     );
-    let mut list = q.separated(", ");
-    for b in &batches {
-        list.push_bind(b.seq);
-    }
-    q.push(") order by batch_seq, idx");
-    let history = q.build().fetch_all(pool).await?;
+    q.list(batches.iter().map(|b| b.seq))
+        .push(") order by batch_seq, idx");
+    let history = q.fetch_all(pool).await?;
     let mut by_seq: HashMap<i64, Vec<StateHistory>> = HashMap::new();
     for row in history {
         let state: i64 = row.try_get("state")?;
@@ -103,25 +102,27 @@ pub(super) async fn read_batches(
 /// Moves a batch to `to` and appends the transition to its history, inside
 /// the caller's transaction.
 pub(super) async fn transition(
-    conn: &mut SqliteConnection,
+    conn: &mut AnyConnection,
     seq: i64,
     to: State,
     message: &str,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    sqlx::query("update batches set state = ?, state_message = ?, state_time = ? where seq = ?")
-        .bind(to.number())
-        .bind(message)
-        .bind(micros(now))
-        .bind(seq)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(
+        "update batches set state = $1, state_message = $2, state_time = $3 where seq = $4",
+    )
+    .bind(to.number())
+    .bind(message)
+    .bind(micros(now))
+    .bind(seq)
+    .execute(&mut *conn)
+    .await?;
     append_history(conn, seq, to, message, now).await
 }
 
 /// Appends one entry to a batch's history.
 pub(super) async fn append_history(
-    conn: &mut SqliteConnection,
+    conn: &mut AnyConnection,
     seq: i64,
     state: State,
     message: &str,
@@ -129,7 +130,7 @@ pub(super) async fn append_history(
 ) -> Result<(), StoreError> {
     sqlx::query(
         "insert into state_history (batch_seq, idx, state, message, start_time) \
-         select ?, coalesce(max(idx), -1) + 1, ?, ?, ? from state_history where batch_seq = ?",
+         select $1, coalesce(max(idx), -1) + 1, $2, $3, $4 from state_history where batch_seq = $5",
     )
     .bind(seq)
     .bind(state.number())

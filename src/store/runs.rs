@@ -6,11 +6,11 @@
 //! in one transaction, like every other decision.
 
 use chrono::{DateTime, Utc};
-use sqlx::{Row, SqliteConnection};
+use sqlx::{AnyConnection, Row};
 
 use super::rows::transition;
 use super::schedule::release;
-use super::{BatchRecord, RunInfo, Store, StoreError};
+use super::{BatchRecord, Change, RunInfo, Store, StoreError};
 use crate::api::State;
 use crate::scheduler::Role;
 
@@ -80,8 +80,8 @@ pub struct OutputChunk {
     pub total: u64,
 }
 
-async fn run_info(conn: &mut SqliteConnection, seq: i64) -> Result<RunInfo, StoreError> {
-    let json: Option<String> = sqlx::query_scalar("select run_info from batches where seq = ?")
+async fn run_info(conn: &mut AnyConnection, seq: i64) -> Result<RunInfo, StoreError> {
+    let json: Option<String> = sqlx::query_scalar("select run_info from batches where seq = $1")
         .bind(seq)
         .fetch_one(&mut *conn)
         .await?;
@@ -90,14 +90,10 @@ async fn run_info(conn: &mut SqliteConnection, seq: i64) -> Result<RunInfo, Stor
         .unwrap_or_default())
 }
 
-async fn set_run_info(
-    conn: &mut SqliteConnection,
-    seq: i64,
-    run: &RunInfo,
-) -> Result<(), StoreError> {
+async fn set_run_info(conn: &mut AnyConnection, seq: i64, run: &RunInfo) -> Result<(), StoreError> {
     let json = serde_json::to_string(run)
         .map_err(|e| StoreError::Unavailable(format!("cannot encode run info: {e}")))?;
-    sqlx::query("update batches set run_info = ? where seq = ?")
+    sqlx::query("update batches set run_info = $1 where seq = $2")
         .bind(json)
         .bind(seq)
         .execute(&mut *conn)
@@ -108,7 +104,7 @@ async fn set_run_info(
 /// Ends a batch: state, run info, release of its cluster. Answers how long
 /// its driver ran, if it started.
 async fn end(
-    conn: &mut SqliteConnection,
+    conn: &mut AnyConnection,
     seq: i64,
     to: State,
     message: &str,
@@ -131,7 +127,7 @@ impl Store {
             "select a.batch_seq, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
                (select count(*) from allocations e where e.batch_seq = a.batch_seq \
                   and e.role = 'executor' and e.id < a.id) as idx \
-             from allocations a where a.node_id = ? and a.released_at is null order by a.id",
+             from allocations a where a.node_id = $1 and a.released_at is null order by a.id",
         )
         .bind(node)
         .fetch_all(&self.pool)
@@ -182,16 +178,16 @@ impl Store {
         event: &AgentEvent,
         now: DateTime<Utc>,
     ) -> Result<ReportOutcome, StoreError> {
-        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let mut tx = self.begin_write().await?;
         let (seq, state, batch_id): (i64, i64, String) =
-            sqlx::query_as("select seq, state, batch_id from batches where uuid = ?")
+            sqlx::query_as("select seq, state, batch_id from batches where uuid = $1")
                 .bind(uuid)
                 .fetch_optional(&mut *tx)
                 .await?
                 .ok_or(StoreError::NotFound)?;
         let state = State::from_number(state).unwrap_or(State::StateUnspecified);
         let roles: Vec<String> = sqlx::query_scalar(
-            "select role from allocations where batch_seq = ? and node_id = ? and released_at is null",
+            "select role from allocations where batch_seq = $1 and node_id = $2 and released_at is null",
         )
         .bind(seq)
         .bind(node)
@@ -213,7 +209,7 @@ impl Store {
         }
         let outcome = match event {
             AgentEvent::MasterReady { url } => {
-                sqlx::query("update batches set master_url = ? where seq = ?")
+                sqlx::query("update batches set master_url = $1 where seq = $2")
                     .bind(url)
                     .bind(seq)
                     .execute(&mut *tx)
@@ -228,7 +224,7 @@ impl Store {
                 set_run_info(&mut tx, seq, &run).await?;
                 if state == State::Pending {
                     let allocated: Option<i64> =
-                        sqlx::query_scalar("select allocate_time from batches where seq = ?")
+                        sqlx::query_scalar("select allocate_time from batches where seq = $1")
                             .bind(seq)
                             .fetch_one(&mut *tx)
                             .await?;
@@ -276,6 +272,11 @@ impl Store {
                 ReportOutcome::Ended { seq, state: to }
             }
         };
+        let change = match outcome {
+            ReportOutcome::Ended { seq, .. } => Change::Ended { seq },
+            ReportOutcome::Recorded => Change::Work,
+        };
+        self.announce(&mut tx, &change).await?;
         tx.commit().await?;
         crate::metrics::record_agent_report(event.name());
         if let Some(after) = started_after {
@@ -306,10 +307,10 @@ impl Store {
         data: &[u8],
         max_bytes: u64,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let mut tx = self.begin_write().await?;
         let seq: i64 = sqlx::query_scalar(
             "select b.seq from batches b join allocations a on a.batch_seq = b.seq \
-             where b.uuid = ? and a.node_id = ? and a.role = 'driver' and a.released_at is null",
+             where b.uuid = $1 and a.node_id = $2 and a.role = 'driver' and a.released_at is null",
         )
         .bind(uuid)
         .bind(node)
@@ -340,18 +341,21 @@ impl Store {
         let room = max_bytes.saturating_sub(stored) as usize;
         let keep = &new[..new.len().min(room)];
         if !keep.is_empty() {
-            sqlx::query("insert into batch_output (batch_seq, byte_offset, data) values (?, ?, ?)")
-                .bind(seq)
-                .bind(stored as i64)
-                .bind(keep)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "insert into batch_output (batch_seq, byte_offset, data) values ($1, $2, $3)",
+            )
+            .bind(seq)
+            .bind(stored as i64)
+            .bind(keep)
+            .execute(&mut *tx)
+            .await?;
         }
         run.output_bytes = stored + keep.len() as u64;
         if keep.len() < new.len() {
             run.output_truncated = true;
         }
         set_run_info(&mut tx, seq, &run).await?;
+        self.announce(&mut tx, &Change::Output { seq }).await?;
         tx.commit().await?;
         Ok(end)
     }
@@ -365,7 +369,7 @@ impl Store {
     ) -> Result<OutputChunk, StoreError> {
         let rows = sqlx::query(
             "select byte_offset, data from batch_output \
-             where batch_seq = ? and byte_offset + length(data) > ? and byte_offset < ? \
+             where batch_seq = $1 and byte_offset + length(data) > $2 and byte_offset < $3 \
              order by byte_offset",
         )
         .bind(seq)
@@ -374,7 +378,7 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let total: i64 = sqlx::query_scalar(
-            "select coalesce(max(byte_offset + length(data)), 0) from batch_output where batch_seq = ?",
+            "select coalesce(max(byte_offset + length(data)), 0) from batch_output where batch_seq = $1",
         )
         .bind(seq)
         .fetch_one(&self.pool)

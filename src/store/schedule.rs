@@ -6,10 +6,12 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
 use futures_util::TryStreamExt;
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
+use sqlx::{AnyConnection, Row};
+
+use super::sql::Sql;
 
 use super::rows::{append_history, from_micros, micros, transition};
-use super::{Provisioning, Store, StoreError};
+use super::{Change, Provisioning, Store, StoreError};
 use crate::api::State;
 use crate::scheduler::{
     Allocation, BatchKey, Decision, NodeId, NodeSpec, PendingBatch, Placement, Role,
@@ -23,18 +25,18 @@ fn decode_cluster(text: &str) -> Result<ClusterRequest, StoreError> {
 
 /// Marks every active part of a batch's cluster released.
 pub(super) async fn release(
-    conn: &mut SqliteConnection,
+    conn: &mut AnyConnection,
     seq: i64,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "update allocations set released_at = ? where batch_seq = ? and released_at is null",
+        "update allocations set released_at = $1 where batch_seq = $2 and released_at is null",
     )
     .bind(micros(now))
     .bind(seq)
     .execute(&mut *conn)
     .await?;
-    sqlx::query("update batches set provisioning = ? where seq = ?")
+    sqlx::query("update batches set provisioning = $1 where seq = $2")
         .bind(Provisioning::Released as i64)
         .bind(seq)
         .execute(&mut *conn)
@@ -45,18 +47,18 @@ pub(super) async fn release(
 /// Fences a lost node (new epoch) and fails every batch that held part
 /// of it, releasing their clusters.
 async fn lose_node(
-    conn: &mut SqliteConnection,
+    conn: &mut AnyConnection,
     node: &NodeId,
     failed: &[BatchKey],
     message: &str,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    sqlx::query("update nodes set state = 1, epoch = epoch + 1 where node_id = ?")
+    sqlx::query("update nodes set state = 1, epoch = epoch + 1 where node_id = $1")
         .bind(&node.0)
         .execute(&mut *conn)
         .await?;
     for key in failed {
-        let state: Option<i64> = sqlx::query_scalar("select state from batches where seq = ?")
+        let state: Option<i64> = sqlx::query_scalar("select state from batches where seq = $1")
             .bind(key.0)
             .fetch_optional(&mut *conn)
             .await?;
@@ -80,9 +82,10 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let json = serde_json::to_string(spec)
             .map_err(|e| StoreError::Unavailable(format!("cannot encode node: {e}")))?;
+        let mut tx = self.begin_write().await?;
         let epoch: i64 = sqlx::query_scalar(
             "insert into nodes (node_id, region, zone, pool, spec, epoch, state, registered_at) \
-             values (?, ?, ?, ?, ?, 1, 0, ?) on conflict (node_id) do update set \
+             values ($1, $2, $3, $4, $5, 1, 0, $6) on conflict (node_id) do update set \
              region = excluded.region, zone = excluded.zone, pool = excluded.pool, spec = excluded.spec, \
              epoch = nodes.epoch + 1, state = 0, registered_at = excluded.registered_at \
              returning epoch",
@@ -93,8 +96,16 @@ impl Store {
         .bind(&spec.pool)
         .bind(json)
         .bind(micros(now))
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await?;
+        self.announce(
+            &mut tx,
+            &Change::Node {
+                id: spec.id.0.clone(),
+            },
+        )
+        .await?;
+        tx.commit().await?;
         Ok(epoch.max(0) as u64)
     }
 
@@ -114,13 +125,38 @@ impl Store {
             .collect()
     }
 
-    /// Every batch waiting in a queue, oldest first (streamed: there may be
-    /// many).
-    pub async fn queued_batches(&self) -> Result<Vec<PendingBatch>, StoreError> {
+    /// A registered node not lost, with its epoch.
+    pub async fn active_node(&self, id: &str) -> Result<Option<(NodeSpec, u64)>, StoreError> {
+        let row: Option<(String, i64)> =
+            sqlx::query_as("select spec, epoch from nodes where node_id = $1 and state = 0")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|(spec, epoch)| {
+            let spec: NodeSpec = serde_json::from_str(&spec)
+                .map_err(|e| StoreError::Unavailable(format!("stored node cannot be read: {e}")))?;
+            Ok((spec, epoch.max(0) as u64))
+        })
+        .transpose()
+    }
+
+    /// The highest batch seq stored (0 when none).
+    pub async fn last_seq(&self) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("select coalesce(max(seq), 0) from batches")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Every batch waiting in a queue with a seq above `after_seq`, oldest
+    /// first (streamed: there may be many).
+    pub async fn queued_batches(&self, after_seq: i64) -> Result<Vec<PendingBatch>, StoreError> {
         let mut rows = sqlx::query(
             "select seq, batch_id, project, region, priority, create_time, deadline, cluster from batches \
-             where provisioning = 0 and state = 1 order by seq",
+             where provisioning = 0 and state = 1 and seq > $1 order by seq",
         )
+        .bind(after_seq)
         .fetch(&self.pool);
         let mut out = Vec::new();
         while let Some(row) = rows.try_next().await? {
@@ -185,7 +221,7 @@ impl Store {
     pub async fn placements(&self, seq: i64) -> Result<Vec<Placement>, StoreError> {
         let rows = sqlx::query(
             "select node_id, role, gpus, cores, memory_mb, local_ssd_gb from allocations \
-             where batch_seq = ? order by id",
+             where batch_seq = $1 order by id",
         )
         .bind(seq)
         .fetch_all(&self.pool)
@@ -195,13 +231,17 @@ impl Store {
 
     /// Commits a pass's decisions in one transaction. Each decision applies
     /// only if its batch is still queued (a cancel may have won the race);
-    /// the answer says, per decision, whether it applied.
+    /// the answer says, per decision, whether it applied. With several
+    /// replicas, `fence` is the leader's term: nothing is written unless
+    /// that term still holds the lease.
     pub async fn commit_decisions(
         &self,
         decisions: &[Decision],
         now: DateTime<Utc>,
+        fence: Option<i64>,
     ) -> Result<Vec<bool>, StoreError> {
-        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let mut tx = self.begin_write().await?;
+        Store::check_fence(&mut tx, fence).await?;
         let mut applied = vec![false; decisions.len()];
         let mut parts: Vec<(i64, &Placement)> = Vec::new();
         // Expiries and rejections come in bursts (many deadlines at once):
@@ -228,9 +268,9 @@ impl Store {
                 Decision::Allocate(a) => {
                     let message = allocated_message(a);
                     let done = sqlx::query(
-                        "update batches set provisioning = ?, zone = ?, allocate_time = ?, \
-                         state_message = ?, state_time = ? \
-                         where seq = ? and state = 1 and provisioning = 0",
+                        "update batches set provisioning = $1, zone = $2, allocate_time = $3, \
+                         state_message = $4, state_time = $5 \
+                         where seq = $6 and state = 1 and provisioning = 0",
                     )
                     .bind(Provisioning::Provisioned as i64)
                     .bind(&a.zone)
@@ -253,23 +293,20 @@ impl Store {
             }
         }
         for chunk in endings.chunks(1000) {
-            let mut q = QueryBuilder::<Sqlite>::new("update batches set state = ");
-            q.push_bind(State::Failed.number())
+            let mut q = Sql::new("update batches set state = ");
+            q.bind(State::Failed.number())
                 .push(", state_time = ")
-                .push_bind(micros(now))
+                .bind(micros(now))
                 .push(", provisioning = v.column2, state_message = v.column3 from (");
-            q.push_values(chunk, |mut row, (_, seq, provisioning, message)| {
-                row.push_bind(*seq)
-                    .push_bind(*provisioning)
-                    .push_bind(*message);
+            q.values(chunk, |row, (_, seq, provisioning, message)| {
+                row.bind(*seq).bind(*provisioning).bind(*message);
             });
             q.push(
                 ") as v where batches.seq = v.column1 and batches.state = 1 \
                  and batches.provisioning = 0 returning batches.seq",
             );
             let done: std::collections::HashSet<i64> = q
-                .build_query_scalar::<i64>()
-                .fetch_all(&mut *tx)
+                .fetch_scalars::<i64, _>(&mut *tx)
                 .await?
                 .into_iter()
                 .collect();
@@ -280,38 +317,39 @@ impl Store {
             if written.is_empty() {
                 continue;
             }
-            let mut h = QueryBuilder::<Sqlite>::new(
+            let mut h = Sql::new(
                 "insert into state_history (batch_seq, idx, state, message, start_time) \
                  select v.column1, (select coalesce(max(h.idx), -1) + 1 from state_history h \
                  where h.batch_seq = v.column1), ",
             );
-            h.push_bind(State::Failed.number())
+            h.bind(State::Failed.number())
                 .push(", v.column2, ")
-                .push_bind(micros(now))
+                .bind(micros(now))
                 .push(" from (");
-            h.push_values(written, |mut row, (_, seq, _, message)| {
-                row.push_bind(*seq).push_bind(*message);
+            h.values(written, |row, (_, seq, _, message)| {
+                row.bind(*seq).bind(*message);
             });
             h.push(") as v");
-            h.build().execute(&mut *tx).await?;
+            h.execute(&mut *tx).await?;
         }
         for chunk in parts.chunks(2000) {
-            let mut q = QueryBuilder::<Sqlite>::new(
+            let mut q = Sql::new(
                 "insert into allocations (batch_seq, node_id, role, gpus, cores, memory_mb, \
                  local_ssd_gb, allocated_at) ",
             );
-            q.push_values(chunk, |mut row, (seq, p)| {
-                row.push_bind(*seq)
-                    .push_bind(&p.node.0)
-                    .push_bind(p.role.name())
-                    .push_bind(serde_json::to_string(&p.gpus).unwrap_or_else(|_| "[]".into()))
-                    .push_bind(p.cores)
-                    .push_bind(p.memory_mb as i64)
-                    .push_bind(p.local_ssd_gb as i64)
-                    .push_bind(micros(now));
+            q.values(chunk, |row, (seq, p)| {
+                row.bind(*seq)
+                    .bind(p.node.0.as_str())
+                    .bind(p.role.name())
+                    .bind(serde_json::to_string(&p.gpus).unwrap_or_else(|_| "[]".into()))
+                    .bind(i64::from(p.cores))
+                    .bind(p.memory_mb as i64)
+                    .bind(p.local_ssd_gb as i64)
+                    .bind(micros(now));
             });
-            q.build().execute(&mut *tx).await?;
+            q.execute(&mut *tx).await?;
         }
+        self.announce(&mut tx, &Change::Decided).await?;
         tx.commit().await?;
         Ok(applied)
     }
@@ -338,9 +376,10 @@ impl Store {
         limit: u64,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "insert into quota_overrides (project, region, metric, quota_limit, updated_at) \
-             values (?, ?, ?, ?, ?) on conflict (project, region, metric) \
+             values ($1, $2, $3, $4, $5) on conflict (project, region, metric) \
              do update set quota_limit = excluded.quota_limit, updated_at = excluded.updated_at",
         )
         .bind(project)
@@ -348,13 +387,15 @@ impl Store {
         .bind(metric.name())
         .bind(limit as i64)
         .bind(micros(now))
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        self.announce(&mut tx, &Change::Quota).await?;
+        tx.commit().await?;
         Ok(())
     }
 }
 
-fn placement_of(row: &sqlx::sqlite::SqliteRow) -> Result<Placement, StoreError> {
+fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
     let gpus: String = row.try_get("gpus")?;
     let role: String = row.try_get("role")?;
     Ok(Placement {

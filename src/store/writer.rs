@@ -3,9 +3,10 @@
 //! One task owns creation. It takes every create waiting in its channel (up
 //! to `group_commit_max`), decides each against the database and the rest
 //! of the group (a taken batch id, a replayed `requestId`), writes all new
-//! rows with multi-row inserts in one `BEGIN IMMEDIATE` transaction, commits
-//! once, and only then answers every waiter. With `synchronous=FULL` the
-//! commit is the fsync, so a success answer means the batch is on disk.
+//! rows with multi-row inserts in one write transaction, commits once, and
+//! only then answers every waiter. The commit is the fsync (SQLite with
+//! `synchronous=FULL`, PostgreSQL's WAL flush), so a success answer means
+//! the batch is on disk.
 //!
 //! If the group transaction fails as a whole (a constraint the in-group
 //! checks did not foresee, say), each create is retried in a transaction of
@@ -15,11 +16,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{AnyConnection, AnyPool, Row};
 use tokio::sync::{mpsc, oneshot};
 
 use super::rows::{BATCH_COLUMNS, micros, read_batches};
-use super::{BatchRecord, Created, NewBatch, StoreError};
+use super::sql::Sql;
+use super::{BatchRecord, Created, NewBatch, Store, StoreError};
 use crate::api::{State, StateHistory};
 use crate::spec::ProvisioningMode;
 
@@ -32,23 +34,23 @@ pub(super) struct CreateCmd {
 /// bound-parameter limit.
 const INSERT_CHUNK: usize = 1000;
 
-pub(super) async fn run(pool: SqlitePool, mut rx: mpsc::Receiver<CreateCmd>, max: usize) {
+pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<CreateCmd>, max: usize) {
     let mut buf = Vec::with_capacity(max);
     while rx.recv_many(&mut buf, max).await > 0 {
         let group = std::mem::take(&mut buf);
-        commit_group(&pool, group).await;
+        commit_group(&store, group).await;
     }
     tracing::debug!("create writer stopped");
 }
 
-async fn commit_group(pool: &SqlitePool, group: Vec<CreateCmd>) {
+async fn commit_group(store: &Store, group: Vec<CreateCmd>) {
     let started = Instant::now();
     let (batches, replies): (Vec<NewBatch>, Vec<_>) =
         group.into_iter().map(|c| (c.batch, c.reply)).unzip();
     // Stored times have microsecond precision; answer with exactly what a
     // later read returns.
     let now = now_micros();
-    match try_group(pool, &batches, now).await {
+    match try_group(store, &batches, now).await {
         Ok(outcomes) => {
             crate::metrics::record_commit("create", started.elapsed(), batches.len());
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
@@ -61,7 +63,7 @@ async fn commit_group(pool: &SqlitePool, group: Vec<CreateCmd>) {
             tracing::warn!(error = %e, group = batches.len(), "group commit failed; retrying creates one by one");
             for (batch, reply) in batches.into_iter().zip(replies) {
                 let outcome =
-                    match try_group(pool, std::slice::from_ref(&batch), now_micros()).await {
+                    match try_group(store, std::slice::from_ref(&batch), now_micros()).await {
                         Ok(mut one) => one
                             .pop()
                             .unwrap_or(Err(StoreError::Unavailable("no outcome".into()))),
@@ -96,12 +98,12 @@ enum Decision {
 type Key = (String, String, String);
 
 async fn try_group(
-    pool: &SqlitePool,
+    store: &Store,
     batches: &[NewBatch],
     now: DateTime<Utc>,
 ) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
-    let mut tx = pool.begin_with("begin immediate").await?;
-    let stored_requests = stored_request_ids(pool, &mut tx, batches).await?;
+    let mut tx = store.begin_write().await?;
+    let stored_requests = stored_request_ids(&store.pool, &mut tx, batches).await?;
     let taken_ids = taken_batch_ids(&mut tx, batches).await?;
 
     let mut ids_in_group: HashSet<Key> = HashSet::new();
@@ -138,6 +140,11 @@ async fn try_group(
         .map(|(b, _)| b)
         .collect();
     let seqs = insert_batches(&mut tx, &new, now).await?;
+    if let Some(&last_seq) = seqs.values().max() {
+        store
+            .announce(&mut tx, &super::Change::Created { last_seq })
+            .await?;
+    }
     tx.commit().await?;
 
     let mut records: HashMap<usize, BatchRecord> = HashMap::new();
@@ -207,8 +214,8 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
 }
 
 async fn stored_request_ids(
-    pool: &SqlitePool,
-    tx: &mut SqliteConnection,
+    pool: &AnyPool,
+    tx: &mut AnyConnection,
     batches: &[NewBatch],
 ) -> Result<HashMap<Key, BatchRecord>, StoreError> {
     let wanted: Vec<&str> = batches
@@ -218,15 +225,11 @@ async fn stored_request_ids(
     if wanted.is_empty() {
         return Ok(HashMap::new());
     }
-    let mut q = QueryBuilder::<Sqlite>::new(format!(
+    let mut q = Sql::new(format!(
         "select {BATCH_COLUMNS} from batches where request_id in ("
     ));
-    let mut list = q.separated(", ");
-    for r in &wanted {
-        list.push_bind(*r);
-    }
-    q.push(")");
-    let rows = q.build().fetch_all(&mut *tx).await?;
+    q.list(wanted).push(")");
+    let rows = q.fetch_all(&mut *tx).await?;
     // History is read through the pool: it is committed data, and the
     // transaction only wrote nothing yet.
     let records = read_batches(pool, rows).await?;
@@ -240,18 +243,13 @@ async fn stored_request_ids(
 }
 
 async fn taken_batch_ids(
-    tx: &mut SqliteConnection,
+    tx: &mut AnyConnection,
     batches: &[NewBatch],
 ) -> Result<HashSet<Key>, StoreError> {
-    let mut q = QueryBuilder::<Sqlite>::new(
-        "select project, region, batch_id from batches where batch_id in (",
-    );
-    let mut list = q.separated(", ");
-    for b in batches {
-        list.push_bind(&b.name.batch_id);
-    }
-    q.push(")");
-    let rows = q.build().fetch_all(&mut *tx).await?;
+    let mut q = Sql::new("select project, region, batch_id from batches where batch_id in (");
+    q.list(batches.iter().map(|b| b.name.batch_id.as_str()))
+        .push(")");
+    let rows = q.fetch_all(&mut *tx).await?;
     rows.iter()
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
         .collect()
@@ -260,7 +258,7 @@ async fn taken_batch_ids(
 /// Inserts the new batches and their first history entry; returns each
 /// batch's `seq` by uuid.
 async fn insert_batches(
-    tx: &mut SqliteConnection,
+    tx: &mut AnyConnection,
     new: &[&NewBatch],
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, i64>, StoreError> {
@@ -277,50 +275,46 @@ async fn insert_batches(
             })
             .collect::<Result<Vec<_>, serde_json::Error>>()
             .map_err(|e| StoreError::Unavailable(format!("cannot encode batch: {e}")))?;
-        let mut q = QueryBuilder::<Sqlite>::new(
+        let mut q = Sql::new(
             "insert into batches (project, region, batch_id, uuid, operation_id, request_id, \
              create_time, state, state_message, state_time, creator, spec, cluster, deadline, priority) ",
         );
-        q.push_values(
-            chunk.iter().zip(&encoded),
-            |mut row, (b, (spec, cluster))| {
-                row.push_bind(&b.name.project)
-                    .push_bind(&b.name.region)
-                    .push_bind(&b.name.batch_id)
-                    .push_bind(b.uuid.to_string())
-                    .push_bind(b.operation_id.to_string())
-                    .push_bind(&b.request_id)
-                    .push_bind(now_us)
-                    .push_bind(State::Pending.number())
-                    .push_bind(&b.state_message)
-                    .push_bind(now_us)
-                    .push_bind(&b.creator)
-                    .push_bind(spec)
-                    .push_bind(cluster)
-                    .push_bind(deadline(b, now).map(micros))
-                    .push_bind(b.priority);
-            },
-        );
+        q.values(chunk.iter().zip(&encoded), |row, (b, (spec, cluster))| {
+            row.bind(b.name.project.as_str())
+                .bind(b.name.region.as_str())
+                .bind(b.name.batch_id.as_str())
+                .bind(b.uuid.to_string())
+                .bind(b.operation_id.to_string())
+                .bind(b.request_id.as_deref())
+                .bind(now_us)
+                .bind(State::Pending.number())
+                .bind(b.state_message.as_str())
+                .bind(now_us)
+                .bind(b.creator.as_str())
+                .bind(spec.as_str())
+                .bind(cluster.as_str())
+                .bind(deadline(b, now).map(micros))
+                .bind(b.priority);
+        });
         q.push(" returning seq, uuid");
-        let rows = q.build().fetch_all(&mut *tx).await?;
+        let rows = q.fetch_all(&mut *tx).await?;
         let mut chunk_seqs = Vec::with_capacity(rows.len());
         for row in rows {
             let seq: i64 = row.try_get(0)?;
             seqs.insert(row.try_get::<String, _>(1)?, seq);
             chunk_seqs.push(seq);
         }
-        let mut h = QueryBuilder::<Sqlite>::new(
-            "insert into state_history (batch_seq, idx, state, message, start_time) ",
-        );
-        h.push_values(chunk.iter(), |mut row, b| {
+        let mut h =
+            Sql::new("insert into state_history (batch_seq, idx, state, message, start_time) ");
+        h.values(chunk.iter(), |row, b| {
             let seq = seqs.get(&b.uuid.to_string()).copied().unwrap_or_default();
-            row.push_bind(seq)
-                .push_bind(0)
-                .push_bind(State::Pending.number())
-                .push_bind(&b.state_message)
-                .push_bind(now_us);
+            row.bind(seq)
+                .bind(0i64)
+                .bind(State::Pending.number())
+                .bind(b.state_message.as_str())
+                .bind(now_us);
         });
-        h.build().execute(&mut *tx).await?;
+        h.execute(&mut *tx).await?;
     }
     Ok(seqs)
 }

@@ -1,0 +1,337 @@
+//! Several replicas on one PostgreSQL: who leads, and how every core
+//! learns what the others changed.
+//!
+//! - **Leadership.** Every replica tries to take or renew the leader lease
+//!   every `database.leader_renew`. The one that holds it rebuilds its core
+//!   from the database and decides; its commits carry its term, so once
+//!   another replica took over they are refused (fencing). A leader that
+//!   cannot renew for a whole lease stops deciding on its own.
+//! - **Changes.** Every write transaction announces what it changed
+//!   (`NOTIFY`, see [`crate::store::Change`]). Each replica listens: the
+//!   leader queues new batches, forgets ended ones, registers nodes,
+//!   renews agents' leases and applies quota limits as they come; a
+//!   follower refreshes its mirror of the database for its views. After a
+//!   gap in listening (a lost connection), the core is rebuilt.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use super::capacity::NodeId;
+use super::runner::{Role, SchedulerService, rebuild};
+use crate::store::Change;
+
+/// The host name, the process id and a random suffix: unique across
+/// restarts, readable in `/readyz`.
+pub(super) fn default_replica_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "flexq".into());
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    format!("{host}-{}-{suffix}", std::process::id())
+}
+
+/// Starts the leadership loop, the change listener and the mirror refresh.
+pub(super) fn start(service: SchedulerService, shutdown: CancellationToken) {
+    tokio::spawn(lead(service.clone(), shutdown.clone()));
+    tokio::spawn(listen(service.clone(), shutdown.clone()));
+    tokio::spawn(refresh_mirror(service, shutdown));
+}
+
+impl SchedulerService {
+    /// Asks a follower's core to be rebuilt from the database soon.
+    pub(super) fn refresh_mirror(&self) {
+        self.shared.mirror.notify_one();
+    }
+
+    /// This replica now holds the lease in `term`: rebuild the core from
+    /// the database and decide. The role changes under the core's lock,
+    /// before the rebuild reads, so a create announced meanwhile is either
+    /// in what the rebuild reads or read past the watermark afterwards.
+    async fn take_lead(&self, term: i64) {
+        let started = Instant::now();
+        let mut core = self.lock().await;
+        self.set_role(&mut core, Role::Leader { term });
+        let shared = &self.shared;
+        let result = async {
+            let seen = shared.store.last_seq().await?;
+            let fresh = rebuild(&shared.config, &shared.store, Some(Some(term))).await?;
+            Ok::<_, crate::store::StoreError>((seen, fresh))
+        }
+        .await;
+        match result {
+            Ok((seen, fresh)) => {
+                *core = fresh;
+                shared.seen_seq.store(seen, Ordering::SeqCst);
+                crate::metrics::record_leader_change();
+                tracing::info!(
+                    replica = %shared.replica_id, term,
+                    pending = core.pending_count(),
+                    allocated = core.running_keys().len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "leading: scheduler state rebuilt from the database"
+                );
+            }
+            Err(e) => {
+                // Decide on nothing half-read: let the lease go by and try
+                // again.
+                tracing::error!(error = %e, term, "cannot rebuild the scheduler state; not leading");
+                self.set_role(&mut core, Role::Follower);
+            }
+        }
+        drop(core);
+        self.work_changed();
+    }
+
+    /// Stops deciding (the lease was lost or given up).
+    async fn step_down(&self, why: &str) {
+        let mut core = self.lock().await;
+        if self.role().decides() {
+            tracing::warn!(replica = %self.shared.replica_id, reason = why, "no longer leading");
+            self.set_role(&mut core, Role::Follower);
+        }
+        drop(core);
+        self.refresh_mirror();
+    }
+
+    /// Applies one announced change to this replica's core.
+    async fn apply(&self, change: Change) {
+        let store = &self.shared.store;
+        let lease = chrono::Duration::from_std(self.shared.config.agents.lease_duration)
+            .unwrap_or_default();
+        match change {
+            Change::Created { .. } => {
+                let mut core = self.lock().await;
+                if !self.role().decides() {
+                    drop(core);
+                    self.refresh_mirror();
+                    return;
+                }
+                let after = self.shared.seen_seq.load(Ordering::SeqCst);
+                match store.queued_batches(after).await {
+                    Ok(batches) => {
+                        let last = batches.iter().map(|b| b.key.0).max().unwrap_or(after);
+                        for b in batches {
+                            core.submit(b);
+                        }
+                        self.shared.seen_seq.fetch_max(last, Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read new batches; rebuilding");
+                        drop(core);
+                        self.resync().await;
+                        return;
+                    }
+                }
+                drop(core);
+                self.wake();
+            }
+            Change::Ended { seq } => {
+                self.lock().await.forget(super::BatchKey(seq));
+                self.wake();
+                self.work_changed();
+            }
+            Change::Node { id } => {
+                match store.active_node(&id).await {
+                    Ok(Some((spec, epoch))) => {
+                        self.lock()
+                            .await
+                            .register_node(spec, epoch, Utc::now() + lease);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, node = %id, "cannot read a registered node")
+                    }
+                }
+                self.wake();
+                self.work_changed();
+            }
+            Change::Quota => match store.quota_overrides().await {
+                Ok(limits) => {
+                    let mut core = self.lock().await;
+                    for (project, region, metric, limit) in limits {
+                        core.set_quota_limit(&project, &region, metric, limit);
+                    }
+                    drop(core);
+                    self.wake();
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read quota limits"),
+            },
+            Change::Decided => {
+                if !self.role().decides() {
+                    self.refresh_mirror();
+                }
+                self.work_changed();
+            }
+            Change::Work => self.work_changed(),
+            Change::Output { .. } => self.output_written(),
+            Change::Heartbeat { epoch, node } => {
+                // A refused renewal is the agent's to hear from the replica
+                // it called; here it only keeps the lease in step.
+                let _ = self
+                    .lock()
+                    .await
+                    .heartbeat(&NodeId(node), epoch, Utc::now() + lease);
+            }
+        }
+    }
+
+    /// After a gap in the announcements: rebuild the core from the
+    /// database (a leader's as a leader, fenced by its term).
+    async fn resync(&self) {
+        match self.role() {
+            Role::Leader { term } => self.take_lead(term).await,
+            _ => self.refresh_mirror(),
+        }
+    }
+}
+
+/// Takes or renews the leader lease, every `leader_renew`.
+async fn lead(service: SchedulerService, shutdown: CancellationToken) {
+    let db = &service.shared.config.database;
+    let (lease, every) = (db.leader_lease, db.leader_renew);
+    let me = service.shared.replica_id.clone();
+    let store = service.shared.store.clone();
+    let mut held: Option<i64> = None;
+    // Until when this replica may still count on its lease: from the
+    // moment the renewal was sent, which is before the database stamped it.
+    let mut valid_until = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tracing::info!(replica = %me, lease_ms = lease.as_millis() as u64, "taking part in leader election");
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                if let Some(term) = held {
+                    service.step_down("shutting down").await;
+                    match store.resign(&me, term).await {
+                        Ok(()) => tracing::info!(replica = %me, term, "leader lease given up"),
+                        Err(e) => tracing::warn!(error = %e, "cannot give the leader lease up; it lapses by itself"),
+                    }
+                }
+                return;
+            }
+            _ = tick.tick() => {}
+        }
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(lease / 2, store.lead(&me, held, lease)).await;
+        match answer {
+            Ok(Ok(Some(term))) => {
+                valid_until = sent + lease;
+                if held != Some(term) {
+                    held = Some(term);
+                    tracing::info!(replica = %me, term, "leader lease taken");
+                    service.take_lead(term).await;
+                } else if !service.role().decides() {
+                    // Stepped down after a refused commit, yet the lease
+                    // is ours: give it up so another replica can lead.
+                    held = None;
+                    let _ = store.resign(&me, term).await;
+                }
+            }
+            Ok(Ok(None)) => {
+                if held.take().is_some() {
+                    service
+                        .step_down("another replica holds the leader lease")
+                        .await;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot renew the leader lease");
+                lapse(&service, &mut held, valid_until).await;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    waited_ms = (lease / 2).as_millis() as u64,
+                    "the leader lease renewal did not answer"
+                );
+                lapse(&service, &mut held, valid_until).await;
+            }
+        }
+    }
+}
+
+/// A renewal failed: past the lease's end, stop deciding.
+async fn lapse(service: &SchedulerService, held: &mut Option<i64>, valid_until: Instant) {
+    if held.is_some() && Instant::now() >= valid_until {
+        *held = None;
+        service
+            .step_down("the leader lease could not be renewed in time")
+            .await;
+    }
+}
+
+/// Listens to the announcements; rebuilds after every gap.
+async fn listen(service: SchedulerService, shutdown: CancellationToken) {
+    let url = service.shared.config.database_url();
+    let mut first = true;
+    loop {
+        let listener = async {
+            let mut l = PgListener::connect(&url).await?;
+            l.listen(crate::store::leader::CHANNEL).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        let mut listener = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            l = listener => match l {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for changes; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    continue;
+                }
+            },
+        };
+        if !first {
+            tracing::info!("listening for changes again; rebuilding what may have been missed");
+            service.resync().await;
+        }
+        first = false;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                n = listener.try_recv() => n,
+            };
+            match next {
+                Ok(Some(n)) => match Change::parse(n.payload()) {
+                    Some(change) => service.apply(change).await,
+                    None => tracing::warn!(payload = n.payload(), "unknown change announced"),
+                },
+                Ok(None) => {
+                    tracing::warn!("lost the connection that listens for changes");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "listening for changes failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Rebuilds a follower's core when asked, at most every 200 ms.
+async fn refresh_mirror(service: SchedulerService, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = service.shared.mirror.notified() => {}
+        }
+        {
+            let mut core = service.lock().await;
+            if service.role().decides() {
+                continue;
+            }
+            let shared = &service.shared;
+            match rebuild(&shared.config, &shared.store, None).await {
+                Ok(fresh) => *core = fresh,
+                Err(e) => tracing::warn!(error = %e, "cannot refresh the scheduler mirror"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

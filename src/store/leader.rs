@@ -1,0 +1,240 @@
+//! Several replicas on one PostgreSQL: the leader lease and the change
+//! notifications.
+//!
+//! One row (`leader_lease`) says which replica runs the scheduler until
+//! when, on the database's clock. The holder renews it; any replica takes
+//! it once it lapsed, and every change of holder bumps the **term**. The
+//! scheduler's commits check the term under the write lock
+//! ([`Store::commit_decisions`]), so a replica that lost the lease (paused,
+//! cut off from the database) can no longer commit once another took over.
+//!
+//! Every write transaction announces what it changed on the `flexq`
+//! channel (`NOTIFY`, delivered at commit and in commit order): this is
+//! how a create accepted by any replica reaches the leader at once, and
+//! how followers learn the leader's decisions.
+
+use std::fmt;
+use std::time::Duration;
+
+use sqlx::AnyConnection;
+
+use super::{Backend, Store, StoreError};
+
+/// The `LISTEN`/`NOTIFY` channel of the change announcements.
+pub const CHANNEL: &str = "flexq";
+
+/// The database's clock, in unix microseconds.
+const DB_NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
+
+/// What a committed transaction changed, as announced to every replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Batches were created, the newest with this seq.
+    Created { last_seq: i64 },
+    /// A batch left the queue or gave back its cluster.
+    Ended { seq: i64 },
+    /// A node registered (again).
+    Node { id: String },
+    /// An admin changed a quota limit.
+    Quota,
+    /// The leader committed scheduler decisions.
+    Decided,
+    /// What some node must run changed otherwise (a cancel of a running
+    /// batch, a Spark master came up).
+    Work,
+    /// A batch's driver output grew.
+    Output { seq: i64 },
+    /// An agent renewed its node's lease (not a write: sent alone).
+    Heartbeat { epoch: u64, node: String },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::Created { last_seq } => write!(f, "created {last_seq}"),
+            Change::Ended { seq } => write!(f, "ended {seq}"),
+            Change::Node { id } => write!(f, "node {id}"),
+            Change::Quota => f.write_str("quota"),
+            Change::Decided => f.write_str("decided"),
+            Change::Work => f.write_str("work"),
+            Change::Output { seq } => write!(f, "output {seq}"),
+            Change::Heartbeat { epoch, node } => write!(f, "heartbeat {epoch} {node}"),
+        }
+    }
+}
+
+impl Change {
+    /// Reads a payload written by [`Change`]'s `Display`.
+    pub fn parse(payload: &str) -> Option<Change> {
+        let (kind, rest) = payload.split_once(' ').unwrap_or((payload, ""));
+        Some(match kind {
+            "created" => Change::Created {
+                last_seq: rest.parse().ok()?,
+            },
+            "ended" => Change::Ended {
+                seq: rest.parse().ok()?,
+            },
+            "node" if !rest.is_empty() => Change::Node {
+                id: rest.to_string(),
+            },
+            "quota" => Change::Quota,
+            "decided" => Change::Decided,
+            "work" => Change::Work,
+            "output" => Change::Output {
+                seq: rest.parse().ok()?,
+            },
+            "heartbeat" => {
+                let (epoch, node) = rest.split_once(' ')?;
+                Change::Heartbeat {
+                    epoch: epoch.parse().ok()?,
+                    node: node.to_string(),
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Who holds the leader lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolder {
+    pub holder: String,
+    pub term: i64,
+    /// Whether the lease has not lapsed (on the database's clock).
+    pub live: bool,
+}
+
+impl Store {
+    /// Announces `change` inside the transaction `conn` (delivered at its
+    /// commit). Nothing on SQLite: one process, no one to tell.
+    pub(super) async fn announce(
+        &self,
+        conn: &mut AnyConnection,
+        change: &Change,
+    ) -> Result<(), StoreError> {
+        if self.backend == Backend::Postgres {
+            sqlx::query("select 1 from pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(change.to_string())
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Announces `change` on its own (a heartbeat, which writes nothing).
+    pub async fn announce_now(&self, change: &Change) -> Result<(), StoreError> {
+        if self.backend == Backend::Postgres {
+            let mut conn = self.pool.acquire().await?;
+            self.announce(&mut conn, change).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes the leader lease for `me` when it is free or lapsed, or renews
+    /// it when `me` holds term `held`. Answers the term `me` holds after
+    /// the call, or `None` when another replica's lease is live.
+    pub async fn lead(
+        &self,
+        me: &str,
+        held: Option<i64>,
+        lease: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let term: Option<i64> = sqlx::query_scalar(&format!(
+            "update leader_lease set \
+             term = case when holder = $1 and term = $2 then term else term + 1 end, \
+             holder = $1, expires_at = {DB_NOW_US} + $3 \
+             where id = 1 and ((holder = $1 and term = $2) or expires_at < {DB_NOW_US}) \
+             returning term"
+        ))
+        .bind(me)
+        .bind(held.unwrap_or(-1))
+        .bind(lease.as_micros() as i64)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(term) = term.filter(|t| Some(*t) != held) {
+            sqlx::query(&format!(
+                "insert into leader_terms (term, holder, started_at) values ($1, $2, {DB_NOW_US})"
+            ))
+            .bind(term)
+            .bind(me)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(term)
+    }
+
+    /// Gives the lease up at once (a clean shutdown), so another replica
+    /// need not wait for it to lapse.
+    pub async fn resign(&self, me: &str, term: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "update leader_lease set expires_at = 0 where id = 1 and holder = $1 and term = $2",
+        )
+        .bind(me)
+        .bind(term)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The lease as it stands.
+    pub async fn lease_holder(&self) -> Result<LeaseHolder, StoreError> {
+        let (holder, term, live): (String, i64, bool) = sqlx::query_as(&format!(
+            "select holder, term, expires_at >= {DB_NOW_US} from leader_lease where id = 1"
+        ))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(LeaseHolder { holder, term, live })
+    }
+
+    /// Fails unless term `fence` still holds the lease: inside a write
+    /// transaction, before a scheduler decision is written.
+    pub(super) async fn check_fence(
+        conn: &mut AnyConnection,
+        fence: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let Some(term) = fence else {
+            return Ok(());
+        };
+        let current: i64 =
+            sqlx::query_scalar("select term from leader_lease where id = 1 for share")
+                .fetch_one(conn)
+                .await?;
+        if current != term {
+            return Err(StoreError::Fenced(format!(
+                "term {term} is over (the lease is in term {current}): another replica leads"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_read_back_what_they_write() {
+        for c in [
+            Change::Created { last_seq: 42 },
+            Change::Ended { seq: 7 },
+            Change::Node {
+                id: "gpu node 1".into(),
+            },
+            Change::Quota,
+            Change::Decided,
+            Change::Work,
+            Change::Output { seq: 3 },
+            Change::Heartbeat {
+                epoch: 9,
+                node: "n 1".into(),
+            },
+        ] {
+            assert_eq!(Change::parse(&c.to_string()), Some(c.clone()), "{c}");
+        }
+        assert_eq!(Change::parse("created x"), None);
+        assert_eq!(Change::parse("nonsense"), None);
+    }
+}
