@@ -19,7 +19,7 @@ use crate::api::agent::{
 };
 use crate::launch::SparkJob;
 use crate::scheduler::{BatchKey, Role};
-use crate::store::{AgentEvent, ReportOutcome, StoreError};
+use crate::store::{AgentEvent, Change, ReportOutcome, StoreError};
 
 use super::App;
 use super::error::ApiError;
@@ -329,11 +329,42 @@ async fn heartbeat(app: &App, node: &str, req: Heartbeat) -> Result<serde_json::
     let epoch = parse_epoch(&req.epoch)?;
     let expires = Utc::now()
         + chrono::Duration::from_std(app.config.agents.lease_duration).unwrap_or_default();
-    app.scheduler
+    let renewed = app
+        .scheduler
         .lock()
         .await
-        .heartbeat(&NodeId(node.to_string()), epoch, expires)
-        .map_err(|e| lease_error(node, e))?;
+        .heartbeat(&NodeId(node.to_string()), epoch, expires);
+    if app.scheduler.replicated() {
+        // The leader keeps the lease; this replica's core may lag behind a
+        // registration on another one, the database does not.
+        match app.store.active_node(node).await? {
+            Some((_, current)) if current == epoch => {}
+            Some((_, current)) => {
+                return Err(lease_error(
+                    node,
+                    LeaseError::Stale {
+                        node: NodeId(node.to_string()),
+                        given: epoch,
+                        current,
+                    },
+                ));
+            }
+            None => {
+                return Err(lease_error(
+                    node,
+                    LeaseError::Unknown(NodeId(node.to_string())),
+                ));
+            }
+        }
+        app.store
+            .announce_now(&Change::Heartbeat {
+                epoch,
+                node: node.to_string(),
+            })
+            .await?;
+    } else {
+        renewed.map_err(|e| lease_error(node, e))?;
+    }
     Ok(lease_answer(app, node, epoch, expires))
 }
 

@@ -188,10 +188,32 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
-#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, description = "The database answers"), (status = 503, description = "Not ready")))]
+/// Ready when the database answers; says which replica this is, its role
+/// (`single` on SQLite, `leader` or `follower` on PostgreSQL) and, with
+/// several replicas, who holds the leader lease.
+#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, description = "The database answers: this replica's role and the leader"), (status = 503, description = "Not ready")))]
 async fn readyz(AppState(app): AppState<App>) -> Response {
-    match app.store.ping().await {
-        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+    let role = app.scheduler.role();
+    let mut answer = serde_json::json!({
+        "status": "ready",
+        "replica": app.scheduler.replica_id(),
+        "role": role.name(),
+        "database": app.store.backend().name(),
+    });
+    if let crate::scheduler::SchedulerRole::Leader { term } = role {
+        answer["term"] = term.into();
+    }
+    let checked = if app.scheduler.replicated() {
+        app.store.lease_holder().await.map(|lease| {
+            if lease.live && !lease.holder.is_empty() {
+                answer["leader"] = lease.holder.into();
+            }
+        })
+    } else {
+        app.store.ping().await
+    };
+    match checked {
+        Ok(()) => Json(answer).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "not ready");
             ApiError::new(

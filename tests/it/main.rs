@@ -11,6 +11,7 @@ mod hostile;
 mod kubernetes;
 mod metrics;
 mod prometheus;
+mod replicas;
 mod scheduler;
 mod spark;
 mod support;

@@ -537,7 +537,16 @@ async fn a_cluster_whose_nodes_left_the_config_fails_at_restart() {
     server.kill9();
     virtual_l4_config(&config, 0);
     let server = ServerProcess::start_with(dir.path(), Some(&config)).await;
-    let b = server.batch("orphan").await;
+    // At once on SQLite; on PostgreSQL once the killed server's leader
+    // lease has lapsed and the new one leads.
+    let t = Instant::now();
+    let b = loop {
+        let b = server.batch("orphan").await;
+        if b["state"] != "PENDING" || t.elapsed() > Duration::from_secs(10) {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(b["state"], "FAILED", "{b:#}");
     assert!(
         b["stateMessage"]

@@ -1,5 +1,10 @@
 //! A real flexq server for a test: in-process on port 0 with its own
-//! SQLite file, or as a child process of the built binary.
+//! database, or as a child process of the built binary.
+//!
+//! The database is a SQLite file in the test's directory, or, with
+//! `FLEXQ_TEST_DATABASE=postgres`, a database of its own on the PostgreSQL
+//! at `FLEXQ_TEST_PG` (default `postgres://postgres@127.0.0.1:5432/test`):
+//! `scripts/test` runs the behaviour suite once on each.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,6 +45,7 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = Config::load_without_env(None).expect("default config");
         config.database.data_dir = dir.path().join("data");
+        config.database.url = database_url(dir.path()).await;
         // Tests send bursts far above the per-project API quotas; the
         // limits have tests of their own.
         config.limits.mutations_per_minute = 1_000_000;
@@ -242,6 +248,58 @@ pub fn assert_status(status: u16, body: &Value, code: u16, name: &str) {
 }
 
 /// The `flexq` binary built for these tests.
+/// Whether this run of the suite is on PostgreSQL.
+pub fn on_postgres() -> bool {
+    std::env::var("FLEXQ_TEST_DATABASE").is_ok_and(|v| v == "postgres")
+}
+
+/// The PostgreSQL that test databases are made on.
+pub fn postgres_admin_url() -> String {
+    std::env::var("FLEXQ_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// The database of a server whose data lives in `dir`: `None` for the
+/// default SQLite file there; on PostgreSQL a database made for `dir`
+/// (the same one again when the server restarts on `dir`).
+pub async fn database_url(dir: &Path) -> Option<String> {
+    if !on_postgres() {
+        return None;
+    }
+    let marker = dir.join("postgres-url");
+    if let Ok(url) = std::fs::read_to_string(&marker) {
+        return Some(url);
+    }
+    let url = fresh_postgres_database().await;
+    std::fs::create_dir_all(dir).expect("test dir");
+    std::fs::write(&marker, &url).expect("write marker");
+    Some(url)
+}
+
+/// A new, empty database on the test PostgreSQL (`flexq_t_*`, dropped by
+/// `scripts/test` at its next start). Its own database, not a schema:
+/// `NOTIFY` channels and advisory locks are per database.
+pub async fn fresh_postgres_database() -> String {
+    use sqlx::{Connection, Executor};
+    let admin = postgres_admin_url();
+    let name = format!("flexq_t_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {admin} ({e}): scripts/test starts it"));
+    let mut tries = 0;
+    while let Err(e) = conn
+        .execute(format!("create database {name}").as_str())
+        .await
+    {
+        tries += 1;
+        assert!(tries < 10, "create database {name}: {e}");
+        tokio::time::sleep(Duration::from_millis(100 * tries)).await;
+    }
+    let _ = conn.close().await;
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    format!("{base}/{name}")
+}
+
 pub fn flexq_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_flexq"))
 }
@@ -274,6 +332,9 @@ impl ServerProcess {
         cmd.arg("serve");
         if let Some(config) = config {
             cmd.arg("--config").arg(config);
+        }
+        if let Some(url) = database_url(dir).await {
+            cmd.env("FLEXQ_DATABASE__URL", url);
         }
         let child = cmd
             .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))

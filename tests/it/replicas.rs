@@ -1,0 +1,572 @@
+//! Several `flexq serve` replicas on one real PostgreSQL: failover under
+//! load with the leader killed again and again, and the fencing of a
+//! leader that was paused while another took over.
+//!
+//! Both audit the allocation history in the database (every part ever
+//! allocated, with when it was released), not just the end state.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flexq::config::Config;
+use flexq::scheduler::{Decision, Scheduler};
+use flexq::store::{NewBatch, Store, StoreError, StoreOptions};
+use rand::Rng;
+use serde_json::{Value, json};
+use sqlx::Row;
+
+use crate::support::{flex_with, flexq_bin, fresh_postgres_database};
+
+/// The node shape of the test pool (the default config's us-central1-a L4).
+const GPUS_PER_NODE: usize = 4;
+const CORES: i64 = 48;
+const MEMORY_MB: i64 = 196_608;
+const SSD_GB: i64 = 1500;
+/// The test's preemptible L4 quota of project demo, below the capacity so
+/// that the quota pool, not only the nodes, is contended.
+const QUOTA: i64 = 10;
+
+/// A batch of 1 + `executors` L4 GPUs that waits at most `timeout`.
+fn gpu_batch(executors: u32, timeout: &str) -> Value {
+    let mut b = flex_with("spark.executor.instances", &executors.to_string());
+    for part in ["driver", "executor"] {
+        b["runtimeConfig"]["properties"]
+            [format!("spark.dataproc.{part}.provisioning.allocationTimeout")] = json!(timeout);
+    }
+    b
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// One `flexq serve` replica process.
+struct Replica {
+    name: String,
+    child: Child,
+    endpoint: String,
+}
+
+impl Replica {
+    async fn start(name: &str, url: &str, config: &Path, logs: &Path) -> Replica {
+        let port = free_port();
+        let log = std::fs::File::create(logs.join(format!("{name}.log"))).expect("log");
+        let child = Command::new(flexq_bin())
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("FLEXQ_DATABASE__URL", url)
+            .env("FLEXQ_DATABASE__REPLICA_ID", name)
+            .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
+            .env(
+                "FLEXQ_SERVER__METRICS_BIND",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env("FLEXQ_LIMITS__MUTATIONS_PER_MINUTE", "1000000")
+            .env("FLEXQ_LIMITS__READS_PER_MINUTE", "1000000")
+            .env("FLEXQ_LOG__FILTER", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn flexq serve");
+        let replica = Replica {
+            name: name.to_string(),
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let t = Instant::now();
+        while replica.readyz().await.is_none() {
+            assert!(t.elapsed() < Duration::from_secs(30), "{name} never ready");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        replica
+    }
+
+    async fn readyz(&self) -> Option<Value> {
+        let r = reqwest::Client::new()
+            .get(format!("{}/readyz", self.endpoint))
+            .timeout(Duration::from_millis(500))
+            .send()
+            .await
+            .ok()?;
+        r.status().is_success().then_some(())?;
+        r.json().await.ok()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The replica among `replicas` that says it leads, if one does.
+async fn leader(replicas: &[Replica]) -> Option<usize> {
+    for (i, r) in replicas.iter().enumerate() {
+        if r.readyz().await.is_some_and(|z| z["role"] == "leader") {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Four virtual L4 nodes (16 GPUs) in us-central1-a and nothing else.
+fn config_file(dir: &Path) -> PathBuf {
+    let path = dir.join("replicas.toml");
+    let mut text = String::new();
+    let config = Config::load_without_env(None).expect("default config");
+    for (region, r) in &config.regions {
+        for (zone, z) in &r.zones {
+            for pool in z.node_pools.keys() {
+                let n = u32::from(zone == "us-central1-a" && pool == "l4") * 4;
+                text.push_str(&format!(
+                    "[regions.{region}.zones.{zone}.node_pools.{pool}]\nvirtual_nodes = {n}\n"
+                ));
+            }
+        }
+    }
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+/// Checks the whole allocation history: no GPU given twice at once, no
+/// node's cores, memory or local SSD over its size, project demo's GPUs
+/// never over [`QUOTA`], every cluster whole (one driver and its
+/// executors), and none allocated after its deadline. Returns the number
+/// of clusters ever allocated.
+async fn audit(url: &str) -> Result<usize, String> {
+    let db = sqlx::PgPool::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let rows = sqlx::query(
+        "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
+         a.allocated_at, a.released_at, b.project, b.deadline, b.allocate_time, b.cluster \
+         from allocations a join batches b on b.seq = a.batch_seq order by a.id",
+    )
+    .fetch_all(&db)
+    .await
+    .map_err(|e| e.to_string())?;
+    // (time, +1 start / -1 end, what): ends sort before starts at the same
+    // microsecond (half-open intervals).
+    let mut events: Vec<(i64, i64, String, [i64; 4])> = Vec::new();
+    let mut parts: BTreeMap<i64, (usize, usize, u64)> = BTreeMap::new();
+    for r in &rows {
+        let seq: i64 = r.get("batch_seq");
+        let node: String = r.get("node_id");
+        let gpus: Vec<String> = serde_json::from_str(r.get::<&str, _>("gpus")).expect("gpus");
+        let start: i64 = r.get("allocated_at");
+        let end: i64 = r.get::<Option<i64>, _>("released_at").unwrap_or(i64::MAX);
+        if let (Some(deadline), Some(at)) = (
+            r.get::<Option<i64>, _>("deadline"),
+            r.get::<Option<i64>, _>("allocate_time"),
+        ) {
+            if at >= deadline {
+                return Err(format!(
+                    "batch {seq} allocated at {at}, at or after its deadline {deadline}"
+                ));
+            }
+        }
+        let cluster: Value = serde_json::from_str(r.get::<&str, _>("cluster")).expect("cluster");
+        let p = parts.entry(seq).or_insert((0, 0, 0));
+        if r.get::<&str, _>("role") == "driver" {
+            p.0 += 1;
+        } else {
+            p.1 += 1;
+        }
+        p.2 = cluster["executors"]["count"].as_u64().unwrap_or(u64::MAX);
+        let amounts = [
+            gpus.len() as i64,
+            r.get("cores"),
+            r.get("memory_mb"),
+            r.get("local_ssd_gb"),
+        ];
+        for gpu in &gpus {
+            events.push((start, 1, format!("gpu {node}/{gpu}"), [1, 0, 0, 0]));
+            events.push((end, -1, format!("gpu {node}/{gpu}"), [1, 0, 0, 0]));
+        }
+        events.push((start, 1, format!("node {node}"), amounts));
+        events.push((end, -1, format!("node {node}"), amounts));
+        let project: String = r.get("project");
+        let pool = format!("quota {project}");
+        events.push((start, 1, pool.clone(), [gpus.len() as i64, 0, 0, 0]));
+        events.push((end, -1, pool, [gpus.len() as i64, 0, 0, 0]));
+    }
+    for (seq, (drivers, executors, wanted)) in &parts {
+        if *drivers != 1 || (*wanted != u64::MAX && *executors as u64 != *wanted) {
+            return Err(format!(
+                "batch {seq}: {drivers} drivers and {executors} executors allocated, {wanted} executors asked"
+            ));
+        }
+    }
+    events.sort_by_key(|e| (e.0, e.1));
+    let mut held: HashMap<String, [i64; 4]> = HashMap::new();
+    for (t, sign, what, amounts) in events {
+        let h = held.entry(what.clone()).or_default();
+        for (total, a) in h.iter_mut().zip(amounts) {
+            *total += sign * a;
+        }
+        let limits: [i64; 4] = if what.starts_with("gpu ") {
+            [1, 0, 0, 0]
+        } else if what.starts_with("node ") {
+            [GPUS_PER_NODE as i64, CORES, MEMORY_MB, SSD_GB]
+        } else {
+            [QUOTA, i64::MAX, i64::MAX, i64::MAX]
+        };
+        if h.iter().zip(limits).any(|(used, limit)| *used > limit) {
+            return Err(format!(
+                "overcommitted at {t}: {what} holds {h:?}, limits {limits:?}"
+            ));
+        }
+    }
+    db.close().await;
+    Ok(parts.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_again_and_again_loses_nothing_and_overcommits_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = fresh_postgres_database().await;
+    let config = config_file(dir.path());
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        replicas.push(Replica::start(&format!("r{i}"), &url, &config, dir.path()).await);
+    }
+    let t = Instant::now();
+    while leader(&replicas).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "no replica leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let quota = http
+        .patch(format!(
+            "{}/v1/projects/demo/regions/us-central1/quotas",
+            replicas[1].endpoint
+        ))
+        .json(&json!({"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": QUOTA}))
+        .send()
+        .await
+        .expect("patch quota");
+    assert_eq!(quota.status(), 200);
+
+    // Submits through random replicas, each retried with its requestId on
+    // another replica until one answers; cancels of random batches through
+    // random replicas give capacity back (churn).
+    let endpoints = Arc::new(Mutex::new(
+        replicas
+            .iter()
+            .map(|r| r.endpoint.clone())
+            .collect::<Vec<_>>(),
+    ));
+    let acked = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
+    let sent = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pick = |endpoints: &Arc<Mutex<Vec<String>>>| {
+        let e = endpoints.lock().expect("endpoints");
+        e[rand::rng().random_range(0..e.len())].clone()
+    };
+    let submitter = {
+        let (http, endpoints, acked, sent, stop) = (
+            http.clone(),
+            endpoints.clone(),
+            acked.clone(),
+            sent.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.is_cancelled() {
+                n += 1;
+                let id = format!("load-{n:05}");
+                let request_id = uuid::Uuid::new_v4().to_string();
+                let (executors, timeout) = {
+                    let mut rng = rand::rng();
+                    (
+                        rng.random_range(2..=4),
+                        ["3s", "5s", "20s"][rng.random_range(0..3)],
+                    )
+                };
+                let body = gpu_batch(executors, timeout);
+                sent.lock().expect("sent").insert(id.clone());
+                for _ in 0..20 {
+                    let r = http
+                        .post(format!(
+                            "{}/v1/projects/demo/locations/us-central1/batches?batchId={id}&requestId={request_id}",
+                            pick(&endpoints)
+                        ))
+                        .json(&body)
+                        .send()
+                        .await;
+                    if let Ok(r) = r {
+                        if r.status() == 200 {
+                            let op: Value = r.json().await.expect("operation");
+                            let name = op["name"].as_str().expect("operation name").to_string();
+                            acked.lock().expect("acked").push((id.clone(), name));
+                            break;
+                        }
+                        let status = r.status();
+                        if !status.is_server_error() {
+                            panic!(
+                                "create {id}: {status} {}",
+                                r.text().await.unwrap_or_default()
+                            );
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        })
+    };
+    // Users cancel allocated batches (virtual nodes never finish work):
+    // capacity comes back and the queue moves.
+    let churn = {
+        let (http, endpoints, stop) = (http.clone(), endpoints.clone(), stop.clone());
+        let db = sqlx::PgPool::connect(&url).await.expect("db");
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let held: Vec<String> = sqlx::query_scalar(
+                    "select operation_id from batches where provisioning = 1 and state = 1",
+                )
+                .fetch_all(&db)
+                .await
+                .unwrap_or_default();
+                if held.is_empty() {
+                    continue;
+                }
+                let op = &held[rand::rng().random_range(0..held.len())];
+                let _ = http
+                    .post(format!(
+                        "{}/v1/projects/demo/regions/us-central1/operations/{op}:cancel",
+                        pick(&endpoints)
+                    ))
+                    .send()
+                    .await;
+            }
+        })
+    };
+
+    let mut failovers = Vec::new();
+    let mut last_kill = Instant::now();
+    for round in 0..3 {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let old = leader(&replicas).await.expect("a leader before the kill");
+        let name = replicas[old].name.clone();
+        replicas[old].kill9();
+        last_kill = Instant::now();
+        let killed = Instant::now();
+        let took = loop {
+            let others: Vec<&Replica> = replicas
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != old)
+                .map(|(_, r)| r)
+                .collect();
+            let mut led = false;
+            for r in others {
+                led |= r.readyz().await.is_some_and(|z| z["role"] == "leader");
+            }
+            if led {
+                break killed.elapsed();
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "round {round}: no replica took over"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        failovers.push(took);
+        // Back as a new replica, so three serve again.
+        let fresh = Replica::start(&format!("{name}-{round}"), &url, &config, dir.path()).await;
+        endpoints.lock().expect("endpoints")[old] = fresh.endpoint.clone();
+        replicas[old] = fresh;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.cancel();
+    submitter.await.expect("submitter");
+    churn.await.expect("churn");
+    eprintln!("failovers: {failovers:?}");
+    for (i, took) in failovers.iter().enumerate() {
+        assert!(*took < Duration::from_secs(3), "failover {i} took {took:?}");
+    }
+
+    // Every acknowledged batch exactly once, and nothing that was not sent.
+    let db = sqlx::PgPool::connect(&url).await.expect("db");
+    let stored: Vec<(String, i64)> =
+        sqlx::query_as("select batch_id, count(*) from batches group by batch_id")
+            .fetch_all(&db)
+            .await
+            .expect("ids");
+    let stored: HashMap<String, i64> = stored.into_iter().collect();
+    let acked = acked.lock().expect("acked").clone();
+    assert!(
+        acked.len() > 50,
+        "too little load: {} acknowledged",
+        acked.len()
+    );
+    for (id, _) in &acked {
+        assert_eq!(stored.get(id), Some(&1), "acknowledged batch {id}");
+    }
+    let sent = sent.lock().expect("sent").clone();
+    for id in stored.keys() {
+        assert!(sent.contains(id), "stored but never sent: {id}");
+    }
+    // The scheduler went on after the last failover: allocations and
+    // expiries after it, and no queued batch left past its deadline.
+    let since_kill = last_kill.elapsed().as_micros() as i64;
+    let after: i64 = sqlx::query_scalar(
+        "select count(*) from batches where allocate_time > (extract(epoch from now()) * 1000000)::bigint - $1",
+    )
+    .bind(since_kill)
+    .fetch_one(&db)
+    .await
+    .expect("after");
+    assert!(after > 0, "nothing allocated after the last failover");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let overdue: i64 = sqlx::query_scalar(
+        "select count(*) from batches where state = 1 and provisioning = 0 \
+         and deadline < (extract(epoch from now()) * 1000000)::bigint - 1000000",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("overdue");
+    assert_eq!(overdue, 0, "queued batches left past their deadline");
+    let expired: i64 = sqlx::query_scalar("select count(*) from batches where provisioning = 2")
+        .fetch_one(&db)
+        .await
+        .expect("expired");
+    assert!(expired > 0, "no batch expired: the load did not contend");
+    let terms: i64 = sqlx::query_scalar("select count(*) from leader_terms")
+        .fetch_one(&db)
+        .await
+        .expect("terms");
+    assert!(terms >= 4, "{terms} terms for 3 failovers");
+    let clusters = audit(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(clusters > 10, "only {clusters} clusters allocated");
+}
+
+/// Two stores on one database, as two replicas: `a` led in term 1, was
+/// paused past its lease, and `b` took over. Each decides from its own
+/// view: `a` still sees batch X waiting, `b` sees Y; both want the whole
+/// node. Committed at the same time, only the current term's decision is
+/// written — and without the fence, the stale one would double-allocate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_cannot_commit_after_another_took_over() {
+    let url = fresh_postgres_database().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config::load_without_env(Some(&config_file(dir.path()))).expect("config");
+    // One node of 4 GPUs.
+    config
+        .regions
+        .get_mut("us-central1")
+        .and_then(|r| r.zones.get_mut("us-central1-a"))
+        .and_then(|z| z.node_pools.get_mut("l4"))
+        .expect("pool")
+        .virtual_nodes = 1;
+    config.database.url = Some(url.clone());
+    let options = StoreOptions {
+        url: url.clone(),
+        max_connections: 4,
+        group_commit_max: 16,
+    };
+    let (a, b) = (
+        Store::open(&options).await.expect("a"),
+        Store::open(&options).await.expect("b"),
+    );
+    for id in ["whole-x", "whole-y"] {
+        let batch: flexq::api::Batch =
+            serde_json::from_value(gpu_batch(3, "3600s")).expect("batch");
+        let cluster = flexq::spec::validate(&batch, "demo", "us-central1", &config).expect("valid");
+        a.create(NewBatch {
+            name: flexq::api::BatchName {
+                project: "demo".into(),
+                region: "us-central1".into(),
+                batch_id: id.into(),
+            },
+            uuid: uuid::Uuid::now_v7(),
+            operation_id: uuid::Uuid::now_v7(),
+            request_id: None,
+            creator: "test".into(),
+            spec: batch,
+            cluster,
+            priority: 0,
+            state_message: "Queued.".into(),
+        })
+        .await
+        .expect("create");
+    }
+    let queued = a.queued_batches(0).await.expect("queued");
+    assert_eq!(queued.len(), 2);
+    let core = |batch: flexq::scheduler::PendingBatch| {
+        let mut core = Scheduler::new(flexq::scheduler::pools(&config), config.quotas.clone());
+        for node in flexq::scheduler::virtual_nodes(&config) {
+            core.add_node(node);
+        }
+        core.submit(batch);
+        core
+    };
+    let (mut core_a, mut core_b) = (core(queued[0].clone()), core(queued[1].clone()));
+
+    let short = Duration::from_millis(300);
+    let term_a = a
+        .lead("a", None, short)
+        .await
+        .expect("lead")
+        .expect("a leads");
+    assert_eq!(
+        b.lead("b", None, short).await.expect("lead"),
+        None,
+        "a's lease is live"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await; // a is paused
+    let term_b = b
+        .lead("b", None, Duration::from_secs(30))
+        .await
+        .expect("lead")
+        .expect("b takes over");
+    assert!(term_b > term_a);
+
+    let now = chrono::Utc::now();
+    let (da, db) = (core_a.pass(now), core_b.pass(now));
+    let allocates = |d: &[Decision]| {
+        d.iter()
+            .filter(|d| matches!(d, Decision::Allocate(_)))
+            .count()
+    };
+    assert_eq!(
+        (allocates(&da), allocates(&db)),
+        (1, 1),
+        "both want the node"
+    );
+    let (ra, rb) = tokio::join!(
+        a.commit_decisions(&da, now, Some(term_a)),
+        b.commit_decisions(&db, now, Some(term_b)),
+    );
+    assert!(
+        matches!(ra, Err(StoreError::Fenced(_))),
+        "the stale leader committed: {ra:?}"
+    );
+    assert_eq!(rb.expect("the leader commits"), vec![true]);
+    assert_eq!(audit(&url).await, Ok(1));
+
+    // The same stale commit without its fence: the audit sees the node
+    // given twice (what fencing prevents, and proof the audit can fail).
+    a.commit_decisions(&da, now, None).await.expect("unfenced");
+    let e = audit(&url)
+        .await
+        .expect_err("double allocation must be seen");
+    assert!(e.contains("overcommitted"), "{e}");
+}
