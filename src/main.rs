@@ -285,6 +285,21 @@ enum BenchAction {
         #[arg(long, default_value_t = 10)]
         runs: usize,
     },
+    /// Three replicas on PostgreSQL beside one server on SQLite: durable
+    /// creates/s and capacity-release → allocation latency.
+    Replicas {
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value_t = 48)]
+        clients: usize,
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        #[arg(long, default_value_t = 3)]
+        replicas: usize,
+        /// Where the benchmark may create (and then drops) a database.
+        #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+        postgres: String,
+    },
     /// The scheduler at scale: pass time, memory, flood, end to end,
     /// expiry lateness, restart.
     Schedule {
@@ -426,6 +441,22 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     rate,
                     endpoint,
                     warmup,
+                })
+                .await?;
+            }
+            BenchAction::Replicas {
+                duration,
+                clients,
+                rounds,
+                replicas,
+                postgres,
+            } => {
+                flexq::cli::bench_replicas::run(flexq::cli::bench_replicas::ReplicasOptions {
+                    duration,
+                    clients,
+                    rounds,
+                    postgres,
+                    replicas,
                 })
                 .await?;
             }

@@ -49,9 +49,17 @@ fn body() -> serde_json::Value {
     })
 }
 
-struct Server {
-    child: Child,
-    _dir: tempfile::TempDir,
+/// A `flexq serve` child process and its temporary directory.
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Its data directory (the SQLite database is in it).
+    pub(crate) fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
 }
 
 impl Drop for Server {
@@ -61,7 +69,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> Result<u16, CliError> {
+pub(crate) fn free_port() -> Result<u16, CliError> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -69,13 +77,24 @@ fn free_port() -> Result<u16, CliError> {
 }
 
 async fn start_server() -> Result<(Server, String), CliError> {
+    start_server_with("", &[]).await
+}
+
+/// Starts `flexq serve` on a temporary directory (its SQLite database
+/// unless `env` names another), with `extra` appended to its config, and
+/// waits until it is ready.
+pub(crate) async fn start_server_with(
+    extra: &str,
+    env: &[(&str, &str)],
+) -> Result<(Server, String), CliError> {
     let dir = tempfile::tempdir().map_err(|e| CliError::Transport(e.to_string()))?;
     let port = free_port()?;
+    let metrics_port = free_port()?;
     let config = dir.path().join("flexq.toml");
     std::fs::write(
         &config,
         format!(
-            "[server]\nbind = \"127.0.0.1:{port}\"\n[database]\ndata_dir = \"{}\"\n[log]\nformat = \"text\"\nfilter = \"warn\"\n# A throughput benchmark of one project: far above the per-project quotas.\n[limits]\nmutations_per_minute = 100000000\nreads_per_minute = 100000000\nmax_pending_per_project = 100000000\n",
+            "[server]\nbind = \"127.0.0.1:{port}\"\nmetrics_bind = \"127.0.0.1:{metrics_port}\"\n[database]\ndata_dir = \"{}\"\n[log]\nformat = \"text\"\nfilter = \"warn\"\n# A throughput benchmark of one project: far above the per-project quotas.\n[limits]\nmutations_per_minute = 100000000\nreads_per_minute = 100000000\nmax_pending_per_project = 100000000\n{extra}",
             dir.path().join("data").display()
         ),
     )
@@ -84,12 +103,13 @@ async fn start_server() -> Result<(Server, String), CliError> {
     let child = Command::new(exe)
         .args(["serve", "--config"])
         .arg(&config)
+        .envs(env.iter().copied())
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| CliError::Transport(format!("cannot start flexq serve: {e}")))?;
-    let server = Server { child, _dir: dir };
+    let server = Server { child, dir };
     let endpoint = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -129,7 +149,7 @@ fn fsync_baseline(dir: &Path) -> Duration {
     times.get(times.len() / 2).copied().unwrap_or_default()
 }
 
-fn peak_rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn peak_rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -140,7 +160,7 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".into())
@@ -214,16 +234,16 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
     Ok(())
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "this machine".into())
 }
 
-struct DriveResult {
-    ok: u64,
-    errors: u64,
-    latency: Histogram<u64>,
+pub(crate) struct DriveResult {
+    pub(crate) ok: u64,
+    pub(crate) errors: u64,
+    pub(crate) latency: Histogram<u64>,
     load_before: String,
 }
 
@@ -243,7 +263,8 @@ async fn connect(authority: &str) -> Option<SendRequest<Full<Bytes>>> {
     Some(sender)
 }
 
-async fn drive(
+/// Sends creates to `endpoint` for `duration`, closed or open loop.
+pub(crate) async fn drive(
     endpoint: &str,
     path: &str,
     body: &Bytes,

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod batches;
 pub mod bench;
 pub mod bench_agent;
+pub mod bench_replicas;
 pub mod bench_schedule;
 
 use std::fmt;

@@ -7,10 +7,12 @@
 //!   another replica took over they are refused (fencing). A leader that
 //!   cannot renew for a whole lease stops deciding on its own.
 //! - **Changes.** Every write transaction announces what it changed
-//!   (`NOTIFY`, see [`crate::store::Change`]). Each replica listens: the
-//!   leader queues new batches, forgets ended ones, registers nodes,
-//!   renews agents' leases and applies quota limits as they come; a
-//!   follower refreshes its mirror of the database for its views. After a
+//!   (`NOTIFY`, see [`crate::store::Change`]). Each replica listens and
+//!   queues new batches, forgets ended ones, registers nodes, renews
+//!   agents' leases and applies quota limits as they come. The leader's
+//!   decisions reach a follower's core by a rebuild from the database, at
+//!   most once per [`MIRROR_EVERY`] while decisions keep coming: its views
+//!   (capacity, quotas, queue positions, metrics) lag by that much. After a
 //!   gap in listening (a lost connection), the core is rebuilt.
 
 use std::sync::atomic::Ordering;
@@ -23,6 +25,9 @@ use tokio_util::sync::CancellationToken;
 use super::capacity::NodeId;
 use super::runner::{Role, SchedulerService, rebuild};
 use crate::store::Change;
+
+/// How often at most a follower rebuilds its core from the database.
+pub const MIRROR_EVERY: Duration = Duration::from_secs(1);
 
 /// The host name, the process id and a random suffix: unique across
 /// restarts, readable in `/readyz`.
@@ -106,11 +111,6 @@ impl SchedulerService {
         match change {
             Change::Created { .. } => {
                 let mut core = self.lock().await;
-                if !self.role().decides() {
-                    drop(core);
-                    self.refresh_mirror();
-                    return;
-                }
                 let after = self.shared.seen_seq.load(Ordering::SeqCst);
                 match store.queued_batches(after).await {
                     Ok(batches) => {
@@ -314,7 +314,7 @@ async fn listen(service: SchedulerService, shutdown: CancellationToken) {
     }
 }
 
-/// Rebuilds a follower's core when asked, at most every 200 ms.
+/// Rebuilds a follower's core when asked, at most every [`MIRROR_EVERY`].
 async fn refresh_mirror(service: SchedulerService, shutdown: CancellationToken) {
     loop {
         tokio::select! {
@@ -327,11 +327,23 @@ async fn refresh_mirror(service: SchedulerService, shutdown: CancellationToken) 
                 continue;
             }
             let shared = &service.shared;
-            match rebuild(&shared.config, &shared.store, None).await {
-                Ok(fresh) => *core = fresh,
+            // The watermark first: a create committed during the rebuild
+            // is read again past it (submitting twice is harmless).
+            let rebuilt = async {
+                let seen = shared.store.last_seq().await?;
+                Ok::<_, crate::store::StoreError>((
+                    seen,
+                    rebuild(&shared.config, &shared.store, None).await?,
+                ))
+            };
+            match rebuilt.await {
+                Ok((seen, fresh)) => {
+                    *core = fresh;
+                    shared.seen_seq.store(seen, Ordering::SeqCst);
+                }
                 Err(e) => tracing::warn!(error = %e, "cannot refresh the scheduler mirror"),
             }
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(MIRROR_EVERY).await;
     }
 }
