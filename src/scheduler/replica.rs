@@ -60,7 +60,8 @@ impl SchedulerService {
     async fn take_lead(&self, term: i64) {
         let started = Instant::now();
         let mut core = self.lock().await;
-        self.set_role(&mut core, Role::Leader { term });
+        // Under the core's lock (held here): see above.
+        self.set_role(Role::Leader { term });
         let shared = &self.shared;
         let result = async {
             let seen = shared.store.last_seq().await?;
@@ -85,21 +86,21 @@ impl SchedulerService {
                 // Decide on nothing half-read: let the lease go by and try
                 // again.
                 tracing::error!(error = %e, term, "cannot rebuild the scheduler state; not leading");
-                self.set_role(&mut core, Role::Follower);
+                self.set_role(Role::Follower);
             }
         }
         drop(core);
         self.work_changed();
     }
 
-    /// Stops deciding (the lease was lost or given up).
+    /// Stops deciding (the lease was lost or given up). Without waiting
+    /// for the core's lock: a pass may hold it while its commit waits on a
+    /// database that is gone, and that commit is fenced anyway.
     async fn step_down(&self, why: &str) {
-        let mut core = self.lock().await;
         if self.role().decides() {
             tracing::warn!(replica = %self.shared.replica_id, reason = why, "no longer leading");
-            self.set_role(&mut core, Role::Follower);
+            self.set_role(Role::Follower);
         }
-        drop(core);
         self.refresh_mirror();
     }
 
@@ -205,6 +206,7 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
     tracing::info!(replica = %me, lease_ms = lease.as_millis() as u64, "taking part in leader election");
     loop {
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => {
                 if let Some(term) = held {
                     service.step_down("shutting down").await;
@@ -213,6 +215,7 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
                         Err(e) => tracing::warn!(error = %e, "cannot give the leader lease up; it lapses by itself"),
                     }
                 }
+                service.shared.election_done.cancel();
                 return;
             }
             _ = tick.tick() => {}

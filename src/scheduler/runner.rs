@@ -68,7 +68,7 @@ pub(super) struct Shared {
     output: watch::Sender<u64>,
     pub(super) store: Store,
     pub(super) config: Arc<Config>,
-    /// Changed only under the core's lock.
+    /// Taken under the core's lock, given up without it.
     role: watch::Sender<Role>,
     /// The newest batch seq the leader's core has seen (new batches are
     /// read past it when a create is announced).
@@ -77,6 +77,9 @@ pub(super) struct Shared {
     pub(super) replica_id: String,
     /// Asks a follower's core to be rebuilt from the database.
     pub(super) mirror: Notify,
+    /// Fired when this replica no longer takes part in leader election
+    /// (at once on SQLite): after shutdown, its lease is given up.
+    pub(super) election_done: CancellationToken,
 }
 
 /// A handle on the running scheduler; cheap to clone.
@@ -128,15 +131,24 @@ impl SchedulerService {
                 seen_seq: AtomicI64::new(seen),
                 replica_id,
                 mirror: Notify::new(),
+                election_done: CancellationToken::new(),
             }),
         };
         if replicated {
             super::replica::start(service.clone(), shutdown.clone());
+        } else {
+            service.shared.election_done.cancel();
         }
         let runner = service.clone();
         tokio::spawn(async move { runner.run(shutdown).await });
         service.wake();
         Ok(service)
+    }
+
+    /// Waits until, after shutdown, this replica has left leader election
+    /// (having given its lease up if it led).
+    pub async fn election_done(&self) {
+        self.shared.election_done.cancelled().await;
     }
 
     /// What this process does about scheduling now.
@@ -160,8 +172,9 @@ impl SchedulerService {
         self.shared.store.backend() == Backend::Postgres
     }
 
-    /// Changes the role; the caller holds the core's lock.
-    pub(super) fn set_role(&self, _core: &mut Scheduler, role: Role) {
+    /// Changes the role. Taking the lead happens under the core's lock
+    /// (see [`super::replica`]); stepping down need not.
+    pub(super) fn set_role(&self, role: Role) {
         let term = role.fence().unwrap_or(0);
         crate::metrics::set_role(&self.shared.replica_id, role.name(), term);
         self.shared.role.send_replace(role);
@@ -293,7 +306,7 @@ impl SchedulerService {
                 // written, and this core no longer decides.
                 tracing::warn!(reason = %why, decisions = decisions.len(), "decisions refused: this replica no longer leads");
                 crate::metrics::record_fenced();
-                self.set_role(&mut core, Role::Follower);
+                self.set_role(Role::Follower);
                 drop(core);
                 self.refresh_mirror();
             }

@@ -285,6 +285,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let drain = app.config.server.shutdown_timeout;
     let store = app.store.clone();
+    let scheduler = app.scheduler.clone();
     let addr = listener.local_addr()?;
     let tls = match (&app.config.server.tls_cert, &app.config.server.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
@@ -314,6 +315,14 @@ pub async fn run(
         }
     };
     shutdown.cancelled().await;
+    // A leader hands over first: another replica need not wait for the
+    // lease to lapse while this one drains.
+    if tokio::time::timeout(std::time::Duration::from_secs(2), scheduler.election_done())
+        .await
+        .is_err()
+    {
+        tracing::warn!("leader election did not stop in 2s; the lease lapses by itself");
+    }
     tracing::info!(
         drain_s = drain.as_secs(),
         "shutting down: draining in-flight requests"

@@ -424,7 +424,7 @@ mod tests {
 
     fn sql_for(f: &str, backend: Backend) -> String {
         let filter = Filter::parse(f).expect(f);
-        let mut q = Sql::new("");
+        let mut q = Sql::new(backend, "");
         filter.push_sql(&mut q, backend);
         q.text().to_string()
     }
@@ -433,7 +433,7 @@ mod tests {
     fn the_documented_example_parses() {
         assert_eq!(
             sql("state = RUNNING AND create_time < \"2026-01-01T00:00:00Z\""),
-            "(state = $1 and create_time < $2)"
+            "(state = ? and create_time < ?)"
         );
     }
 
@@ -441,12 +441,12 @@ mod tests {
     fn or_binds_tighter_than_and() {
         assert_eq!(
             sql("batch_id = a AND state = PENDING OR state = RUNNING"),
-            "(batch_id = $1 and (state = $2 or state = $3))"
+            "(batch_id = ? and (state = ? or state = ?))"
         );
-        assert_eq!(sql("NOT (state = FAILED)"), "not (state = $1)");
+        assert_eq!(sql("NOT (state = FAILED)"), "not (state = ?)");
         assert_eq!(
             sql("labels.team = ml"),
-            "coalesce(json_extract(spec, $1), '') = $2"
+            "coalesce(json_extract(spec, ?), '') = ?"
         );
         assert_eq!(
             sql_for("labels.team = ml", Backend::Postgres),

@@ -301,7 +301,7 @@ impl Store {
         query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
     ) -> Result<Option<BatchRecord>, StoreError> {
         let rows = query.fetch_all(&self.pool).await?;
-        Ok(read_batches(&self.pool, rows).await?.pop())
+        Ok(read_batches(&self.pool, self.backend, rows).await?.pop())
     }
 
     pub async fn get(&self, name: &BatchName) -> Result<BatchRecord, StoreError> {
@@ -373,9 +373,10 @@ impl Store {
         page_size: u32,
         before_seq: Option<i64>,
     ) -> Result<Page, StoreError> {
-        let mut q = Sql::new(format!(
-            "select {BATCH_COLUMNS} from batches where project = "
-        ));
+        let mut q = Sql::new(
+            self.backend,
+            format!("select {BATCH_COLUMNS} from batches where project = "),
+        );
         q.bind(project).push(" and region = ").bind(region);
         if let Some(seq) = before_seq {
             q.push(" and seq < ").bind(seq);
@@ -388,7 +389,7 @@ impl Store {
         q.push(" order by seq desc limit ")
             .bind(i64::from(page_size) + 1);
         let rows = q.fetch_all(&self.pool).await?;
-        let mut batches = read_batches(&self.pool, rows).await?;
+        let mut batches = read_batches(&self.pool, self.backend, rows).await?;
         let next_before_seq = if batches.len() > page_size as usize {
             batches.truncate(page_size as usize);
             batches.last().map(|b| b.seq)

@@ -69,6 +69,7 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
 /// for the whole set).
 pub(super) async fn read_batches(
     pool: &AnyPool,
+    backend: super::Backend,
     rows: Vec<AnyRow>,
 ) -> Result<Vec<BatchRecord>, StoreError> {
     let mut batches = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
@@ -76,6 +77,7 @@ pub(super) async fn read_batches(
         return Ok(batches);
     }
     let mut q = Sql::new(
+        backend,
         "select batch_seq, state, message, start_time from state_history where batch_seq in (",
     );
     q.list(batches.iter().map(|b| b.seq))

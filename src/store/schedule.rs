@@ -293,7 +293,7 @@ impl Store {
             }
         }
         for chunk in endings.chunks(1000) {
-            let mut q = Sql::new("update batches set state = ");
+            let mut q = Sql::new(self.backend, "update batches set state = ");
             q.bind(State::Failed.number())
                 .push(", state_time = ")
                 .bind(micros(now))
@@ -318,6 +318,7 @@ impl Store {
                 continue;
             }
             let mut h = Sql::new(
+                self.backend,
                 "insert into state_history (batch_seq, idx, state, message, start_time) \
                  select v.column1, (select coalesce(max(h.idx), -1) + 1 from state_history h \
                  where h.batch_seq = v.column1), ",
@@ -334,6 +335,7 @@ impl Store {
         }
         for chunk in parts.chunks(2000) {
             let mut q = Sql::new(
+                self.backend,
                 "insert into allocations (batch_seq, node_id, role, gpus, cores, memory_mb, \
                  local_ssd_gb, allocated_at) ",
             );

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use sqlx::{AnyConnection, AnyPool, Row};
+use sqlx::{AnyConnection, Row};
 use tokio::sync::{mpsc, oneshot};
 
 use super::rows::{BATCH_COLUMNS, micros, read_batches};
@@ -103,8 +103,8 @@ async fn try_group(
     now: DateTime<Utc>,
 ) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
     let mut tx = store.begin_write().await?;
-    let stored_requests = stored_request_ids(&store.pool, &mut tx, batches).await?;
-    let taken_ids = taken_batch_ids(&mut tx, batches).await?;
+    let stored_requests = stored_request_ids(store, &mut tx, batches).await?;
+    let taken_ids = taken_batch_ids(store.backend, &mut tx, batches).await?;
 
     let mut ids_in_group: HashSet<Key> = HashSet::new();
     let mut requests_in_group: HashMap<Key, usize> = HashMap::new();
@@ -139,7 +139,7 @@ async fn try_group(
         .filter(|(_, d)| matches!(d, Decision::Insert))
         .map(|(b, _)| b)
         .collect();
-    let seqs = insert_batches(&mut tx, &new, now).await?;
+    let seqs = insert_batches(store.backend, &mut tx, &new, now).await?;
     if let Some(&last_seq) = seqs.values().max() {
         store
             .announce(&mut tx, &super::Change::Created { last_seq })
@@ -214,7 +214,7 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
 }
 
 async fn stored_request_ids(
-    pool: &AnyPool,
+    store: &Store,
     tx: &mut AnyConnection,
     batches: &[NewBatch],
 ) -> Result<HashMap<Key, BatchRecord>, StoreError> {
@@ -225,14 +225,15 @@ async fn stored_request_ids(
     if wanted.is_empty() {
         return Ok(HashMap::new());
     }
-    let mut q = Sql::new(format!(
-        "select {BATCH_COLUMNS} from batches where request_id in ("
-    ));
+    let mut q = Sql::new(
+        store.backend,
+        format!("select {BATCH_COLUMNS} from batches where request_id in ("),
+    );
     q.list(wanted).push(")");
     let rows = q.fetch_all(&mut *tx).await?;
     // History is read through the pool: it is committed data, and the
     // transaction only wrote nothing yet.
-    let records = read_batches(pool, rows).await?;
+    let records = read_batches(&store.pool, store.backend, rows).await?;
     Ok(records
         .into_iter()
         .filter_map(|r| {
@@ -243,10 +244,14 @@ async fn stored_request_ids(
 }
 
 async fn taken_batch_ids(
+    backend: super::Backend,
     tx: &mut AnyConnection,
     batches: &[NewBatch],
 ) -> Result<HashSet<Key>, StoreError> {
-    let mut q = Sql::new("select project, region, batch_id from batches where batch_id in (");
+    let mut q = Sql::new(
+        backend,
+        "select project, region, batch_id from batches where batch_id in (",
+    );
     q.list(batches.iter().map(|b| b.name.batch_id.as_str()))
         .push(")");
     let rows = q.fetch_all(&mut *tx).await?;
@@ -258,6 +263,7 @@ async fn taken_batch_ids(
 /// Inserts the new batches and their first history entry; returns each
 /// batch's `seq` by uuid.
 async fn insert_batches(
+    backend: super::Backend,
     tx: &mut AnyConnection,
     new: &[&NewBatch],
     now: DateTime<Utc>,
@@ -276,6 +282,7 @@ async fn insert_batches(
             .collect::<Result<Vec<_>, serde_json::Error>>()
             .map_err(|e| StoreError::Unavailable(format!("cannot encode batch: {e}")))?;
         let mut q = Sql::new(
+            backend,
             "insert into batches (project, region, batch_id, uuid, operation_id, request_id, \
              create_time, state, state_message, state_time, creator, spec, cluster, deadline, priority) ",
         );
@@ -304,8 +311,10 @@ async fn insert_batches(
             seqs.insert(row.try_get::<String, _>(1)?, seq);
             chunk_seqs.push(seq);
         }
-        let mut h =
-            Sql::new("insert into state_history (batch_seq, idx, state, message, start_time) ");
+        let mut h = Sql::new(
+            backend,
+            "insert into state_history (batch_seq, idx, state, message, start_time) ",
+        );
         h.values(chunk.iter(), |row, b| {
             let seq = seqs.get(&b.uuid.to_string()).copied().unwrap_or_default();
             row.bind(seq)

@@ -51,11 +51,13 @@ struct Replica {
     name: String,
     child: Child,
     endpoint: String,
+    /// Its metrics listener (answers without the database).
+    metrics: String,
 }
 
 impl Replica {
     async fn start(name: &str, url: &str, config: &Path, logs: &Path) -> Replica {
-        let port = free_port();
+        let (port, metrics_port) = (free_port(), free_port());
         let log = std::fs::File::create(logs.join(format!("{name}.log"))).expect("log");
         let child = Command::new(flexq_bin())
             .args(["serve", "--config"])
@@ -65,7 +67,7 @@ impl Replica {
             .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
             .env(
                 "FLEXQ_SERVER__METRICS_BIND",
-                format!("127.0.0.1:{}", free_port()),
+                format!("127.0.0.1:{metrics_port}"),
             )
             .env("FLEXQ_LIMITS__MUTATIONS_PER_MINUTE", "1000000")
             .env("FLEXQ_LIMITS__READS_PER_MINUTE", "1000000")
@@ -78,6 +80,7 @@ impl Replica {
             name: name.to_string(),
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
+            metrics: format!("http://127.0.0.1:{metrics_port}"),
         };
         let t = Instant::now();
         while replica.readyz().await.is_none() {
@@ -140,11 +143,11 @@ fn config_file(dir: &Path) -> PathBuf {
 }
 
 /// Checks the whole allocation history: no GPU given twice at once, no
-/// node's cores, memory or local SSD over its size, project demo's GPUs
-/// never over [`QUOTA`], every cluster whole (one driver and its
+/// node's cores, memory or local SSD over its size, a project's GPUs
+/// never over `quota`, every cluster whole (one driver and its
 /// executors), and none allocated after its deadline. Returns the number
 /// of clusters ever allocated.
-async fn audit(url: &str) -> Result<usize, String> {
+async fn audit(url: &str, quota: i64) -> Result<usize, String> {
     let db = sqlx::PgPool::connect(url)
         .await
         .map_err(|e| e.to_string())?;
@@ -220,7 +223,7 @@ async fn audit(url: &str) -> Result<usize, String> {
         } else if what.starts_with("node ") {
             [GPUS_PER_NODE as i64, CORES, MEMORY_MB, SSD_GB]
         } else {
-            [QUOTA, i64::MAX, i64::MAX, i64::MAX]
+            [quota, i64::MAX, i64::MAX, i64::MAX]
         };
         if h.iter().zip(limits).any(|(used, limit)| *used > limit) {
             return Err(format!(
@@ -454,7 +457,7 @@ async fn the_leader_killed_again_and_again_loses_nothing_and_overcommits_nothing
         .await
         .expect("terms");
     assert!(terms >= 4, "{terms} terms for 3 failovers");
-    let clusters = audit(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    let clusters = audit(&url, QUOTA).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(clusters > 10, "only {clusters} clusters allocated");
 }
 
@@ -560,13 +563,215 @@ async fn a_paused_leader_cannot_commit_after_another_took_over() {
         "the stale leader committed: {ra:?}"
     );
     assert_eq!(rb.expect("the leader commits"), vec![true]);
-    assert_eq!(audit(&url).await, Ok(1));
+    assert_eq!(audit(&url, QUOTA).await, Ok(1));
 
     // The same stale commit without its fence: the audit sees the node
     // given twice (what fencing prevents, and proof the audit can fail).
     a.commit_decisions(&da, now, None).await.expect("unfenced");
-    let e = audit(&url)
+    let e = audit(&url, QUOTA)
         .await
         .expect_err("double allocation must be seen");
     assert!(e.contains("overcommitted"), "{e}");
+}
+
+/// A TCP proxy to PostgreSQL that the test can cut, as a network partition
+/// (or a database failover) looks to the replica behind it: while cut,
+/// every connection it carried is closed and new ones are dropped.
+struct Proxy {
+    url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Proxy {
+    async fn start(db_url: &str) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if *watch.borrow() {
+                    continue; // dropped: refused
+                }
+                let mut watch = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect("127.0.0.1:5432").await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        let url = db_url.replacen("127.0.0.1:5432", &format!("127.0.0.1:{port}"), 1);
+        assert_ne!(
+            url, db_url,
+            "the test PostgreSQL is expected on 127.0.0.1:5432"
+        );
+        Proxy { url, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// `flexq_scheduler_leader` of a replica, from its metrics listener (which
+/// answers without the database).
+async fn leads_by_metrics(metrics: &str) -> Option<bool> {
+    let text = reqwest::Client::new()
+        .get(format!("{metrics}/metrics"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("flexq_scheduler_leader{"))?;
+    Some(line.ends_with(" 1"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_database_is_replaced_and_comes_back_as_a_follower() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = fresh_postgres_database().await;
+    let config = config_file(dir.path());
+    let proxy = Proxy::start(&url).await;
+    let r0 = Replica::start("r0", &proxy.url, &config, dir.path()).await;
+    let t = Instant::now();
+    while leader(std::slice::from_ref(&r0)).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let others = [
+        Replica::start("r1", &url, &config, dir.path()).await,
+        Replica::start("r2", &url, &config, dir.path()).await,
+    ];
+    let http = reqwest::Client::new();
+    let create = |endpoint: &str, id: &str| {
+        http.post(format!(
+            "{endpoint}/v1/projects/demo/locations/us-central1/batches?batchId={id}"
+        ))
+        .json(&gpu_batch(3, "600s"))
+        .send()
+    };
+    // Four whole-node batches fill the four nodes; a fifth waits.
+    for i in 0..5 {
+        let r = create(&r0.endpoint, &format!("before-{i}"))
+            .await
+            .expect("create");
+        assert_eq!(r.status(), 200);
+    }
+
+    proxy.set_cut(true);
+    let cut = Instant::now();
+    let (took, stepped_down) = {
+        let (mut took, mut stepped_down) = (None, None);
+        while took.is_none() || stepped_down.is_none() {
+            if took.is_none() && leader(&others).await.is_some() {
+                took = Some(cut.elapsed());
+            }
+            if stepped_down.is_none() && leads_by_metrics(&r0.metrics).await == Some(false) {
+                stepped_down = Some(cut.elapsed());
+            }
+            assert!(
+                cut.elapsed() < Duration::from_secs(10),
+                "after the cut: taken over {took:?}, stepped down {stepped_down:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (took.expect("took"), stepped_down.expect("stepped down"))
+    };
+    eprintln!(
+        "cut off: another leads after {took:?}, the old leader stepped down after {stepped_down:?}"
+    );
+    assert!(took < Duration::from_secs(3), "failover took {took:?}");
+
+    // The new leader decides: cancel an allocated batch through a follower
+    // and the waiting one gets its node.
+    let db = sqlx::PgPool::connect(&url).await.expect("db");
+    let held: String = sqlx::query_scalar(
+        "select operation_id from batches where provisioning = 1 order by seq limit 1",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("an allocated batch");
+    let cancel = http
+        .post(format!(
+            "{}/v1/projects/demo/regions/us-central1/operations/{held}:cancel",
+            others[1].endpoint
+        ))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(cancel.status(), 200);
+    let t = Instant::now();
+    loop {
+        let queued: i64 =
+            sqlx::query_scalar("select count(*) from batches where provisioning = 0 and state = 1")
+                .fetch_one(&db)
+                .await
+                .expect("queued");
+        if queued == 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the waiting batch was not allocated"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Back on the network, the old leader follows.
+    proxy.set_cut(false);
+    let t = Instant::now();
+    loop {
+        if let Some(z) = r0.readyz().await {
+            assert_eq!(z["role"], "follower", "{z}");
+            assert_ne!(z["leader"], "r0", "{z}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "r0 never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = create(&r0.endpoint, "after").await.expect("create");
+    assert_eq!(r.status(), 200, "the old leader takes submits again");
+
+    // A clean stop (SIGTERM) gives the lease up: no wait for it to lapse.
+    let mut all = vec![r0];
+    all.extend(others);
+    let old = leader(&all).await.expect("a leader");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(all[old].child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let stopped = Instant::now();
+    let old = all.remove(old);
+    while leader(&all).await.is_none() {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "no replica leads after the leader stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let handover = stopped.elapsed();
+    eprintln!("handover after SIGTERM: {handover:?}");
+    drop(old);
+    assert!(
+        handover < Duration::from_millis(1500),
+        "a clean stop handed over in {handover:?}, as slow as a lapse"
+    );
+    // The default config's preemptible L4 quota: 24 per project.
+    assert_eq!(audit(&url, 24).await.map(|n| n >= 5), Ok(true));
 }
