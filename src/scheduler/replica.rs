@@ -15,7 +15,6 @@
 //!   (capacity, quotas, queue positions, metrics) lag by that much. After a
 //!   gap in listening (a lost connection), the core is rebuilt.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -54,25 +53,18 @@ impl SchedulerService {
     }
 
     /// This replica now holds the lease in `term`: rebuild the core from
-    /// the database and decide. The role changes under the core's lock,
-    /// before the rebuild reads, so a create announced meanwhile is either
-    /// in what the rebuild reads or read past the watermark afterwards.
+    /// the database and decide. Under the core's lock, which the handling
+    /// of every announcement takes too: a create announced meanwhile was
+    /// committed before its announcement, so it is either in what the
+    /// rebuild reads or applied to the new core afterwards.
     async fn take_lead(&self, term: i64) {
         let started = Instant::now();
         let mut core = self.lock().await;
-        // Under the core's lock (held here): see above.
         self.set_role(Role::Leader { term });
         let shared = &self.shared;
-        let result = async {
-            let seen = shared.store.last_seq().await?;
-            let fresh = rebuild(&shared.config, &shared.store, Some(Some(term))).await?;
-            Ok::<_, crate::store::StoreError>((seen, fresh))
-        }
-        .await;
-        match result {
-            Ok((seen, fresh)) => {
+        match rebuild(&shared.config, &shared.store, Some(Some(term))).await {
+            Ok(fresh) => {
                 *core = fresh;
-                shared.seen_seq.store(seen, Ordering::SeqCst);
                 crate::metrics::record_leader_change();
                 tracing::info!(
                     replica = %shared.replica_id, term,
@@ -110,16 +102,18 @@ impl SchedulerService {
         let lease = chrono::Duration::from_std(self.shared.config.agents.lease_duration)
             .unwrap_or_default();
         match change {
-            Change::Created { .. } => {
+            Change::Created {
+                first_seq,
+                last_seq,
+            } => {
+                // The range may hold other transactions' batches too (seqs
+                // interleave): submitting one twice is harmless.
                 let mut core = self.lock().await;
-                let after = self.shared.seen_seq.load(Ordering::SeqCst);
-                match store.queued_batches(after).await {
+                match store.queued_batches(first_seq..=last_seq).await {
                     Ok(batches) => {
-                        let last = batches.iter().map(|b| b.key.0).max().unwrap_or(after);
                         for b in batches {
                             core.submit(b);
                         }
-                        self.shared.seen_seq.fetch_max(last, Ordering::SeqCst);
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot read new batches; rebuilding");
@@ -330,20 +324,8 @@ async fn refresh_mirror(service: SchedulerService, shutdown: CancellationToken) 
                 continue;
             }
             let shared = &service.shared;
-            // The watermark first: a create committed during the rebuild
-            // is read again past it (submitting twice is harmless).
-            let rebuilt = async {
-                let seen = shared.store.last_seq().await?;
-                Ok::<_, crate::store::StoreError>((
-                    seen,
-                    rebuild(&shared.config, &shared.store, None).await?,
-                ))
-            };
-            match rebuilt.await {
-                Ok((seen, fresh)) => {
-                    *core = fresh;
-                    shared.seen_seq.store(seen, Ordering::SeqCst);
-                }
+            match rebuild(&shared.config, &shared.store, None).await {
+                Ok(fresh) => *core = fresh,
                 Err(e) => tracing::warn!(error = %e, "cannot refresh the scheduler mirror"),
             }
         }

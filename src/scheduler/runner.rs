@@ -12,7 +12,6 @@
 //! the database for their views.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -70,9 +69,6 @@ pub(super) struct Shared {
     pub(super) config: Arc<Config>,
     /// Taken under the core's lock, given up without it.
     role: watch::Sender<Role>,
-    /// The newest batch seq the leader's core has seen (new batches are
-    /// read past it when a create is announced).
-    pub(super) seen_seq: AtomicI64,
     /// This replica's name in the leader lease.
     pub(super) replica_id: String,
     /// Asks a follower's core to be rebuilt from the database.
@@ -105,7 +101,6 @@ impl SchedulerService {
             Role::Single
         };
         let started = Instant::now();
-        let seen = store.last_seq().await?;
         let core = rebuild(&config, &store, role.decides().then_some(None)).await?;
         tracing::info!(
             pending = core.pending_count(),
@@ -128,7 +123,6 @@ impl SchedulerService {
                 store,
                 config,
                 role: watch::channel(role).0,
-                seen_seq: AtomicI64::new(seen),
                 replica_id,
                 mirror: Notify::new(),
                 election_done: CancellationToken::new(),
@@ -415,7 +409,7 @@ pub(super) async fn rebuild(
             .await?;
         log_decision(&lost, Utc::now());
     }
-    for batch in store.queued_batches(0).await? {
+    for batch in store.queued_batches(..).await? {
         core.submit(batch);
     }
     Ok(core)

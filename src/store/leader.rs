@@ -29,8 +29,8 @@ const DB_NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigi
 /// What a committed transaction changed, as announced to every replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    /// Batches were created, the newest with this seq.
-    Created { last_seq: i64 },
+    /// Batches were created, with seqs in this range.
+    Created { first_seq: i64, last_seq: i64 },
     /// A batch left the queue or gave back its cluster.
     Ended { seq: i64 },
     /// A node registered (again).
@@ -51,7 +51,10 @@ pub enum Change {
 impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Change::Created { last_seq } => write!(f, "created {last_seq}"),
+            Change::Created {
+                first_seq,
+                last_seq,
+            } => write!(f, "created {first_seq} {last_seq}"),
             Change::Ended { seq } => write!(f, "ended {seq}"),
             Change::Node { id } => write!(f, "node {id}"),
             Change::Quota => f.write_str("quota"),
@@ -68,9 +71,13 @@ impl Change {
     pub fn parse(payload: &str) -> Option<Change> {
         let (kind, rest) = payload.split_once(' ').unwrap_or((payload, ""));
         Some(match kind {
-            "created" => Change::Created {
-                last_seq: rest.parse().ok()?,
-            },
+            "created" => {
+                let (first, last) = rest.split_once(' ')?;
+                Change::Created {
+                    first_seq: first.parse().ok()?,
+                    last_seq: last.parse().ok()?,
+                }
+            }
             "ended" => Change::Ended {
                 seq: rest.parse().ok()?,
             },
@@ -218,7 +225,10 @@ mod tests {
     #[test]
     fn changes_read_back_what_they_write() {
         for c in [
-            Change::Created { last_seq: 42 },
+            Change::Created {
+                first_seq: 40,
+                last_seq: 42,
+            },
             Change::Ended { seq: 7 },
             Change::Node {
                 id: "gpu node 1".into(),

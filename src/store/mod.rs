@@ -12,7 +12,8 @@
 //! write lock up front: `BEGIN IMMEDIATE` on SQLite, a transaction-scoped
 //! advisory lock on PostgreSQL. Writers are serialized on both, so every
 //! read-then-write transaction sees what all earlier ones committed, with
-//! any number of replicas.
+//! any number of replicas. Creates on PostgreSQL are the exception (see
+//! [`Store::begin_create`]): the unique indexes order them.
 
 pub mod filter;
 pub mod leader;
@@ -266,6 +267,18 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// Begins the transaction of a group of creates. On PostgreSQL it does
+    /// not take the write lock: a create reads nothing another writer
+    /// changes, and the unique indexes (batch id, request id) decide a race
+    /// between replicas (the loser's group is retried one by one and finds
+    /// the winner's batch). Replicas then commit creates in parallel.
+    pub(crate) async fn begin_create(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        match self.backend {
+            Backend::Sqlite => self.begin_write().await,
+            Backend::Postgres => Ok(self.pool.begin().await?),
+        }
     }
 
     /// Begins a write transaction holding the database's write lock.

@@ -140,23 +140,29 @@ impl Store {
         .transpose()
     }
 
-    /// The highest batch seq stored (0 when none).
-    pub async fn last_seq(&self) -> Result<i64, StoreError> {
-        Ok(
-            sqlx::query_scalar("select coalesce(max(seq), 0) from batches")
-                .fetch_one(&self.pool)
-                .await?,
-        )
-    }
-
-    /// Every batch waiting in a queue with a seq above `after_seq`, oldest
-    /// first (streamed: there may be many).
-    pub async fn queued_batches(&self, after_seq: i64) -> Result<Vec<PendingBatch>, StoreError> {
+    /// Every batch waiting in a queue with a seq in `seqs`, oldest first
+    /// (streamed: there may be many).
+    pub async fn queued_batches(
+        &self,
+        seqs: impl std::ops::RangeBounds<i64>,
+    ) -> Result<Vec<PendingBatch>, StoreError> {
+        use std::ops::Bound;
+        let first = match seqs.start_bound() {
+            Bound::Included(s) => *s,
+            Bound::Excluded(s) => s.saturating_add(1),
+            Bound::Unbounded => i64::MIN,
+        };
+        let last = match seqs.end_bound() {
+            Bound::Included(s) => *s,
+            Bound::Excluded(s) => s.saturating_sub(1),
+            Bound::Unbounded => i64::MAX,
+        };
         let mut rows = sqlx::query(
             "select seq, batch_id, project, region, priority, create_time, deadline, cluster from batches \
-             where provisioning = 0 and state = 1 and seq > $1 order by seq",
+             where provisioning = 0 and state = 1 and seq between $1 and $2 order by seq",
         )
-        .bind(after_seq)
+        .bind(first)
+        .bind(last)
         .fetch(&self.pool);
         let mut out = Vec::new();
         while let Some(row) = rows.try_next().await? {

@@ -102,7 +102,7 @@ async fn try_group(
     batches: &[NewBatch],
     now: DateTime<Utc>,
 ) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
-    let mut tx = store.begin_write().await?;
+    let mut tx = store.begin_create().await?;
     let stored_requests = stored_request_ids(store, &mut tx, batches).await?;
     let taken_ids = taken_batch_ids(store.backend, &mut tx, batches).await?;
 
@@ -140,9 +140,15 @@ async fn try_group(
         .map(|(b, _)| b)
         .collect();
     let seqs = insert_batches(store.backend, &mut tx, &new, now).await?;
-    if let Some(&last_seq) = seqs.values().max() {
+    if let (Some(&first_seq), Some(&last_seq)) = (seqs.values().min(), seqs.values().max()) {
         store
-            .announce(&mut tx, &super::Change::Created { last_seq })
+            .announce(
+                &mut tx,
+                &super::Change::Created {
+                    first_seq,
+                    last_seq,
+                },
+            )
             .await?;
     }
     tx.commit().await?;

@@ -511,7 +511,7 @@ async fn a_paused_leader_cannot_commit_after_another_took_over() {
         .await
         .expect("create");
     }
-    let queued = a.queued_batches(0).await.expect("queued");
+    let queued = a.queued_batches(..).await.expect("queued");
     assert_eq!(queued.len(), 2);
     let core = |batch: flexq::scheduler::PendingBatch| {
         let mut core = Scheduler::new(flexq::scheduler::pools(&config), config.quotas.clone());
