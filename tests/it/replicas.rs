@@ -461,6 +461,81 @@ async fn the_leader_killed_again_and_again_loses_nothing_and_overcommits_nothing
     assert!(clusters > 10, "only {clusters} clusters allocated");
 }
 
+/// A whole-node batch of project demo, as the API would store it.
+fn new_batch(config: &Config, id: &str, request_id: Option<&str>) -> NewBatch {
+    let batch: flexq::api::Batch = serde_json::from_value(gpu_batch(3, "3600s")).expect("batch");
+    let cluster = flexq::spec::validate(&batch, "demo", "us-central1", config).expect("valid");
+    NewBatch {
+        name: flexq::api::BatchName {
+            project: "demo".into(),
+            region: "us-central1".into(),
+            batch_id: id.into(),
+        },
+        uuid: uuid::Uuid::now_v7(),
+        operation_id: uuid::Uuid::now_v7(),
+        request_id: request_id.map(str::to_string),
+        creator: "test".into(),
+        spec: batch,
+        cluster,
+        priority: 0,
+        state_message: "Queued.".into(),
+    }
+}
+
+/// Creates on PostgreSQL do not take the write lock: the same batch id or
+/// requestId sent to two replicas at the same instant must still give one
+/// batch (the others answered ALREADY_EXISTS, or the same batch again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_create_through_two_replicas_at_once_gives_one_batch() {
+    let url = fresh_postgres_database().await;
+    let config = Config::load_without_env(None).expect("config");
+    let options = StoreOptions {
+        url: url.clone(),
+        max_connections: 8,
+        group_commit_max: 64,
+    };
+    let stores = [
+        Store::open(&options).await.expect("a"),
+        Store::open(&options).await.expect("b"),
+    ];
+    for round in 0..20 {
+        let id = format!("race-{round:02}");
+        let request = format!("req-{round}");
+        let with_request = (0..8)
+            .map(|i| stores[i % 2].create(new_batch(&config, &format!("{id}-r"), Some(&request))));
+        let without = (0..8).map(|i| stores[i % 2].create(new_batch(&config, &id, None)));
+        let (replayed, plain) = tokio::join!(
+            futures_util::future::join_all(with_request),
+            futures_util::future::join_all(without)
+        );
+        let uuids: HashSet<String> = replayed
+            .into_iter()
+            .map(|r| {
+                r.expect("a requestId retry is answered")
+                    .record()
+                    .uuid
+                    .clone()
+            })
+            .collect();
+        assert_eq!(uuids.len(), 1, "round {round}: one batch per requestId");
+        let created = plain.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(created, 1, "round {round}: {plain:?}");
+        assert!(
+            plain
+                .iter()
+                .filter_map(|r| r.as_ref().err())
+                .all(|e| matches!(e, StoreError::AlreadyExists(_))),
+            "round {round}: {plain:?}"
+        );
+    }
+    let db = sqlx::PgPool::connect(&url).await.expect("db");
+    let n: i64 = sqlx::query_scalar("select count(*) from batches")
+        .fetch_one(&db)
+        .await
+        .expect("count");
+    assert_eq!(n, 40);
+}
+
 /// Two stores on one database, as two replicas: `a` led in term 1, was
 /// paused past its lease, and `b` took over. Each decides from its own
 /// view: `a` still sees batch X waiting, `b` sees Y; both want the whole
@@ -490,26 +565,9 @@ async fn a_paused_leader_cannot_commit_after_another_took_over() {
         Store::open(&options).await.expect("b"),
     );
     for id in ["whole-x", "whole-y"] {
-        let batch: flexq::api::Batch =
-            serde_json::from_value(gpu_batch(3, "3600s")).expect("batch");
-        let cluster = flexq::spec::validate(&batch, "demo", "us-central1", &config).expect("valid");
-        a.create(NewBatch {
-            name: flexq::api::BatchName {
-                project: "demo".into(),
-                region: "us-central1".into(),
-                batch_id: id.into(),
-            },
-            uuid: uuid::Uuid::now_v7(),
-            operation_id: uuid::Uuid::now_v7(),
-            request_id: None,
-            creator: "test".into(),
-            spec: batch,
-            cluster,
-            priority: 0,
-            state_message: "Queued.".into(),
-        })
-        .await
-        .expect("create");
+        a.create(new_batch(&config, id, None))
+            .await
+            .expect("create");
     }
     let queued = a.queued_batches(..).await.expect("queued");
     assert_eq!(queued.len(), 2);
