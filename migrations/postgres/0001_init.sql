@@ -38,7 +38,9 @@ create unique index batches_request_id on batches (request_id, project, region)
     where request_id is not null;
 create index batches_list on batches (project, region, seq);
 create index batches_by_state on batches (state, region);
-create index batches_queued on batches (provisioning, state);
+-- Queued batches, and the new ones of a create's announcement (a seq
+-- range): every replica reads those at each create group.
+create index batches_queued on batches (provisioning, state, seq);
 
 create table state_history (
     batch_seq bigint not null references batches (seq) on delete cascade,
