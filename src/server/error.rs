@@ -98,7 +98,7 @@ impl From<StoreError> for ApiError {
             StoreError::FailedPrecondition(m) => {
                 ApiError::new(Code::FailedPrecondition, "WRONG_STATE", m)
             }
-            StoreError::Unavailable(m) | StoreError::Fenced(m) => {
+            StoreError::Unavailable(m) | StoreError::Fenced(m) | StoreError::Conflict(m) => {
                 ApiError::new(Code::Unavailable, "STORE_UNAVAILABLE", m)
             }
         }

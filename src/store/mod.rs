@@ -52,6 +52,10 @@ pub enum StoreError {
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A unique index refused a row (a concurrent create of the same batch
+    /// id or requestId on another replica won).
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// A scheduler decision of a replica that no longer leads (fencing).
     #[error("fenced: {0}")]
     Fenced(String),
@@ -64,6 +68,9 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match e {
             sqlx::Error::RowNotFound => StoreError::NotFound,
+            sqlx::Error::Database(d) if d.is_unique_violation() => {
+                StoreError::Conflict(d.to_string())
+            }
             other => StoreError::Unavailable(other.to_string()),
         }
     }

@@ -59,24 +59,37 @@ async fn commit_group(store: &Store, group: Vec<CreateCmd>) {
                 let _ = reply.send(outcome);
             }
         }
-        Err(e) if batches.len() > 1 => {
-            tracing::warn!(error = %e, group = batches.len(), "group commit failed; retrying creates one by one");
+        Err(e) => {
+            if batches.len() > 1 {
+                tracing::warn!(error = %e, group = batches.len(), "group commit failed; retrying creates one by one");
+            }
             for (batch, reply) in batches.into_iter().zip(replies) {
-                let outcome =
-                    match try_group(store, std::slice::from_ref(&batch), now_micros()).await {
-                        Ok(mut one) => one
-                            .pop()
-                            .unwrap_or(Err(StoreError::Unavailable("no outcome".into()))),
-                        Err(e) => Err(e),
-                    };
+                let outcome = create_alone(store, &batch).await;
+                if let Err(e) = &outcome {
+                    tracing::error!(error = %e, batch.id = %batch.name.batch_id, "create failed");
+                }
                 let _ = reply.send(outcome);
             }
         }
-        Err(e) => {
-            tracing::error!(error = %e, "create failed");
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
+    }
+}
+
+/// One create in a transaction of its own. A unique index that refused it
+/// means another replica committed the same batch id or requestId in the
+/// meantime (PostgreSQL creates do not take the write lock): deciding
+/// again sees that batch and answers ALREADY_EXISTS, or the same batch.
+async fn create_alone(store: &Store, batch: &NewBatch) -> Result<Created, StoreError> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match try_group(store, std::slice::from_ref(batch), now_micros()).await {
+            Ok(mut one) => {
+                return one
+                    .pop()
+                    .unwrap_or(Err(StoreError::Unavailable("no outcome".into())));
             }
+            Err(StoreError::Conflict(_)) if attempts < 3 => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -103,8 +116,11 @@ async fn try_group(
     now: DateTime<Utc>,
 ) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
     let mut tx = store.begin_create().await?;
-    let stored_requests = stored_request_ids(store, &mut tx, batches).await?;
+    // Taken ids first: on PostgreSQL another replica may commit the same
+    // create between the two reads, and a requestId seen stored must win
+    // over its batch id seen taken (the answer is then the same batch).
     let taken_ids = taken_batch_ids(store.backend, &mut tx, batches).await?;
+    let stored_requests = stored_request_ids(store, &mut tx, batches).await?;
 
     let mut ids_in_group: HashSet<Key> = HashSet::new();
     let mut requests_in_group: HashMap<Key, usize> = HashMap::new();

@@ -498,7 +498,7 @@ async fn the_same_create_through_two_replicas_at_once_gives_one_batch() {
         Store::open(&options).await.expect("a"),
         Store::open(&options).await.expect("b"),
     ];
-    for round in 0..20 {
+    for round in 0..50 {
         let id = format!("race-{round:02}");
         let request = format!("req-{round}");
         let with_request = (0..8)
@@ -533,7 +533,7 @@ async fn the_same_create_through_two_replicas_at_once_gives_one_batch() {
         .fetch_one(&db)
         .await
         .expect("count");
-    assert_eq!(n, 40);
+    assert_eq!(n, 100);
 }
 
 /// Two stores on one database, as two replicas: `a` led in term 1, was
@@ -832,4 +832,67 @@ async fn a_leader_cut_off_from_the_database_is_replaced_and_comes_back_as_a_foll
     );
     // The default config's preemptible L4 quota: 24 per project.
     assert_eq!(audit(&url, 24).await.map(|n| n >= 5), Ok(true));
+}
+
+/// The Kubernetes manifest runs three replicas whose configuration flexq
+/// accepts, reads the database URL from a Secret and names each replica
+/// after its pod; the bad lease setting of a config is refused by name.
+#[test]
+fn the_kubernetes_manifest_runs_three_replicas_with_a_valid_config() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/flexq.yaml");
+    let text = std::fs::read_to_string(&path).expect("manifest");
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("yaml document"))
+        .collect();
+    let kind = |k: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == k)
+            .unwrap_or_else(|| panic!("no {k}"))
+    };
+    let deployment = kind("Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let env: Vec<&str> = container["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(env.contains(&"FLEXQ_DATABASE__URL") && env.contains(&"FLEXQ_DATABASE__REPLICA_ID"));
+    assert_eq!(kind("PodDisruptionBudget")["spec"]["minAvailable"], 2);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("flexq.toml");
+    std::fs::write(
+        &config,
+        kind("ConfigMap")["data"]["flexq.toml"]
+            .as_str()
+            .expect("flexq.toml"),
+    )
+    .expect("write");
+    let check = |lease: Option<&str>| {
+        let mut cmd = Command::new(flexq_bin());
+        cmd.args(["config", "check", "--config"]).arg(&config).env(
+            "FLEXQ_DATABASE__URL",
+            "postgres://flexq@db.example:5432/flexq",
+        );
+        if let Some(lease) = lease {
+            cmd.env("FLEXQ_DATABASE__LEADER_LEASE", lease);
+        }
+        cmd.output().expect("flexq config check")
+    };
+    let ok = check(None);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let bad = check(Some("500ms"));
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("database.leader_renew"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 }
