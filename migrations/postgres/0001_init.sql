@@ -4,9 +4,9 @@
 -- statements; JSON documents are text.
 
 create table batches (
-    -- Insertion order: list pages are keyset-paginated on it. Every write
-    -- transaction holds the store's advisory write lock, so seqs are also
-    -- in commit order (the leader reads new batches past a watermark).
+    -- Insertion order: list pages are keyset-paginated on it. Creates of
+    -- several replicas commit concurrently, so seqs are not quite in
+    -- commit order: a create's announcement names its seq range.
     seq bigint generated always as identity primary key,
     project text not null,
     region text not null,

@@ -78,6 +78,10 @@ pub enum Decision {
     /// held part of it fails (a partial cluster must not go on).
     LoseNode {
         node: NodeId,
+        /// The registration that lapsed; `None` for a node the config no
+        /// longer declares. A registration since (on another replica)
+        /// makes the decision void.
+        epoch: Option<u64>,
         failed: Vec<BatchKey>,
         /// The ids of `failed`, for logs.
         failed_ids: Vec<String>,
@@ -394,7 +398,7 @@ impl Scheduler {
         let mut decisions = Vec::new();
         // Lost nodes first: their capacity must not be handed out again,
         // and the clusters that used them fail whole.
-        for (node, expired_at) in self.leases.lapsed(now) {
+        for (node, epoch, expired_at) in self.leases.lapsed(now) {
             let failed = self.remove_node(&node);
             let failed_ids = failed
                 .iter()
@@ -409,6 +413,7 @@ impl Scheduler {
             );
             decisions.push(Decision::LoseNode {
                 node,
+                epoch: Some(epoch),
                 failed,
                 failed_ids,
                 message,

@@ -71,16 +71,16 @@ impl Leases {
         self.expiries.first().map(|(t, _)| *t)
     }
 
-    /// Removes and returns every lease lapsed at `now`.
-    pub fn lapsed(&mut self, now: DateTime<Utc>) -> Vec<(NodeId, DateTime<Utc>)> {
+    /// Removes and returns every lease lapsed at `now`, with its epoch.
+    pub fn lapsed(&mut self, now: DateTime<Utc>) -> Vec<(NodeId, u64, DateTime<Utc>)> {
         let mut out = Vec::new();
         while let Some((t, node)) = self.expiries.first().cloned() {
             if t > now {
                 break;
             }
             self.expiries.remove(&(t, node.clone()));
-            self.by_node.remove(&node);
-            out.push((node, t));
+            let epoch = self.by_node.remove(&node).map_or(0, |(e, _)| e);
+            out.push((node, epoch, t));
         }
         out
     }

@@ -17,6 +17,8 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::Ordering;
+
 use chrono::Utc;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +29,10 @@ use crate::store::Change;
 
 /// How often at most a follower rebuilds its core from the database.
 pub const MIRROR_EVERY: Duration = Duration::from_secs(1);
+
+/// How long the listening connection may stay silent (its own pings, one a
+/// second, included) before it is replaced.
+const LISTEN_SILENCE: Duration = Duration::from_secs(3);
 
 /// The host name, the process id and a random suffix: unique across
 /// restarts, readable in `/readyz`.
@@ -60,6 +66,10 @@ impl SchedulerService {
     async fn take_lead(&self, term: i64) {
         let started = Instant::now();
         let mut core = self.lock().await;
+        if self.shared.held_term.load(Ordering::SeqCst) != term {
+            // The lease was lost while this waited for the lock.
+            return;
+        }
         self.set_role(Role::Leader { term });
         let shared = &self.shared;
         match rebuild(&shared.config, &shared.store, Some(Some(term))).await {
@@ -96,8 +106,16 @@ impl SchedulerService {
         self.refresh_mirror();
     }
 
-    /// Applies one announced change to this replica's core.
+    /// Applies one announced change to this replica's core. What cannot be
+    /// read now is not dropped: the core is rebuilt from the database.
     async fn apply(&self, change: Change) {
+        if let Err(e) = self.try_apply(change).await {
+            tracing::warn!(error = %e, "cannot apply an announced change; rebuilding");
+            self.resync().await;
+        }
+    }
+
+    async fn try_apply(&self, change: Change) -> Result<(), crate::store::StoreError> {
         let store = &self.shared.store;
         let lease = chrono::Duration::from_std(self.shared.config.agents.lease_duration)
             .unwrap_or_default();
@@ -109,18 +127,8 @@ impl SchedulerService {
                 // The range may hold other transactions' batches too (seqs
                 // interleave): submitting one twice is harmless.
                 let mut core = self.lock().await;
-                match store.queued_batches(first_seq..=last_seq).await {
-                    Ok(batches) => {
-                        for b in batches {
-                            core.submit(b);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot read new batches; rebuilding");
-                        drop(core);
-                        self.resync().await;
-                        return;
-                    }
+                for b in store.queued_batches(first_seq..=last_seq).await? {
+                    core.submit(b);
                 }
                 drop(core);
                 self.wake();
@@ -131,31 +139,23 @@ impl SchedulerService {
                 self.work_changed();
             }
             Change::Node { id } => {
-                match store.active_node(&id).await {
-                    Ok(Some((spec, epoch))) => {
-                        self.lock()
-                            .await
-                            .register_node(spec, epoch, Utc::now() + lease);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, node = %id, "cannot read a registered node")
-                    }
+                if let Some((spec, epoch)) = store.active_node(&id).await? {
+                    self.lock()
+                        .await
+                        .register_node(spec, epoch, Utc::now() + lease);
                 }
                 self.wake();
                 self.work_changed();
             }
-            Change::Quota => match store.quota_overrides().await {
-                Ok(limits) => {
-                    let mut core = self.lock().await;
-                    for (project, region, metric, limit) in limits {
-                        core.set_quota_limit(&project, &region, metric, limit);
-                    }
-                    drop(core);
-                    self.wake();
+            Change::Quota => {
+                let limits = store.quota_overrides().await?;
+                let mut core = self.lock().await;
+                for (project, region, metric, limit) in limits {
+                    core.set_quota_limit(&project, &region, metric, limit);
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read quota limits"),
-            },
+                drop(core);
+                self.wake();
+            }
             Change::Decided => {
                 if !self.role().decides() {
                     self.refresh_mirror();
@@ -172,7 +172,9 @@ impl SchedulerService {
                     .await
                     .heartbeat(&NodeId(node), epoch, Utc::now() + lease);
             }
+            Change::Ping { .. } => {}
         }
+        Ok(())
     }
 
     /// After a gap in the announcements: rebuild the core from the
@@ -192,6 +194,9 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
     let me = service.shared.replica_id.clone();
     let store = service.shared.store.clone();
     let mut held: Option<i64> = None;
+    // The rebuild of a term just taken runs beside the renewals: a long
+    // one (a deep queue) must not let the lease lapse.
+    let mut taking: Option<tokio::task::JoinHandle<()>> = None;
     // Until when this replica may still count on its lease: from the
     // moment the renewal was sent, which is before the database stamped it.
     let mut valid_until = Instant::now();
@@ -221,17 +226,24 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
                 valid_until = sent + lease;
                 if held != Some(term) {
                     held = Some(term);
+                    service.shared.held_term.store(term, Ordering::SeqCst);
                     tracing::info!(replica = %me, term, "leader lease taken");
-                    service.take_lead(term).await;
-                } else if !service.role().decides() {
-                    // Stepped down after a refused commit, yet the lease
-                    // is ours: give it up so another replica can lead.
+                    let taker = service.clone();
+                    taking = Some(tokio::spawn(async move { taker.take_lead(term).await }));
+                } else if !service.role().decides()
+                    && taking.as_ref().is_none_or(|t| t.is_finished())
+                {
+                    // Stepped down (a refused commit, a failed rebuild),
+                    // yet the lease is ours: give it up so another replica
+                    // can lead.
                     held = None;
+                    service.shared.held_term.store(0, Ordering::SeqCst);
                     let _ = store.resign(&me, term).await;
                 }
             }
             Ok(Ok(None)) => {
                 if held.take().is_some() {
+                    service.shared.held_term.store(0, Ordering::SeqCst);
                     service
                         .step_down("another replica holds the leader lease")
                         .await;
@@ -256,16 +268,22 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
 async fn lapse(service: &SchedulerService, held: &mut Option<i64>, valid_until: Instant) {
     if held.is_some() && Instant::now() >= valid_until {
         *held = None;
+        service.shared.held_term.store(0, Ordering::SeqCst);
         service
             .step_down("the leader lease could not be renewed in time")
             .await;
     }
 }
 
-/// Listens to the announcements; rebuilds after every gap.
+/// Listens to the announcements; rebuilds after every gap. A connection
+/// can die without a word (a proxy or NAT dropping it): this replica
+/// announces a ping every second and, hearing nothing for
+/// [`LISTEN_SILENCE`], listens anew and rebuilds.
 async fn listen(service: SchedulerService, shutdown: CancellationToken) {
     let url = service.shared.config.database_url();
-    let mut first = true;
+    let store = service.shared.store.clone();
+    let me = service.shared.replica_id.clone();
+    let mut pings: u64 = 0;
     loop {
         let listener = async {
             let mut l = PgListener::connect(&url).await?;
@@ -283,21 +301,40 @@ async fn listen(service: SchedulerService, shutdown: CancellationToken) {
                 }
             },
         };
-        if !first {
-            tracing::info!("listening for changes again; rebuilding what may have been missed");
-            service.resync().await;
-        }
-        first = false;
+        // Whatever was committed before this LISTEN (at start: before the
+        // first rebuild may have read) is read again.
+        tracing::info!("listening for changes");
+        service.resync().await;
+        let mut heard = Instant::now();
+        let mut ping = tokio::time::interval(Duration::from_secs(1));
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return,
+                _ = ping.tick() => {
+                    if heard.elapsed() > LISTEN_SILENCE {
+                        tracing::warn!(silent_ms = heard.elapsed().as_millis() as u64, "the connection that listens for changes went silent");
+                        break;
+                    }
+                    pings += 1;
+                    let ping = Change::Ping { n: pings, replica: me.clone() };
+                    if let Err(e) = store.announce_now(&ping).await {
+                        tracing::debug!(error = %e, "cannot announce a ping");
+                    }
+                    continue;
+                }
                 n = listener.try_recv() => n,
             };
             match next {
-                Ok(Some(n)) => match Change::parse(n.payload()) {
-                    Some(change) => service.apply(change).await,
-                    None => tracing::warn!(payload = n.payload(), "unknown change announced"),
-                },
+                Ok(Some(n)) => {
+                    match Change::parse(n.payload()) {
+                        Some(change) => service.apply(change).await,
+                        None => tracing::warn!(payload = n.payload(), "unknown change announced"),
+                    }
+                    // Heard, and done with it: time spent applying is not
+                    // silence.
+                    heard = Instant::now();
+                }
                 Ok(None) => {
                     tracing::warn!("lost the connection that listens for changes");
                     break;

@@ -12,6 +12,7 @@
 //! the database for their views.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -73,6 +74,12 @@ pub(super) struct Shared {
     pub(super) replica_id: String,
     /// Asks a follower's core to be rebuilt from the database.
     pub(super) mirror: Notify,
+    /// The core holds decisions the database does not: rebuild it before
+    /// the next pass.
+    pub(super) stale: AtomicBool,
+    /// The term the leader election loop holds (0: none). A rebuild for a
+    /// term that is no longer held does not make this replica lead.
+    pub(super) held_term: AtomicI64,
     /// Fired when this replica no longer takes part in leader election
     /// (at once on SQLite): after shutdown, its lease is given up.
     pub(super) election_done: CancellationToken,
@@ -126,6 +133,8 @@ impl SchedulerService {
                 replica_id,
                 mirror: Notify::new(),
                 election_done: CancellationToken::new(),
+                stale: AtomicBool::new(false),
+                held_term: AtomicI64::new(0),
             }),
         };
         if replicated {
@@ -254,6 +263,15 @@ impl SchedulerService {
         if !role.decides() {
             return;
         }
+        if self.shared.stale.load(Ordering::SeqCst) {
+            self.rebuild_after_void(&mut core, role.fence()).await;
+            if self.shared.stale.load(Ordering::SeqCst) {
+                drop(core);
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                self.wake();
+                return;
+            }
+        }
         let started = Instant::now();
         let decisions = core.pass(now);
         let decide_time = started.elapsed();
@@ -274,9 +292,17 @@ impl SchedulerService {
                     commit_started.elapsed(),
                     decisions.len(),
                 );
+                let mut stale_core = false;
                 for (d, ok) in decisions.iter().zip(applied) {
                     if ok {
                         log_decision(d, now);
+                    } else if let Decision::LoseNode { node, .. } = d {
+                        // The node registered again (on another replica)
+                        // before this commit: it is not lost, and the
+                        // clusters this pass dropped from memory still hold
+                        // their capacity.
+                        tracing::info!(node = %node, "decision void: the node registered again");
+                        stale_core = true;
                     } else {
                         // The batch left the queue meanwhile (cancelled):
                         // the decision is void, give back what it took.
@@ -286,6 +312,9 @@ impl SchedulerService {
                         );
                         core.forget(d.key());
                     }
+                }
+                if stale_core {
+                    self.rebuild_after_void(&mut core, role.fence()).await;
                 }
                 crate::metrics::record_pass(started.elapsed(), decisions.len());
                 if decisions
@@ -307,15 +336,27 @@ impl SchedulerService {
             Err(e) => {
                 // Nothing of the pass is durable: start again from what is.
                 tracing::error!(error = %e, decisions = decisions.len(), "cannot commit the scheduler's decisions; rebuilding from the store");
-                match rebuild(&self.shared.config, &self.shared.store, Some(role.fence())).await {
-                    Ok(fresh) => *core = fresh,
-                    Err(e) => {
-                        tracing::error!(error = %e, "rebuild failed; keeping the in-memory state")
-                    }
-                }
+                self.rebuild_after_void(&mut core, role.fence()).await;
                 drop(core);
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 self.wake();
+            }
+        }
+    }
+
+    /// Replaces the core by what the database holds, after a pass whose
+    /// decisions were not all written. Until that succeeds no pass runs: a
+    /// core holding allocations that were never committed would keep their
+    /// capacity, and their batches, out of reach for good.
+    async fn rebuild_after_void(&self, core: &mut Scheduler, fence: Option<i64>) {
+        match rebuild(&self.shared.config, &self.shared.store, Some(fence)).await {
+            Ok(fresh) => {
+                *core = fresh;
+                self.shared.stale.store(false, Ordering::SeqCst);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot rebuild the scheduler state; no pass until it can");
+                self.shared.stale.store(true, Ordering::SeqCst);
             }
         }
     }
@@ -400,6 +441,7 @@ pub(super) async fn rebuild(
         let (failed, failed_ids) = orphans.into_iter().unzip();
         let lost = Decision::LoseNode {
             node: super::NodeId("(configuration)".into()),
+            epoch: None,
             failed,
             failed_ids,
             message: "The nodes of this batch's cluster are no longer declared in the configuration; the batch failed and its cluster was released.".into(),

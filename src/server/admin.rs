@@ -133,7 +133,16 @@ pub(super) async fn patch_quota(
         .await?;
     let quotas = {
         let mut core = app.scheduler.lock().await;
-        core.set_quota_limit(&project, &region, metric, limit);
+        if app.scheduler.replicated() {
+            // What the database holds now: this change, and any another
+            // admin committed since on another replica (never this one's
+            // value over a newer one).
+            for (p, r, m, l) in app.store.quota_overrides().await? {
+                core.set_quota_limit(&p, &r, m, l);
+            }
+        } else {
+            core.set_quota_limit(&project, &region, metric, limit);
+        }
         core.quotas(&project, &region)
     };
     app.scheduler.wake();

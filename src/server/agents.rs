@@ -325,6 +325,26 @@ fn check_epoch(core: &crate::scheduler::Scheduler, node: &str, epoch: u64) -> Re
     }
 }
 
+/// The epoch check of a node's call. With several replicas against the
+/// database: this replica's core may not have heard of a registration on
+/// another one yet (and a zombie agent's old epoch must be refused
+/// wherever it calls).
+async fn check_epoch_shared(app: &App, node: &str, epoch: u64) -> Result<(), ApiError> {
+    let id = NodeId(node.to_string());
+    match app.store.active_node(node).await? {
+        Some((_, current)) if current == epoch => Ok(()),
+        Some((_, current)) => Err(lease_error(
+            node,
+            LeaseError::Stale {
+                node: id,
+                given: epoch,
+                current,
+            },
+        )),
+        None => Err(lease_error(node, LeaseError::Unknown(id))),
+    }
+}
+
 async fn heartbeat(app: &App, node: &str, req: Heartbeat) -> Result<serde_json::Value, ApiError> {
     let epoch = parse_epoch(&req.epoch)?;
     let expires = Utc::now()
@@ -337,25 +357,7 @@ async fn heartbeat(app: &App, node: &str, req: Heartbeat) -> Result<serde_json::
     if app.scheduler.replicated() {
         // The leader keeps the lease; this replica's core may lag behind a
         // registration on another one, the database does not.
-        match app.store.active_node(node).await? {
-            Some((_, current)) if current == epoch => {}
-            Some((_, current)) => {
-                return Err(lease_error(
-                    node,
-                    LeaseError::Stale {
-                        node: NodeId(node.to_string()),
-                        given: epoch,
-                        current,
-                    },
-                ));
-            }
-            None => {
-                return Err(lease_error(
-                    node,
-                    LeaseError::Unknown(NodeId(node.to_string())),
-                ));
-            }
-        }
+        check_epoch_shared(app, node, epoch).await?;
         app.store
             .announce_now(&Change::Heartbeat {
                 epoch,
@@ -443,7 +445,11 @@ async fn poll(app: &App, node: &str, req: Poll) -> Result<serde_json::Value, Api
     let mut changes = app.scheduler.watch_work();
     loop {
         changes.borrow_and_update();
-        check_epoch(&*app.scheduler.lock().await, node, epoch)?;
+        if app.scheduler.replicated() {
+            check_epoch_shared(app, node, epoch).await?;
+        } else {
+            check_epoch(&*app.scheduler.lock().await, node, epoch)?;
+        }
         let now = assignments(app, node).await?;
         if now.version != req.version || tokio::time::Instant::now() >= deadline {
             return serde_json::to_value(now).map_err(ApiError::internal);
@@ -489,7 +495,11 @@ async fn report(app: &App, node: &str, req: Report) -> Result<serde_json::Value,
     let (app2, node2, uuid) = (app.clone(), node.to_string(), req.uuid.clone());
     let applied = tokio::spawn(async move {
         let mut core = app2.scheduler.lock().await;
-        check_epoch(&core, &node2, epoch)?;
+        if app2.scheduler.replicated() {
+            check_epoch_shared(&app2, &node2, epoch).await?;
+        } else {
+            check_epoch(&core, &node2, epoch)?;
+        }
         let outcome = app2
             .store
             .report(&node2, &uuid, &event, Utc::now())
@@ -523,7 +533,11 @@ async fn output(app: &App, node: &str, req: OutputUpload) -> Result<serde_json::
                 format!("{} is not a byte offset", quote(&req.offset)),
             )
         })?;
-    check_epoch(&*app.scheduler.lock().await, node, epoch)?;
+    if app.scheduler.replicated() {
+        check_epoch_shared(app, node, epoch).await?;
+    } else {
+        check_epoch(&*app.scheduler.lock().await, node, epoch)?;
+    }
     let next = app
         .store
         .append_output(

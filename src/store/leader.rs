@@ -46,6 +46,8 @@ pub enum Change {
     Output { seq: i64 },
     /// An agent renewed its node's lease (not a write: sent alone).
     Heartbeat { epoch: u64, node: String },
+    /// A replica checking that its listening connection still hears.
+    Ping { n: u64, replica: String },
 }
 
 impl fmt::Display for Change {
@@ -62,6 +64,7 @@ impl fmt::Display for Change {
             Change::Work => f.write_str("work"),
             Change::Output { seq } => write!(f, "output {seq}"),
             Change::Heartbeat { epoch, node } => write!(f, "heartbeat {epoch} {node}"),
+            Change::Ping { n, replica } => write!(f, "ping {n} {replica}"),
         }
     }
 }
@@ -95,6 +98,13 @@ impl Change {
                 Change::Heartbeat {
                     epoch: epoch.parse().ok()?,
                     node: node.to_string(),
+                }
+            }
+            "ping" => {
+                let (n, replica) = rest.split_once(' ')?;
+                Change::Ping {
+                    n: n.parse().ok()?,
+                    replica: replica.to_string(),
                 }
             }
             _ => return None,
@@ -140,19 +150,21 @@ impl Store {
 
     /// Takes the leader lease for `me` when it is free or lapsed, or renews
     /// it when `me` holds term `held`. Answers the term `me` holds after
-    /// the call, or `None` when another replica's lease is live.
+    /// the call, or `None` when another replica's lease is live. A holder
+    /// that lost track of its term (a renewal whose answer timed out)
+    /// takes a new one rather than wait for its own lease to lapse.
     pub async fn lead(
         &self,
         me: &str,
         held: Option<i64>,
         lease: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.lease_pool.begin().await?;
         let term: Option<i64> = sqlx::query_scalar(&format!(
             "update leader_lease set \
              term = case when holder = $1 and term = $2 then term else term + 1 end, \
              holder = $1, expires_at = {DB_NOW_US} + $3 \
-             where id = 1 and ((holder = $1 and term = $2) or expires_at < {DB_NOW_US}) \
+             where id = 1 and (holder = $1 or expires_at < {DB_NOW_US}) \
              returning term"
         ))
         .bind(me)
@@ -181,7 +193,7 @@ impl Store {
         )
         .bind(me)
         .bind(term)
-        .execute(&self.pool)
+        .execute(&self.lease_pool)
         .await?;
         Ok(())
     }
@@ -191,7 +203,7 @@ impl Store {
         let (holder, term, live): (String, i64, bool) = sqlx::query_as(&format!(
             "select holder, term, expires_at >= {DB_NOW_US} from leader_lease where id = 1"
         ))
-        .fetch_one(&self.pool)
+        .fetch_one(&self.lease_pool)
         .await?;
         Ok(LeaseHolder { holder, term, live })
     }
@@ -240,6 +252,10 @@ mod tests {
             Change::Heartbeat {
                 epoch: 9,
                 node: "n 1".into(),
+            },
+            Change::Ping {
+                n: 4,
+                replica: "flexq-0".into(),
             },
         ] {
             assert_eq!(Change::parse(&c.to_string()), Some(c.clone()), "{c}");

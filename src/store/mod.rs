@@ -68,7 +68,12 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match e {
             sqlx::Error::RowNotFound => StoreError::NotFound,
-            sqlx::Error::Database(d) if d.is_unique_violation() => {
+            // A unique index refused a row, or two replicas' creates
+            // deadlocked on one (PostgreSQL's 40P01): decided again, they
+            // see each other.
+            sqlx::Error::Database(d)
+                if d.is_unique_violation() || d.code().as_deref() == Some("40P01") =>
+            {
                 StoreError::Conflict(d.to_string())
             }
             other => StoreError::Unavailable(other.to_string()),
@@ -248,6 +253,9 @@ pub struct StoreOptions {
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
+    /// Leadership's own connections (PostgreSQL): a busy pool or writers
+    /// queued on the write lock must not make the leader miss a renewal.
+    lease_pool: AnyPool,
     backend: Backend,
     creates: mpsc::Sender<writer::CreateCmd>,
 }
@@ -258,9 +266,20 @@ impl Store {
     pub async fn open(options: &StoreOptions) -> Result<Store, StoreError> {
         let (pool, backend) = connect(options).await?;
         migrate(&pool, backend).await?;
+        let lease_pool = match backend {
+            Backend::Sqlite => pool.clone(),
+            Backend::Postgres => {
+                let lease = StoreOptions {
+                    max_connections: 2,
+                    ..options.clone()
+                };
+                connect(&lease).await?.0
+            }
+        };
         let (tx, rx) = mpsc::channel(options.group_commit_max.max(1) * 4);
         let store = Store {
             pool,
+            lease_pool,
             backend,
             creates: tx,
         };
@@ -546,9 +565,10 @@ impl Store {
         Ok(())
     }
 
-    /// Closes the pool after the writer has drained.
+    /// Closes the pools after the writer has drained.
     pub async fn close(&self) {
         self.pool.close().await;
+        self.lease_pool.close().await;
     }
 }
 

@@ -45,18 +45,32 @@ pub(super) async fn release(
 }
 
 /// Fences a lost node (new epoch) and fails every batch that held part
-/// of it, releasing their clusters.
+/// of it, releasing their clusters. Void (`false`) when the node is no
+/// longer in registration `epoch`: it registered again meanwhile.
 async fn lose_node(
     conn: &mut AnyConnection,
     node: &NodeId,
+    epoch: Option<u64>,
     failed: &[BatchKey],
     message: &str,
     now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    sqlx::query("update nodes set state = 1, epoch = epoch + 1 where node_id = $1")
+) -> Result<bool, StoreError> {
+    let fenced = match epoch {
+        Some(epoch) => sqlx::query(
+            "update nodes set state = 1, epoch = epoch + 1 \
+             where node_id = $1 and epoch = $2 and state = 0",
+        )
         .bind(&node.0)
-        .execute(&mut *conn)
-        .await?;
+        .bind(epoch as i64),
+        None => sqlx::query("update nodes set state = 1, epoch = epoch + 1 where node_id = $1")
+            .bind(&node.0),
+    }
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if epoch.is_some() && fenced == 0 {
+        return Ok(false);
+    }
     for key in failed {
         let state: Option<i64> = sqlx::query_scalar("select state from batches where seq = $1")
             .bind(key.0)
@@ -70,7 +84,7 @@ async fn lose_node(
             transition(conn, key.0, State::Failed, message, now).await?;
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 impl Store {
@@ -258,12 +272,12 @@ impl Store {
             match d {
                 Decision::LoseNode {
                     node,
+                    epoch,
                     failed,
                     message,
                     ..
                 } => {
-                    lose_node(&mut tx, node, failed, message, now).await?;
-                    applied[i] = true;
+                    applied[i] = lose_node(&mut tx, node, *epoch, failed, message, now).await?;
                 }
                 Decision::Expire { key, message, .. } => {
                     endings.push((i, key.0, Provisioning::Expired as i64, message));

@@ -149,12 +149,21 @@ async fn try_group(
         })
         .collect();
 
-    let new: Vec<&NewBatch> = batches
+    let mut new: Vec<&NewBatch> = batches
         .iter()
         .zip(&decisions)
         .filter(|(_, d)| matches!(d, Decision::Insert))
         .map(|(b, _)| b)
         .collect();
+    // In index order: two replicas' groups that share a batch id then meet
+    // on it first, one waiting for the other, instead of deadlocking.
+    new.sort_by(|a, b| {
+        (&a.name.batch_id, &a.name.project, &a.name.region).cmp(&(
+            &b.name.batch_id,
+            &b.name.project,
+            &b.name.region,
+        ))
+    });
     let seqs = insert_batches(store.backend, &mut tx, &new, now).await?;
     if let (Some(&first_seq), Some(&last_seq)) = (seqs.values().min(), seqs.values().max()) {
         store
