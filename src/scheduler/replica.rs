@@ -72,7 +72,17 @@ impl SchedulerService {
         }
         self.set_role(Role::Leader { term });
         let shared = &self.shared;
-        match rebuild(&shared.config, &shared.store, Some(Some(term))).await {
+        let fresh = tokio::time::timeout(
+            super::runner::DB_UNDER_LOCK,
+            rebuild(&shared.config, &shared.store, Some(Some(term))),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(crate::store::StoreError::Unavailable(
+                "the rebuild did not answer".into(),
+            ))
+        });
+        match fresh {
             Ok(fresh) => {
                 *core = fresh;
                 crate::metrics::record_leader_change();
@@ -361,9 +371,15 @@ async fn refresh_mirror(service: SchedulerService, shutdown: CancellationToken) 
                 continue;
             }
             let shared = &service.shared;
-            match rebuild(&shared.config, &shared.store, None).await {
-                Ok(fresh) => *core = fresh,
-                Err(e) => tracing::warn!(error = %e, "cannot refresh the scheduler mirror"),
+            let fresh = tokio::time::timeout(
+                super::runner::DB_UNDER_LOCK,
+                rebuild(&shared.config, &shared.store, None),
+            )
+            .await;
+            match fresh {
+                Ok(Ok(fresh)) => *core = fresh,
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot refresh the scheduler mirror"),
+                Err(_) => tracing::warn!("the scheduler mirror's refresh did not answer"),
             }
         }
         tokio::time::sleep(MIRROR_EVERY).await;

@@ -23,6 +23,9 @@ use super::core::{BatchKey, Decision, PendingBatch, Scheduler};
 use crate::config::Config;
 use crate::store::{Backend, Store, StoreError};
 
+/// The longest a database call made under the core's lock may take.
+pub(super) const DB_UNDER_LOCK: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What this process does about scheduling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
@@ -280,12 +283,18 @@ impl SchedulerService {
             return;
         }
         let commit_started = Instant::now();
-        match self
-            .shared
-            .store
-            .commit_decisions(&decisions, now, role.fence())
-            .await
-        {
+        // Bounded: the core's lock is held, and a connection can hang
+        // without an error (a half-open socket); a dropped transaction is
+        // rolled back.
+        let commit = tokio::time::timeout(
+            DB_UNDER_LOCK,
+            self.shared
+                .store
+                .commit_decisions(&decisions, now, role.fence()),
+        )
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Unavailable("the commit did not answer".into())));
+        match commit {
             Ok(applied) => {
                 crate::metrics::record_commit(
                     "decisions",
@@ -349,7 +358,13 @@ impl SchedulerService {
     /// core holding allocations that were never committed would keep their
     /// capacity, and their batches, out of reach for good.
     async fn rebuild_after_void(&self, core: &mut Scheduler, fence: Option<i64>) {
-        match rebuild(&self.shared.config, &self.shared.store, Some(fence)).await {
+        let fresh = tokio::time::timeout(
+            DB_UNDER_LOCK,
+            rebuild(&self.shared.config, &self.shared.store, Some(fence)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Unavailable("the rebuild did not answer".into())));
+        match fresh {
             Ok(fresh) => {
                 *core = fresh;
                 self.shared.stale.store(false, Ordering::SeqCst);
