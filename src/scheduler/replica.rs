@@ -15,9 +15,8 @@
 //!   (capacity, quotas, queue positions, metrics) lag by that much. After a
 //!   gap in listening (a lost connection), the core is rebuilt.
 
-use std::time::{Duration, Instant};
-
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use sqlx::postgres::PgListener;
