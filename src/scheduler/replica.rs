@@ -327,8 +327,12 @@ async fn listen(service: SchedulerService, shutdown: CancellationToken) {
                     }
                     pings += 1;
                     let ping = Change::Ping { n: pings, replica: me.clone() };
-                    if let Err(e) = store.announce_now(&ping).await {
-                        tracing::debug!(error = %e, "cannot announce a ping");
+                    // Bounded: a hung connection must not stop the loop
+                    // that is to notice it.
+                    match tokio::time::timeout(Duration::from_secs(1), store.announce_now(&ping)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::debug!(error = %e, "cannot announce a ping"),
+                        Err(_) => tracing::debug!("announcing a ping did not answer"),
                     }
                     continue;
                 }
