@@ -516,6 +516,23 @@ impl Config {
         Ok(())
     }
 
+    /// A config layer giving `zone`'s `pool` `n` virtual nodes and every
+    /// other pool none: a known capacity, for benchmarks and tests.
+    pub fn virtual_nodes_only(&self, zone: &str, pool: &str, n: u32) -> String {
+        let mut text = String::new();
+        for (region, r) in &self.regions {
+            for (z, zc) in &r.zones {
+                for p in zc.node_pools.keys() {
+                    let count = if z == zone && p == pool { n } else { 0 };
+                    text.push_str(&format!(
+                        "[regions.{region}.zones.{z}.node_pools.{p}]\nvirtual_nodes = {count}\n"
+                    ));
+                }
+            }
+        }
+        text
+    }
+
     /// The database URL in effect: the configured one, or the SQLite file
     /// under the data directory.
     pub fn database_url(&self) -> String {

@@ -34,7 +34,7 @@ pub struct BenchOptions {
 }
 
 /// The flex start example of spec §6: what a real submitter sends.
-fn body() -> serde_json::Value {
+pub(crate) fn body() -> serde_json::Value {
     serde_json::json!({
         "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},
         "runtimeConfig": {"version": "3.0", "properties": {

@@ -44,34 +44,14 @@ fn capacity_toml() -> String {
     let config = crate::config::Config::load_without_env(None).unwrap_or_else(|_| {
         unreachable!("the embedded default config is checked by the test suite")
     });
-    let mut text = String::new();
-    for (region, r) in &config.regions {
-        for (zone, z) in &r.zones {
-            for pool in z.node_pools.keys() {
-                let n = u32::from(zone == "us-central1-a" && pool == "l4");
-                text.push_str(&format!(
-                    "[regions.{region}.zones.{zone}.node_pools.{pool}]\nvirtual_nodes = {n}\n"
-                ));
-            }
-        }
-    }
-    text
+    config.virtual_nodes_only("us-central1-a", "l4", 1)
 }
 
-/// A batch of 1 + 3 L4 GPUs: the whole node.
+/// The flex start example with 1 + 3 L4 GPUs: the whole node.
 fn whole_node() -> Value {
-    json!({
-        "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},
-        "runtimeConfig": {"version": "3.0", "properties": {
-            "spark.executor.instances": "3",
-            "spark.dataproc.driver.resource.accelerator.type": "l4",
-            "spark.dataproc.driver.provisioning.allocationTimeout": "600s",
-            "spark.dataproc.executor.resource.accelerator.type": "l4",
-            "spark.dataproc.executor.provisioning.allocationTimeout": "600s",
-            "spark.dataproc.executor.compute.tier": "premium",
-            "spark.dataproc.executor.disk.tier": "premium"
-        }}
-    })
+    let mut b = bench::body();
+    b["runtimeConfig"]["properties"]["spark.executor.instances"] = json!("3");
+    b
 }
 
 struct Deployment {
@@ -222,16 +202,11 @@ async fn release_to_allocation(d: &Deployment, rounds: usize) -> Result<Histogra
 /// Closed-loop creates over every replica at once.
 async fn creates(d: &Deployment, opts: &ReplicasOptions) -> (f64, Histogram<u64>, u64) {
     let body = Bytes::from(
-        serde_json::to_vec(&json!({
-            "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},
-            "runtimeConfig": {"version": "3.0", "properties": {
-                "spark.dataproc.driver.resource.accelerator.type": "l4",
-                "spark.dataproc.executor.resource.accelerator.type": "l4",
-                "spark.dataproc.executor.compute.tier": "premium",
-                "spark.dataproc.executor.disk.tier": "premium"
-            }},
-            "labels": {"bench": "replicas"}
-        }))
+        serde_json::to_vec(&{
+            let mut b = bench::body();
+            b["labels"]["bench"] = json!("replicas");
+            b
+        })
         .unwrap_or_default(),
     );
     let per = BenchOptions {
@@ -338,52 +313,25 @@ pub async fn run(opts: ReplicasOptions) -> Result<(), CliError> {
         bench::loadavg()
     );
     println!("  {:<36} {:>22} {:>22}", "", sqlite.name, postgres.name);
-    let row = |label: &str, a: String, b: String| println!("  {label:<36} {a:>22} {b:>22}");
-    row(
-        "durable creates/s",
-        format!("{:.0}", sqlite.creates_per_s),
-        format!("{:.0}", postgres.creates_per_s),
-    );
-    row(
-        "create p50 / p99 ms",
-        format!(
-            "{:.2} / {:.2}",
-            ms(&sqlite.create, 0.5),
-            ms(&sqlite.create, 0.99)
-        ),
-        format!(
-            "{:.2} / {:.2}",
-            ms(&postgres.create, 0.5),
-            ms(&postgres.create, 0.99)
-        ),
-    );
-    row(
-        "create errors",
-        sqlite.errors.to_string(),
-        postgres.errors.to_string(),
-    );
-    row(
-        "release → allocation p50 / p95 ms",
-        format!(
-            "{:.2} / {:.2}",
-            ms(&sqlite.release, 0.5),
-            ms(&sqlite.release, 0.95)
-        ),
-        format!(
-            "{:.2} / {:.2}",
-            ms(&postgres.release, 0.5),
-            ms(&postgres.release, 0.95)
-        ),
-    );
-    row(
-        "release → allocation max ms",
-        format!("{:.2}", sqlite.release.max() as f64 / 1000.0),
-        format!("{:.2}", postgres.release.max() as f64 / 1000.0),
-    );
-    row(
-        "largest server peak RSS MiB",
-        format!("{:.1}", sqlite.peak_mib),
-        format!("{:.1}", postgres.peak_mib),
-    );
+    let row = |label: &str, cell: &dyn Fn(&Figures) -> String| {
+        println!(
+            "  {label:<36} {:>22} {:>22}",
+            cell(&sqlite),
+            cell(&postgres)
+        );
+    };
+    let pair = |h: &Histogram<u64>, a: f64, b: f64| format!("{:.2} / {:.2}", ms(h, a), ms(h, b));
+    row("durable creates/s", &|f| format!("{:.0}", f.creates_per_s));
+    row("create p50 / p99 ms", &|f| pair(&f.create, 0.5, 0.99));
+    row("create errors", &|f| f.errors.to_string());
+    row("release → allocation p50 / p95 ms", &|f| {
+        pair(&f.release, 0.5, 0.95)
+    });
+    row("release → allocation max ms", &|f| {
+        format!("{:.2}", f.release.max() as f64 / 1000.0)
+    });
+    row("largest server peak RSS MiB", &|f| {
+        format!("{:.1}", f.peak_mib)
+    });
     Ok(())
 }

@@ -65,7 +65,7 @@ impl SchedulerService {
     async fn take_lead(&self, term: i64) {
         let started = Instant::now();
         let mut core = self.lock().await;
-        if self.shared.held_term.load(Ordering::SeqCst) != term {
+        if self.held_term() != Some(term) {
             // The lease was lost while this waited for the lock.
             return;
         }
@@ -104,10 +104,23 @@ impl SchedulerService {
         self.work_changed();
     }
 
-    /// Stops deciding (the lease was lost or given up). Without waiting
-    /// for the core's lock: a pass may hold it while its commit waits on a
-    /// database that is gone, and that commit is fenced anyway.
-    async fn step_down(&self, why: &str) {
+    /// The term the election loop holds, if any (terms start at 1).
+    fn held_term(&self) -> Option<i64> {
+        Some(self.shared.held_term.load(Ordering::SeqCst)).filter(|t| *t != 0)
+    }
+
+    fn hold(&self, term: Option<i64>) {
+        self.shared
+            .held_term
+            .store(term.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// The lease is no longer held (lost or given up): stop deciding.
+    /// Without waiting for the core's lock: a pass may hold it while its
+    /// commit waits on a database that is gone, and that commit is fenced
+    /// anyway.
+    fn release(&self, why: &str) {
+        self.hold(None);
         if self.role().decides() {
             tracing::warn!(replica = %self.shared.replica_id, reason = why, "no longer leading");
             self.set_role(Role::Follower);
@@ -202,7 +215,6 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
     let (lease, every) = (db.leader_lease, db.leader_renew);
     let me = service.shared.replica_id.clone();
     let store = service.shared.store.clone();
-    let mut held: Option<i64> = None;
     // The rebuild of a term just taken runs beside the renewals: a long
     // one (a deep queue) must not let the lease lapse.
     let mut taking: Option<tokio::task::JoinHandle<()>> = None;
@@ -216,8 +228,8 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
-                if let Some(term) = held {
-                    service.step_down("shutting down").await;
+                if let Some(term) = service.held_term() {
+                    service.release("shutting down");
                     match store.resign(&me, term).await {
                         Ok(()) => tracing::info!(replica = %me, term, "leader lease given up"),
                         Err(e) => tracing::warn!(error = %e, "cannot give the leader lease up; it lapses by itself"),
@@ -228,14 +240,14 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
             }
             _ = tick.tick() => {}
         }
+        let held = service.held_term();
         let sent = Instant::now();
         let answer = tokio::time::timeout(lease / 2, store.lead(&me, held, lease)).await;
         match answer {
             Ok(Ok(Some(term))) => {
                 valid_until = sent + lease;
                 if held != Some(term) {
-                    held = Some(term);
-                    service.shared.held_term.store(term, Ordering::SeqCst);
+                    service.hold(Some(term));
                     tracing::info!(replica = %me, term, "leader lease taken");
                     let taker = service.clone();
                     taking = Some(tokio::spawn(async move { taker.take_lead(term).await }));
@@ -245,42 +257,30 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
                     // Stepped down (a refused commit, a failed rebuild),
                     // yet the lease is ours: give it up so another replica
                     // can lead.
-                    held = None;
-                    service.shared.held_term.store(0, Ordering::SeqCst);
+                    service.hold(None);
                     let _ = store.resign(&me, term).await;
                 }
             }
-            Ok(Ok(None)) => {
-                if held.take().is_some() {
-                    service.shared.held_term.store(0, Ordering::SeqCst);
-                    service
-                        .step_down("another replica holds the leader lease")
-                        .await;
-                }
+            Ok(Ok(None)) if held.is_some() => {
+                service.release("another replica holds the leader lease");
             }
+            Ok(Ok(None)) => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "cannot renew the leader lease");
-                lapse(&service, &mut held, valid_until).await;
+                if held.is_some() && Instant::now() >= valid_until {
+                    service.release("the leader lease could not be renewed in time");
+                }
             }
             Err(_) => {
                 tracing::warn!(
                     waited_ms = (lease / 2).as_millis() as u64,
                     "the leader lease renewal did not answer"
                 );
-                lapse(&service, &mut held, valid_until).await;
+                if held.is_some() && Instant::now() >= valid_until {
+                    service.release("the leader lease could not be renewed in time");
+                }
             }
         }
-    }
-}
-
-/// A renewal failed: past the lease's end, stop deciding.
-async fn lapse(service: &SchedulerService, held: &mut Option<i64>, valid_until: Instant) {
-    if held.is_some() && Instant::now() >= valid_until {
-        *held = None;
-        service.shared.held_term.store(0, Ordering::SeqCst);
-        service
-            .step_down("the leader lease could not be renewed in time")
-            .await;
     }
 }
 

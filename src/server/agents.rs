@@ -309,9 +309,9 @@ fn lease_error(node: &str, e: LeaseError) -> ApiError {
 }
 
 /// Refuses a call whose epoch is not the node's current one.
-fn check_epoch(core: &crate::scheduler::Scheduler, node: &str, epoch: u64) -> Result<(), ApiError> {
+fn check_epoch(node: &str, epoch: u64, current: Option<u64>) -> Result<(), ApiError> {
     let id = NodeId(node.to_string());
-    match core.node_epoch(&id) {
+    match current {
         None => Err(lease_error(node, LeaseError::Unknown(id))),
         Some(current) if current != epoch => Err(lease_error(
             node,
@@ -325,39 +325,36 @@ fn check_epoch(core: &crate::scheduler::Scheduler, node: &str, epoch: u64) -> Re
     }
 }
 
-/// The epoch check of a node's call. With several replicas against the
-/// database: this replica's core may not have heard of a registration on
-/// another one yet (and a zombie agent's old epoch must be refused
-/// wherever it calls).
-async fn check_epoch_shared(app: &App, node: &str, epoch: u64) -> Result<(), ApiError> {
-    let id = NodeId(node.to_string());
-    match app.store.active_node(node).await? {
-        Some((_, current)) if current == epoch => Ok(()),
-        Some((_, current)) => Err(lease_error(
-            node,
-            LeaseError::Stale {
-                node: id,
-                given: epoch,
-                current,
-            },
-        )),
-        None => Err(lease_error(node, LeaseError::Unknown(id))),
+/// The node's current epoch, from `core` (the caller holds its lock) or,
+/// with several replicas, from the database: this replica's core may not
+/// have heard of a registration on another one yet, and a zombie agent's
+/// old epoch must be refused wherever it calls.
+async fn current_epoch(
+    app: &App,
+    core: &crate::scheduler::Scheduler,
+    node: &str,
+) -> Result<Option<u64>, ApiError> {
+    if app.scheduler.replicated() {
+        Ok(app.store.active_node(node).await?.map(|(_, epoch)| epoch))
+    } else {
+        Ok(core.node_epoch(&NodeId(node.to_string())))
     }
+}
+
+/// [`check_epoch`] for a call that does not otherwise need the core.
+async fn check_epoch_now(app: &App, node: &str, epoch: u64) -> Result<(), ApiError> {
+    let current = current_epoch(app, &*app.scheduler.lock().await, node).await?;
+    check_epoch(node, epoch, current)
 }
 
 async fn heartbeat(app: &App, node: &str, req: Heartbeat) -> Result<serde_json::Value, ApiError> {
     let epoch = parse_epoch(&req.epoch)?;
     let expires = Utc::now()
         + chrono::Duration::from_std(app.config.agents.lease_duration).unwrap_or_default();
-    let renewed = app
-        .scheduler
-        .lock()
-        .await
-        .heartbeat(&NodeId(node.to_string()), epoch, expires);
     if app.scheduler.replicated() {
-        // The leader keeps the lease; this replica's core may lag behind a
-        // registration on another one, the database does not.
-        check_epoch_shared(app, node, epoch).await?;
+        // Checked against the database; the announcement renews the lease
+        // in every replica's core, the leader's (and this one's) included.
+        check_epoch_now(app, node, epoch).await?;
         app.store
             .announce_now(&Change::Heartbeat {
                 epoch,
@@ -365,7 +362,11 @@ async fn heartbeat(app: &App, node: &str, req: Heartbeat) -> Result<serde_json::
             })
             .await?;
     } else {
-        renewed.map_err(|e| lease_error(node, e))?;
+        app.scheduler
+            .lock()
+            .await
+            .heartbeat(&NodeId(node.to_string()), epoch, expires)
+            .map_err(|e| lease_error(node, e))?;
     }
     Ok(lease_answer(app, node, epoch, expires))
 }
@@ -445,11 +446,7 @@ async fn poll(app: &App, node: &str, req: Poll) -> Result<serde_json::Value, Api
     let mut changes = app.scheduler.watch_work();
     loop {
         changes.borrow_and_update();
-        if app.scheduler.replicated() {
-            check_epoch_shared(app, node, epoch).await?;
-        } else {
-            check_epoch(&*app.scheduler.lock().await, node, epoch)?;
-        }
+        check_epoch_now(app, node, epoch).await?;
         let now = assignments(app, node).await?;
         if now.version != req.version || tokio::time::Instant::now() >= deadline {
             return serde_json::to_value(now).map_err(ApiError::internal);
@@ -495,11 +492,7 @@ async fn report(app: &App, node: &str, req: Report) -> Result<serde_json::Value,
     let (app2, node2, uuid) = (app.clone(), node.to_string(), req.uuid.clone());
     let applied = tokio::spawn(async move {
         let mut core = app2.scheduler.lock().await;
-        if app2.scheduler.replicated() {
-            check_epoch_shared(&app2, &node2, epoch).await?;
-        } else {
-            check_epoch(&core, &node2, epoch)?;
-        }
+        check_epoch(&node2, epoch, current_epoch(&app2, &core, &node2).await?)?;
         let outcome = app2
             .store
             .report(&node2, &uuid, &event, Utc::now())
@@ -533,11 +526,7 @@ async fn output(app: &App, node: &str, req: OutputUpload) -> Result<serde_json::
                 format!("{} is not a byte offset", quote(&req.offset)),
             )
         })?;
-    if app.scheduler.replicated() {
-        check_epoch_shared(app, node, epoch).await?;
-    } else {
-        check_epoch(&*app.scheduler.lock().await, node, epoch)?;
-    }
+    check_epoch_now(app, node, epoch).await?;
     let next = app
         .store
         .append_output(

@@ -126,19 +126,8 @@ async fn leader(replicas: &[Replica]) -> Option<usize> {
 /// Four virtual L4 nodes (16 GPUs) in us-central1-a and nothing else.
 fn config_file(dir: &Path) -> PathBuf {
     let path = dir.join("replicas.toml");
-    let mut text = String::new();
     let config = Config::load_without_env(None).expect("default config");
-    for (region, r) in &config.regions {
-        for (zone, z) in &r.zones {
-            for pool in z.node_pools.keys() {
-                let n = u32::from(zone == "us-central1-a" && pool == "l4") * 4;
-                text.push_str(&format!(
-                    "[regions.{region}.zones.{zone}.node_pools.{pool}]\nvirtual_nodes = {n}\n"
-                ));
-            }
-        }
-    }
-    std::fs::write(&path, text).expect("config");
+    std::fs::write(&path, config.virtual_nodes_only("us-central1-a", "l4", 4)).expect("config");
     path
 }
 
