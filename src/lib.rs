@@ -1,33 +1,43 @@
 //! flexq: a capacity-aware scheduler daemon for GPU Spark batches — a
 //! "flex start" queue.
 //!
-//! Map of the crate:
+//! Map of the crate, bottom layer first; each module imports only the ones
+//! above it in this list (docs/architecture.md, checked by
+//! `tests/it/architecture.rs`):
 //!
 //! - [`api`]: wire types (Batch, Operation, State, `google.rpc.Status`),
 //!   shared by server, CLI and tests.
-//! - [`spec`]: the Flex Start rules as a pure function from a Batch to a
-//!   validated cluster request or every field violation.
-//! - [`store`]: durable state on SQLite through sqlx; creates are group
-//!   committed.
-//! - [`scheduler`]: the capacity-aware queue: a pure core (queues, quota
-//!   ledger, capacity, placement, deadlines) and the loop that commits its
-//!   decisions.
-//! - [`server`]: the axum REST API (Dataproc Batches v1 compatible),
-//!   health endpoints and graceful shutdown.
-//! - [`launch`]: how an allocated batch becomes Spark work (spec §4): its
-//!   Spark configuration, spark-submit line, GPU discovery script, failure
-//!   summary, and the Spark Operator `SparkApplication`.
+//! - [`spec`]: the batch rules (docs/rules.md) as a pure function from a
+//!   Batch and the operator's [`spec::Policy`] to a validated cluster
+//!   request or every field violation.
+//! - [`scheduler`]: the pure core: queues, quota ledger, capacity,
+//!   placement, leases, views, and the batch lifecycle as decisions.
+//! - [`launch`]: how an allocated batch becomes Spark work
+//!   (docs/rules.md#running-on-spark): its Spark configuration,
+//!   spark-submit line, GPU discovery script, failure summary, and the
+//!   Spark Operator `SparkApplication`.
+//! - [`protocol`]: the agent protocol's wire types.
+//! - [`config`], [`telemetry`], [`metrics`]: operator configuration (and
+//!   its conversion into the pure layers' types), logs, Prometheus metrics.
+//! - [`store`]: durable state through sqlx on SQLite (the embedded
+//!   default) or PostgreSQL (several replicas); one transaction per
+//!   decision; the change stream between replicas.
+//! - [`engine`]: every use case, once: create, get, list, cancel, delete,
+//!   node registration, heartbeats, polls, reports, output, quotas,
+//!   capacity; the scheduler loop; single, leader or follower.
+//! - [`server`]: the axum REST API (Dataproc Batches v1 compatible) over
+//!   the engine, health endpoints and graceful shutdown.
 //! - [`agent`]: the executor agent on each GPU node (`flexq agent`).
 //! - [`cli`]: the client commands (`flexq batches …`) and the benchmark.
-//! - [`config`], [`telemetry`], [`metrics`]: operator configuration, logs,
-//!   Prometheus metrics.
 
 pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod launch;
 pub mod metrics;
+pub mod protocol;
 pub mod scheduler;
 pub mod server;
 pub mod spec;

@@ -388,6 +388,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 url: config.database_url(),
                 max_connections: 2,
                 group_commit_max: 1,
+                observe_group: None,
             })
             .await?;
             eprintln!("database at {} is up to date", config.database_url());

@@ -5,9 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::api::agent::{
-    Assignments, Lease, OutputUpload, Poll, RegisterNode, Report, ReportEvent,
-};
+use crate::protocol::{Assignments, Lease, OutputUpload, Poll, RegisterNode, Report, ReportEvent};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]

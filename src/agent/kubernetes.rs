@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::config::KubernetesConfig;
 use super::work::Ctx;
 use crate::api::State;
-use crate::api::agent::{Action, Assignment, ReportEvent};
 use crate::launch::k8s::{K8sTarget, PartNode, application_name, batch_state, spark_application};
+use crate::protocol::{Action, Assignment, ReportEvent};
 
 /// A client of the Kubernetes API for `SparkApplication`s.
 pub struct Kube {

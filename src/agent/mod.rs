@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{AgentConfig, Launcher};
 
-use crate::api::agent::{Action, Assignment, RegisterNode, ReportEvent};
+use crate::protocol::{Action, Assignment, RegisterNode, ReportEvent};
 use client::{CallError, Client};
 use work::Ctx;
 
@@ -164,7 +164,7 @@ async fn register(
     client: &Client,
     request: &RegisterNode,
     shutdown: &CancellationToken,
-) -> anyhow::Result<Option<crate::api::agent::Lease>> {
+) -> anyhow::Result<Option<crate::protocol::Lease>> {
     let mut delay = Duration::from_millis(200);
     loop {
         match client.register(request).await {

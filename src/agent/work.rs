@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use super::client::{CallError, Client};
 use super::config::AgentConfig;
 use super::process::Group;
-use crate::api::agent::{Action, Assignment, ReportEvent};
 use crate::launch::{self, Rapids, SparkJob};
+use crate::protocol::{Action, Assignment, ReportEvent};
 
 /// What every part of this agent's session shares.
 pub struct Ctx {

@@ -2,7 +2,6 @@
 //! resource, Operations, the state enum and the `google.rpc.Status` error
 //! body. Nothing here does I/O.
 
-pub mod agent;
 mod batch;
 mod names;
 mod status;
@@ -13,7 +12,7 @@ pub use status::*;
 
 use serde::{Deserialize, Serialize};
 
-/// The public state enum of a batch (spec §1), numbered as in the proto.
+/// The public state enum of a batch (docs/rules.md#states), numbered as in the proto.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum State {

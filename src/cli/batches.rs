@@ -7,11 +7,11 @@ use std::time::Duration;
 use reqwest::Method;
 
 use super::{CliError, Client, OutputFormat, print_structured, print_table};
-use crate::api::agent::BatchOutput;
 use crate::api::{
     Batch, EnvironmentConfig, ExecutionConfig, ListBatchesResponse, Operation, PySparkBatch,
     RuntimeConfig, SparkBatch, SparkSqlBatch, State,
 };
+use crate::protocol::BatchOutput;
 
 /// The workload of a submit.
 #[derive(Debug, Clone)]

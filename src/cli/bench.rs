@@ -33,7 +33,7 @@ pub struct BenchOptions {
     pub warmup: Duration,
 }
 
-/// The flex start example of spec §6: what a real submitter sends.
+/// The flex start example of docs/rules.md#example: what a real submitter sends.
 pub(crate) fn body() -> serde_json::Value {
     serde_json::json!({
         "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},

@@ -142,8 +142,13 @@ fn region_of(i: usize) -> String {
 }
 
 fn cluster_of(config: &Config, i: usize, timeout_s: u64) -> Result<ClusterRequest, CliError> {
-    crate::spec::validate(&shaped_batch(i, timeout_s), "bench", &region_of(i), config)
-        .map_err(|r| err(r.message()))
+    crate::spec::validate(
+        &shaped_batch(i, timeout_s),
+        "bench",
+        &region_of(i),
+        &config.policy(),
+    )
+    .map_err(|r| err(r.message()))
 }
 
 fn rss_kib() -> u64 {
@@ -196,8 +201,8 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
         .collect::<Result<_, _>>()?;
     let now = Utc::now();
     let before = rss_kib();
-    let mut core = Scheduler::new(crate::scheduler::pools(&config), config.quotas.clone());
-    for node in crate::scheduler::virtual_nodes(&config) {
+    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+    for node in config.virtual_nodes() {
         core.add_node(node);
     }
     for (i, cluster) in clusters.into_iter().enumerate() {
@@ -270,6 +275,7 @@ async fn open_store(dir: &std::path::Path) -> Result<Store, CliError> {
         url: format!("sqlite://{}?mode=rwc", dir.join("flexq.db").display()),
         max_connections: 8,
         group_commit_max: 1024,
+        observe_group: None,
     })
     .await
     .map_err(err)
@@ -284,15 +290,12 @@ async fn fill(store: &Store, config: &Config, n: usize, timeout_s: u64) -> Resul
 async fn start_scheduler(
     config: &Config,
     store: &Store,
-) -> Result<(crate::scheduler::SchedulerService, CancellationToken), CliError> {
+) -> Result<(crate::engine::Engine, CancellationToken), CliError> {
     let shutdown = CancellationToken::new();
-    let service = crate::scheduler::SchedulerService::start(
-        config.clone().into(),
-        store.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .map_err(err)?;
+    let service =
+        crate::engine::Engine::start(config.clone().into(), store.clone(), shutdown.clone())
+            .await
+            .map_err(err)?;
     Ok((service, shutdown))
 }
 
@@ -307,8 +310,8 @@ async fn flood(n: usize) -> Result<(), CliError> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let far = Utc::now() + chrono::Duration::hours(1);
     let t = Instant::now();
+    let mut nodes = Vec::new();
     {
-        let mut core = service.lock().await;
         let mut i = 0;
         for r in 0..REGIONS {
             for z in ZONES {
@@ -317,33 +320,29 @@ async fn flood(n: usize) -> Result<(), CliError> {
                         break;
                     }
                     i += 1;
-                    core.register_node(
-                        crate::scheduler::NodeSpec {
-                            id: crate::scheduler::NodeId(format!("flood-{r}-{z}-{k}")),
-                            region: format!("bench-r{r:02}"),
-                            zone: format!("bench-r{r:02}-{z}"),
-                            pool: "l4".into(),
-                            accelerator: Accelerator::L4,
-                            gpu_addresses: (0..8).map(|g| g.to_string()).collect(),
-                            cores: 96,
-                            memory_mb: 393216,
-                            local_ssd_gb: 3000,
-                            is_virtual: true,
-                        },
-                        1,
-                        far,
-                    );
+                    nodes.push(crate::scheduler::NodeSpec {
+                        id: crate::scheduler::NodeId(format!("flood-{r}-{z}-{k}")),
+                        region: format!("bench-r{r:02}"),
+                        zone: format!("bench-r{r:02}-{z}"),
+                        pool: "l4".into(),
+                        accelerator: Accelerator::L4,
+                        gpu_addresses: (0..8).map(|g| g.to_string()).collect(),
+                        cores: 96,
+                        memory_mb: 393216,
+                        local_ssd_gb: 3000,
+                        is_virtual: true,
+                    });
                 }
             }
         }
     }
-    service.wake();
+    service.add_nodes_for_bench(nodes, far).await;
     // The runner holds the lock across pass and commit: once we get it
     // back after the wake, the allocations are durable.
     let mut allocated = 0;
     while t.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let now = service.lock().await.running_keys().len();
+        let now = service.running_keys().await.len();
         if now == allocated && now > 0 {
             break;
         }
@@ -381,14 +380,15 @@ async fn end_to_end(n: usize, samples: usize) -> Result<(), CliError> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut h = histogram();
     for s in 0..samples {
-        let running = app.scheduler.lock().await.running_keys();
+        let running = app.engine.running_keys().await;
         let Some(key) = running.get((s * 17) % running.len().max(1)).copied() else {
             break;
         };
-        let victim = app.store.get_by_seq(key.0).await.map_err(err)?;
+        let victim = app.engine.store().get_by_seq(key.0).await.map_err(err)?;
         let region = victim.name.region.clone();
         let Some(next) = app
-            .store
+            .engine
+            .store()
             .oldest_queued("bench", &region)
             .await
             .map_err(err)?

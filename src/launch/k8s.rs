@@ -1,6 +1,6 @@
 //! The second launcher: Spark on Kubernetes through the Spark Operator. An
 //! allocated batch becomes a `SparkApplication` (sparkoperator.k8s.io/v1beta2)
-//! with the Spark configuration of spec §4, the allocated shape, and node
+//! with the Spark configuration of docs/rules.md#running-on-spark, the allocated shape, and node
 //! affinity that pins the driver and executors to the allocated nodes; the
 //! application's status maps back to the batch's state.
 

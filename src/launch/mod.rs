@@ -1,4 +1,5 @@
-//! How an allocated batch becomes Spark work (spec §4), independent of
+//! How an allocated batch becomes Spark work
+//! (docs/rules.md#running-on-spark), independent of
 //! where it runs: the Spark configuration of a batch, the `spark-submit`
 //! command line of its driver, the discovery script that shows a Spark
 //! worker exactly the GPUs it was given, and what a failed driver's output
@@ -58,7 +59,7 @@ fn mb(v: u64) -> String {
     format!("{v}m")
 }
 
-/// GPUs per task: the executor's GPUs shared by its cores (spec §4).
+/// GPUs per task: the executor's GPUs shared by its cores (docs/rules.md#running-on-spark).
 fn task_gpu_amount(executor: &NodeShape) -> String {
     let v = f64::from(executor.gpus) / f64::from(executor.cores.max(1));
     // Spark takes a decimal; keep it short and exact for the usual shapes.
@@ -66,7 +67,7 @@ fn task_gpu_amount(executor: &NodeShape) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// The Spark configuration of a batch: flexq's defaults of spec §4 and the
+/// The Spark configuration of a batch: flexq's defaults of docs/rules.md#running-on-spark and the
 /// allocated shape, then every `spark.*` property of the user on top (user
 /// properties win). `spark.dataproc.*` keys are flexq's, not Spark's, and
 /// are not passed on.

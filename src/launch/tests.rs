@@ -1,4 +1,4 @@
-//! The Spark configuration of spec §4, the spark-submit line, failure
+//! The Spark configuration of docs/rules.md#running-on-spark, the spark-submit line, failure
 //! summaries, and the Kubernetes manifests against golden files
 //! (`src/launch/golden/`; `FLEXQ_UPDATE_GOLDEN=1` rewrites them, and the
 //! diff is then reviewed like code).
@@ -12,7 +12,7 @@ use crate::config::Config;
 
 fn job(batch: Batch) -> SparkJob {
     let config = Config::load_without_env(None).expect("embedded config");
-    let cluster = crate::spec::validate(&batch, "demo", "us-central1", &config)
+    let cluster = crate::spec::validate(&batch, "demo", "us-central1", &config.policy())
         .unwrap_or_else(|r| panic!("invalid test batch: {r:?}"));
     SparkJob {
         batch: "projects/demo/locations/us-central1/batches/nightly-etl".into(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{Accelerator, ClusterRequest, NodeShape};
+use crate::spec::{Accelerator, ClusterRequest, NodeShape, PartRole};
 
 /// A node's id: `virtual/{zone}/{pool}/{n}` for operator-declared virtual
 /// nodes, the agent's id for registered ones.
@@ -66,7 +66,7 @@ impl Node {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub node: NodeId,
-    pub role: Role,
+    pub role: PartRole,
     /// The GPU addresses given, exactly.
     pub gpus: Vec<String>,
     pub cores: u32,
@@ -74,27 +74,10 @@ pub struct Placement {
     pub local_ssd_gb: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Driver,
-    Executor,
-}
-
-impl Role {
-    /// "driver" or "executor", as stored and shown.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Driver => "driver",
-            Role::Executor => "executor",
-        }
-    }
-}
-
 /// What one part needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Need {
-    pub role: Role,
+pub(crate) struct PartNeed {
+    pub role: PartRole,
     pub accelerator: Option<Accelerator>,
     pub gpus: u32,
     pub cores: u32,
@@ -102,9 +85,9 @@ pub(crate) struct Need {
     pub ssd_gb: u64,
 }
 
-impl Need {
-    pub(crate) fn of(role: Role, shape: &NodeShape) -> Need {
-        Need {
+impl PartNeed {
+    pub(crate) fn of(role: PartRole, shape: &NodeShape) -> PartNeed {
+        PartNeed {
             role,
             accelerator: shape.accelerator,
             gpus: shape.gpus,
@@ -117,9 +100,9 @@ impl Need {
 
 /// The parts of a cluster, largest first (placing big parts first packs
 /// better).
-pub(crate) fn needs(cluster: &ClusterRequest) -> Vec<Need> {
-    let mut needs = vec![Need::of(Role::Driver, &cluster.driver)];
-    let exec = Need::of(Role::Executor, &cluster.executor);
+pub(crate) fn needs(cluster: &ClusterRequest) -> Vec<PartNeed> {
+    let mut needs = vec![PartNeed::of(PartRole::Driver, &cluster.driver)];
+    let exec = PartNeed::of(PartRole::Executor, &cluster.executor);
     needs.extend(std::iter::repeat_n(exec, cluster.executor_count as usize));
     needs.sort_by_key(|n| std::cmp::Reverse((n.gpus, n.cores, n.memory_mb)));
     needs
@@ -127,7 +110,7 @@ pub(crate) fn needs(cluster: &ClusterRequest) -> Vec<Need> {
 
 /// Whether `need` fits a node of type `accelerator` with `free` =
 /// (GPUs, cores, memory MB, SSD GB) left.
-fn fits(accelerator: Accelerator, free: (u32, u32, u64, u64), need: &Need) -> bool {
+fn fits(accelerator: Accelerator, free: (u32, u32, u64, u64), need: &PartNeed) -> bool {
     need.accelerator.is_none_or(|a| a == accelerator)
         && free.0 >= need.gpus
         && free.1 >= need.cores
@@ -155,7 +138,7 @@ impl ZonePlan {
 /// Best-fit placement of every part onto `nodes` (one zone), without
 /// changing them. Each part goes to the node it fits most tightly, which
 /// keeps whole nodes free for large clusters.
-pub(crate) fn plan_zone(nodes: &[&Node], needs: &[Need]) -> ZonePlan {
+pub(crate) fn plan_zone(nodes: &[&Node], needs: &[PartNeed]) -> ZonePlan {
     // Scratch copies of what is free.
     let mut free: Vec<(u32, u32, u64, u64)> = nodes
         .iter()

@@ -9,11 +9,11 @@ use std::ops::Bound;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::capacity::{Capacity, Need, Node, NodeId, NodeSpec, Placement, needs, plan_zone};
+use super::capacity::{Capacity, Node, NodeId, NodeSpec, PartNeed, Placement, needs, plan_zone};
 use super::lease::{LeaseError, Leases};
 use super::quota::{Ledger, QuotaRule};
 use super::views::Blocker;
-use crate::spec::{ClusterRequest, ProvisioningMode, QuotaAmount};
+use crate::spec::{ClusterRequest, PartRole, ProvisioningMode, QuotaAmount};
 
 /// A batch's key: its store sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -140,7 +140,7 @@ pub struct Scheduler {
     defaults: HashMap<String, usize>,
 }
 
-type ShapeKey = (Need, Need, u32);
+type ShapeKey = (PartNeed, PartNeed, u32);
 
 /// Queued batches of one shape in a region: how many, and how many of each
 /// ttl (the shortest bounds whether any of them could backfill).
@@ -157,7 +157,7 @@ fn ttl_key(c: &ClusterRequest) -> u64 {
 /// The first batch of a pass blocked by capacity: what it needs and, once
 /// computed, when it could start (None inside: never, as things stand).
 struct Reservation {
-    needs: Vec<Need>,
+    needs: Vec<PartNeed>,
     until: Option<Option<DateTime<Utc>>>,
 }
 
@@ -649,7 +649,7 @@ impl Scheduler {
     pub(super) fn best_zone(
         &self,
         region: &str,
-        parts: &[Need],
+        parts: &[PartNeed],
     ) -> Option<(String, Vec<Placement>)> {
         let zones: BTreeSet<&str> = self
             .capacity
@@ -671,7 +671,7 @@ impl Scheduler {
 
     /// When `parts` could start if running clusters end at their ttl:
     /// replays their releases in time order on a copy of the region.
-    pub(super) fn estimate_start(&self, region: &str, parts: &[Need]) -> Option<DateTime<Utc>> {
+    pub(super) fn estimate_start(&self, region: &str, parts: &[PartNeed]) -> Option<DateTime<Utc>> {
         let mut ends: Vec<&Allocation> = self
             .running
             .values()
@@ -794,8 +794,8 @@ pub fn accelerator_label(c: &ClusterRequest) -> &'static str {
 /// or fail alike.
 pub(super) fn shape_key(c: &ClusterRequest) -> ShapeKey {
     (
-        Need::of(super::capacity::Role::Driver, &c.driver),
-        Need::of(super::capacity::Role::Executor, &c.executor),
+        PartNeed::of(PartRole::Driver, &c.driver),
+        PartNeed::of(PartRole::Executor, &c.executor),
         c.executor_count,
     )
 }

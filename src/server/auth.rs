@@ -15,42 +15,14 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::App;
-use super::error::ApiError;
 use crate::api::Code;
-use crate::config::{PrincipalConfig, Role};
-
-/// The caller of a request, as handlers see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    pub name: String,
-    pub role: Role,
-    pub projects: Vec<String>,
-    pub node: Option<String>,
-    /// No principals are configured (loopback only).
-    pub anonymous: bool,
-}
-
-impl Principal {
-    /// The caller when no principals are configured (loopback only).
-    pub fn anonymous() -> Principal {
-        Principal {
-            name: "anonymous".into(),
-            role: Role::Admin,
-            projects: Vec::new(),
-            node: None,
-            anonymous: true,
-        }
-    }
-
-    /// Whether this caller may act for `node` on the agent endpoints.
-    pub fn may_act_for_node(&self, node: &str) -> bool {
-        self.anonymous || (self.role == Role::Agent && self.node.as_deref() == Some(node))
-    }
-}
+use crate::config::{PrincipalConfig, PrincipalRole};
+use crate::engine::Error;
+pub use crate::engine::Principal;
 
 /// What a route needs of its caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Need {
+pub enum Access {
     /// Health checks and unknown routes (which answer 404).
     Nobody,
     /// Any authenticated caller: the runtime catalog, region capacity.
@@ -66,68 +38,66 @@ pub enum Need {
 }
 
 /// The table: what each route and method needs.
-pub fn need(method: &Method, route: Option<&str>, path: &str) -> Need {
+pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
     let segments: Vec<&str> = path.split('/').collect();
     let project = || segments.get(3).map(|p| p.to_string()).unwrap_or_default();
     let Some(route) = route else {
-        return Need::Nobody;
+        return Access::Nobody;
     };
     let read = method == Method::GET || method == Method::HEAD;
     match route {
-        "/healthz" | "/readyz" | "/openapi.json" => Need::Nobody,
-        "/v1/runtimes" | "/v1/regions" => Need::Anyone,
-        "/v1/nodes" => Need::Admin,
-        "/v1/nodes:register" => Need::Agent(None),
-        "/v1/nodes/{node}" => Need::Agent(
+        "/healthz" | "/readyz" | "/openapi.json" => Access::Nobody,
+        "/v1/runtimes" | "/v1/regions" => Access::Anyone,
+        "/v1/nodes" => Access::Admin,
+        "/v1/nodes:register" => Access::Agent(None),
+        "/v1/nodes/{node}" => Access::Agent(
             segments
                 .get(3)
                 .map(|n| n.split(':').next().unwrap_or_default().to_string()),
         ),
-        "/v1/projects/{project}/regions/{region}/quotas" if !read => Need::Admin,
+        "/v1/projects/{project}/regions/{region}/quotas" if !read => Access::Admin,
         r if r.starts_with("/v1/projects/{project}/") => {
             if read {
-                Need::ReadProject(project())
+                Access::ReadProject(project())
             } else {
-                Need::WriteProject(project())
+                Access::WriteProject(project())
             }
         }
-        _ => Need::Admin,
+        _ => Access::Admin,
     }
 }
 
 /// Whether `p` may do what `need` says; the error says what is missing.
-pub fn authorize(p: &Principal, need: &Need) -> Result<(), ApiError> {
+pub fn authorize(p: &Principal, need: &Access) -> Result<(), Error> {
     let denied = |why: String| {
-        Err(
-            ApiError::new(Code::PermissionDenied, "PERMISSION_DENIED", why)
-                .with_meta("principal", p.name.clone()),
-        )
+        Err(Error::new(Code::PermissionDenied, "PERMISSION_DENIED", why)
+            .with_meta("principal", p.name.clone()))
     };
     match need {
-        Need::Nobody | Need::Anyone => Ok(()),
+        Access::Nobody | Access::Anyone => Ok(()),
         // Without principals (loopback only) the anonymous caller runs the
         // agents too.
-        Need::Agent(_) if p.anonymous => Ok(()),
-        Need::Agent(_) if p.role != Role::Agent => denied(format!(
+        Access::Agent(_) if p.anonymous => Ok(()),
+        Access::Agent(_) if p.role != PrincipalRole::Agent => denied(format!(
             "{} is not an agent: only agents use the agent endpoints",
             p.name
         )),
-        Need::Agent(Some(node)) if !p.may_act_for_node(node) => denied(format!(
+        Access::Agent(Some(node)) if !p.may_act_for_node(node) => denied(format!(
             "{} acts for node {}, not {node}",
             p.name,
             p.node.as_deref().unwrap_or("(none)")
         )),
-        Need::Agent(_) => Ok(()),
-        _ if p.role == Role::Agent => denied(format!(
+        Access::Agent(_) => Ok(()),
+        _ if p.role == PrincipalRole::Agent => denied(format!(
             "{} is an agent: agents use only the agent endpoints",
             p.name
         )),
-        _ if p.role == Role::Admin => Ok(()),
-        Need::Admin => denied(format!(
+        _ if p.role == PrincipalRole::Admin => Ok(()),
+        Access::Admin => denied(format!(
             "{} is a submitter: only admins change quotas and capacity or list nodes",
             p.name
         )),
-        Need::ReadProject(project) | Need::WriteProject(project) => {
+        Access::ReadProject(project) | Access::WriteProject(project) => {
             if p.projects.iter().any(|q| q == project) {
                 Ok(())
             } else {
@@ -164,7 +134,7 @@ pub fn authenticate<'a>(
 }
 
 fn unauthenticated(message: &str) -> Response {
-    ApiError::new(Code::Unauthenticated, "UNAUTHENTICATED", message).into_response()
+    Error::new(Code::Unauthenticated, "UNAUTHENTICATED", message).into_response()
 }
 
 /// The middleware: authenticates the caller, applies [`need`], and hands
@@ -181,10 +151,10 @@ pub(super) async fn enforce(
     let need = need(req.method(), route.as_deref(), req.uri().path());
     let principal = if app.config.principals.is_empty() {
         Principal::anonymous()
-    } else if need == Need::Nobody {
+    } else if need == Access::Nobody {
         Principal {
             name: "unauthenticated".into(),
-            role: Role::Submitter,
+            role: PrincipalRole::Submitter,
             projects: Vec::new(),
             node: None,
             anonymous: false,
@@ -214,7 +184,7 @@ pub(super) async fn enforce(
         tracing::info!(principal = %principal.name, http.method = %req.method(), http.path = %req.uri().path(), "request refused: permission denied");
         return e.into_response();
     }
-    if matches!(need, Need::ReadProject(_) | Need::WriteProject(_)) {
+    if matches!(need, Access::ReadProject(_) | Access::WriteProject(_)) {
         if let Err(refused) = app.limits.check(req.method(), req.uri().path()) {
             return refused;
         }
@@ -230,7 +200,7 @@ mod tests {
     fn principal(name: &str, token: &str) -> PrincipalConfig {
         PrincipalConfig {
             name: name.into(),
-            role: Role::Admin,
+            role: PrincipalRole::Admin,
             projects: vec![],
             node: None,
             token_sha256: token_hash(token),
@@ -258,11 +228,11 @@ mod tests {
         let route = "/v1/projects/{project}/locations/{region}/batches";
         assert_eq!(
             need(&Method::GET, Some(route), p),
-            Need::ReadProject("demo".into())
+            Access::ReadProject("demo".into())
         );
         assert_eq!(
             need(&Method::POST, Some(route), p),
-            Need::WriteProject("demo".into())
+            Access::WriteProject("demo".into())
         );
         assert_eq!(
             need(
@@ -270,8 +240,8 @@ mod tests {
                 Some("/v1/nodes/{node}"),
                 "/v1/nodes/gpu-1:poll"
             ),
-            Need::Agent(Some("gpu-1".into()))
+            Access::Agent(Some("gpu-1".into()))
         );
-        assert_eq!(need(&Method::GET, None, "/nowhere"), Need::Nobody);
+        assert_eq!(need(&Method::GET, None, "/nowhere"), Access::Nobody);
     }
 }

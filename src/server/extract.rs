@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
 use crate::api::{Code, State};
+use crate::engine::Error;
 
 /// A JSON request body, checked for content type, size and unknown fields.
 pub struct JsonBody<T>(pub T);
@@ -22,9 +22,9 @@ where
     T: DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = Error;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
         let content_type = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -36,7 +36,7 @@ where
                 || (mime.starts_with("application/") && mime.ends_with("+json"))
         });
         if !is_json {
-            return Err(ApiError::new(
+            return Err(Error::new(
                 Code::InvalidArgument,
                 "UNSUPPORTED_CONTENT_TYPE",
                 format!(
@@ -53,7 +53,7 @@ where
             .await
             .map_err(body_rejection)?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ApiError::new(
+            return Err(Error::new(
                 Code::InvalidArgument,
                 "EMPTY_BODY",
                 "the request body is empty; a JSON object is expected",
@@ -62,7 +62,7 @@ where
         // serde would read a struct from an array too; a proto3 message is
         // always a JSON object.
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ApiError::new(
+            return Err(Error::new(
                 Code::InvalidArgument,
                 "MALFORMED_BODY",
                 "the request body must be a JSON object",
@@ -81,7 +81,7 @@ where
                     path
                 };
                 let description = format!("{inner}");
-                Err(ApiError::new(
+                Err(Error::new(
                     Code::InvalidArgument,
                     "MALFORMED_BODY",
                     format!("invalid JSON body at {field}: {description}"),
@@ -95,15 +95,15 @@ where
     }
 }
 
-fn body_rejection(r: BytesRejection) -> ApiError {
+fn body_rejection(r: BytesRejection) -> Error {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
+        Error::new(
             Code::InvalidArgument,
             "BODY_TOO_LARGE",
             "the request body is larger than the server accepts (server.max_body_bytes)",
         )
     } else {
-        ApiError::new(Code::InvalidArgument, "UNREADABLE_BODY", r.body_text())
+        Error::new(Code::InvalidArgument, "UNREADABLE_BODY", r.body_text())
     }
 }
 
@@ -115,13 +115,13 @@ where
     T: DeserializeOwned + Send,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|Path(v)| ApiPath(v))
-            .map_err(|e| ApiError::new(Code::InvalidArgument, "INVALID_PATH", e.body_text()))
+            .map_err(|e| Error::new(Code::InvalidArgument, "INVALID_PATH", e.body_text()))
     }
 }
 
@@ -134,9 +134,9 @@ where
     T: DeserializeOwned + Send,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(v)| ApiQuery(v))
@@ -146,7 +146,7 @@ where
                     .strip_prefix("Failed to deserialize query string: ")
                     .unwrap_or(&text)
                     .to_string();
-                ApiError::new(
+                Error::new(
                     Code::InvalidArgument,
                     "INVALID_QUERY",
                     format!("invalid query parameters: {detail}"),
@@ -189,7 +189,7 @@ impl Format {
         let mut json = match serde_json::to_value(value) {
             Ok(v) => v,
             Err(e) => {
-                return ApiError::internal(format!("cannot encode answer: {e}")).into_response();
+                return Error::internal(format!("cannot encode answer: {e}")).into_response();
             }
         };
         enums_to_ints(&mut json);
@@ -198,9 +198,9 @@ impl Format {
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Format {
-    type Rejection = ApiError;
+    type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Error> {
         Ok(Format::from_query(parts.uri.query()))
     }
 }

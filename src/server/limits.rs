@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use super::error::ApiError;
 use crate::api::Code;
 use crate::config::LimitsConfig;
+use crate::engine::Error;
 
 /// The two limiters, keyed by (project, region).
 pub struct RateLimits {
@@ -62,7 +62,7 @@ impl RateLimits {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
                 let secs = wait.as_secs() + 1;
                 tracing::info!(project, region, limit = key, "request refused: rate limit");
-                let mut response = ApiError::new(
+                let mut response = Error::new(
                     Code::ResourceExhausted,
                     "RATE_LIMIT_EXCEEDED",
                     format!(

@@ -1,4 +1,4 @@
-//! The HTTP layer: the REST API of `spec/api.md`, `/healthz`, `/readyz`,
+//! The HTTP layer: the REST API of docs/api.md, `/healthz`, `/readyz`,
 //! `/metrics`, the runtime catalog, request logging and metrics, request
 //! timeouts and graceful shutdown.
 
@@ -28,38 +28,27 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 pub use auth::Principal;
-pub use batches::{operation, to_batch};
-pub use error::ApiError;
 
 use crate::api::Code;
 use crate::config::Config;
-use crate::scheduler::SchedulerService;
-use crate::store::{Store, StoreOptions};
+use crate::engine::{Engine, Error, ReplicaRole};
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
 pub struct App {
     pub config: Arc<Config>,
-    pub store: Store,
-    pub scheduler: SchedulerService,
+    /// Every use case; handlers decode, call one, encode.
+    pub engine: Engine,
     /// Per-project rate limits.
     pub limits: Arc<limits::RateLimits>,
 }
 
 impl App {
     /// Opens the store of `config` (running migrations) and starts the
-    /// scheduler, which stops when `shutdown` fires.
+    /// engine, which stops when `shutdown` fires.
     pub async fn open(config: Config, shutdown: CancellationToken) -> anyhow::Result<App> {
-        let store = Store::open(&StoreOptions {
-            url: config.database_url(),
-            max_connections: config.database.max_connections,
-            group_commit_max: config.database.group_commit_max,
-        })
-        .await?;
-        crate::metrics::init(&config);
-        let config = Arc::new(config);
-        let scheduler =
-            SchedulerService::start(config.clone(), store.clone(), shutdown.clone()).await?;
+        let engine = Engine::open(config, shutdown.clone()).await?;
+        let config = engine.config().clone();
         let limits = Arc::new(limits::RateLimits::new(&config.limits));
         let idle = limits.clone();
         tokio::spawn(async move {
@@ -73,8 +62,7 @@ impl App {
         });
         Ok(App {
             config,
-            store,
-            scheduler,
+            engine,
             limits,
         })
     }
@@ -119,13 +107,13 @@ pub fn router(app: App) -> Router {
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(|e: BoxError| async move {
                     if e.is::<tower::timeout::error::Elapsed>() {
-                        ApiError::new(
+                        Error::new(
                             Code::DeadlineExceeded,
                             "REQUEST_TIMEOUT",
                             "the request took longer than server.request_timeout",
                         )
                     } else {
-                        ApiError::internal(e)
+                        Error::internal(e)
                     }
                 }))
                 .timeout(timeout),
@@ -157,8 +145,8 @@ async fn observe(req: Request, next: Next) -> Response {
     response
 }
 
-async fn unknown_route(req: Request) -> ApiError {
-    ApiError::new(
+async fn unknown_route(req: Request) -> Error {
+    Error::new(
         Code::NotFound,
         "UNKNOWN_ROUTE",
         format!(
@@ -170,8 +158,8 @@ async fn unknown_route(req: Request) -> ApiError {
     .with_meta("path", req.uri().path())
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::new(
+async fn method_not_allowed(req: Request) -> Error {
+    Error::new(
         Code::NotFound,
         "METHOD_NOT_ALLOWED",
         format!(
@@ -193,43 +181,30 @@ async fn healthz() -> Json<serde_json::Value> {
 /// several replicas, who holds the leader lease.
 #[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, description = "The database answers: this replica's role and the leader"), (status = 503, description = "Not ready")))]
 async fn readyz(AppState(app): AppState<App>) -> Response {
-    let role = app.scheduler.role();
-    let mut answer = serde_json::json!({
-        "status": "ready",
-        "replica": app.scheduler.replica_id(),
-        "role": role.name(),
-        "database": app.store.backend().name(),
-    });
-    if let crate::scheduler::SchedulerRole::Leader { term } = role {
-        answer["term"] = term.into();
-    }
-    let checked = if app.scheduler.replicated() {
-        app.store.lease_holder().await.map(|lease| {
-            if lease.live && !lease.holder.is_empty() {
-                answer["leader"] = lease.holder.into();
+    match app.engine.readiness().await {
+        Ok(ready) => {
+            let mut answer = serde_json::json!({
+                "status": "ready",
+                "replica": ready.replica,
+                "role": ready.role.name(),
+                "database": ready.database.name(),
+            });
+            if let ReplicaRole::Leader { term } = ready.role {
+                answer["term"] = term.into();
             }
-        })
-    } else {
-        app.store.ping().await
-    };
-    match checked {
-        Ok(()) => Json(answer).into_response(),
-        Err(e) => {
-            tracing::warn!(error = %e, "not ready");
-            ApiError::new(
-                Code::Unavailable,
-                "NOT_READY",
-                "the database is not reachable",
-            )
-            .into_response()
+            if let Some(leader) = ready.leader {
+                answer["leader"] = leader.into();
+            }
+            Json(answer).into_response()
         }
+        Err(e) => e.into_response(),
     }
 }
 
 /// `/metrics`, on its own listener: event metrics and the gauges of a
 /// scheduler snapshot taken now.
 async fn metrics(AppState(app): AppState<App>) -> Response {
-    let snapshot = app.scheduler.lock().await.snapshot(chrono::Utc::now());
+    let snapshot = app.engine.snapshot().await;
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4")],
@@ -284,8 +259,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let drain = app.config.server.shutdown_timeout;
-    let store = app.store.clone();
-    let scheduler = app.scheduler.clone();
+    let engine = app.engine.clone();
     let addr = listener.local_addr()?;
     let tls = match (&app.config.server.tls_cert, &app.config.server.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
@@ -317,7 +291,7 @@ pub async fn run(
     shutdown.cancelled().await;
     // A leader hands over first: another replica need not wait for the
     // lease to lapse while this one drains.
-    if tokio::time::timeout(std::time::Duration::from_secs(2), scheduler.election_done())
+    if tokio::time::timeout(std::time::Duration::from_secs(2), engine.election_done())
         .await
         .is_err()
     {
@@ -331,7 +305,7 @@ pub async fn run(
         Ok(result) => result??,
         Err(_) => tracing::warn!("drain timeout passed; closing with requests in flight"),
     }
-    store.close().await;
+    engine.close().await;
     tracing::info!("flexq stopped");
     Ok(())
 }

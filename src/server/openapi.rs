@@ -9,7 +9,7 @@ use utoipa::{OpenApi, ToSchema};
 /// `google.rpc.Status` as every error travels.
 #[derive(ToSchema)]
 #[allow(dead_code)]
-pub struct ErrorBody {
+pub struct ErrorSchema {
     error: ErrorStatus,
 }
 
@@ -51,12 +51,12 @@ pub struct ErrorStatus {
         super::readyz,
     ),
     components(schemas(
-        ErrorBody,
-        crate::api::agent::Poll,
-        crate::api::agent::Assignments,
-        crate::api::agent::Report,
-        crate::api::agent::ReportEvent,
-        crate::api::agent::OutputUpload,
+        ErrorSchema,
+        crate::protocol::Poll,
+        crate::protocol::Assignments,
+        crate::protocol::Report,
+        crate::protocol::ReportEvent,
+        crate::protocol::OutputUpload,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))

@@ -1,9 +1,10 @@
-//! The Flex Start rules (spec §2 and §3) as a pure function: a submitted
+//! The Flex Start rules (docs/rules.md#properties-and-shapes,
+//! docs/rules.md#provisioning-and-timeouts) as a pure function: a submitted
 //! [`Batch`] becomes a validated [`ClusterRequest`] or a [`Rejection`]
 //! listing *every* field violation at once, so a user fixes a batch in one
 //! round trip instead of one error at a time.
 //!
-//! No I/O and no clock here: the config is an argument and the deadline is
+//! No I/O and no clock here: the operator's policy is an argument and the deadline is
 //! computed by the caller from the queue time and
 //! [`ClusterRequest::allocation_timeout_s`].
 
@@ -12,16 +13,16 @@ mod shape;
 mod units;
 
 use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Batch, Code, FieldViolation, quote};
-use crate::config::Config;
 
 pub use properties::{DATAPROC_PROPERTIES, property_field};
-pub use shape::{Accelerator, QuotaMetric};
+pub use shape::{Accelerator, PartRole, QuotaMetric};
 pub use units::{parse_allocation_timeout, parse_memory_mb, parse_proto_duration, parse_size_gb};
 
 /// A runtime version, `MAJOR.MINOR`.
@@ -127,7 +128,8 @@ pub struct ClusterRequest {
     pub executor: NodeShape,
     pub executor_count: u32,
     pub mode: ProvisioningMode,
-    /// The smaller of the driver's and the executors' timeouts (spec §3).
+    /// The smaller of the driver's and the executors' timeouts
+    /// (docs/rules.md#provisioning-and-timeouts).
     pub allocation_timeout_s: u64,
     /// Maximum run time; None on 1.x runtimes without an explicit ttl.
     pub ttl_s: Option<u64>,
@@ -215,23 +217,44 @@ impl Violations {
     }
 }
 
+/// What the operator decides and the rules read: the served regions and
+/// their GPU types, the runtimes, defaults and limits. The rules never see
+/// the config itself; `Config::policy` converts it into this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Every served region and the GPU types its node pools offer.
+    pub regions: BTreeMap<String, Vec<Accelerator>>,
+    /// Supported runtime versions, in order.
+    pub runtimes: Vec<String>,
+    pub default_runtime: String,
+    pub default_ttl_s: u64,
+    pub default_allocation_timeout_s: u64,
+    pub max_allocation_timeout_s: u64,
+    pub max_properties: usize,
+    pub max_property_key_bytes: usize,
+    pub max_property_value_bytes: usize,
+    /// Projects under the organisation policy
+    /// `constraints/compute.requireShieldedVm` (no GPU batches).
+    pub shielded_vm_projects: BTreeSet<String>,
+}
+
 /// Checks a batch against every rule and builds its cluster request.
 pub fn validate(
     batch: &Batch,
     project: &str,
     region: &str,
-    config: &Config,
+    policy: &Policy,
 ) -> Result<ClusterRequest, Rejection> {
     let mut v = Violations::default();
 
-    let region_config = config.regions.get(region);
-    if region_config.is_none() {
+    let offered_here = policy.regions.get(region);
+    if offered_here.is_none() {
         v.invalid(
             "parent",
             format!(
                 "region {} is not served by flexq; served regions: {}",
                 quote(region),
-                config
+                policy
                     .regions
                     .keys()
                     .cloned()
@@ -253,17 +276,16 @@ pub fn validate(
     let workload = check_workload(batch, &mut v);
     check_labels(batch, &mut v);
 
-    let runtime = runtime_version(batch, config, &mut v);
-    let props = properties::Properties::check(batch.properties(), config, &mut v);
+    let runtime = runtime_version(batch, policy, &mut v);
+    let props = properties::Properties::check(batch.properties(), policy, &mut v);
 
-    let executor_accel = props.accelerator(properties::Role::Executor, &mut v);
-    let driver_accel = props.accelerator(properties::Role::Driver, &mut v);
+    let executor_accel = props.accelerator(PartRole::Executor, &mut v);
+    let driver_accel = props.accelerator(PartRole::Driver, &mut v);
     for (role, accel) in [
-        (properties::Role::Executor, executor_accel),
-        (properties::Role::Driver, driver_accel),
+        (PartRole::Executor, executor_accel),
+        (PartRole::Driver, driver_accel),
     ] {
-        if let (Some(accel), Some(rc)) = (accel, region_config) {
-            let offered = rc.accelerators();
+        if let (Some(accel), Some(offered)) = (accel, offered_here) {
             if !offered.contains(&accel) {
                 v.precondition(
                     property_field(role.accelerator_key()),
@@ -282,15 +304,11 @@ pub fn validate(
     let uses_gpus = executor_accel.is_some() || driver_accel.is_some();
 
     if uses_gpus {
-        if config
-            .projects
-            .get(project)
-            .is_some_and(|p| p.require_shielded_vm)
-        {
+        if policy.shielded_vm_projects.contains(project) {
             let key = if executor_accel.is_some() {
-                properties::Role::Executor.accelerator_key()
+                PartRole::Executor.accelerator_key()
             } else {
-                properties::Role::Driver.accelerator_key()
+                PartRole::Driver.accelerator_key()
             };
             v.precondition(
                 property_field(key),
@@ -305,12 +323,12 @@ pub fn validate(
     }
 
     let pyspark = workload == Some(Workload::Pyspark);
-    let executor = props.node_shape(properties::Role::Executor, executor_accel, pyspark, &mut v);
-    let driver = props.node_shape(properties::Role::Driver, driver_accel, pyspark, &mut v);
+    let executor = props.node_shape(PartRole::Executor, executor_accel, pyspark, &mut v);
+    let driver = props.node_shape(PartRole::Driver, driver_accel, pyspark, &mut v);
     let executor_count = props.executor_instances(&mut v);
     let mode = props.provisioning_mode(uses_gpus, runtime, &mut v);
-    let allocation_timeout_s = props.allocation_timeout(config, &mut v);
-    let ttl_s = check_ttl(batch, runtime, config, &mut v);
+    let allocation_timeout_s = props.allocation_timeout(policy, &mut v);
+    let ttl_s = check_ttl(batch, runtime, policy, &mut v);
 
     if let Some(rejection) = v.into_rejection() {
         return Err(rejection);
@@ -488,14 +506,14 @@ fn check_labels(batch: &Batch, v: &mut Violations) {
     }
 }
 
-fn runtime_version(batch: &Batch, config: &Config, v: &mut Violations) -> Option<RuntimeVersion> {
+fn runtime_version(batch: &Batch, policy: &Policy, v: &mut Violations) -> Option<RuntimeVersion> {
     let given = batch
         .runtime_config
         .as_ref()
         .and_then(|r| r.version.as_deref())
         .map(str::trim);
-    let version = given.unwrap_or(&config.batches.default_runtime);
-    if config.runtimes.contains_key(version) {
+    let version = given.unwrap_or(&policy.default_runtime);
+    if policy.runtimes.iter().any(|r| r == version) {
         version.parse().ok()
     } else {
         v.invalid(
@@ -503,12 +521,7 @@ fn runtime_version(batch: &Batch, config: &Config, v: &mut Violations) -> Option
             format!(
                 "runtime version {} is not supported; supported versions: {}",
                 quote(version),
-                config
-                    .runtimes
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                policy.runtimes.join(", ")
             ),
         );
         None
@@ -518,7 +531,7 @@ fn runtime_version(batch: &Batch, config: &Config, v: &mut Violations) -> Option
 fn check_ttl(
     batch: &Batch,
     runtime: Option<RuntimeVersion>,
-    config: &Config,
+    policy: &Policy,
     v: &mut Violations,
 ) -> Option<u64> {
     const MIN_S: f64 = 600.0;
@@ -557,7 +570,7 @@ fn check_ttl(
             }
         },
         None if runtime.is_some_and(|r| r >= RuntimeVersion::new(2, 1)) => {
-            Some(config.batches.default_ttl.as_secs())
+            Some(policy.default_ttl_s)
         }
         None => None,
     }

@@ -1,13 +1,13 @@
 //! `runtimeConfig.properties`: the `spark.dataproc.*` keys flexq knows, and
-//! the per-role rules (executor and driver) of spec §2–§3 that read them.
+//! the per-role rules (executor and driver) of docs/rules.md#properties-and-shapes that read them.
 
 use std::collections::BTreeMap;
 
 use super::shape::Accelerator;
 use super::units::{parse_allocation_timeout, parse_memory_mb, parse_size_gb};
 use super::{NodeShape, ProvisioningMode, RuntimeVersion, Violations};
+use super::{PartRole, Policy};
 use crate::api::quote;
-use crate::config::Config;
 
 /// Every `spark.dataproc.*` key flexq accepts, besides the
 /// `spark.dataproc.driverEnv.` prefix. Any other `spark.dataproc.*` key is
@@ -42,38 +42,26 @@ pub fn property_field(key: &str) -> String {
     format!("runtime_config.properties[{key}]")
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    Driver,
-    Executor,
-}
-
-impl Role {
+/// The property keys of each part of a cluster.
+impl PartRole {
     fn dataproc(self, suffix: &str) -> String {
         match self {
-            Role::Driver => format!("spark.dataproc.driver.{suffix}"),
-            Role::Executor => format!("spark.dataproc.executor.{suffix}"),
+            PartRole::Driver => format!("spark.dataproc.driver.{suffix}"),
+            PartRole::Executor => format!("spark.dataproc.executor.{suffix}"),
         }
     }
 
     fn spark(self, suffix: &str) -> String {
         match self {
-            Role::Driver => format!("spark.driver.{suffix}"),
-            Role::Executor => format!("spark.executor.{suffix}"),
+            PartRole::Driver => format!("spark.driver.{suffix}"),
+            PartRole::Executor => format!("spark.executor.{suffix}"),
         }
     }
 
     pub(crate) fn accelerator_key(self) -> &'static str {
         match self {
-            Role::Driver => "spark.dataproc.driver.resource.accelerator.type",
-            Role::Executor => "spark.dataproc.executor.resource.accelerator.type",
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Role::Driver => "driver",
-            Role::Executor => "executor",
+            PartRole::Driver => "spark.dataproc.driver.resource.accelerator.type",
+            PartRole::Executor => "spark.dataproc.executor.resource.accelerator.type",
         }
     }
 }
@@ -88,10 +76,9 @@ impl Properties {
     /// `spark.dataproc.*` keys.
     pub(crate) fn check(
         raw: &BTreeMap<String, String>,
-        config: &Config,
+        limits: &Policy,
         v: &mut Violations,
     ) -> Properties {
-        let limits = &config.batches;
         if raw.len() > limits.max_properties {
             v.invalid(
                 "runtime_config.properties",
@@ -148,7 +135,7 @@ impl Properties {
         self.map.get(key).map(String::as_str)
     }
 
-    pub(crate) fn accelerator(&self, role: Role, v: &mut Violations) -> Option<Accelerator> {
+    pub(crate) fn accelerator(&self, role: PartRole, v: &mut Violations) -> Option<Accelerator> {
         let key = role.accelerator_key();
         let value = self.get(key)?;
         let accel = Accelerator::parse(value);
@@ -190,7 +177,7 @@ impl Properties {
     /// The shape of the driver or of each executor.
     pub(crate) fn node_shape(
         &self,
-        role: Role,
+        role: PartRole,
         accel: Option<Accelerator>,
         pyspark: bool,
         v: &mut Violations,
@@ -200,8 +187,8 @@ impl Properties {
             match (self.get(&key), accel, role) {
                 (Some("premium"), _, _) => {}
                 // GPU work is billed at the premium tier; the executors
-                // must say so explicitly (spec §2).
-                (value, Some(a), Role::Executor) => v.invalid(
+                // must say so explicitly (docs/rules.md#executor-shapes).
+                (value, Some(a), PartRole::Executor) => v.invalid(
                     property_field(&key),
                     format!(
                         "must be \"premium\" for {a} executors (found {})",
@@ -304,7 +291,7 @@ impl Properties {
     /// other gets what remains of the shape's maximum total.
     fn memory_split(
         &self,
-        role: Role,
+        role: PartRole,
         accel: Option<Accelerator>,
         cores: u32,
         max_total: u64,
@@ -388,7 +375,7 @@ impl Properties {
     ) -> Option<ProvisioningMode> {
         let runtime = runtime?;
         let mut modes = Vec::new();
-        for role in [Role::Driver, Role::Executor] {
+        for role in [PartRole::Driver, PartRole::Executor] {
             let key = role.dataproc("provisioning.mode");
             let Some(value) = self.get(&key) else {
                 continue;
@@ -437,10 +424,10 @@ impl Properties {
     }
 
     /// The smaller of the two allocation timeouts, in seconds.
-    pub(crate) fn allocation_timeout(&self, config: &Config, v: &mut Violations) -> u64 {
-        let max_s = config.provisioning.max_allocation_timeout.as_secs();
-        let default_s = config.provisioning.default_allocation_timeout.as_secs();
-        [Role::Driver, Role::Executor]
+    pub(crate) fn allocation_timeout(&self, policy: &Policy, v: &mut Violations) -> u64 {
+        let max_s = policy.max_allocation_timeout_s;
+        let default_s = policy.default_allocation_timeout_s;
+        [PartRole::Driver, PartRole::Executor]
             .into_iter()
             .map(|role| {
                 let key = role.dataproc("provisioning.allocationTimeout");

@@ -1,4 +1,4 @@
-//! The accelerator tables of spec §2: GPU types, their quota metrics, the
+//! The accelerator tables of docs/rules.md#properties-and-shapes: GPU types, their quota metrics, the
 //! executor shapes each allows, GPUs per shape, local SSD sizes and the
 //! maximum memory of each shape. Data, not logic: a new GPU type is a new
 //! row here.
@@ -234,6 +234,24 @@ mod tests {
                 serde_json::to_value(m).expect("serializes"),
                 serde_json::json!(m.name())
             );
+        }
+    }
+}
+
+/// A part of a cluster: the driver, or one of the executors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PartRole {
+    Driver,
+    Executor,
+}
+
+impl PartRole {
+    /// "driver" or "executor", as stored and shown.
+    pub fn name(self) -> &'static str {
+        match self {
+            PartRole::Driver => "driver",
+            PartRole::Executor => "executor",
         }
     }
 }

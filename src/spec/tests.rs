@@ -1,12 +1,16 @@
-//! One accepting and one rejecting case per rule of spec §2–§3, as a table.
+//! One accepting and one rejecting case per rule of docs/rules.md#properties-and-shapes and
+//! docs/rules.md#provisioning-and-timeouts, as a table.
 
 use std::collections::BTreeMap;
 
 use super::*;
 use crate::api::{EnvironmentConfig, ExecutionConfig, PySparkBatch, RuntimeConfig, SparkBatch};
 
-fn config() -> Config {
-    Config::load_without_env(None).expect("embedded config")
+/// The policy of the embedded default config.
+fn config() -> Policy {
+    crate::config::Config::load_without_env(None)
+        .expect("embedded config")
+        .policy()
 }
 
 fn batch(version: &str, props: &[(&str, &str)]) -> Batch {
@@ -27,7 +31,7 @@ fn batch(version: &str, props: &[(&str, &str)]) -> Batch {
     }
 }
 
-/// The flex start example of spec §6, without the timeouts.
+/// The flex start example of docs/rules.md#example, without the timeouts.
 const FLEX: &[(&str, &str)] = &[
     ("spark.dataproc.driver.resource.accelerator.type", "l4"),
     ("spark.dataproc.executor.resource.accelerator.type", "l4"),
@@ -491,7 +495,7 @@ fn allocation_timeout_is_the_smaller_of_the_two_and_defaults_to_3600s() {
 #[test]
 fn the_operator_default_timeout_applies() {
     let mut config = config();
-    config.provisioning.default_allocation_timeout = std::time::Duration::from_secs(45 * 60);
+    config.default_allocation_timeout_s = 45 * 60;
     let c = validate(&flex(&[]), "demo", "us-central1", &config).expect("valid");
     assert_eq!(c.allocation_timeout_s, 2700);
 }

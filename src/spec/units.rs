@@ -1,4 +1,4 @@
-//! Parsers for the value forms of spec §2–§3: Spark memory strings, disk
+//! Parsers for the value forms of docs/rules.md#value-forms-and-unknown-keys: Spark memory strings, disk
 //! sizes, allocation timeouts and proto3 JSON durations. Each returns the
 //! accepted form in its error so callers can quote it back to the user.
 

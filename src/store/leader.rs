@@ -264,3 +264,43 @@ mod tests {
         assert_eq!(Change::parse("nonsense"), None);
     }
 }
+
+/// What the change stream hears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    Change(Change),
+    /// A payload this version cannot read (a newer replica's, say).
+    Unknown(String),
+}
+
+/// The announcements of every replica, as a stream. It ends when the
+/// listening connection is lost: whatever was announced meanwhile is
+/// missed, so the caller reads the database again (and listens anew).
+pub type ChangeStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Heard, StoreError>> + Send>>;
+
+impl Store {
+    /// Listens to the announcements on a connection of its own
+    /// (PostgreSQL). Changes committed before this call are not heard.
+    pub async fn listen(&self) -> Result<ChangeStream, StoreError> {
+        let mut listener = sqlx::postgres::PgListener::connect(&self.url).await?;
+        listener.listen(CHANNEL).await?;
+        let stream = futures_util::stream::unfold(Some(listener), |listener| async move {
+            let mut listener = listener?;
+            match listener.try_recv().await {
+                Ok(Some(n)) => {
+                    let heard = match Change::parse(n.payload()) {
+                        Some(change) => Heard::Change(change),
+                        None => Heard::Unknown(n.payload().to_string()),
+                    };
+                    Some((Ok(heard), Some(listener)))
+                }
+                // The connection was lost (`try_recv` does not reconnect
+                // behind our back, so the gap is seen).
+                Ok(None) => None,
+                Err(e) => Some((Err(StoreError::from(e)), None)),
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}

@@ -17,6 +17,7 @@
 
 pub mod filter;
 pub mod leader;
+mod lifecycle;
 mod rows;
 mod runs;
 mod schedule;
@@ -38,9 +39,10 @@ use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
 pub use filter::Filter;
-pub use leader::{Change, LeaseHolder};
+pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
+pub use lifecycle::Applied;
 use rows::{BATCH_COLUMNS, read_batches};
-pub use runs::{AgentEvent, NodePart, OutputChunk, ReportOutcome};
+pub use runs::{NodePart, OutputChunk};
 use sql::Sql;
 
 /// Why a store call failed, in terms the API layer can answer with.
@@ -242,12 +244,18 @@ impl Backend {
 const PG_WRITE_LOCK: i64 = 0x666c_6578_7100_0001;
 
 /// Connection settings the store needs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreOptions {
     pub url: String,
     pub max_connections: u32,
     pub group_commit_max: usize,
+    /// Told the time and size of every group commit of creates (the
+    /// engine counts them; the store keeps no metrics).
+    pub observe_group: Option<GroupObserver>,
 }
+
+/// See [`StoreOptions::observe_group`].
+pub type GroupObserver = std::sync::Arc<dyn Fn(Duration, usize) + Send + Sync>;
 
 /// The handle every part of flexq uses; cheap to clone.
 #[derive(Clone)]
@@ -258,6 +266,9 @@ pub struct Store {
     lease_pool: AnyPool,
     backend: Backend,
     creates: mpsc::Sender<writer::CreateCmd>,
+    observe_group: Option<GroupObserver>,
+    /// The database URL, for connections of their own (listening).
+    url: std::sync::Arc<str>,
 }
 
 impl Store {
@@ -282,6 +293,8 @@ impl Store {
             lease_pool,
             backend,
             creates: tx,
+            observe_group: options.observe_group.clone(),
+            url: options.url.as_str().into(),
         };
         tokio::spawn(writer::run(
             store.clone(),
@@ -439,78 +452,6 @@ impl Store {
             batches,
             next_before_seq,
         })
-    }
-
-    /// Cancels the batch of an operation: a PENDING batch goes through
-    /// CANCELLING to CANCELLED at once (nothing runs yet); a RUNNING one
-    /// stays CANCELLING until its work has stopped.
-    pub async fn cancel(
-        &self,
-        project: &str,
-        region: &str,
-        operation_id: &str,
-        now: DateTime<Utc>,
-    ) -> Result<BatchRecord, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let row: Option<(i64, i64, i64, String)> = sqlx::query_as(
-            "select seq, state, provisioning, batch_id from batches \
-             where project = $1 and region = $2 and operation_id = $3",
-        )
-        .bind(project)
-        .bind(region)
-        .bind(operation_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let (seq, state, provisioning, batch_id) = row.ok_or(StoreError::NotFound)?;
-        let state = State::from_number(state).unwrap_or(State::StateUnspecified);
-        let held = Provisioning::from_number(provisioning) == Provisioning::Provisioned;
-        let ends = state == State::Pending;
-        if state == State::Pending && held {
-            // Nothing runs yet on an allocated cluster: give it back in the
-            // same transaction as the state change.
-            schedule::release(&mut tx, seq, now).await?;
-        }
-        let steps: &[(State, &str)] = match state {
-            State::Pending if held => &[
-                (State::Cancelling, "Cancellation requested."),
-                (
-                    State::Cancelled,
-                    "Cancelled before the work started; its cluster was released.",
-                ),
-            ],
-            State::Pending => &[
-                (State::Cancelling, "Cancellation requested."),
-                (
-                    State::Cancelled,
-                    "Cancelled before allocation; no capacity was used.",
-                ),
-            ],
-            State::Running => &[(
-                State::Cancelling,
-                "Cancellation requested; stopping the work.",
-            )],
-            State::Cancelling => &[],
-            terminal => {
-                return Err(StoreError::FailedPrecondition(format!(
-                    "the batch is already {terminal}; only PENDING or RUNNING batches can be cancelled"
-                )));
-            }
-        };
-        for (to, message) in steps {
-            rows::transition(&mut tx, seq, *to, message, now).await?;
-        }
-        let change = if ends {
-            Change::Ended { seq }
-        } else {
-            Change::Work
-        };
-        self.announce(&mut tx, &change).await?;
-        tx.commit().await?;
-        for (to, _) in steps {
-            tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %to, "batch state changed");
-            crate::metrics::record_transition(*to);
-        }
-        self.get_by_seq(seq).await
     }
 
     /// Deletes a batch in a terminal state.

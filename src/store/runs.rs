@@ -1,24 +1,18 @@
 //! Running work: what each node's agent must run (its parts of allocated
-//! batches), what agents report back (master ready, driver started,
-//! finished, a part failed), and the driver's output.
-//!
-//! A report that ends a batch changes its state and releases its cluster
-//! in one transaction, like every other decision.
+//! batches) and the driver's output. What agents report back is a
+//! lifecycle decision ([`super::lifecycle`]).
 
-use chrono::{DateTime, Utc};
-use sqlx::{AnyConnection, Row};
+use sqlx::Row;
 
-use super::rows::transition;
-use super::schedule::release;
-use super::{BatchRecord, Change, RunInfo, Store, StoreError};
-use crate::api::State;
-use crate::scheduler::Role;
+use super::lifecycle::{run_info, set_run_info};
+use super::{BatchRecord, Change, Store, StoreError};
+use crate::scheduler::PartRole;
 
 /// One part of an allocated batch on a node: what its agent runs.
 #[derive(Debug, Clone)]
 pub struct NodePart {
     pub batch: BatchRecord,
-    pub role: Role,
+    pub role: PartRole,
     /// Executors are numbered 0.. within their batch, in allocation order;
     /// 0 for the driver.
     pub index: u32,
@@ -28,49 +22,6 @@ pub struct NodePart {
     pub local_ssd_gb: u64,
 }
 
-/// What an agent reports about a batch.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AgentEvent {
-    /// The driver's node started the batch's Spark master.
-    MasterReady { url: String },
-    /// The driver process started: the batch is RUNNING.
-    DriverStarted { rapids: String },
-    /// The driver ended: SUCCEEDED or FAILED (CANCELLED when the batch was
-    /// being cancelled).
-    Finished {
-        succeeded: bool,
-        message: String,
-        exit_code: Option<i32>,
-    },
-    /// A part could not run (a worker died, a start failed): the whole
-    /// batch fails, a partial cluster must not go on.
-    PartFailed { message: String },
-}
-
-impl AgentEvent {
-    /// The event's name on the wire and in metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            AgentEvent::MasterReady { .. } => "MASTER_READY",
-            AgentEvent::DriverStarted { .. } => "DRIVER_STARTED",
-            AgentEvent::Finished { .. } => "FINISHED",
-            AgentEvent::PartFailed { .. } => "PART_FAILED",
-        }
-    }
-}
-
-/// What a report did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ReportOutcome {
-    Recorded,
-    /// The batch ended and its cluster was released: the scheduler must
-    /// forget it.
-    Ended {
-        seq: i64,
-        state: State,
-    },
-}
-
 /// A slice of a batch's driver output.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutputChunk {
@@ -78,46 +29,6 @@ pub struct OutputChunk {
     pub next_offset: u64,
     /// Bytes stored in all.
     pub total: u64,
-}
-
-async fn run_info(conn: &mut AnyConnection, seq: i64) -> Result<RunInfo, StoreError> {
-    let json: Option<String> = sqlx::query_scalar("select run_info from batches where seq = $1")
-        .bind(seq)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(json
-        .and_then(|j| serde_json::from_str(&j).ok())
-        .unwrap_or_default())
-}
-
-async fn set_run_info(conn: &mut AnyConnection, seq: i64, run: &RunInfo) -> Result<(), StoreError> {
-    let json = serde_json::to_string(run)
-        .map_err(|e| StoreError::Unavailable(format!("cannot encode run info: {e}")))?;
-    sqlx::query("update batches set run_info = $1 where seq = $2")
-        .bind(json)
-        .bind(seq)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
-/// Ends a batch: state, run info, release of its cluster. Answers how long
-/// its driver ran, if it started.
-async fn end(
-    conn: &mut AnyConnection,
-    seq: i64,
-    to: State,
-    message: &str,
-    exit_code: Option<i32>,
-    now: DateTime<Utc>,
-) -> Result<Option<std::time::Duration>, StoreError> {
-    let mut run = run_info(conn, seq).await?;
-    run.exit_code = exit_code.or(run.exit_code);
-    run.end_time = Some(now);
-    set_run_info(conn, seq, &run).await?;
-    transition(conn, seq, to, message, now).await?;
-    release(conn, seq, now).await?;
-    Ok(run.start_time.and_then(|t| (now - t).to_std().ok()))
 }
 
 impl Store {
@@ -146,14 +57,14 @@ impl Store {
                 }
             };
             let role = match row.try_get::<&str, _>("role")? {
-                "driver" => Role::Driver,
-                _ => Role::Executor,
+                "driver" => PartRole::Driver,
+                _ => PartRole::Executor,
             };
             let gpus: &str = row.try_get("gpus")?;
             parts.push(NodePart {
                 batch,
                 role,
-                index: if role == Role::Driver {
+                index: if role == PartRole::Driver {
                     0
                 } else {
                     row.try_get::<i64, _>("idx")?.max(0) as u32
@@ -167,132 +78,6 @@ impl Store {
             });
         }
         Ok(parts)
-    }
-
-    /// Applies an agent's report about batch `uuid` from `node`, which must
-    /// hold a part of it (the driver's part for driver events).
-    pub async fn report(
-        &self,
-        node: &str,
-        uuid: &str,
-        event: &AgentEvent,
-        now: DateTime<Utc>,
-    ) -> Result<ReportOutcome, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let (seq, state, batch_id): (i64, i64, String) =
-            sqlx::query_as("select seq, state, batch_id from batches where uuid = $1")
-                .bind(uuid)
-                .fetch_optional(&mut *tx)
-                .await?
-                .ok_or(StoreError::NotFound)?;
-        let state = State::from_number(state).unwrap_or(State::StateUnspecified);
-        let roles: Vec<String> = sqlx::query_scalar(
-            "select role from allocations where batch_seq = $1 and node_id = $2 and released_at is null",
-        )
-        .bind(seq)
-        .bind(node)
-        .fetch_all(&mut *tx)
-        .await?;
-        if roles.is_empty() {
-            return Err(StoreError::FailedPrecondition(format!(
-                "node {node} holds no part of batch {batch_id} (it is {state}; its cluster was released)"
-            )));
-        }
-        let is_driver = roles.iter().any(|r| r == "driver");
-        let needs_driver = !matches!(event, AgentEvent::PartFailed { .. });
-        let mut ran = None;
-        let mut started_after = None;
-        if needs_driver && !is_driver {
-            return Err(StoreError::FailedPrecondition(format!(
-                "node {node} does not run the driver of batch {batch_id}"
-            )));
-        }
-        let outcome = match event {
-            AgentEvent::MasterReady { url } => {
-                sqlx::query("update batches set master_url = $1 where seq = $2")
-                    .bind(url)
-                    .bind(seq)
-                    .execute(&mut *tx)
-                    .await?;
-                ReportOutcome::Recorded
-            }
-            AgentEvent::DriverStarted { rapids } => {
-                let mut run = run_info(&mut tx, seq).await?;
-                run.driver_node = Some(node.to_string());
-                run.rapids = Some(rapids.clone());
-                run.start_time.get_or_insert(now);
-                set_run_info(&mut tx, seq, &run).await?;
-                if state == State::Pending {
-                    let allocated: Option<i64> =
-                        sqlx::query_scalar("select allocate_time from batches where seq = $1")
-                            .bind(seq)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                    started_after =
-                        allocated.and_then(|t| (now - super::rows::from_micros(t)).to_std().ok());
-                    transition(
-                        &mut tx,
-                        seq,
-                        State::Running,
-                        &format!(
-                            "The driver started on node {node}. RAPIDS Accelerator: {rapids}."
-                        ),
-                        now,
-                    )
-                    .await?;
-                }
-                ReportOutcome::Recorded
-            }
-            AgentEvent::Finished {
-                succeeded,
-                message,
-                exit_code,
-            } => {
-                let to = match (state, succeeded) {
-                    (State::Cancelling, _) => State::Cancelled,
-                    (_, true) => State::Succeeded,
-                    (_, false) => State::Failed,
-                };
-                let message = if to == State::Cancelled {
-                    "Cancelled: the Spark processes were stopped and the cluster was released."
-                        .to_string()
-                } else {
-                    message.clone()
-                };
-                ran = end(&mut tx, seq, to, &message, *exit_code, now).await?;
-                ReportOutcome::Ended { seq, state: to }
-            }
-            AgentEvent::PartFailed { message } => {
-                let to = if state == State::Cancelling {
-                    State::Cancelled
-                } else {
-                    State::Failed
-                };
-                ran = end(&mut tx, seq, to, message, None, now).await?;
-                ReportOutcome::Ended { seq, state: to }
-            }
-        };
-        let change = match outcome {
-            ReportOutcome::Ended { seq, .. } => Change::Ended { seq },
-            ReportOutcome::Recorded => Change::Work,
-        };
-        self.announce(&mut tx, &change).await?;
-        tx.commit().await?;
-        crate::metrics::record_agent_report(event.name());
-        if let Some(after) = started_after {
-            crate::metrics::record_started(after);
-        }
-        if let ReportOutcome::Ended { state, .. } = &outcome {
-            tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %state, node, "batch state changed");
-            crate::metrics::record_transition(*state);
-            if let Some(ran) = ran {
-                crate::metrics::record_run(*state, ran);
-            }
-        } else if matches!(event, AgentEvent::DriverStarted { .. }) && state == State::Pending {
-            tracing::info!(batch.id = %batch_id, batch.seq = seq, to = %State::Running, node, "batch state changed");
-            crate::metrics::record_transition(State::Running);
-        }
-        Ok(outcome)
     }
 
     /// Appends driver output of batch `uuid` at `offset`, from the node

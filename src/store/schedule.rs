@@ -10,11 +10,13 @@ use sqlx::{AnyConnection, Row};
 
 use super::sql::Sql;
 
-use super::rows::{append_history, from_micros, micros, transition};
+use super::lifecycle::write_steps;
+use super::rows::{append_history, from_micros, micros};
 use super::{Change, Provisioning, Store, StoreError};
 use crate::api::State;
+use crate::scheduler::lifecycle;
 use crate::scheduler::{
-    Allocation, BatchKey, Decision, NodeId, NodeSpec, PendingBatch, Placement, Role,
+    Allocation, BatchKey, Decision, NodeId, NodeSpec, PartRole, PendingBatch, Placement,
 };
 use crate::spec::{ClusterRequest, QuotaMetric};
 
@@ -76,13 +78,8 @@ async fn lose_node(
             .bind(key.0)
             .fetch_optional(&mut *conn)
             .await?;
-        release(conn, key.0, now).await?;
-        if state
-            .and_then(State::from_number)
-            .is_some_and(|s| !s.is_terminal())
-        {
-            transition(conn, key.0, State::Failed, message, now).await?;
-        }
+        let outcome = lifecycle::node_lost(state.and_then(State::from_number), message);
+        write_steps(conn, key.0, "", outcome, now).await?;
     }
     Ok(true)
 }
@@ -423,9 +420,9 @@ fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
     Ok(Placement {
         node: NodeId(row.try_get("node_id")?),
         role: if role == "driver" {
-            Role::Driver
+            PartRole::Driver
         } else {
-            Role::Executor
+            PartRole::Executor
         },
         gpus: serde_json::from_str(&gpus).unwrap_or_default(),
         cores: row.try_get::<i64, _>("cores")? as u32,
@@ -439,7 +436,7 @@ fn allocated_message(a: &Allocation) -> String {
     let executors = a
         .placements
         .iter()
-        .filter(|p| p.role == Role::Executor)
+        .filter(|p| p.role == PartRole::Executor)
         .count();
     let gpus: usize = a.placements.iter().map(|p| p.gpus.len()).sum();
     let mut nodes: Vec<&str> = a.placements.iter().map(|p| p.node.0.as_str()).collect();

@@ -52,7 +52,9 @@ async fn commit_group(store: &Store, group: Vec<CreateCmd>) {
     let now = now_micros();
     match try_group(store, &batches, now).await {
         Ok(outcomes) => {
-            crate::metrics::record_commit("create", started.elapsed(), batches.len());
+            if let Some(observe) = &store.observe_group {
+                observe(started.elapsed(), batches.len());
+            }
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A waiter that went away (client hung up) is fine: the
                 // batch is committed and a retry with its requestId finds it.
@@ -99,7 +101,7 @@ fn now_micros() -> DateTime<Utc> {
 }
 
 /// What the group decided for one create.
-enum Decision {
+enum Verdict {
     Insert,
     /// The requestId belongs to a stored batch.
     ReplayStored(Box<BatchRecord>),
@@ -124,7 +126,7 @@ async fn try_group(
 
     let mut ids_in_group: HashSet<Key> = HashSet::new();
     let mut requests_in_group: HashMap<Key, usize> = HashMap::new();
-    let decisions: Vec<Decision> = batches
+    let decisions: Vec<Verdict> = batches
         .iter()
         .enumerate()
         .map(|(i, b)| {
@@ -132,27 +134,27 @@ async fn try_group(
             if let Some(req) = &b.request_id {
                 let key = (n.project.clone(), n.region.clone(), req.clone());
                 if let Some(stored) = stored_requests.get(&key) {
-                    return Decision::ReplayStored(Box::new(stored.clone()));
+                    return Verdict::ReplayStored(Box::new(stored.clone()));
                 }
                 if let Some(&first) = requests_in_group.get(&key) {
-                    return Decision::ReplayInGroup(first);
+                    return Verdict::ReplayInGroup(first);
                 }
             }
             let id = (n.project.clone(), n.region.clone(), n.batch_id.clone());
             if taken_ids.contains(&id) || !ids_in_group.insert(id) {
-                return Decision::Taken;
+                return Verdict::Taken;
             }
             if let Some(req) = &b.request_id {
                 requests_in_group.insert((n.project.clone(), n.region.clone(), req.clone()), i);
             }
-            Decision::Insert
+            Verdict::Insert
         })
         .collect();
 
     let mut new: Vec<&NewBatch> = batches
         .iter()
         .zip(&decisions)
-        .filter(|(_, d)| matches!(d, Decision::Insert))
+        .filter(|(_, d)| matches!(d, Verdict::Insert))
         .map(|(b, _)| b)
         .collect();
     // In index order: two replicas' groups that share a batch id then meet
@@ -182,26 +184,21 @@ async fn try_group(
     let mut outcomes = Vec::with_capacity(batches.len());
     for (i, (b, d)) in batches.iter().zip(decisions).enumerate() {
         outcomes.push(match d {
-            Decision::Insert => {
+            Verdict::Insert => {
                 let seq = seqs.get(&b.uuid.to_string()).copied().unwrap_or_default();
                 let record = new_record(b, seq, now);
-                tracing::info!(
-                    batch.id = %b.name.batch_id, batch.uuid = %b.uuid, project = %b.name.project,
-                    region = %b.name.region, state = "PENDING", "batch created"
-                );
-                crate::metrics::record_transition(State::Pending);
                 records.insert(i, record.clone());
                 Ok(Created::New(record))
             }
-            Decision::ReplayStored(r) => Ok(Created::Replayed(*r)),
-            Decision::ReplayInGroup(first) => records
+            Verdict::ReplayStored(r) => Ok(Created::Replayed(*r)),
+            Verdict::ReplayInGroup(first) => records
                 .get(&first)
                 .cloned()
                 .map(Created::Replayed)
                 .ok_or(StoreError::Unavailable(
                     "replayed create lost its first".into(),
                 )),
-            Decision::Taken => Err(StoreError::AlreadyExists(format!(
+            Verdict::Taken => Err(StoreError::AlreadyExists(format!(
                 "batch {} already exists",
                 b.name
             ))),

@@ -1,4 +1,4 @@
-//! The REST API of spec/api.md through real HTTP.
+//! The REST API of docs/api.md through real HTTP.
 
 use std::collections::HashSet;
 

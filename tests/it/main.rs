@@ -3,6 +3,7 @@
 
 mod agents;
 mod api;
+mod architecture;
 mod auth;
 mod bad_input;
 mod cli;

@@ -453,7 +453,8 @@ async fn the_leader_killed_again_and_again_loses_nothing_and_overcommits_nothing
 /// A whole-node batch of project demo, as the API would store it.
 fn new_batch(config: &Config, id: &str, request_id: Option<&str>) -> NewBatch {
     let batch: flexq::api::Batch = serde_json::from_value(gpu_batch(3, "3600s")).expect("batch");
-    let cluster = flexq::spec::validate(&batch, "demo", "us-central1", config).expect("valid");
+    let cluster =
+        flexq::spec::validate(&batch, "demo", "us-central1", &config.policy()).expect("valid");
     NewBatch {
         name: flexq::api::BatchName {
             project: "demo".into(),
@@ -482,6 +483,7 @@ async fn the_same_create_through_two_replicas_at_once_gives_one_batch() {
         url: url.clone(),
         max_connections: 8,
         group_commit_max: 64,
+        observe_group: None,
     };
     let stores = [
         Store::open(&options).await.expect("a"),
@@ -548,6 +550,7 @@ async fn a_paused_leader_cannot_commit_after_another_took_over() {
         url: url.clone(),
         max_connections: 4,
         group_commit_max: 16,
+        observe_group: None,
     };
     let (a, b) = (
         Store::open(&options).await.expect("a"),
@@ -561,8 +564,8 @@ async fn a_paused_leader_cannot_commit_after_another_took_over() {
     let queued = a.queued_batches(..).await.expect("queued");
     assert_eq!(queued.len(), 2);
     let core = |batch: flexq::scheduler::PendingBatch| {
-        let mut core = Scheduler::new(flexq::scheduler::pools(&config), config.quotas.clone());
-        for node in flexq::scheduler::virtual_nodes(&config) {
+        let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+        for node in config.virtual_nodes() {
             core.add_node(node);
         }
         core.submit(batch);

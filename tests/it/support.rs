@@ -206,7 +206,7 @@ pub fn spawn_agent(config: &Path, log: &Path) -> Child {
         .expect("start flexq agent")
 }
 
-/// The flex start example of spec §6 as a create body.
+/// The flex start example of docs/rules.md#example as a create body.
 pub fn flex_batch() -> Value {
     json!({
         "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},

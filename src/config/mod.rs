@@ -15,12 +15,14 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+mod convert;
+
 use crate::spec::{Accelerator, RuntimeVersion};
 
 /// The embedded default configuration.
-pub const DEFAULT_TOML: &str = include_str!("../config/flexq.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../config/flexq.toml");
 
-/// The hard ceiling of any allocation timeout (spec §3).
+/// The hard ceiling of any allocation timeout (docs/rules.md#provisioning-and-timeouts).
 pub const ALLOCATION_TIMEOUT_CEILING: Duration = Duration::from_secs(7200);
 
 /// Top-level sections; only `FLEXQ_<SECTION>__…` variables are config, so
@@ -69,7 +71,7 @@ pub struct Config {
 pub struct PrincipalConfig {
     /// Recorded as `creator` on the batches it creates.
     pub name: String,
-    pub role: Role,
+    pub role: PrincipalRole,
     /// Submitters: the projects they reach.
     #[serde(default)]
     pub projects: Vec<String>,
@@ -83,7 +85,7 @@ pub struct PrincipalConfig {
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub enum PrincipalRole {
     /// Submits and manages batches of its projects; reads their quotas.
     Submitter,
     /// Everything but the agent endpoints.
@@ -353,13 +355,13 @@ impl Config {
                 return Err(invalid(key("name"), "must not be empty"));
             }
             match p.role {
-                Role::Submitter if p.projects.is_empty() => {
+                PrincipalRole::Submitter if p.projects.is_empty() => {
                     return Err(invalid(
                         key("projects"),
                         "a submitter needs at least one project",
                     ));
                 }
-                Role::Agent if p.node.is_none() => {
+                PrincipalRole::Agent if p.node.is_none() => {
                     return Err(invalid(key("node"), "an agent needs the node it acts for"));
                 }
                 _ => {}
@@ -683,7 +685,7 @@ mod principal_tests {
         assert!(e.to_string().contains("server.bind"), "{e}");
         c.principals.push(PrincipalConfig {
             name: "a".into(),
-            role: Role::Submitter,
+            role: PrincipalRole::Submitter,
             projects: vec![],
             node: None,
             token_sha256: "0".repeat(64),

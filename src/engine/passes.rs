@@ -1,239 +1,21 @@
-//! The scheduler loop: sleeps until an event or the next deadline (never a
-//! fixed polling interval), runs a pass, commits its decisions, and only
-//! then lets anyone see them.
-//!
-//! The core sits behind an async mutex held across pass *and* commit:
-//! readers of the scheduler (quota and capacity views, queue positions)
-//! never see a decision that is not yet durable, and never half of one.
-//!
-//! On SQLite flexq is one process and always decides. On PostgreSQL every
-//! replica keeps a core, but only the holder of the leader lease
-//! ([`super::replica`]) runs passes; the others keep theirs as a mirror of
-//! the database for their views.
+//! The scheduler loop: wakes on events or the next deadline (never a
+//! fixed polling interval), runs a pass of the core, commits its decisions
+//! in one transaction, and only then lets anyone see them; the core's
+//! rebuild from the store.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Mutex, MutexGuard, Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::core::{BatchKey, Decision, PendingBatch, Scheduler};
+use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::config::Config;
-use crate::store::{Backend, Store, StoreError};
+use crate::scheduler::{Decision, Scheduler, lifecycle};
+use crate::store::{Store, StoreError};
 
-/// The longest a database call made under the core's lock may take.
-pub(super) const DB_UNDER_LOCK: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// What this process does about scheduling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Role {
-    /// The only process (SQLite): it always decides.
-    Single,
-    /// Holds the leader lease in `term`: it decides, fenced by the term.
-    Leader { term: i64 },
-    /// Another replica leads; this one serves the API.
-    Follower,
-}
-
-impl Role {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Role::Single => "single",
-            Role::Leader { .. } => "leader",
-            Role::Follower => "follower",
-        }
-    }
-
-    pub fn decides(&self) -> bool {
-        !matches!(self, Role::Follower)
-    }
-
-    /// The fencing term of its commits.
-    fn fence(&self) -> Option<i64> {
-        match self {
-            Role::Leader { term } => Some(*term),
-            _ => None,
-        }
-    }
-}
-
-pub(super) struct Shared {
-    core: Mutex<Scheduler>,
-    wake: Notify,
-    /// Bumped whenever what some node must run may have changed (an
-    /// allocation, a release, a cancel, a report): agents' long polls wait
-    /// on it.
-    changes: watch::Sender<u64>,
-    /// Bumped when driver output is stored (readers of the output wait on
-    /// it; agents' polls do not).
-    output: watch::Sender<u64>,
-    pub(super) store: Store,
-    pub(super) config: Arc<Config>,
-    /// Taken under the core's lock, given up without it.
-    role: watch::Sender<Role>,
-    /// This replica's name in the leader lease.
-    pub(super) replica_id: String,
-    /// Asks a follower's core to be rebuilt from the database.
-    pub(super) mirror: Notify,
-    /// The core holds decisions the database does not: rebuild it before
-    /// the next pass.
-    pub(super) stale: AtomicBool,
-    /// The term the leader election loop holds (0: none). A rebuild for a
-    /// term that is no longer held does not make this replica lead.
-    pub(super) held_term: AtomicI64,
-    /// Fired when this replica no longer takes part in leader election
-    /// (at once on SQLite): after shutdown, its lease is given up.
-    pub(super) election_done: CancellationToken,
-}
-
-/// A handle on the running scheduler; cheap to clone.
-#[derive(Clone)]
-pub struct SchedulerService {
-    pub(super) shared: Arc<Shared>,
-}
-
-impl SchedulerService {
-    /// Rebuilds the scheduler from the config and the store, and starts
-    /// its loop. Deadlines keep counting from the original queue times:
-    /// batches whose deadline passed while flexq was down are failed by
-    /// the first pass, before any admission.
-    pub async fn start(
-        config: Arc<Config>,
-        store: Store,
-        shutdown: CancellationToken,
-    ) -> Result<SchedulerService, StoreError> {
-        let replicated = store.backend() == Backend::Postgres;
-        let role = if replicated {
-            Role::Follower
-        } else {
-            Role::Single
-        };
-        let started = Instant::now();
-        let core = rebuild(&config, &store, role.decides().then_some(None)).await?;
-        tracing::info!(
-            pending = core.pending_count(),
-            allocated = core.running_keys().len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "scheduler state rebuilt from the store"
-        );
-        let replica_id = config
-            .database
-            .replica_id
-            .clone()
-            .unwrap_or_else(super::replica::default_replica_id);
-        crate::metrics::set_role(&replica_id, role.name(), 0);
-        let service = SchedulerService {
-            shared: Arc::new(Shared {
-                core: Mutex::new(core),
-                wake: Notify::new(),
-                changes: watch::channel(0).0,
-                output: watch::channel(0).0,
-                store,
-                config,
-                role: watch::channel(role).0,
-                replica_id,
-                mirror: Notify::new(),
-                election_done: CancellationToken::new(),
-                stale: AtomicBool::new(false),
-                held_term: AtomicI64::new(0),
-            }),
-        };
-        if replicated {
-            super::replica::start(service.clone(), shutdown.clone());
-        } else {
-            service.shared.election_done.cancel();
-        }
-        let runner = service.clone();
-        tokio::spawn(async move { runner.run(shutdown).await });
-        service.wake();
-        Ok(service)
-    }
-
-    /// Waits until, after shutdown, this replica has left leader election
-    /// (having given its lease up if it led).
-    pub async fn election_done(&self) {
-        self.shared.election_done.cancelled().await;
-    }
-
-    /// What this process does about scheduling now.
-    pub fn role(&self) -> Role {
-        self.shared.role.borrow().clone()
-    }
-
-    /// Waits on changes of [`Self::role`].
-    pub fn watch_role(&self) -> watch::Receiver<Role> {
-        self.shared.role.subscribe()
-    }
-
-    pub fn replica_id(&self) -> &str {
-        &self.shared.replica_id
-    }
-
-    /// Whether the database is shared by several replicas (PostgreSQL):
-    /// changes then reach every core through the database's
-    /// announcements, not through calls in this process.
-    pub fn replicated(&self) -> bool {
-        self.shared.store.backend() == Backend::Postgres
-    }
-
-    /// Changes the role. Taking the lead happens under the core's lock
-    /// (see [`super::replica`]); stepping down need not.
-    pub(super) fn set_role(&self, role: Role) {
-        let term = role.fence().unwrap_or(0);
-        crate::metrics::set_role(&self.shared.replica_id, role.name(), term);
-        self.shared.role.send_replace(role);
-        self.wake();
-    }
-
-    /// Asks for a pass soon. Wake-ups coalesce: many events, one pass.
-    pub fn wake(&self) {
-        crate::metrics::record_wake();
-        self.shared.wake.notify_one();
-    }
-
-    /// Says that some node's work may have changed.
-    pub fn work_changed(&self) {
-        self.shared.changes.send_modify(|v| *v = v.wrapping_add(1));
-    }
-
-    /// Waits on [`Self::work_changed`].
-    pub fn watch_work(&self) -> watch::Receiver<u64> {
-        self.shared.changes.subscribe()
-    }
-
-    /// Says that some batch's driver output grew.
-    pub fn output_written(&self) {
-        self.shared.output.send_modify(|v| *v = v.wrapping_add(1));
-    }
-
-    /// Waits on [`Self::output_written`].
-    pub fn watch_output(&self) -> watch::Receiver<u64> {
-        self.shared.output.subscribe()
-    }
-
-    /// Locks the core (for views and event application).
-    pub async fn lock(&self) -> MutexGuard<'_, Scheduler> {
-        self.shared.core.lock().await
-    }
-
-    /// A batch was stored: queue it and wake the loop. With several
-    /// replicas the create's announcement queues it in the leader.
-    pub async fn submitted(&self, batch: PendingBatch) {
-        if !self.replicated() {
-            self.lock().await.submit(batch);
-        }
-        self.wake();
-    }
-
-    /// A batch left the queue or gave back its cluster.
-    pub async fn forget(&self, key: BatchKey) {
-        self.lock().await.forget(key);
-        self.wake();
-    }
-
-    async fn run(&self, shutdown: CancellationToken) {
+impl Engine {
+    pub(super) async fn run(&self, shutdown: CancellationToken) {
         loop {
             let next = self.lock().await.next_deadline();
             let sleep = async {
@@ -338,7 +120,7 @@ impl SchedulerService {
                 // written, and this core no longer decides.
                 tracing::warn!(reason = %why, decisions = decisions.len(), "decisions refused: this replica no longer leads");
                 crate::metrics::record_fenced();
-                self.set_role(Role::Follower);
+                self.set_role(ReplicaRole::Follower);
                 drop(core);
                 self.refresh_mirror();
             }
@@ -357,7 +139,7 @@ impl SchedulerService {
     /// decisions were not all written. Until that succeeds no pass runs: a
     /// core holding allocations that were never committed would keep their
     /// capacity, and their batches, out of reach for good.
-    async fn rebuild_after_void(&self, core: &mut Scheduler, fence: Option<i64>) {
+    pub(super) async fn rebuild_after_void(&self, core: &mut Scheduler, fence: Option<i64>) {
         let fresh = tokio::time::timeout(
             DB_UNDER_LOCK,
             rebuild(&self.shared.config, &self.shared.store, Some(fence)),
@@ -422,13 +204,13 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
 /// The core as the store and config say it is. `decides` is `Some(fence)`
 /// when this core decides (clusters whose nodes are gone are then failed
 /// and released); a follower's mirror writes nothing.
-pub(super) async fn rebuild(
+pub(crate) async fn rebuild(
     config: &Config,
     store: &Store,
     decides: Option<Option<i64>>,
 ) -> Result<Scheduler, StoreError> {
-    let mut core = Scheduler::new(super::pools(config), config.quotas.clone());
-    for node in super::virtual_nodes(config) {
+    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+    for node in config.virtual_nodes() {
         core.add_node(node);
     }
     for (project, region, metric, limit) in store.quota_overrides().await? {
@@ -449,18 +231,7 @@ pub(super) async fn rebuild(
             orphans.push((key, batch_id));
         }
     }
-    if let (false, Some(fence)) = (orphans.is_empty(), decides) {
-        // Its nodes are gone from the config (virtual nodes removed, a
-        // pool shrunk): fail the batch and release what the store holds,
-        // like a lost node, rather than keep it provisioned forever.
-        let (failed, failed_ids) = orphans.into_iter().unzip();
-        let lost = Decision::LoseNode {
-            node: super::NodeId("(configuration)".into()),
-            epoch: None,
-            failed,
-            failed_ids,
-            message: "The nodes of this batch's cluster are no longer declared in the configuration; the batch failed and its cluster was released.".into(),
-        };
+    if let (Some(lost), Some(fence)) = (lifecycle::orphaned(orphans), decides) {
         store
             .commit_decisions(std::slice::from_ref(&lost), Utc::now(), fence)
             .await?;

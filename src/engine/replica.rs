@@ -19,12 +19,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use sqlx::postgres::PgListener;
+use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::capacity::NodeId;
-use super::runner::{Role, SchedulerService, rebuild};
-use crate::store::Change;
+use super::passes::rebuild;
+use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
+use crate::scheduler::{BatchKey, NodeId};
+use crate::store::{Change, Heard};
 
 /// How often at most a follower rebuilds its core from the database.
 pub const MIRROR_EVERY: Duration = Duration::from_secs(1);
@@ -35,7 +36,7 @@ const LISTEN_SILENCE: Duration = Duration::from_secs(3);
 
 /// The host name, the process id and a random suffix: unique across
 /// restarts, readable in `/readyz`.
-pub(super) fn default_replica_id() -> String {
+pub(crate) fn default_replica_id() -> String {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
@@ -45,15 +46,15 @@ pub(super) fn default_replica_id() -> String {
 }
 
 /// Starts the leadership loop, the change listener and the mirror refresh.
-pub(super) fn start(service: SchedulerService, shutdown: CancellationToken) {
+pub(crate) fn start(service: Engine, shutdown: CancellationToken) {
     tokio::spawn(lead(service.clone(), shutdown.clone()));
     tokio::spawn(listen(service.clone(), shutdown.clone()));
     tokio::spawn(refresh_mirror(service, shutdown));
 }
 
-impl SchedulerService {
+impl Engine {
     /// Asks a follower's core to be rebuilt from the database soon.
-    pub(super) fn refresh_mirror(&self) {
+    pub(crate) fn refresh_mirror(&self) {
         self.shared.mirror.notify_one();
     }
 
@@ -69,10 +70,10 @@ impl SchedulerService {
             // The lease was lost while this waited for the lock.
             return;
         }
-        self.set_role(Role::Leader { term });
+        self.set_role(ReplicaRole::Leader { term });
         let shared = &self.shared;
         let fresh = tokio::time::timeout(
-            super::runner::DB_UNDER_LOCK,
+            DB_UNDER_LOCK,
             rebuild(&shared.config, &shared.store, Some(Some(term))),
         )
         .await
@@ -97,7 +98,7 @@ impl SchedulerService {
                 // Decide on nothing half-read: let the lease go by and try
                 // again.
                 tracing::error!(error = %e, term, "cannot rebuild the scheduler state; not leading");
-                self.set_role(Role::Follower);
+                self.set_role(ReplicaRole::Follower);
             }
         }
         drop(core);
@@ -123,7 +124,7 @@ impl SchedulerService {
         self.hold(None);
         if self.role().decides() {
             tracing::warn!(replica = %self.shared.replica_id, reason = why, "no longer leading");
-            self.set_role(Role::Follower);
+            self.set_role(ReplicaRole::Follower);
         }
         self.refresh_mirror();
     }
@@ -156,7 +157,7 @@ impl SchedulerService {
                 self.wake();
             }
             Change::Ended { seq } => {
-                self.lock().await.forget(super::BatchKey(seq));
+                self.lock().await.forget(BatchKey(seq));
                 self.wake();
                 self.work_changed();
             }
@@ -203,14 +204,14 @@ impl SchedulerService {
     /// database (a leader's as a leader, fenced by its term).
     async fn resync(&self) {
         match self.role() {
-            Role::Leader { term } => self.take_lead(term).await,
+            ReplicaRole::Leader { term } => self.take_lead(term).await,
             _ => self.refresh_mirror(),
         }
     }
 }
 
 /// Takes or renews the leader lease, every `leader_renew`.
-async fn lead(service: SchedulerService, shutdown: CancellationToken) {
+async fn lead(service: Engine, shutdown: CancellationToken) {
     let db = &service.shared.config.database;
     let (lease, every) = (db.leader_lease, db.leader_renew);
     let me = service.shared.replica_id.clone();
@@ -288,20 +289,14 @@ async fn lead(service: SchedulerService, shutdown: CancellationToken) {
 /// can die without a word (a proxy or NAT dropping it): this replica
 /// announces a ping every second and, hearing nothing for
 /// [`LISTEN_SILENCE`], listens anew and rebuilds.
-async fn listen(service: SchedulerService, shutdown: CancellationToken) {
-    let url = service.shared.config.database_url();
+async fn listen(service: Engine, shutdown: CancellationToken) {
     let store = service.shared.store.clone();
     let me = service.shared.replica_id.clone();
     let mut pings: u64 = 0;
     loop {
-        let listener = async {
-            let mut l = PgListener::connect(&url).await?;
-            l.listen(crate::store::leader::CHANNEL).await?;
-            Ok::<_, sqlx::Error>(l)
-        };
-        let mut listener = tokio::select! {
+        let mut changes = tokio::select! {
             _ = shutdown.cancelled() => return,
-            l = listener => match l {
+            l = store.listen() => match l {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot listen for changes; retrying");
@@ -336,23 +331,25 @@ async fn listen(service: SchedulerService, shutdown: CancellationToken) {
                     }
                     continue;
                 }
-                n = listener.try_recv() => n,
+                n = changes.next() => n,
             };
             match next {
-                Ok(Some(n)) => {
-                    match Change::parse(n.payload()) {
-                        Some(change) => service.apply(change).await,
-                        None => tracing::warn!(payload = n.payload(), "unknown change announced"),
+                Some(Ok(announced)) => {
+                    match announced {
+                        Heard::Change(change) => service.apply(change).await,
+                        Heard::Unknown(payload) => {
+                            tracing::warn!(payload, "unknown change announced")
+                        }
                     }
                     // Heard, and done with it: time spent applying is not
                     // silence.
                     heard = Instant::now();
                 }
-                Ok(None) => {
+                None => {
                     tracing::warn!("lost the connection that listens for changes");
                     break;
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "listening for changes failed");
                     break;
                 }
@@ -362,7 +359,7 @@ async fn listen(service: SchedulerService, shutdown: CancellationToken) {
 }
 
 /// Rebuilds a follower's core when asked, at most every [`MIRROR_EVERY`].
-async fn refresh_mirror(service: SchedulerService, shutdown: CancellationToken) {
+async fn refresh_mirror(service: Engine, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -374,11 +371,9 @@ async fn refresh_mirror(service: SchedulerService, shutdown: CancellationToken) 
                 continue;
             }
             let shared = &service.shared;
-            let fresh = tokio::time::timeout(
-                super::runner::DB_UNDER_LOCK,
-                rebuild(&shared.config, &shared.store, None),
-            )
-            .await;
+            let fresh =
+                tokio::time::timeout(DB_UNDER_LOCK, rebuild(&shared.config, &shared.store, None))
+                    .await;
             match fresh {
                 Ok(Ok(fresh)) => *core = fresh,
                 Ok(Err(e)) => tracing::warn!(error = %e, "cannot refresh the scheduler mirror"),

@@ -1,0 +1,99 @@
+//! The config as the pure layers see it: the rules' [`Policy`], the core's
+//! declared pools and virtual nodes. The pure layers never import the
+//! config; it converts into their types here, once per load.
+
+use super::{Config, PoolConfig};
+use crate::scheduler::{NodeId, NodeSpec, PoolDecl};
+use crate::spec::Policy;
+
+impl Config {
+    /// What the batch rules read: served regions and their GPU types,
+    /// runtimes, defaults and limits.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            regions: self
+                .regions
+                .iter()
+                .map(|(name, r)| (name.clone(), r.accelerators()))
+                .collect(),
+            runtimes: self.runtimes.keys().cloned().collect(),
+            default_runtime: self.batches.default_runtime.clone(),
+            default_ttl_s: self.batches.default_ttl.as_secs(),
+            default_allocation_timeout_s: self.provisioning.default_allocation_timeout.as_secs(),
+            max_allocation_timeout_s: self.provisioning.max_allocation_timeout.as_secs(),
+            max_properties: self.batches.max_properties,
+            max_property_key_bytes: self.batches.max_property_key_bytes,
+            max_property_value_bytes: self.batches.max_property_value_bytes,
+            shielded_vm_projects: self
+                .projects
+                .iter()
+                .filter(|(_, p)| p.require_shielded_vm)
+                .map(|(name, _)| name.clone())
+                .collect(),
+        }
+    }
+
+    /// Every configured pool: (region, zone, pool name, pool).
+    fn each_pool(&self) -> impl Iterator<Item = (&String, &String, &String, &PoolConfig)> {
+        self.regions.iter().flat_map(|(region, r)| {
+            r.zones.iter().flat_map(move |(zone, z)| {
+                z.node_pools
+                    .iter()
+                    .map(move |(name, p)| (region, zone, name, p))
+            })
+        })
+    }
+
+    /// The declared pools, as the core sees them.
+    pub fn pool_decls(&self) -> Vec<PoolDecl> {
+        self.each_pool()
+            .map(|(region, zone, name, p)| PoolDecl {
+                region: region.clone(),
+                zone: zone.clone(),
+                max_nodes: p.max_nodes,
+                node: pool_node(format!("{zone}/{name}"), region, zone, name, p, false),
+            })
+            .collect()
+    }
+
+    /// The operator's virtual nodes: `virtual/{zone}/{pool}/{n}`.
+    pub fn virtual_nodes(&self) -> Vec<NodeSpec> {
+        self.each_pool()
+            .flat_map(|(region, zone, name, p)| {
+                (0..p.virtual_nodes).map(move |i| {
+                    pool_node(
+                        format!("virtual/{zone}/{name}/{i}"),
+                        region,
+                        zone,
+                        name,
+                        p,
+                        true,
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+/// A node of a configured pool.
+fn pool_node(
+    id: String,
+    region: &str,
+    zone: &str,
+    name: &str,
+    p: &PoolConfig,
+    is_virtual: bool,
+) -> NodeSpec {
+    NodeSpec {
+        id: NodeId(id),
+        region: region.to_string(),
+        zone: zone.to_string(),
+        pool: name.to_string(),
+        accelerator: p.accelerator,
+        gpu_addresses: (0..p.gpus_per_node).map(|i| i.to_string()).collect(),
+        cores: p.cores,
+        memory_mb: p.memory_mb,
+        local_ssd_gb: p.local_ssd_gb,
+        is_virtual,
+    }
+}

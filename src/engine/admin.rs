@@ -1,0 +1,212 @@
+//! What operators and admins look at and change: capacity per region and
+//! node, quotas, the metrics snapshot, readiness.
+
+use chrono::Utc;
+
+use super::{Engine, Error, ReplicaRole, bounded};
+use crate::api::{Code, quote};
+use crate::scheduler::{CapacityRow, NodeSpec, QuotaView, Snapshot};
+use crate::spec::QuotaMetric;
+use crate::store::Backend;
+
+/// A node as the capacity view shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub id: String,
+    pub region: String,
+    pub zone: String,
+    pub pool: String,
+    pub accelerator: crate::spec::Accelerator,
+    #[serde(rename = "virtual")]
+    pub is_virtual: bool,
+    pub gpus: usize,
+    pub free_gpus: u32,
+    pub cores: u32,
+    pub free_cores: u32,
+    pub memory_mb: u64,
+    pub free_memory_mb: u64,
+    pub local_ssd_gb: u64,
+    pub free_local_ssd_gb: u64,
+    /// The fencing token of the agent holding it (none for virtual
+    /// nodes); an int64, so a string in proto3 JSON.
+    pub epoch: Option<String>,
+}
+
+/// An admin's change of a quota limit, as the client sent it.
+#[derive(Debug, Clone)]
+pub struct QuotaChange {
+    pub project: String,
+    pub region: String,
+    pub metric: String,
+    /// A whole number, or one as a string (int64 in proto3 JSON).
+    pub limit: serde_json::Value,
+}
+
+/// Whether this replica can serve, and what it does.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    pub replica: String,
+    pub role: ReplicaRole,
+    pub database: Backend,
+    /// With several replicas: who holds the leader lease, if it is live.
+    pub leader: Option<String>,
+}
+
+impl Engine {
+    /// GPUs and local SSD total / allocated / free per region, zone and
+    /// GPU type.
+    pub async fn capacity(&self) -> Vec<CapacityRow> {
+        self.lock().await.capacity_rows()
+    }
+
+    /// Every node, virtual ones marked, with what is free.
+    pub async fn nodes(&self) -> Vec<NodeView> {
+        let core = self.lock().await;
+        core.nodes()
+            .into_iter()
+            .map(
+                |(spec, free_gpus, free_cores, free_memory_mb, free_ssd_gb)| {
+                    let NodeSpec {
+                        id,
+                        region,
+                        zone,
+                        pool,
+                        accelerator,
+                        gpu_addresses,
+                        cores,
+                        memory_mb,
+                        local_ssd_gb,
+                        is_virtual,
+                    } = spec.clone();
+                    NodeView {
+                        epoch: core.node_epoch(&id).map(|e| e.to_string()),
+                        id: id.0,
+                        region,
+                        zone,
+                        pool,
+                        accelerator,
+                        is_virtual,
+                        gpus: gpu_addresses.len(),
+                        free_gpus,
+                        cores,
+                        free_cores,
+                        memory_mb,
+                        free_memory_mb,
+                        local_ssd_gb,
+                        free_local_ssd_gb: free_ssd_gb,
+                    }
+                },
+            )
+            .collect()
+    }
+
+    fn check_region(&self, region: &str) -> Result<(), Error> {
+        if self.shared.config.regions.contains_key(region) {
+            Ok(())
+        } else {
+            Err(Error::not_found("region", region))
+        }
+    }
+
+    /// A project's quota limits and usage in a region.
+    pub async fn quotas(&self, project: &str, region: &str) -> Result<Vec<QuotaView>, Error> {
+        self.check_region(region)?;
+        Ok(self.lock().await.quotas(project, region))
+    }
+
+    /// Changes a project's quota limit. A lowered limit never revokes
+    /// running work; it only blocks new admissions. Answers the project's
+    /// quotas after the change.
+    pub async fn set_quota(&self, change: QuotaChange) -> Result<Vec<QuotaView>, Error> {
+        let QuotaChange {
+            project,
+            region,
+            metric,
+            limit,
+        } = change;
+        self.check_region(&region)?;
+        let metric_given = metric;
+        let metric = QuotaMetric::parse(&metric_given).ok_or_else(|| {
+            Error::invalid_field(
+                "metric",
+                format!(
+                    "{} is not a quota metric; accepted: {}",
+                    quote(&metric_given),
+                    QuotaMetric::ALL.map(|m| m.name()).join(", ")
+                ),
+            )
+        })?;
+        // int64 travels as a string in proto3 JSON; accept both forms.
+        let limit_value = match &limit {
+            serde_json::Value::Number(n) => n.as_u64(),
+            serde_json::Value::String(s) => s.parse::<u64>().ok(),
+            _ => None,
+        }
+        .filter(|l| *l <= 1_000_000_000)
+        .ok_or_else(|| {
+            Error::invalid_field(
+                "limit",
+                format!("{limit} is not a limit; accepted: a whole number from 0 to 1000000000"),
+            )
+        })?;
+        let limit = limit_value;
+        self.shared
+            .store
+            .set_quota_override(&project, &region, metric, limit, Utc::now())
+            .await?;
+        let quotas = {
+            let mut core = self.lock().await;
+            if self.replicated() {
+                // What the database holds now: this change, and any another
+                // admin committed since on another replica (never this
+                // one's value over a newer one).
+                for (p, r, m, l) in bounded(self.shared.store.quota_overrides()).await? {
+                    core.set_quota_limit(&p, &r, m, l);
+                }
+            } else {
+                core.set_quota_limit(&project, &region, metric, limit);
+            }
+            core.quotas(&project, &region)
+        };
+        self.wake();
+        tracing::info!(project = %project, region = %region, metric = %metric, limit, "quota limit changed");
+        Ok(quotas)
+    }
+
+    /// The gauges of the scheduler now, for a metrics scrape.
+    pub async fn snapshot(&self) -> Snapshot {
+        self.lock().await.snapshot(Utc::now())
+    }
+
+    /// Ready when the database answers: this replica, its role and, with
+    /// several replicas, who leads.
+    pub async fn readiness(&self) -> Result<Readiness, Error> {
+        let mut ready = Readiness {
+            replica: self.replica_id().to_string(),
+            role: self.role(),
+            database: self.shared.store.backend(),
+            leader: None,
+        };
+        let checked = if self.replicated() {
+            self.shared.store.lease_holder().await.map(|lease| {
+                if lease.live && !lease.holder.is_empty() {
+                    ready.leader = Some(lease.holder);
+                }
+            })
+        } else {
+            self.shared.store.ping().await
+        };
+        match checked {
+            Ok(()) => Ok(ready),
+            Err(e) => {
+                tracing::warn!(error = %e, "not ready");
+                Err(Error::new(
+                    Code::Unavailable,
+                    "NOT_READY",
+                    "the database is not reachable",
+                ))
+            }
+        }
+    }
+}

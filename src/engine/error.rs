@@ -1,0 +1,114 @@
+//! The one error of every use case: a `google.rpc.Status` in domain terms
+//! (a canonical code, an ErrorInfo reason and metadata, BadRequest field
+//! violations). Front ends map it to their wire; none adds its own kinds.
+
+use std::collections::BTreeMap;
+
+use crate::api::{Code, FieldViolation};
+use crate::spec::Rejection;
+use crate::store::StoreError;
+
+/// Why a use case failed; the message is for people, the reason and
+/// metadata for programs.
+#[derive(Debug, Clone)]
+pub struct Error {
+    pub code: Code,
+    pub message: String,
+    /// ErrorInfo reason, UPPER_SNAKE_CASE.
+    pub reason: &'static str,
+    pub metadata: BTreeMap<String, String>,
+    pub violations: Vec<FieldViolation>,
+}
+
+impl Error {
+    pub fn new(code: Code, reason: &'static str, message: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: message.into(),
+            reason,
+            metadata: BTreeMap::new(),
+            violations: Vec::new(),
+        }
+    }
+
+    /// One invalid field: the message names it, the BadRequest detail
+    /// carries it.
+    pub fn invalid_field(field: &str, description: impl Into<String>) -> Error {
+        let description = description.into();
+        Error::new(
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            format!("{field}: {description}"),
+        )
+        .with_meta("field", field)
+        .with_violations(vec![FieldViolation {
+            field: field.to_string(),
+            description,
+        }])
+    }
+
+    pub fn not_found(what: &str, name: &str) -> Error {
+        Error::new(
+            Code::NotFound,
+            "NOT_FOUND",
+            format!("{what} {name} not found"),
+        )
+        .with_meta("resource", name)
+    }
+
+    pub fn internal(detail: impl std::fmt::Display) -> Error {
+        Error::new(Code::Internal, "INTERNAL", detail.to_string())
+    }
+
+    pub fn with_meta(mut self, key: &str, value: impl Into<String>) -> Error {
+        self.metadata.insert(key.to_string(), value.into());
+        self
+    }
+
+    pub fn with_violations(mut self, violations: Vec<FieldViolation>) -> Error {
+        self.violations = violations;
+        self
+    }
+}
+
+impl From<Rejection> for Error {
+    fn from(r: Rejection) -> Error {
+        let reason = if r.code == Code::FailedPrecondition {
+            "PRECONDITION_FAILED"
+        } else {
+            "INVALID_BATCH"
+        };
+        let fields = r
+            .violations
+            .iter()
+            .map(|v| v.field.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        Error::new(r.code, reason, r.message())
+            .with_meta("fields", fields)
+            .with_violations(r.violations)
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Error {
+        match e {
+            StoreError::NotFound => Error::new(Code::NotFound, "NOT_FOUND", "not found"),
+            StoreError::AlreadyExists(m) => Error::new(Code::AlreadyExists, "ALREADY_EXISTS", m),
+            StoreError::FailedPrecondition(m) => {
+                Error::new(Code::FailedPrecondition, "WRONG_STATE", m)
+            }
+            StoreError::Unavailable(m) | StoreError::Fenced(m) | StoreError::Conflict(m) => {
+                Error::new(Code::Unavailable, "STORE_UNAVAILABLE", m)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.name(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}

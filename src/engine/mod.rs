@@ -1,0 +1,331 @@
+//! The engine: every use case of flexq, once, for every front end.
+//!
+//! It owns the scheduler core ([`crate::scheduler`]) behind an async mutex
+//! that nothing outside this module can take, the store, and the
+//! replication role. Each use case — creating, reading, listing,
+//! cancelling and deleting batches ([`batches`]); registering nodes,
+//! heartbeats, polls, reports and output ([`nodes`]); quotas, capacity
+//! views and the metrics snapshot ([`admin`]) — validates, bounds its
+//! database calls made under the core's lock ([`DB_UNDER_LOCK`]), takes
+//! the single, leader or follower branch, logs and counts, and answers one
+//! error type ([`Error`]) that the REST server (and any other front end)
+//! maps to its wire.
+//!
+//! The scheduler loop ([`passes`]) sleeps until an event or the next
+//! deadline, runs a pass, commits its decisions, and only then lets anyone
+//! see them: the lock is held across pass *and* commit, so no reader sees
+//! a decision that is not yet durable, nor half of one.
+//!
+//! On SQLite flexq is one process and always decides. On PostgreSQL every
+//! replica keeps a core, but only the holder of the leader lease
+//! ([`replica`]) runs passes; the others keep theirs as a mirror of the
+//! database for their views.
+
+mod admin;
+mod batches;
+mod error;
+mod nodes;
+mod passes;
+mod principal;
+mod replica;
+
+pub use admin::{NodeView, QuotaChange, Readiness};
+pub use batches::{CreateRequest, Created, ListRequest, ValidateVerdict};
+pub use error::Error;
+pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
+pub use principal::Principal;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::time::Instant;
+
+use tokio::sync::{Mutex, MutexGuard, Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::scheduler::{BatchKey, PendingBatch, Scheduler};
+use crate::store::{Backend, Store, StoreError, StoreOptions};
+
+/// The longest a database call made under the core's lock may take.
+pub const DB_UNDER_LOCK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A database call made under the core's lock, bounded by
+/// [`DB_UNDER_LOCK`]: a connection can hang without an error (a half-open
+/// socket), and the lock must not be held for good. A dropped transaction
+/// is rolled back.
+pub(crate) async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(DB_UNDER_LOCK, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the database did not answer".into(),
+            ))
+        })
+}
+
+/// What this process does about scheduling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaRole {
+    /// The only process (SQLite): it always decides.
+    Single,
+    /// Holds the leader lease in `term`: it decides, fenced by the term.
+    Leader { term: i64 },
+    /// Another replica leads; this one serves the API.
+    Follower,
+}
+
+impl ReplicaRole {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReplicaRole::Single => "single",
+            ReplicaRole::Leader { .. } => "leader",
+            ReplicaRole::Follower => "follower",
+        }
+    }
+
+    pub fn decides(&self) -> bool {
+        !matches!(self, ReplicaRole::Follower)
+    }
+
+    /// The fencing term of its commits.
+    fn fence(&self) -> Option<i64> {
+        match self {
+            ReplicaRole::Leader { term } => Some(*term),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    core: Mutex<Scheduler>,
+    wake: Notify,
+    /// Bumped whenever what some node must run may have changed (an
+    /// allocation, a release, a cancel, a report): agents' long polls wait
+    /// on it.
+    changes: watch::Sender<u64>,
+    /// Bumped when driver output is stored (readers of the output wait on
+    /// it; agents' polls do not).
+    output: watch::Sender<u64>,
+    pub(crate) store: Store,
+    pub(crate) config: Arc<Config>,
+    /// What the batch rules read of the config, converted once.
+    pub(crate) policy: crate::spec::Policy,
+    /// Taken under the core's lock, given up without it.
+    role: watch::Sender<ReplicaRole>,
+    /// This replica's name in the leader lease.
+    pub(crate) replica_id: String,
+    /// Asks a follower's core to be rebuilt from the database.
+    pub(crate) mirror: Notify,
+    /// The core holds decisions the database does not: rebuild it before
+    /// the next pass.
+    pub(crate) stale: AtomicBool,
+    /// The term the leader election loop holds (0: none). A rebuild for a
+    /// term that is no longer held does not make this replica lead.
+    pub(crate) held_term: AtomicI64,
+    /// Fired when this replica no longer takes part in leader election
+    /// (at once on SQLite): after shutdown, its lease is given up.
+    pub(crate) election_done: CancellationToken,
+}
+
+/// A handle on the running scheduler; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Engine {
+    /// Opens the store of `config` (running migrations), and starts the
+    /// engine, which stops when `shutdown` fires.
+    pub async fn open(config: Config, shutdown: CancellationToken) -> Result<Engine, StoreError> {
+        crate::metrics::init(&config);
+        let store = Store::open(&StoreOptions {
+            url: config.database_url(),
+            max_connections: config.database.max_connections,
+            group_commit_max: config.database.group_commit_max,
+            observe_group: Some(Arc::new(|took, n| {
+                crate::metrics::record_commit("create", took, n)
+            })),
+        })
+        .await?;
+        Engine::start(Arc::new(config), store, shutdown).await
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.shared.config
+    }
+
+    /// The store, for tools and benchmarks that read it directly (front
+    /// ends call use cases instead).
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// The batches holding a cluster now, oldest first.
+    pub async fn running_keys(&self) -> Vec<BatchKey> {
+        self.lock().await.running_keys()
+    }
+
+    /// Benchmarks only: adds nodes to the core as if their agents had
+    /// registered, without the store (how `flexq bench schedule` measures
+    /// a flood of capacity under a deep queue), and wakes the loop.
+    #[doc(hidden)]
+    pub async fn add_nodes_for_bench(
+        &self,
+        nodes: Vec<crate::scheduler::NodeSpec>,
+        expires: chrono::DateTime<chrono::Utc>,
+    ) {
+        let mut core = self.lock().await;
+        for node in nodes {
+            core.register_node(node, 1, expires);
+        }
+        drop(core);
+        self.wake();
+    }
+
+    /// Closes the store (after the front ends drained).
+    pub async fn close(&self) {
+        self.shared.store.close().await;
+    }
+
+    /// Rebuilds the scheduler from the config and the store, and starts
+    /// its loop. Deadlines keep counting from the original queue times:
+    /// batches whose deadline passed while flexq was down are failed by
+    /// the first pass, before any admission.
+    pub async fn start(
+        config: Arc<Config>,
+        store: Store,
+        shutdown: CancellationToken,
+    ) -> Result<Engine, StoreError> {
+        let replicated = store.backend() == Backend::Postgres;
+        let role = if replicated {
+            ReplicaRole::Follower
+        } else {
+            ReplicaRole::Single
+        };
+        let started = Instant::now();
+        let core = passes::rebuild(&config, &store, role.decides().then_some(None)).await?;
+        tracing::info!(
+            pending = core.pending_count(),
+            allocated = core.running_keys().len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "scheduler state rebuilt from the store"
+        );
+        let replica_id = config
+            .database
+            .replica_id
+            .clone()
+            .unwrap_or_else(replica::default_replica_id);
+        crate::metrics::set_role(&replica_id, role.name(), 0);
+        let service = Engine {
+            shared: Arc::new(Shared {
+                core: Mutex::new(core),
+                wake: Notify::new(),
+                changes: watch::channel(0).0,
+                output: watch::channel(0).0,
+                store,
+                policy: config.policy(),
+                config,
+                role: watch::channel(role).0,
+                replica_id,
+                mirror: Notify::new(),
+                election_done: CancellationToken::new(),
+                stale: AtomicBool::new(false),
+                held_term: AtomicI64::new(0),
+            }),
+        };
+        if replicated {
+            replica::start(service.clone(), shutdown.clone());
+        } else {
+            service.shared.election_done.cancel();
+        }
+        let runner = service.clone();
+        tokio::spawn(async move { runner.run(shutdown).await });
+        service.wake();
+        Ok(service)
+    }
+
+    /// Waits until, after shutdown, this replica has left leader election
+    /// (having given its lease up if it led).
+    pub async fn election_done(&self) {
+        self.shared.election_done.cancelled().await;
+    }
+
+    /// What this process does about scheduling now.
+    pub fn role(&self) -> ReplicaRole {
+        self.shared.role.borrow().clone()
+    }
+
+    /// Waits on changes of [`Self::role`].
+    pub fn watch_role(&self) -> watch::Receiver<ReplicaRole> {
+        self.shared.role.subscribe()
+    }
+
+    pub fn replica_id(&self) -> &str {
+        &self.shared.replica_id
+    }
+
+    /// Whether the database is shared by several replicas (PostgreSQL):
+    /// changes then reach every core through the database's
+    /// announcements, not through calls in this process.
+    pub fn replicated(&self) -> bool {
+        self.shared.store.backend() == Backend::Postgres
+    }
+
+    /// Changes the role. Taking the lead happens under the core's lock
+    /// (see [`super::replica`]); stepping down need not.
+    pub(crate) fn set_role(&self, role: ReplicaRole) {
+        let term = role.fence().unwrap_or(0);
+        crate::metrics::set_role(&self.shared.replica_id, role.name(), term);
+        self.shared.role.send_replace(role);
+        self.wake();
+    }
+
+    /// Asks for a pass soon. Wake-ups coalesce: many events, one pass.
+    pub fn wake(&self) {
+        crate::metrics::record_wake();
+        self.shared.wake.notify_one();
+    }
+
+    /// Says that some node's work may have changed.
+    pub fn work_changed(&self) {
+        self.shared.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Waits on [`Self::work_changed`].
+    pub fn watch_work(&self) -> watch::Receiver<u64> {
+        self.shared.changes.subscribe()
+    }
+
+    /// Says that some batch's driver output grew.
+    pub fn output_written(&self) {
+        self.shared.output.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Waits on [`Self::output_written`].
+    pub fn watch_output(&self) -> watch::Receiver<u64> {
+        self.shared.output.subscribe()
+    }
+
+    /// Locks the core. Private to the engine: front ends call use cases.
+    async fn lock(&self) -> MutexGuard<'_, Scheduler> {
+        self.shared.core.lock().await
+    }
+
+    /// A batch was stored: queue it and wake the loop. With several
+    /// replicas the create's announcement queues it in the leader.
+    pub async fn submitted(&self, batch: PendingBatch) {
+        if !self.replicated() {
+            self.lock().await.submit(batch);
+        }
+        self.wake();
+    }
+
+    /// A batch left the queue or gave back its cluster.
+    pub async fn forget(&self, key: BatchKey) {
+        self.lock().await.forget(key);
+        self.wake();
+    }
+}

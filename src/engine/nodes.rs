@@ -1,0 +1,591 @@
+//! The agents' use cases: node registration, heartbeats (leases), the
+//! long poll for assignments, reports, and the driver's output.
+//!
+//! A node joins the capacity when its agent registers it and stays while
+//! the agent heartbeats within the lease. Registration answers a new epoch
+//! (the fencing token); every later call of the agent carries it, and a
+//! call with an older epoch is refused, so an agent that was replaced or
+//! lost its lease cannot act for the node any more.
+
+use chrono::{DateTime, Utc};
+
+use super::{Engine, Error, Principal, bounded};
+use crate::api::{BatchName, Code, State, quote};
+use crate::launch::SparkJob;
+use crate::protocol::{
+    Action, Assignment, Assignments, BatchOutput, ClusterPart, Lease, OutputUpload, Poll,
+    RegisterNode, Report, ReportEvent,
+};
+use crate::scheduler::lifecycle::{self, AgentEvent, HeldPart};
+use crate::scheduler::{BatchKey, LeaseError, NodeId, NodeSpec, PartRole};
+use crate::store::{Applied, Change, StoreError};
+
+/// Most output bytes one read returns.
+const OUTPUT_READ_MAX: usize = 1 << 20;
+
+/// A read of a batch's driver output.
+#[derive(Debug, Clone)]
+pub struct OutputRead {
+    pub name: BatchName,
+    pub offset: Option<String>,
+    pub wait_for: Option<String>,
+}
+
+/// What registration answers: the node's lease.
+pub type NodeRegistration = Lease;
+
+impl Engine {
+    /// Registers (or re-registers) an agent's node into its declared pool;
+    /// work the node had started that the agent no longer runs fails
+    /// ([`lifecycle::lost_on_restart`]).
+    pub async fn register_node(
+        &self,
+        principal: &Principal,
+        req: RegisterNode,
+    ) -> Result<NodeRegistration, Error> {
+        let pool = self
+            .shared
+            .config
+            .regions
+            .get(&req.region)
+            .and_then(|r| r.zones.get(&req.zone))
+            .and_then(|z| z.node_pools.get(&req.pool))
+            .ok_or_else(|| {
+                Error::new(
+                    Code::FailedPrecondition,
+                    "UNKNOWN_POOL",
+                    format!(
+                        "no node pool {} in zone {} of region {} is declared in the config",
+                        quote(&req.pool),
+                        quote(&req.zone),
+                        quote(&req.region)
+                    ),
+                )
+            })?;
+        if !principal.may_act_for_node(&req.node_id) {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                "PERMISSION_DENIED",
+                format!(
+                    "{} acts for node {}, not {}",
+                    principal.name,
+                    principal.node.as_deref().unwrap_or("(none)"),
+                    quote(&req.node_id)
+                ),
+            ));
+        }
+        let mut violations = Vec::new();
+        if !crate::spec::is_resource_id(&req.node_id) {
+            violations.push((
+                "node_id",
+                format!(
+                    "{} is invalid: 1 to 63 lowercase letters, digits and '-'",
+                    quote(&req.node_id)
+                ),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for a in &req.gpu_addresses {
+            let ok = !a.is_empty()
+                && a.len() <= 32
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b':' || b == b'.');
+            if !ok || !seen.insert(a) {
+                violations.push((
+                    "gpu_addresses",
+                    format!("{} is not a usable, unique GPU address", quote(a)),
+                ));
+            }
+        }
+        if req.gpu_addresses.len() > pool.gpus_per_node as usize {
+            violations.push((
+                "gpu_addresses",
+                format!(
+                    "{} GPUs; the pool's nodes have {}",
+                    req.gpu_addresses.len(),
+                    pool.gpus_per_node
+                ),
+            ));
+        }
+        for (field, given, declared) in [
+            ("cores", u64::from(req.cores), u64::from(pool.cores)),
+            ("memory_mb", req.memory_mb, pool.memory_mb),
+            ("local_ssd_gb", req.local_ssd_gb, pool.local_ssd_gb),
+        ] {
+            if given == 0 || given > declared {
+                violations.push((
+                    field,
+                    format!("{given} is out of range: from 1 to the pool's {declared}"),
+                ));
+            }
+        }
+        if !violations.is_empty() {
+            let violations: Vec<_> = violations
+                .into_iter()
+                .map(|(f, d)| crate::api::FieldViolation {
+                    field: f.into(),
+                    description: d,
+                })
+                .collect();
+            return Err(crate::spec::Rejection {
+                code: Code::InvalidArgument,
+                violations,
+            }
+            .into());
+        }
+        if req.gpu_addresses.is_empty() {
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                "NO_GPUS_VISIBLE",
+                format!(
+                    "node {} reports no GPUs; a node whose GPUs cannot be seen is not offered",
+                    req.node_id
+                ),
+            ));
+        }
+        let spec = NodeSpec {
+            id: NodeId(req.node_id.clone()),
+            region: req.region,
+            zone: req.zone,
+            pool: req.pool,
+            accelerator: pool.accelerator,
+            gpu_addresses: req.gpu_addresses,
+            cores: req.cores,
+            memory_mb: req.memory_mb,
+            local_ssd_gb: req.local_ssd_gb,
+            is_virtual: false,
+        };
+        let now = Utc::now();
+        let expires = now
+            + chrono::Duration::from_std(self.shared.config.agents.lease_duration)
+                .unwrap_or_default();
+        // Under the core's lock: a registration and a lease-expiry decision
+        // never interleave.
+        let mut core = self.lock().await;
+        let known = core.is_node_of_pool(&spec.id, &spec.zone, &spec.pool);
+        let registered =
+            (core.nodes_in_pool(&spec.zone, &spec.pool) as u32).saturating_sub(u32::from(known));
+        if registered + pool.virtual_nodes >= pool.max_nodes {
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                "POOL_FULL",
+                format!(
+                    "pool {} of {} is full: its declared capacity is {} nodes ({} virtual)",
+                    spec.pool, spec.zone, pool.max_nodes, pool.virtual_nodes
+                ),
+            ));
+        }
+        let epoch = bounded(self.shared.store.register_node(&spec, now)).await?;
+        tracing::info!(node = %spec.id, zone = %spec.zone, pool = %spec.pool, gpus = spec.gpu_addresses.len(), epoch, "node registered");
+        let node = spec.id.0.clone();
+        core.register_node(spec, epoch, expires);
+        // An agent that restarted: the work its node had started and that it
+        // no longer runs is lost with the old agent's processes.
+        let parts = bounded(self.shared.store.node_parts(&node)).await?;
+        let held: Vec<HeldPart<'_>> = parts
+            .iter()
+            .map(|p| HeldPart {
+                batch_id: &p.batch.name.batch_id,
+                uuid: &p.batch.uuid,
+                state: p.batch.state,
+                role: p.role,
+                master_started: p.batch.master_url.is_some(),
+            })
+            .collect();
+        for (uuid, event) in lifecycle::lost_on_restart(&node, &held, &req.running) {
+            match bounded(self.shared.store.report(&node, &uuid, &event, now)).await {
+                Ok(applied) => {
+                    self.record_lifecycle(&applied, Some(&node));
+                    if applied.outcome.ended().is_some() {
+                        // At once: a later failure must not leave an ended
+                        // batch's capacity held in memory.
+                        core.forget(BatchKey(applied.seq));
+                        tracing::warn!(batch.id = %applied.batch_id, node, "batch failed: its agent restarted without it");
+                    }
+                }
+                Err(e) => {
+                    drop(core);
+                    self.wake();
+                    self.work_changed();
+                    return Err(e.into());
+                }
+            }
+        }
+        drop(core);
+        self.wake();
+        self.work_changed();
+        Ok(self.lease_answer(&node, epoch, expires))
+    }
+
+    fn lease_answer(&self, node: &str, epoch: u64, expires: DateTime<Utc>) -> Lease {
+        let lease = self.shared.config.agents.lease_duration;
+        Lease {
+            node_id: node.to_string(),
+            // int64 travels as a string in proto3 JSON.
+            epoch: epoch.to_string(),
+            lease_duration: format!("{}s", lease.as_secs()),
+            heartbeat_interval: format!("{}s", (lease.as_secs() / 3).max(1)),
+            lease_expire_time: expires,
+        }
+    }
+
+    /// The node's current epoch, from `core` (the caller holds its lock) or,
+    /// with several replicas, from the database: this replica's core may not
+    /// have heard of a registration on another one yet, and a zombie agent's
+    /// old epoch must be refused wherever it calls.
+    async fn current_epoch(
+        &self,
+        core: &crate::scheduler::Scheduler,
+        node: &str,
+    ) -> Result<Option<u64>, Error> {
+        if self.replicated() {
+            Ok(bounded(self.shared.store.active_node(node))
+                .await?
+                .map(|(_, epoch)| epoch))
+        } else {
+            Ok(core.node_epoch(&NodeId(node.to_string())))
+        }
+    }
+
+    /// [`check_epoch`] for a call that does not otherwise need the core.
+    async fn check_epoch_now(&self, node: &str, epoch: u64) -> Result<(), Error> {
+        let current = self.current_epoch(&*self.lock().await, node).await?;
+        check_epoch(node, epoch, current)
+    }
+
+    /// Renews a node's lease.
+    pub async fn heartbeat(&self, node: &str, epoch: u64) -> Result<Lease, Error> {
+        let expires = Utc::now()
+            + chrono::Duration::from_std(self.shared.config.agents.lease_duration)
+                .unwrap_or_default();
+        if self.replicated() {
+            // Checked against the database; the announcement renews the lease
+            // in every replica's core, the leader's (and this one's) included.
+            self.check_epoch_now(node, epoch).await?;
+            self.shared
+                .store
+                .announce_now(&Change::Heartbeat {
+                    epoch,
+                    node: node.to_string(),
+                })
+                .await?;
+        } else {
+            self.lock()
+                .await
+                .heartbeat(&NodeId(node.to_string()), epoch, expires)
+                .map_err(|e| lease_error(node, e))?;
+        }
+        Ok(self.lease_answer(node, epoch, expires))
+    }
+
+    /// The node's assignments now, and their version (a digest: equal
+    /// versions, equal assignments).
+    async fn assignments(&self, node: &str) -> Result<Assignments, Error> {
+        let mut out = Vec::new();
+        for part in self.shared.store.node_parts(node).await? {
+            let b = part.batch;
+            let action = match b.state {
+                State::Pending | State::Running => Action::Run,
+                State::Cancelling => Action::Stop,
+                // Ended: its cluster is being released.
+                _ => continue,
+            };
+            let cluster = if part.role == PartRole::Driver {
+                self.shared
+                    .store
+                    .placements(b.seq)
+                    .await?
+                    .into_iter()
+                    .map(|p| ClusterPart {
+                        node: p.node.0,
+                        role: p.role.name().to_string(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let job = (part.role == PartRole::Driver).then(|| SparkJob {
+                batch: b.name.to_string(),
+                uuid: b.uuid.clone(),
+                spec: b.spec.clone(),
+                cluster: b.cluster.clone(),
+            });
+            out.push(Assignment {
+                batch: b.name.to_string(),
+                uuid: b.uuid,
+                role: part.role.name().to_string(),
+                index: part.index,
+                gpus: part.gpus,
+                cores: part.cores,
+                memory_mb: part.memory_mb,
+                local_ssd_gb: part.local_ssd_gb,
+                action,
+                master_url: b.master_url,
+                ttl_seconds: b.cluster.ttl_s,
+                job,
+                cluster,
+            });
+        }
+        let digest = serde_json::to_vec(&out).map_err(Error::internal)?;
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&digest, &mut hasher);
+        let version = format!("{:016x}", std::hash::Hasher::finish(&hasher));
+        Ok(Assignments {
+            version,
+            assignments: out,
+        })
+    }
+
+    /// Long poll: answers at once when the node's assignments differ from the
+    /// version the agent has, else when they change, else after `waitFor`.
+    pub async fn poll(&self, node: &str, req: Poll) -> Result<Assignments, Error> {
+        let epoch = parse_epoch_str(&req.epoch)?;
+        let longest = self
+            .shared
+            .config
+            .server
+            .request_timeout
+            .saturating_sub(std::time::Duration::from_secs(5))
+            .max(std::time::Duration::from_secs(1));
+        let wait = match &req.wait_for {
+            None => longest,
+            Some(text) => wait_for(text)?.min(longest),
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut changes = self.watch_work();
+        loop {
+            changes.borrow_and_update();
+            self.check_epoch_now(node, epoch).await?;
+            let now = self.assignments(node).await?;
+            if now.version != req.version || tokio::time::Instant::now() >= deadline {
+                return Ok(now);
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return Ok(now) },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// An agent's report about a batch ([`lifecycle::report`]).
+    pub async fn report(&self, node: &str, req: Report) -> Result<(), Error> {
+        let epoch = parse_epoch_str(&req.epoch)?;
+        let event = match req.event {
+            ReportEvent::MasterReady { master_url } => {
+                if !master_url.starts_with("spark://") {
+                    return Err(Error::invalid_field(
+                        "masterUrl",
+                        format!("{} is not a spark:// URL", quote(&master_url)),
+                    ));
+                }
+                AgentEvent::MasterReady { url: master_url }
+            }
+            ReportEvent::DriverStarted { rapids } => AgentEvent::DriverStarted { rapids },
+            ReportEvent::Finished {
+                succeeded,
+                message,
+                exit_code,
+            } => AgentEvent::Finished {
+                succeeded,
+                message,
+                exit_code,
+            },
+            ReportEvent::PartFailed { message } => AgentEvent::PartFailed { message },
+        };
+        // Under the core's lock: a report and a lost-lease decision never
+        // interleave, so a fenced agent cannot end a batch after its node was
+        // lost.
+        //
+        // In a task of its own: a request timeout (or a client hanging up)
+        // drops the handler's future, and must not drop it between the commit
+        // and the release of the capacity in memory.
+        let (engine, node, uuid) = (self.clone(), node.to_string(), req.uuid.clone());
+        let applied = tokio::spawn(async move {
+            let mut core = engine.lock().await;
+            check_epoch(&node, epoch, engine.current_epoch(&core, &node).await?)?;
+            let applied = bounded(engine.shared.store.report(&node, &uuid, &event, Utc::now()))
+                .await
+                .map_err(|e| match e {
+                    StoreError::NotFound => Error::not_found("batch with uuid", &uuid),
+                    other => other.into(),
+                })?;
+            crate::metrics::record_agent_report(event.name());
+            engine.record_lifecycle(&applied, Some(&node));
+            if applied.outcome.ended().is_some() {
+                core.forget(BatchKey(applied.seq));
+                drop(core);
+                engine.wake();
+            }
+            engine.work_changed();
+            Ok::<(), Error>(())
+        });
+        applied.await.map_err(Error::internal)?
+    }
+
+    /// Appends driver output from the node that runs the driver; answers
+    /// the offset the next chunk starts at.
+    pub async fn upload_output(&self, node: &str, req: OutputUpload) -> Result<u64, Error> {
+        let epoch = parse_epoch_str(&req.epoch)?;
+        let offset: u64 = req
+            .offset
+            .parse()
+            .ok()
+            .filter(|o| *o <= i64::MAX as u64 / 2)
+            .ok_or_else(|| {
+                Error::invalid_field(
+                    "offset",
+                    format!("{} is not a byte offset", quote(&req.offset)),
+                )
+            })?;
+        self.check_epoch_now(node, epoch).await?;
+        let next = self
+            .shared
+            .store
+            .append_output(
+                node,
+                &req.uuid,
+                offset,
+                req.data.as_bytes(),
+                self.shared.config.agents.max_output_bytes,
+            )
+            .await?;
+        self.output_written();
+        Ok(next)
+    }
+
+    /// The driver's output of a batch from `offset`. With `wait_for`,
+    /// waits for more output or the end of the batch (how `flexq batches
+    /// wait` streams it).
+    pub async fn read_output(&self, req: OutputRead) -> Result<BatchOutput, Error> {
+        let OutputRead {
+            name,
+            offset,
+            wait_for: wait,
+        } = req;
+        let offset: u64 = match &offset {
+            None => 0,
+            Some(o) => o
+                .parse()
+                .ok()
+                .filter(|o| *o <= i64::MAX as u64 / 2)
+                .ok_or_else(|| {
+                    Error::invalid_field("offset", format!("{} is not a byte offset", quote(o)))
+                })?,
+        };
+        let wait = match &wait {
+            None => std::time::Duration::ZERO,
+            Some(text) => wait_for(text)?.min(
+                self.shared
+                    .config
+                    .server
+                    .request_timeout
+                    .saturating_sub(std::time::Duration::from_secs(5)),
+            ),
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        // New output, or the batch's end (a work change).
+        let mut changes = self.watch_work();
+        let mut written = self.watch_output();
+        loop {
+            changes.borrow_and_update();
+            written.borrow_and_update();
+            let record = self.shared.store.get(&name).await.map_err(|e| match e {
+                StoreError::NotFound => Error::not_found("batch", &name.to_string()),
+                other => other.into(),
+            })?;
+            let chunk = self
+                .shared
+                .store
+                .read_output(record.seq, offset, OUTPUT_READ_MAX)
+                .await?;
+            let done = record.state.is_terminal() && chunk.next_offset >= chunk.total;
+            if !chunk.data.is_empty() || done || tokio::time::Instant::now() >= deadline {
+                let answer = BatchOutput {
+                    data: String::from_utf8_lossy(&chunk.data).into_owned(),
+                    next_offset: chunk.next_offset.to_string(),
+                    total_bytes: chunk.total.to_string(),
+                    done,
+                    truncated: record.run.output_truncated,
+                };
+                return Ok(answer);
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = written.changed() => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Logs and counts what a committed lifecycle decision did.
+    pub(super) fn record_lifecycle(&self, applied: &Applied, node: Option<&str>) {
+        let node = node.unwrap_or("");
+        for to in applied.outcome.states() {
+            tracing::info!(batch.id = %applied.batch_id, batch.seq = applied.seq, to = %to, node, "batch state changed");
+            crate::metrics::record_transition(to);
+        }
+        if let Some(after) = applied.started_after {
+            crate::metrics::record_started(after);
+        }
+        if let (Some(state), Some(ran)) = (applied.outcome.ended(), applied.ran) {
+            crate::metrics::record_run(state, ran);
+        }
+    }
+}
+
+/// A `waitFor` duration ("20s", proto3 JSON).
+pub(crate) fn wait_for(text: &str) -> Result<std::time::Duration, Error> {
+    crate::spec::parse_proto_duration(text)
+        .map(std::time::Duration::from_secs_f64)
+        .map_err(|e| Error::invalid_field("waitFor", format!("{}: {e}", quote(text))))
+}
+
+/// An epoch in JSON: an int64 as a string (proto3 JSON) or, from lenient
+/// clients, a number.
+pub fn parse_epoch(value: &serde_json::Value) -> Result<u64, Error> {
+    match value {
+        serde_json::Value::String(s) => parse_epoch_str(s),
+        serde_json::Value::Number(n) => n.as_u64().ok_or_else(|| bad_epoch(value)),
+        _ => Err(bad_epoch(value)),
+    }
+}
+
+pub fn parse_epoch_str(text: &str) -> Result<u64, Error> {
+    text.parse::<u64>()
+        .map_err(|_| bad_epoch(&serde_json::Value::String(text.to_string())))
+}
+
+fn bad_epoch(value: &dyn std::fmt::Display) -> Error {
+    Error::invalid_field(
+        "epoch",
+        format!("{value} is not an epoch; send the one registration answered"),
+    )
+}
+
+fn lease_error(node: &str, e: LeaseError) -> Error {
+    match e {
+        LeaseError::Unknown(_) => Error::new(Code::FailedPrecondition, "LEASE_LOST", e.to_string())
+            .with_meta("node", node),
+        LeaseError::Stale { .. } => {
+            tracing::warn!(node, "late report from a fenced agent refused");
+            Error::new(Code::Aborted, "FENCED", e.to_string()).with_meta("node", node)
+        }
+    }
+}
+
+/// Refuses a call whose epoch is not the node's current one.
+fn check_epoch(node: &str, epoch: u64, current: Option<u64>) -> Result<(), Error> {
+    let id = NodeId(node.to_string());
+    match current {
+        None => Err(lease_error(node, LeaseError::Unknown(id))),
+        Some(current) if current != epoch => Err(lease_error(
+            node,
+            LeaseError::Stale {
+                node: id,
+                given: epoch,
+                current,
+            },
+        )),
+        Some(_) => Ok(()),
+    }
+}

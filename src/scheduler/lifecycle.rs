@@ -1,0 +1,396 @@
+//! The batch lifecycle outside allocation, as pure decisions: what a
+//! cancel, an agent's report, a lost node, an agent that came back without
+//! its work and a cluster whose nodes left the configuration do to a batch.
+//!
+//! Each function takes what the store read (inside the transaction that
+//! will commit the answer) and returns the [`Step`]s to commit, or why the
+//! request is refused. The store executes the steps in that one
+//! transaction; the engine logs and counts the outcome. The rules are the
+//! state machine of docs/rules.md#states.
+
+use super::capacity::NodeId;
+use super::core::{BatchKey, Decision};
+use crate::api::State;
+use crate::spec::PartRole;
+
+/// One thing to write about a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// The batch moves to a state, with this message in its history.
+    To(State, String),
+    /// Every part of its cluster is given back.
+    Release,
+    /// The batch's Spark master listens at this URL.
+    MasterUrl(String),
+    /// The driver process started on `node` (kept if it was already
+    /// recorded: a repeated report keeps the first start time).
+    DriverStarted { node: String, rapids: String },
+    /// The run ended; the driver's exit status when it is known.
+    RunEnded { exit_code: Option<i32> },
+}
+
+/// What a decision does to one batch.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Outcome {
+    pub steps: Vec<Step>,
+}
+
+impl Outcome {
+    /// The terminal state the batch ends in, if the decision ends it.
+    pub fn ended(&self) -> Option<State> {
+        self.states().filter(|s| s.is_terminal()).last()
+    }
+
+    /// Every state the batch passes through, in order.
+    pub fn states(&self) -> impl Iterator<Item = State> + '_ {
+        self.steps.iter().filter_map(|s| match s {
+            Step::To(state, _) => Some(*state),
+            _ => None,
+        })
+    }
+}
+
+/// A request the batch's state does not allow; the message says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// Cancel: a PENDING batch goes through CANCELLING to CANCELLED at once
+/// (nothing runs yet; a cluster already allocated is given back); a
+/// RUNNING one becomes CANCELLING until its agents report the work
+/// stopped. Cancelling twice is harmless; a batch that ended cannot be.
+pub fn cancel(state: State, holds_cluster: bool) -> Result<Outcome, Refused> {
+    let requested = || Step::To(State::Cancelling, "Cancellation requested.".into());
+    let steps = match state {
+        State::Pending if holds_cluster => vec![
+            Step::Release,
+            requested(),
+            Step::To(
+                State::Cancelled,
+                "Cancelled before the work started; its cluster was released.".into(),
+            ),
+        ],
+        State::Pending => vec![
+            requested(),
+            Step::To(
+                State::Cancelled,
+                "Cancelled before allocation; no capacity was used.".into(),
+            ),
+        ],
+        State::Running => vec![Step::To(
+            State::Cancelling,
+            "Cancellation requested; stopping the work.".into(),
+        )],
+        State::Cancelling => vec![],
+        ended => {
+            return Err(Refused(format!(
+                "the batch is already {ended}; only PENDING or RUNNING batches can be cancelled"
+            )));
+        }
+    };
+    Ok(Outcome { steps })
+}
+
+/// What an agent reports about a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentEvent {
+    /// The driver's node started the batch's Spark master.
+    MasterReady { url: String },
+    /// The driver process started: the batch is RUNNING.
+    DriverStarted { rapids: String },
+    /// The driver ended: SUCCEEDED or FAILED (CANCELLED when the batch was
+    /// being cancelled).
+    Finished {
+        succeeded: bool,
+        message: String,
+        exit_code: Option<i32>,
+    },
+    /// A part could not run (a worker died, a start failed): the whole
+    /// batch fails, a partial cluster must not go on.
+    PartFailed { message: String },
+}
+
+impl AgentEvent {
+    /// The event's name on the wire and in metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AgentEvent::MasterReady { .. } => "MASTER_READY",
+            AgentEvent::DriverStarted { .. } => "DRIVER_STARTED",
+            AgentEvent::Finished { .. } => "FINISHED",
+            AgentEvent::PartFailed { .. } => "PART_FAILED",
+        }
+    }
+}
+
+/// What the reporting node holds of the batch now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// No part (its cluster was released, or it never had one).
+    Nothing,
+    /// Executors only.
+    Executors,
+    /// The driver (and perhaps executors).
+    Driver,
+}
+
+/// An agent's report. Only a node that holds a part of the batch may
+/// report about it, and only the driver's node about the driver. A driver
+/// that ends, or any part that fails, ends the whole batch and releases its
+/// cluster in the same decision: a partial cluster never goes on.
+pub fn report(
+    state: State,
+    node: &str,
+    batch_id: &str,
+    holding: Holding,
+    event: &AgentEvent,
+) -> Result<Outcome, Refused> {
+    if holding == Holding::Nothing {
+        return Err(Refused(format!(
+            "node {node} holds no part of batch {batch_id} (it is {state}; its cluster was released)"
+        )));
+    }
+    let needs_driver = !matches!(event, AgentEvent::PartFailed { .. });
+    if needs_driver && holding != Holding::Driver {
+        return Err(Refused(format!(
+            "node {node} does not run the driver of batch {batch_id}"
+        )));
+    }
+    let steps = match event {
+        AgentEvent::MasterReady { url } => vec![Step::MasterUrl(url.clone())],
+        AgentEvent::DriverStarted { rapids } => {
+            let mut steps = vec![Step::DriverStarted {
+                node: node.to_string(),
+                rapids: rapids.clone(),
+            }];
+            if state == State::Pending {
+                steps.push(Step::To(
+                    State::Running,
+                    format!("The driver started on node {node}. RAPIDS Accelerator: {rapids}."),
+                ));
+            }
+            steps
+        }
+        AgentEvent::Finished {
+            succeeded,
+            message,
+            exit_code,
+        } => {
+            let (to, message) = match (state, succeeded) {
+                (State::Cancelling, _) => (
+                    State::Cancelled,
+                    "Cancelled: the Spark processes were stopped and the cluster was released."
+                        .to_string(),
+                ),
+                (_, true) => (State::Succeeded, message.clone()),
+                (_, false) => (State::Failed, message.clone()),
+            };
+            end(to, message, *exit_code)
+        }
+        AgentEvent::PartFailed { message } => {
+            let to = if state == State::Cancelling {
+                State::Cancelled
+            } else {
+                State::Failed
+            };
+            end(to, message.clone(), None)
+        }
+    };
+    Ok(Outcome { steps })
+}
+
+fn end(to: State, message: String, exit_code: Option<i32>) -> Vec<Step> {
+    vec![
+        Step::RunEnded { exit_code },
+        Step::To(to, message),
+        Step::Release,
+    ]
+}
+
+/// A lost node (its lease lapsed, or its cluster left the config): each
+/// batch that held a part of it gives its whole cluster back and, unless
+/// it already ended, fails with `message`.
+pub fn node_lost(state: Option<State>, message: &str) -> Outcome {
+    let mut steps = vec![Step::Release];
+    if state.is_some_and(|s| !s.is_terminal()) {
+        steps.push(Step::To(State::Failed, message.to_string()));
+    }
+    Outcome { steps }
+}
+
+/// A part of a batch that a node holds, as registration sees it.
+#[derive(Debug, Clone)]
+pub struct HeldPart<'a> {
+    pub batch_id: &'a str,
+    pub uuid: &'a str,
+    pub state: State,
+    pub role: PartRole,
+    /// The batch's Spark master was reported started.
+    pub master_started: bool,
+}
+
+/// An agent registered again and says which batches it still runs
+/// (`running`, by uuid). Work its node had started that it no longer runs
+/// was lost with the old agent's processes: each such batch gets one
+/// `PartFailed` report, in the order of `parts`.
+pub fn lost_on_restart(
+    node: &str,
+    parts: &[HeldPart<'_>],
+    running: &[String],
+) -> Vec<(String, AgentEvent)> {
+    let mut lost: Vec<(String, AgentEvent)> = Vec::new();
+    for part in parts {
+        let started = matches!(part.state, State::Running | State::Cancelling)
+            || (part.role == PartRole::Driver && part.master_started);
+        let reported = running.iter().any(|u| u == part.uuid);
+        if started && !reported && !lost.iter().any(|(u, _)| u == part.uuid) {
+            let message = format!(
+                "The agent of node {node} restarted and no longer runs this batch's {} (its Spark processes were lost); the batch failed and its cluster was released.",
+                part.role.name()
+            );
+            lost.push((part.uuid.to_string(), AgentEvent::PartFailed { message }));
+        }
+    }
+    lost
+}
+
+/// Allocated clusters that no longer fit their nodes when the core is
+/// rebuilt (virtual nodes removed, a pool shrunk in the config): they fail
+/// and give back what the store holds, like a lost node, rather than stay
+/// provisioned forever.
+pub fn orphaned(batches: Vec<(BatchKey, String)>) -> Option<Decision> {
+    if batches.is_empty() {
+        return None;
+    }
+    let (failed, failed_ids) = batches.into_iter().unzip();
+    Some(Decision::LoseNode {
+        node: NodeId("(configuration)".into()),
+        epoch: None,
+        failed,
+        failed_ids,
+        message: "The nodes of this batch's cluster are no longer declared in the configuration; the batch failed and its cluster was released.".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn to(outcome: &Outcome) -> Vec<State> {
+        outcome.states().collect()
+    }
+
+    #[test]
+    fn cancel_of_a_queued_batch_ends_it_without_touching_capacity() {
+        let o = cancel(State::Pending, false).expect("allowed");
+        assert_eq!(to(&o), [State::Cancelling, State::Cancelled]);
+        assert!(!o.steps.contains(&Step::Release));
+        assert_eq!(o.ended(), Some(State::Cancelled));
+    }
+
+    #[test]
+    fn cancel_of_an_allocated_batch_releases_its_cluster_in_the_same_decision() {
+        let o = cancel(State::Pending, true).expect("allowed");
+        assert!(o.steps.contains(&Step::Release));
+        assert_eq!(o.ended(), Some(State::Cancelled));
+    }
+
+    #[test]
+    fn cancel_of_a_running_batch_waits_for_its_agents() {
+        let o = cancel(State::Running, true).expect("allowed");
+        assert_eq!(to(&o), [State::Cancelling]);
+        assert_eq!(o.ended(), None);
+        assert!(!o.steps.contains(&Step::Release));
+        assert!(
+            cancel(State::Cancelling, true)
+                .expect("again")
+                .steps
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn ended_batches_cannot_be_cancelled() {
+        for s in [State::Succeeded, State::Failed, State::Cancelled] {
+            let e = cancel(s, false).expect_err("refused");
+            assert!(e.0.contains(&s.to_string()), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_the_driver_node_reports_driver_events() {
+        let started = AgentEvent::DriverStarted { rapids: "x".into() };
+        let e = report(State::Pending, "n1", "b", Holding::Executors, &started).expect_err("no");
+        assert!(e.0.contains("does not run the driver"), "{e}");
+        let e = report(State::Pending, "n1", "b", Holding::Nothing, &started).expect_err("no");
+        assert!(e.0.contains("holds no part"), "{e}");
+        let failed = AgentEvent::PartFailed {
+            message: "worker died".into(),
+        };
+        let o = report(State::Running, "n1", "b", Holding::Executors, &failed).expect("any part");
+        assert_eq!(o.ended(), Some(State::Failed));
+        assert!(o.steps.contains(&Step::Release));
+    }
+
+    #[test]
+    fn a_driver_start_makes_a_pending_batch_running_once() {
+        let started = AgentEvent::DriverStarted {
+            rapids: "enabled".into(),
+        };
+        let o = report(State::Pending, "n1", "b", Holding::Driver, &started).expect("ok");
+        assert_eq!(to(&o), [State::Running]);
+        let again = report(State::Running, "n1", "b", Holding::Driver, &started).expect("ok");
+        assert!(to(&again).is_empty());
+    }
+
+    #[test]
+    fn the_end_of_a_cancelled_batch_is_cancelled_whatever_the_driver_said() {
+        let finished = AgentEvent::Finished {
+            succeeded: true,
+            message: "done".into(),
+            exit_code: Some(0),
+        };
+        let o = report(State::Cancelling, "n1", "b", Holding::Driver, &finished).expect("ok");
+        assert_eq!(o.ended(), Some(State::Cancelled));
+        let o = report(State::Running, "n1", "b", Holding::Driver, &finished).expect("ok");
+        assert_eq!(o.ended(), Some(State::Succeeded));
+        assert!(o.steps.contains(&Step::RunEnded { exit_code: Some(0) }));
+    }
+
+    #[test]
+    fn a_lost_node_fails_only_batches_that_have_not_ended() {
+        assert_eq!(
+            node_lost(Some(State::Running), "lost").ended(),
+            Some(State::Failed)
+        );
+        let ended = node_lost(Some(State::Succeeded), "lost");
+        assert_eq!(ended.steps, [Step::Release]);
+    }
+
+    #[test]
+    fn a_restarted_agent_loses_started_work_it_no_longer_runs_once_per_batch() {
+        let part = |uuid, state, role, master_started| HeldPart {
+            batch_id: "b",
+            uuid,
+            state,
+            role,
+            master_started,
+        };
+        let parts = [
+            part("u1", State::Running, PartRole::Driver, true),
+            part("u1", State::Running, PartRole::Executor, true),
+            part("u2", State::Pending, PartRole::Executor, false),
+            part("u3", State::Pending, PartRole::Driver, true),
+            part("u4", State::Running, PartRole::Executor, false),
+        ];
+        let lost = lost_on_restart("n1", &parts, &["u4".to_string()]);
+        let uuids: Vec<_> = lost.iter().map(|(u, _)| u.as_str()).collect();
+        assert_eq!(uuids, ["u1", "u3"]);
+    }
+
+    #[test]
+    fn orphaned_clusters_become_one_lost_node_decision() {
+        assert!(orphaned(vec![]).is_none());
+        let d = orphaned(vec![(BatchKey(7), "b".into())]).expect("decision");
+        assert!(matches!(d, Decision::LoseNode { ref failed, .. } if failed == &[BatchKey(7)]));
+    }
+}

@@ -1,0 +1,188 @@
+//! Lifecycle decisions committed: a cancel and an agent's report each read
+//! the batch inside a write transaction, ask the core's pure rules
+//! ([`crate::scheduler::lifecycle`]) what follows, and write every step of
+//! the answer in that same transaction.
+
+use chrono::{DateTime, Utc};
+use sqlx::AnyConnection;
+
+use super::rows::{from_micros, transition};
+use super::schedule::release;
+use super::{Change, Provisioning, RunInfo, Store, StoreError};
+use crate::api::State;
+use crate::scheduler::lifecycle::{self, AgentEvent, Holding, Outcome, Step};
+
+/// A committed lifecycle decision, for the engine to log and count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub seq: i64,
+    pub batch_id: String,
+    pub outcome: Outcome,
+    /// How long after its allocation the driver started (when this
+    /// decision made the batch RUNNING).
+    pub started_after: Option<std::time::Duration>,
+    /// How long the driver ran (when this decision ended a started run).
+    pub ran: Option<std::time::Duration>,
+}
+
+pub(super) async fn run_info(conn: &mut AnyConnection, seq: i64) -> Result<RunInfo, StoreError> {
+    let json: Option<String> = sqlx::query_scalar("select run_info from batches where seq = $1")
+        .bind(seq)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(json
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or_default())
+}
+
+pub(super) async fn set_run_info(
+    conn: &mut AnyConnection,
+    seq: i64,
+    run: &RunInfo,
+) -> Result<(), StoreError> {
+    let json = serde_json::to_string(run)
+        .map_err(|e| StoreError::Unavailable(format!("cannot encode run info: {e}")))?;
+    sqlx::query("update batches set run_info = $1 where seq = $2")
+        .bind(json)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Writes the steps of one decision about batch `seq`, in order.
+pub(super) async fn write_steps(
+    conn: &mut AnyConnection,
+    seq: i64,
+    batch_id: &str,
+    outcome: Outcome,
+    now: DateTime<Utc>,
+) -> Result<Applied, StoreError> {
+    let mut applied = Applied {
+        seq,
+        batch_id: batch_id.to_string(),
+        outcome: Outcome::default(),
+        started_after: None,
+        ran: None,
+    };
+    for step in &outcome.steps {
+        match step {
+            Step::To(to, message) => {
+                if *to == State::Running {
+                    let allocated: Option<i64> =
+                        sqlx::query_scalar("select allocate_time from batches where seq = $1")
+                            .bind(seq)
+                            .fetch_one(&mut *conn)
+                            .await?;
+                    applied.started_after =
+                        allocated.and_then(|t| (now - from_micros(t)).to_std().ok());
+                }
+                transition(conn, seq, *to, message, now).await?;
+            }
+            Step::Release => release(conn, seq, now).await?,
+            Step::MasterUrl(url) => {
+                sqlx::query("update batches set master_url = $1 where seq = $2")
+                    .bind(url)
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Step::DriverStarted { node, rapids } => {
+                let mut run = run_info(conn, seq).await?;
+                run.driver_node = Some(node.clone());
+                run.rapids = Some(rapids.clone());
+                run.start_time.get_or_insert(now);
+                set_run_info(conn, seq, &run).await?;
+            }
+            Step::RunEnded { exit_code } => {
+                let mut run = run_info(conn, seq).await?;
+                run.exit_code = exit_code.or(run.exit_code);
+                run.end_time = Some(now);
+                set_run_info(conn, seq, &run).await?;
+                applied.ran = run.start_time.and_then(|t| (now - t).to_std().ok());
+            }
+        }
+    }
+    applied.outcome = outcome;
+    Ok(applied)
+}
+
+impl Store {
+    /// Cancels the batch of an operation ([`lifecycle::cancel`]).
+    pub async fn cancel(
+        &self,
+        project: &str,
+        region: &str,
+        operation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let row: Option<(i64, i64, i64, String)> = sqlx::query_as(
+            "select seq, state, provisioning, batch_id from batches \
+             where project = $1 and region = $2 and operation_id = $3",
+        )
+        .bind(project)
+        .bind(region)
+        .bind(operation_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (seq, state, provisioning, batch_id) = row.ok_or(StoreError::NotFound)?;
+        let state = State::from_number(state).unwrap_or(State::StateUnspecified);
+        let held = Provisioning::from_number(provisioning) == Provisioning::Provisioned;
+        let outcome = lifecycle::cancel(state, held)
+            .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
+        let applied = write_steps(&mut tx, seq, &batch_id, outcome, now).await?;
+        let change = if applied.outcome.ended().is_some() {
+            Change::Ended { seq }
+        } else {
+            Change::Work
+        };
+        self.announce(&mut tx, &change).await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// Applies an agent's report about batch `uuid` from `node`
+    /// ([`lifecycle::report`]).
+    pub async fn report(
+        &self,
+        node: &str,
+        uuid: &str,
+        event: &AgentEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let (seq, state, batch_id): (i64, i64, String) =
+            sqlx::query_as("select seq, state, batch_id from batches where uuid = $1")
+                .bind(uuid)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+        let state = State::from_number(state).unwrap_or(State::StateUnspecified);
+        let roles: Vec<String> = sqlx::query_scalar(
+            "select role from allocations where batch_seq = $1 and node_id = $2 and released_at is null",
+        )
+        .bind(seq)
+        .bind(node)
+        .fetch_all(&mut *tx)
+        .await?;
+        let holding = if roles.iter().any(|r| r == "driver") {
+            Holding::Driver
+        } else if roles.is_empty() {
+            Holding::Nothing
+        } else {
+            Holding::Executors
+        };
+        let outcome = lifecycle::report(state, node, &batch_id, holding, event)
+            .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
+        let applied = write_steps(&mut tx, seq, &batch_id, outcome, now).await?;
+        let change = if applied.outcome.ended().is_some() {
+            Change::Ended { seq }
+        } else {
+            Change::Work
+        };
+        self.announce(&mut tx, &change).await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+}
