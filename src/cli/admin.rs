@@ -3,7 +3,67 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use super::{CliError, Client, OutputFormat, print_structured, print_table};
+use super::{CliError, Client, OutputFormat, TargetArgs, print_structured, print_table};
+
+/// `flexq regions list`, `flexq nodes list`.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(subcommand)]
+    pub action: ListAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ListAction {
+    /// List them.
+    List,
+}
+
+/// `flexq quotas list|set`.
+#[derive(Debug, clap::Args)]
+pub struct QuotasArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(subcommand)]
+    pub action: QuotasAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum QuotasAction {
+    /// List limit and usage of every metric.
+    List,
+    /// Set one limit (admin). A lowered limit never revokes running work.
+    Set {
+        /// e.g. PREEMPTIBLE_NVIDIA_L4_GPUS
+        metric: String,
+        limit: u64,
+    },
+}
+
+/// `flexq regions list`.
+pub async fn run_regions(args: ListArgs) -> Result<(), CliError> {
+    let ListAction::List = args.action;
+    let format = args.target.format;
+    regions(&args.target.admin_client()?, format).await
+}
+
+/// `flexq nodes list`.
+pub async fn run_nodes(args: ListArgs) -> Result<(), CliError> {
+    let ListAction::List = args.action;
+    let format = args.target.format;
+    nodes(&args.target.admin_client()?, format).await
+}
+
+/// `flexq quotas list|set`.
+pub async fn run_quotas(args: QuotasArgs) -> Result<(), CliError> {
+    let format = args.target.format;
+    let client = args.target.project_client()?;
+    match args.action {
+        QuotasAction::List => quotas(&client, format).await,
+        QuotasAction::Set { metric, limit } => set_quota(&client, &metric, limit, format).await,
+    }
+}
 
 fn cell(v: &Value) -> String {
     match v {

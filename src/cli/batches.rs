@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 
-use super::{CliError, Client, OutputFormat, print_structured, print_table};
+use super::{CliError, Client, OutputFormat, TargetArgs, print_structured, print_table};
 use crate::api::{
     Batch, EnvironmentConfig, ExecutionConfig, ListBatchesResponse, Operation, PySparkBatch,
     RuntimeConfig, SparkBatch, SparkSqlBatch, State,
@@ -30,18 +30,155 @@ pub enum Workload {
 }
 
 /// Everything else a submit may set.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct SubmitOptions {
+    /// The batch id (generated when absent).
+    #[arg(long = "batch")]
     pub batch_id: Option<String>,
+    /// Idempotency key: a retried submit with it returns the first batch.
+    #[arg(long)]
     pub request_id: Option<String>,
+    /// Runtime version, e.g. 3.0.
+    #[arg(long)]
     pub version: Option<String>,
+    /// Spark properties: k=v,k=v (or ^#^k=a,b#k2=v).
+    #[arg(long)]
     pub properties: Option<String>,
+    /// Labels: k=v,k=v.
+    #[arg(long)]
     pub labels: Option<String>,
+    /// Maximum run time, e.g. 4h.
+    #[arg(long, value_parser = humantime::parse_duration)]
     pub ttl: Option<Duration>,
+    /// Extra jars (comma-separated).
+    #[arg(long, value_delimiter = ',')]
     pub jars: Vec<String>,
+    /// Extra files (comma-separated).
+    #[arg(long, value_delimiter = ',')]
     pub files: Vec<String>,
+    /// Return once the batch is submitted.
+    #[arg(long = "async")]
     pub run_async: bool,
+    /// Arguments for the job, after --.
+    #[arg(last = true)]
     pub args: Vec<String>,
+}
+
+/// `flexq batches …`.
+#[derive(Debug, clap::Args)]
+pub struct BatchesArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(subcommand)]
+    pub action: BatchesAction,
+}
+
+// Built once per run; its size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, clap::Subcommand)]
+pub enum BatchesAction {
+    /// Submit a batch; follows it until it ends unless --async.
+    Submit {
+        #[command(subcommand)]
+        kind: SubmitKind,
+    },
+    /// List batches, newest first.
+    List {
+        /// AIP-160 filter, e.g. 'state = RUNNING AND create_time < "2026-01-01T00:00:00Z"'.
+        #[arg(long)]
+        filter: Option<String>,
+        #[arg(long)]
+        page_size: Option<u32>,
+        /// Stop after this many batches.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Show one batch (YAML unless --format json).
+    Describe { batch: String },
+    /// Cancel a batch.
+    Cancel { batch: String },
+    /// Delete a finished batch.
+    Delete { batch: String },
+    /// Follow a batch until it ends; exit non-zero unless it SUCCEEDED.
+    Wait { batch: String },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SubmitKind {
+    /// A PySpark batch.
+    Pyspark {
+        /// The main Python file: a local path or a URI.
+        file: String,
+        /// Extra Python files (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        py_files: Vec<String>,
+        #[command(flatten)]
+        opts: SubmitOptions,
+    },
+    /// A Spark (JVM) batch.
+    Spark {
+        /// The main class.
+        #[arg(long, required_unless_present = "jar", conflicts_with = "jar")]
+        class: Option<String>,
+        /// The main jar.
+        #[arg(long)]
+        jar: Option<String>,
+        #[command(flatten)]
+        opts: SubmitOptions,
+    },
+    /// A Spark SQL batch.
+    SparkSql {
+        /// The query file: a local path or a URI.
+        file: String,
+        #[command(flatten)]
+        opts: SubmitOptions,
+    },
+}
+
+/// `flexq batches …`: exits non-zero when a followed batch did not succeed.
+pub async fn run(args: BatchesArgs) -> Result<std::process::ExitCode, CliError> {
+    let format = args.target.format;
+    let client = args.target.project_client()?;
+    let ok = match args.action {
+        BatchesAction::Submit { kind } => {
+            let (workload, opts) = match kind {
+                SubmitKind::Pyspark {
+                    file,
+                    py_files,
+                    opts,
+                } => (Workload::Pyspark { file, py_files }, opts),
+                SubmitKind::Spark { class, jar, opts } => (Workload::Spark { class, jar }, opts),
+                SubmitKind::SparkSql { file, opts } => (Workload::SparkSql { file }, opts),
+            };
+            submit(&client, workload, opts).await?
+        }
+        BatchesAction::List {
+            filter,
+            page_size,
+            limit,
+        } => {
+            list(&client, filter.as_deref(), page_size, limit, format).await?;
+            true
+        }
+        BatchesAction::Describe { batch } => {
+            describe(&client, &batch, format).await?;
+            true
+        }
+        BatchesAction::Cancel { batch } => {
+            cancel(&client, &batch).await?;
+            true
+        }
+        BatchesAction::Delete { batch } => {
+            delete(&client, &batch).await?;
+            true
+        }
+        BatchesAction::Wait { batch } => wait(&client, &batch).await?,
+    };
+    Ok(if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
 }
 
 /// How often `wait` looks at the batch.

@@ -1,14 +1,15 @@
-//! The client side: `flexq batches …` over the REST API, shaped like the
-//! batch CLI people already know, and `flexq bench`.
+//! The command line's subcommands, each with its clap arguments and its
+//! run: the client side (`flexq batches …`, `regions`, `nodes`, `quotas`)
+//! over the REST API, shaped like the batch CLI people already know, and
+//! the commands that run here ([`local`]: `serve`, `agent`, `migrate`,
+//! `config`, `auth`). `src/main.rs` only parses and dispatches.
 //!
-//! The CLI talks to the server only through the HTTP API's types.
+//! The client commands talk to the server only through the HTTP API's
+//! types.
 
 pub mod admin;
 pub mod batches;
-pub mod bench;
-pub mod bench_agent;
-pub mod bench_replicas;
-pub mod bench_schedule;
+pub mod local;
 
 use std::fmt;
 use std::time::Duration;
@@ -38,6 +39,65 @@ pub struct Target {
     /// A PEM CA certificate to verify an HTTPS server with (besides the
     /// system's roots).
     pub ca_cert: Option<std::path::PathBuf>,
+}
+
+/// Where the client commands call, and as whom.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TargetArgs {
+    /// The flexq server.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEXQ_ENDPOINT",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub endpoint: String,
+    /// The project the batches belong to.
+    #[arg(long, global = true, env = "FLEXQ_PROJECT")]
+    pub project: Option<String>,
+    /// The region (location) of the batches.
+    #[arg(long, global = true, env = "FLEXQ_REGION")]
+    pub region: Option<String>,
+    /// The bearer token (better from the environment than the command line).
+    #[arg(long, global = true, env = "FLEXQ_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A PEM CA certificate that signed the server's (HTTPS endpoints).
+    #[arg(long, global = true, env = "FLEXQ_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    pub format: OutputFormat,
+}
+
+impl TargetArgs {
+    /// A client for commands that need no project or region.
+    pub fn admin_client(self) -> Result<Client, CliError> {
+        Client::new(Target {
+            endpoint: self.endpoint,
+            project: self.project.unwrap_or_default(),
+            region: self.region.unwrap_or_default(),
+            token: self.token,
+            ca_cert: self.ca_cert,
+        })
+    }
+
+    /// A client for commands about one project's region: both must be
+    /// given.
+    pub fn project_client(self) -> Result<Client, CliError> {
+        let project = self.project.ok_or_else(|| {
+            CliError::Usage("no project: pass --project or set FLEXQ_PROJECT".into())
+        })?;
+        let region = self.region.ok_or_else(|| {
+            CliError::Usage("no region: pass --region or set FLEXQ_REGION".into())
+        })?;
+        Client::new(Target {
+            endpoint: self.endpoint,
+            project,
+            region,
+            token: self.token,
+            ca_cert: self.ca_cert,
+        })
+    }
 }
 
 /// A failed call: the server's Status, or why the server was not reached.

@@ -22,7 +22,7 @@ use hyper_util::rt::TokioIo;
 
 use tokio_util::sync::CancellationToken;
 
-use super::CliError;
+use flexq::cli::CliError;
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -99,7 +99,7 @@ pub(crate) async fn start_server_with(
         ),
     )
     .map_err(|e| CliError::Transport(e.to_string()))?;
-    let exe = std::env::current_exe().map_err(|e| CliError::Transport(e.to_string()))?;
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_flexq"));
     let child = Command::new(exe)
         .args(["serve", "--config"])
         .arg(&config)
@@ -354,18 +354,18 @@ pub(crate) async fn drive(
 /// A server in this process on a free loopback port, for benchmarks that
 /// read its state directly: the app, its address, and what stops it.
 pub(crate) async fn serve_in_process(
-    config: crate::config::Config,
-) -> Result<(crate::server::App, std::net::SocketAddr, CancellationToken), CliError> {
+    config: flexq::config::Config,
+) -> Result<(flexq::server::App, std::net::SocketAddr, CancellationToken), CliError> {
     let transport = |e: &dyn std::fmt::Display| CliError::Transport(e.to_string());
     let shutdown = CancellationToken::new();
-    let app = crate::server::App::open(config, shutdown.clone())
+    let app = flexq::server::App::open(config, shutdown.clone())
         .await
         .map_err(|e| transport(&e))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| transport(&e))?;
     let addr = listener.local_addr().map_err(|e| transport(&e))?;
-    tokio::spawn(crate::server::run(listener, app.clone(), shutdown.clone()));
+    tokio::spawn(flexq::server::run(listener, app.clone(), shutdown.clone()));
     Ok((app, addr, shutdown))
 }
 

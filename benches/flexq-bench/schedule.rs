@@ -18,12 +18,12 @@ use chrono::Utc;
 use hdrhistogram::Histogram;
 use tokio_util::sync::CancellationToken;
 
-use super::CliError;
-use crate::api::{Batch, BatchName, PySparkBatch, RuntimeConfig};
-use crate::config::{Config, PoolConfig, ZoneConfig};
-use crate::scheduler::{BatchKey, PendingBatch, QuotaRule, Scheduler};
-use crate::spec::{Accelerator, ClusterRequest, QuotaMetric};
-use crate::store::{NewBatch, Store, StoreOptions};
+use flexq::api::{Batch, BatchName, PySparkBatch, RuntimeConfig};
+use flexq::cli::CliError;
+use flexq::config::{Config, PoolConfig, ZoneConfig};
+use flexq::scheduler::{BatchKey, PendingBatch, QuotaRule, Scheduler};
+use flexq::spec::{Accelerator, ClusterRequest, QuotaMetric};
+use flexq::store::{NewBatch, Store, StoreOptions};
 
 const REGIONS: usize = 50;
 /// A timeout value that asks `shaped_batch` for the uniform shape.
@@ -70,7 +70,7 @@ fn bench_config(virtual_nodes: u32, data_dir: &std::path::Path) -> Result<Config
             );
         }
         c.regions
-            .insert(region, crate::config::RegionConfig { zones });
+            .insert(region, flexq::config::RegionConfig { zones });
     }
     c.quotas = QuotaMetric::ALL
         .into_iter()
@@ -126,8 +126,8 @@ fn shaped_batch(i: usize, timeout_s: u64) -> Batch {
                 .collect(),
             ..Default::default()
         }),
-        environment_config: Some(crate::api::EnvironmentConfig {
-            execution_config: Some(crate::api::ExecutionConfig {
+        environment_config: Some(flexq::api::EnvironmentConfig {
+            execution_config: Some(flexq::api::ExecutionConfig {
                 ttl: Some(format!("{ttl}s")),
                 ..Default::default()
             }),
@@ -142,7 +142,7 @@ fn region_of(i: usize) -> String {
 }
 
 fn cluster_of(config: &Config, i: usize, timeout_s: u64) -> Result<ClusterRequest, CliError> {
-    crate::spec::validate(
+    flexq::spec::validate(
         &shaped_batch(i, timeout_s),
         "bench",
         &region_of(i),
@@ -240,7 +240,7 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let mut bytes = 0;
     for _ in 0..20 {
         let t = Instant::now();
-        let text = crate::metrics::render(Some(&core.snapshot(now)));
+        let text = flexq::metrics::render(Some(&core.snapshot(now)));
         let _ = scrape.record(t.elapsed().as_micros().max(1) as u64);
         bytes = text.len();
     }
@@ -290,10 +290,10 @@ async fn fill(store: &Store, config: &Config, n: usize, timeout_s: u64) -> Resul
 async fn start_scheduler(
     config: &Config,
     store: &Store,
-) -> Result<(crate::engine::Engine, CancellationToken), CliError> {
+) -> Result<(flexq::engine::Engine, CancellationToken), CliError> {
     let shutdown = CancellationToken::new();
     let service =
-        crate::engine::Engine::start(config.clone().into(), store.clone(), shutdown.clone())
+        flexq::engine::Engine::start(config.clone().into(), store.clone(), shutdown.clone())
             .await
             .map_err(err)?;
     Ok((service, shutdown))
@@ -320,8 +320,8 @@ async fn flood(n: usize) -> Result<(), CliError> {
                         break;
                     }
                     i += 1;
-                    nodes.push(crate::scheduler::NodeSpec {
-                        id: crate::scheduler::NodeId(format!("flood-{r}-{z}-{k}")),
+                    nodes.push(flexq::scheduler::NodeSpec {
+                        id: flexq::scheduler::NodeId(format!("flood-{r}-{z}-{k}")),
                         region: format!("bench-r{r:02}"),
                         zone: format!("bench-r{r:02}-{z}"),
                         pool: "l4".into(),
@@ -374,7 +374,7 @@ async fn end_to_end(n: usize, samples: usize) -> Result<(), CliError> {
         fill(&store, &config, n, UNIFORM).await?;
         store.close().await;
     }
-    let (app, addr, shutdown) = super::bench::serve_in_process(config).await?;
+    let (app, addr, shutdown) = crate::submit::serve_in_process(config).await?;
     let http = reqwest::Client::new();
     // Wait for the first pass to fill the capacity.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -406,7 +406,7 @@ async fn end_to_end(n: usize, samples: usize) -> Result<(), CliError> {
         let t = Instant::now();
         http.post(&cancel).send().await.map_err(err)?;
         while t.elapsed() < Duration::from_secs(2) {
-            let b = super::bench::get_json(&http, &next_url).await?;
+            let b = crate::submit::get_json(&http, &next_url).await?;
             if b["flexq"]["provisioningState"] == "PROVISIONED" {
                 let _ = h.record(t.elapsed().as_micros().max(1) as u64);
                 break;
@@ -563,7 +563,7 @@ async fn restart(n: usize) -> Result<(), CliError> {
     .map_err(err)?;
 
     let start = |port: u16| {
-        Command::new(std::env::current_exe().map_err(err)?)
+        Command::new(env!("CARGO_BIN_EXE_flexq"))
             .args(["serve", "--config"])
             .arg(&file)
             .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))

@@ -20,8 +20,8 @@ use hyper::body::Bytes;
 use serde_json::{Value, json};
 use sqlx::{Connection, Executor};
 
-use super::CliError;
-use super::bench::{self, BenchOptions, Server};
+use crate::submit::{self as bench, BenchOptions, Server};
+use flexq::cli::CliError;
 
 pub struct ReplicasOptions {
     /// Of the creates phase, per backend.
@@ -41,7 +41,7 @@ fn transport(e: impl std::fmt::Display) -> CliError {
 /// One virtual L4 node (4 GPUs) in us-central1-a, nothing else: the
 /// latency phase's node. Creates go to europe-west4, where they queue.
 fn capacity_toml() -> String {
-    let config = crate::config::Config::load_without_env(None).unwrap_or_else(|_| {
+    let config = flexq::config::Config::load_without_env(None).unwrap_or_else(|_| {
         unreachable!("the embedded default config is checked by the test suite")
     });
     config.virtual_nodes_only("us-central1-a", "l4", 1)

@@ -1,0 +1,141 @@
+//! flexq's benchmarks, outside the product binary:
+//!
+//! ```sh
+//! cargo bench --bench flexq-bench -- submit --duration 60s --clients 64
+//! cargo bench --bench flexq-bench -- schedule --pending 100000
+//! cargo bench --bench flexq-bench -- replicas
+//! cargo bench --bench flexq-bench -- agent --runs 10
+//! ```
+//!
+//! They start `flexq serve` (and `flexq agent`) from the `flexq` binary
+//! cargo built beside them, or serve in-process, and report; they never
+//! gate. Measurement-only crates (hdrhistogram, a raw hyper client) are
+//! dev-dependencies. BENCHMARKS.md has the figures and how they were
+//! taken.
+
+// clap argument enums are built once per run; their size does not matter.
+#![allow(clippy::large_enum_variant)]
+
+mod agent;
+mod replicas;
+mod schedule;
+mod submit;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "flexq-bench", about = "flexq's benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long = "bench", hide = true, global = true)]
+    _cargo_bench: bool,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Durable creates over loopback HTTP.
+    Submit {
+        /// Concurrent closed-loop clients.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        warmup: Duration,
+        /// Open loop: send this many creates per second on a timetable.
+        #[arg(long)]
+        rate: Option<u64>,
+        /// Use a running server instead of starting one.
+        #[arg(long)]
+        endpoint: Option<String>,
+    },
+    /// The agent on real Spark: flexq's overhead from allocation to the
+    /// driver's first line of output (Spark's own start excluded), and the
+    /// agent's memory. Needs pyspark and Java.
+    Agent {
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
+    /// Three replicas on PostgreSQL beside one server on SQLite: durable
+    /// creates/s and capacity-release → allocation latency.
+    Replicas {
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value_t = 48)]
+        clients: usize,
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        #[arg(long, default_value_t = 3)]
+        replicas: usize,
+        /// Where the benchmark may create (and then drops) a database.
+        #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+        postgres: String,
+    },
+    /// The scheduler at scale: pass time, memory, flood, end to end,
+    /// expiry lateness, restart.
+    Schedule {
+        /// Queue depths to measure the core at (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+        pending: Vec<usize>,
+        /// Releases measured per depth.
+        #[arg(long, default_value_t = 500)]
+        releases: usize,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let result = match Cli::parse().bench {
+        Bench::Submit {
+            clients,
+            duration,
+            warmup,
+            rate,
+            endpoint,
+        } => {
+            submit::submit(submit::BenchOptions {
+                clients,
+                duration,
+                rate,
+                endpoint,
+                warmup,
+            })
+            .await
+        }
+        Bench::Replicas {
+            duration,
+            clients,
+            rounds,
+            replicas,
+            postgres,
+        } => {
+            replicas::run(replicas::ReplicasOptions {
+                duration,
+                clients,
+                rounds,
+                postgres,
+                replicas,
+            })
+            .await
+        }
+        Bench::Agent { runs } => agent::run(agent::AgentBenchOptions { runs }).await,
+        Bench::Schedule { pending, releases } => {
+            schedule::run(schedule::ScheduleOptions { pending, releases }).await
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The commands that run here rather than call a server: `serve`, `agent`,
+//! `migrate`, `config print|check` and `auth new-token`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use crate::config::{Config, LogFormat};
+
+/// A config file option.
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// A TOML file layered over the embedded default.
+    #[arg(long, env = "FLEXQ_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    /// The effective config, or exit code 2 after saying which key is bad.
+    fn load(&self) -> Result<Config, ExitCode> {
+        Config::load(self.config.as_deref()).map_err(|e| {
+            eprintln!("flexq: invalid configuration: {e}");
+            ExitCode::from(2)
+        })
+    }
+}
+
+/// `flexq serve`: the API server and the scheduler, until SIGINT/SIGTERM.
+pub async fn serve(arg: ConfigArg) -> anyhow::Result<ExitCode> {
+    let config = match arg.load() {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    crate::telemetry::init(config.log.format, &config.log.filter);
+    crate::server::serve(config).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `flexq migrate`: create or upgrade the database schema, then exit.
+pub async fn migrate(arg: ConfigArg) -> anyhow::Result<ExitCode> {
+    let config = match arg.load() {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    crate::store::migrate_only(&crate::store::StoreOptions {
+        url: config.database_url(),
+        max_connections: 2,
+        group_commit_max: 1,
+        observe_group: None,
+    })
+    .await?;
+    eprintln!("database at {} is up to date", config.database_url());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Print the effective configuration (secrets redacted).
+    Print(ConfigArg),
+    /// Check the configuration; exit non-zero naming the bad key.
+    Check(ConfigArg),
+}
+
+/// `flexq config print|check`.
+pub fn config(action: ConfigAction) -> ExitCode {
+    match action {
+        ConfigAction::Print(arg) => match arg.load() {
+            Ok(c) => print!("{}", c.to_toml()),
+            Err(code) => return code,
+        },
+        ConfigAction::Check(arg) => match arg.load() {
+            Ok(_) => eprintln!("configuration is valid"),
+            Err(code) => return code,
+        },
+    }
+    ExitCode::SUCCESS
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The agent's TOML file (see config/agent.toml); any key can be
+    /// overridden by FLEXQ_AGENT_<KEY>.
+    #[arg(long, env = "FLEXQ_AGENT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log lines as JSON.
+    #[arg(long)]
+    pub json_logs: bool,
+}
+
+/// `flexq agent`: register this GPU node, heartbeat, and run the Spark
+/// work of the batches allocated to it, until SIGINT/SIGTERM.
+pub async fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    let config = match crate::agent::AgentConfig::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("flexq agent: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let format = if args.json_logs {
+        LogFormat::Json
+    } else {
+        LogFormat::Text
+    };
+    crate::telemetry::init(format, "info");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    crate::server::cancel_on_signals(shutdown.clone());
+    crate::agent::run(config, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuthAction {
+    /// Print a new random token and the principal entry (with its SHA-256)
+    /// to put in the server's config. The token is shown only here.
+    NewToken {
+        /// The principal's name (recorded as `creator`).
+        #[arg(long)]
+        name: String,
+        /// submitter, admin or agent.
+        #[arg(long, default_value = "submitter")]
+        role: String,
+    },
+}
+
+/// `flexq auth new-token`.
+pub fn auth(action: AuthAction) -> ExitCode {
+    let AuthAction::NewToken { name, role } = action;
+    let token = format!(
+        "flexq_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    eprintln!("token (give it to {name}; it is not stored anywhere): ");
+    println!("{token}");
+    eprintln!(
+        "\n# in the server's config:\n[[principals]]\nname = {name:?}\nrole = {role:?}\n{}token_sha256 = {:?}",
+        match role.as_str() {
+            "submitter" => "projects = [\"PROJECT\"]\n",
+            "agent" => "node = \"NODE-ID\"\n",
+            _ => "",
+        },
+        crate::server::auth::token_hash(&token)
+    );
+    ExitCode::SUCCESS
+}
