@@ -22,7 +22,7 @@ use flexq::api::{Batch, BatchName, PySparkBatch, RuntimeConfig};
 use flexq::cli::CliError;
 use flexq::config::{Config, PoolConfig, ZoneConfig};
 use flexq::scheduler::{BatchKey, PendingBatch, QuotaRule, Scheduler};
-use flexq::spec::{Accelerator, ClusterRequest, QuotaMetric};
+use flexq::spec::{Accelerator, ClusterRequest, Policy, QuotaMetric};
 use flexq::store::{NewBatch, Store, StoreOptions};
 
 const REGIONS: usize = 50;
@@ -141,14 +141,9 @@ fn region_of(i: usize) -> String {
     format!("bench-r{:02}", i % REGIONS)
 }
 
-fn cluster_of(config: &Config, i: usize, timeout_s: u64) -> Result<ClusterRequest, CliError> {
-    flexq::spec::validate(
-        &shaped_batch(i, timeout_s),
-        "bench",
-        &region_of(i),
-        &config.policy(),
-    )
-    .map_err(|r| err(r.message()))
+fn cluster_of(policy: &Policy, i: usize, timeout_s: u64) -> Result<ClusterRequest, CliError> {
+    flexq::spec::validate(&shaped_batch(i, timeout_s), "bench", &region_of(i), policy)
+        .map_err(|r| err(r.message()))
 }
 
 fn rss_kib() -> u64 {
@@ -196,8 +191,9 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let dir = tempfile::tempdir().map_err(err)?;
     // 7 virtual nodes per zone: 1,050 nodes.
     let config = bench_config(7, dir.path())?;
+    let policy = config.policy();
     let clusters: Vec<ClusterRequest> = (0..n)
-        .map(|i| cluster_of(&config, i, 7200))
+        .map(|i| cluster_of(&policy, i, 7200))
         .collect::<Result<_, _>>()?;
     let now = Utc::now();
     let before = rss_kib();
@@ -501,13 +497,14 @@ async fn fill_range(
     timeout_s: u64,
 ) -> Result<(), CliError> {
     const WRITERS: usize = 32;
+    let policy = config.policy();
     let mut set = tokio::task::JoinSet::new();
     for c in 0..WRITERS {
         let store = store.clone();
         let prefix = prefix.to_string();
         let items: Vec<(usize, ClusterRequest)> = (from + c * count / WRITERS
             ..from + (c + 1) * count / WRITERS)
-            .map(|i| Ok((i, cluster_of(config, i, timeout_s)?)))
+            .map(|i| Ok((i, cluster_of(&policy, i, timeout_s)?)))
             .collect::<Result<_, CliError>>()?;
         set.spawn(async move {
             for (i, cluster) in items {

@@ -23,27 +23,27 @@ pub enum CallError {
 }
 
 #[derive(Clone)]
-pub struct Client {
+pub struct AgentClient {
     http: reqwest::Client,
     base: String,
     node: String,
     token: Option<String>,
 }
 
-impl Client {
+impl AgentClient {
     pub fn new(
         base: &str,
         node: &str,
         token: Option<String>,
         ca: Option<reqwest::Certificate>,
-    ) -> Client {
+    ) -> AgentClient {
         let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
         if let Some(ca) = ca {
             builder = builder.add_root_certificate(ca);
         }
-        Client {
+        AgentClient {
             http: builder.build().unwrap_or_default(),
             base: base.trim_end_matches('/').to_string(),
             node: node.to_string(),

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::{AgentConfig, Launcher};
 
 use crate::protocol::{Action, Assignment, RegisterNode, ReportEvent};
-use client::{CallError, Client};
+use client::{AgentClient, CallError};
 use work::Ctx;
 
 /// A part of a batch this agent runs.
@@ -121,7 +121,7 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
                 .map_err(|e| anyhow::anyhow!("ca_file {}: {e}", config.ca_file.display()))?,
         )
     };
-    let client = Client::new(&config.server, &config.node_id, token, ca);
+    let client = AgentClient::new(&config.server, &config.node_id, token, ca);
     let request = RegisterNode {
         node_id: config.node_id.clone(),
         region: config.region.clone(),
@@ -161,7 +161,7 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
 
 /// Registers, retrying while the server is unreachable. None: shutdown.
 async fn register(
-    client: &Client,
+    client: &AgentClient,
     request: &RegisterNode,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<crate::protocol::Lease>> {

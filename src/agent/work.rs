@@ -13,7 +13,7 @@ use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::client::{CallError, Client};
+use super::client::{AgentClient, CallError};
 use super::config::AgentConfig;
 use super::process::Group;
 use crate::launch::{self, Rapids, SparkJob};
@@ -22,7 +22,7 @@ use crate::protocol::{Action, Assignment, ReportEvent};
 /// What every part of this agent's session shares.
 pub struct Ctx {
     pub config: AgentConfig,
-    pub client: Client,
+    pub client: AgentClient,
     /// The epoch of this registration: every report carries it.
     pub epoch: String,
     pub spark_home: PathBuf,
@@ -407,7 +407,7 @@ async fn read_into<R: AsyncRead + Unpin>(mut r: R, tx: mpsc::Sender<Vec<u8>>) {
 /// server as they come; returns the tail (for the failure summary) once
 /// both close.
 async fn pump_output(
-    client: Client,
+    client: AgentClient,
     epoch: String,
     uuid: String,
     stdout: Option<tokio::process::ChildStdout>,
@@ -467,7 +467,7 @@ const UPLOAD_BYTES: usize = 256 * 1024;
 /// slices of at most [`UPLOAD_BYTES`]; keeps the rest for the next try when
 /// the server is unreachable.
 async fn send_output(
-    client: &Client,
+    client: &AgentClient,
     epoch: &str,
     uuid: &str,
     offset: &mut u64,

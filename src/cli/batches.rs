@@ -15,7 +15,7 @@ use crate::protocol::BatchOutput;
 
 /// The workload of a submit.
 #[derive(Debug, Clone)]
-pub enum Workload {
+pub enum SubmitWorkload {
     Pyspark {
         file: String,
         py_files: Vec<String>,
@@ -146,9 +146,11 @@ pub async fn run(args: BatchesArgs) -> Result<std::process::ExitCode, CliError> 
                     file,
                     py_files,
                     opts,
-                } => (Workload::Pyspark { file, py_files }, opts),
-                SubmitKind::Spark { class, jar, opts } => (Workload::Spark { class, jar }, opts),
-                SubmitKind::SparkSql { file, opts } => (Workload::SparkSql { file }, opts),
+                } => (SubmitWorkload::Pyspark { file, py_files }, opts),
+                SubmitKind::Spark { class, jar, opts } => {
+                    (SubmitWorkload::Spark { class, jar }, opts)
+                }
+                SubmitKind::SparkSql { file, opts } => (SubmitWorkload::SparkSql { file }, opts),
             };
             submit(&client, workload, opts).await?
         }
@@ -186,7 +188,7 @@ const POLL: Duration = Duration::from_secs(2);
 
 /// Builds the Batch of a submit (pure: no I/O but reading the local
 /// file's path).
-pub fn build_batch(workload: &Workload, opts: &SubmitOptions) -> Result<Batch, CliError> {
+pub fn build_batch(workload: &SubmitWorkload, opts: &SubmitOptions) -> Result<Batch, CliError> {
     let jars = opts
         .jars
         .iter()
@@ -199,7 +201,7 @@ pub fn build_batch(workload: &Workload, opts: &SubmitOptions) -> Result<Batch, C
         .collect::<Result<Vec<_>, _>>()?;
     let mut batch = Batch::default();
     match workload {
-        Workload::Pyspark { file, py_files } => {
+        SubmitWorkload::Pyspark { file, py_files } => {
             batch.pyspark_batch = Some(PySparkBatch {
                 main_python_file_uri: to_uri(file)?,
                 args: opts.args.clone(),
@@ -212,7 +214,7 @@ pub fn build_batch(workload: &Workload, opts: &SubmitOptions) -> Result<Batch, C
                 ..Default::default()
             })
         }
-        Workload::Spark { class, jar } => {
+        SubmitWorkload::Spark { class, jar } => {
             batch.spark_batch = Some(SparkBatch {
                 main_class: class.clone(),
                 main_jar_file_uri: jar.as_deref().map(to_uri).transpose()?,
@@ -222,7 +224,7 @@ pub fn build_batch(workload: &Workload, opts: &SubmitOptions) -> Result<Batch, C
                 ..Default::default()
             })
         }
-        Workload::SparkSql { file } => {
+        SubmitWorkload::SparkSql { file } => {
             batch.spark_sql_batch = Some(SparkSqlBatch {
                 query_file_uri: to_uri(file)?,
                 jar_file_uris: jars,
@@ -294,7 +296,7 @@ pub fn parse_pairs(text: &str, flag: &str) -> Result<BTreeMap<String, String>, C
 
 pub async fn submit(
     client: &Client,
-    workload: Workload,
+    workload: SubmitWorkload,
     opts: SubmitOptions,
 ) -> Result<bool, CliError> {
     let batch = build_batch(&workload, &opts)?;
@@ -523,7 +525,7 @@ mod tests {
             ..Default::default()
         };
         let b = build_batch(
-            &Workload::Pyspark {
+            &SubmitWorkload::Pyspark {
                 file: "gs://bucket/job.py".into(),
                 py_files: vec![],
             },

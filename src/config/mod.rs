@@ -51,7 +51,7 @@ pub struct Config {
     pub log: LogConfig,
     pub agents: AgentsConfig,
     pub limits: LimitsConfig,
-    pub runtimes: BTreeMap<String, RuntimeConfig>,
+    pub runtimes: BTreeMap<String, RuntimeEntry>,
     pub regions: BTreeMap<String, RegionConfig>,
     #[serde(default)]
     pub projects: BTreeMap<String, ProjectConfig>,
@@ -193,7 +193,7 @@ pub struct LogConfig {
 /// What a runtime version carries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RuntimeConfig {
+pub struct RuntimeEntry {
     pub spark: String,
     pub rapids: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

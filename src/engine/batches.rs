@@ -32,7 +32,7 @@ pub struct CreateRequest {
 
 /// What a create answers.
 #[derive(Debug, Clone)]
-pub enum Created {
+pub enum CreateAnswer {
     /// The batch's operation (a new batch, or the one a repeated
     /// `requestId` created).
     Operation(Box<Operation>),
@@ -66,7 +66,7 @@ impl Engine {
         &self,
         principal: &Principal,
         req: CreateRequest,
-    ) -> Result<Created, Error> {
+    ) -> Result<CreateAnswer, Error> {
         let CreateRequest {
             project,
             region,
@@ -114,7 +114,7 @@ impl Engine {
             let core = self.lock().await;
             if validate_only {
                 let verdict = core.verdict(&project, &region, &cluster);
-                return Ok(Created::Verdict(verdict_json(&verdict, &cluster)));
+                return Ok(CreateAnswer::Verdict(verdict_json(&verdict, &cluster)));
             }
             let queued = core.pending_of(&project);
             let max = self.shared.config.limits.max_pending_per_project;
@@ -196,7 +196,9 @@ impl Engine {
                 .await;
             }
         }
-        Ok(Created::Operation(Box::new(operation(created.record()))))
+        Ok(CreateAnswer::Operation(Box::new(operation(
+            created.record(),
+        ))))
     }
 
     /// A batch, with where it is in provisioning: its queue position,

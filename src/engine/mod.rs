@@ -30,7 +30,7 @@ mod principal;
 mod replica;
 
 pub use admin::{NodeView, QuotaChange, Readiness};
-pub use batches::{CreateRequest, Created, ListRequest, ValidateVerdict};
+pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use error::Error;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
 pub use principal::Principal;

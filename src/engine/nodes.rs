@@ -178,7 +178,12 @@ impl Engine {
         let epoch = bounded(self.shared.store.register_node(&spec, now)).await?;
         tracing::info!(node = %spec.id, zone = %spec.zone, pool = %spec.pool, gpus = spec.gpu_addresses.len(), epoch, "node registered");
         let node = spec.id.0.clone();
-        core.register_node(spec, epoch, expires);
+        if !core.register_node(spec, epoch, expires) {
+            tracing::warn!(
+                node,
+                "the node registered a shape smaller than what it holds; keeping its old shape"
+            );
+        }
         // An agent that restarted: the work its node had started and that it
         // no longer runs is lost with the old agent's processes.
         let parts = bounded(self.shared.store.node_parts(&node)).await?;

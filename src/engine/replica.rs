@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::passes::rebuild;
-use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
+use super::{DB_UNDER_LOCK, Engine, ReplicaRole, bounded};
 use crate::scheduler::{BatchKey, NodeId};
 use crate::store::{Change, Heard};
 
@@ -150,7 +150,7 @@ impl Engine {
                 // The range may hold other transactions' batches too (seqs
                 // interleave): submitting one twice is harmless.
                 let mut core = self.lock().await;
-                for b in store.queued_batches(first_seq..=last_seq).await? {
+                for b in bounded(store.queued_batches(first_seq..=last_seq)).await? {
                     core.submit(b);
                 }
                 drop(core);

@@ -324,10 +324,13 @@ impl Scheduler {
 
     /// An agent registered its node (again): it joins the capacity with a
     /// fresh lease. A node already known keeps what it holds; its shape is
-    /// updated when what it holds still fits the new one.
-    pub fn register_node(&mut self, spec: NodeSpec, epoch: u64, expires: DateTime<Utc>) {
+    /// updated when what it holds still fits the new one. Answers `false`
+    /// when the new shape is smaller than what the node holds, and the old
+    /// shape was kept.
+    pub fn register_node(&mut self, spec: NodeSpec, epoch: u64, expires: DateTime<Utc>) -> bool {
         let id = spec.id.clone();
         let changed = self.capacity.nodes.get(&id).is_some_and(|n| n.spec != spec);
+        let mut taken = true;
         if changed {
             let held: Vec<_> = self
                 .running
@@ -337,14 +340,15 @@ impl Scheduler {
             self.dirty.insert(spec.region.clone());
             if let Some(old) = self.capacity.nodes.insert(id.clone(), Node::new(spec)) {
                 if !self.capacity.take(&held) {
-                    tracing::warn!(node = %id, "the node registered a shape smaller than what it holds; keeping its old shape");
                     self.capacity.nodes.insert(id.clone(), old);
+                    taken = false;
                 }
             }
         } else {
             self.add_node(spec);
         }
         self.leases.grant(id, epoch, expires);
+        taken
     }
 
     /// An agent's heartbeat: renews the lease of the current epoch only.

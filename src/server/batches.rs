@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::App;
 use super::extract::{ApiPath, ApiQuery, Format, JsonBody};
 use crate::api::{Batch, BatchName, Code, OperationName};
-use crate::engine::{CreateRequest, Created, Error, ListRequest};
+use crate::engine::{CreateAnswer, CreateRequest, Error, ListRequest};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -86,8 +86,8 @@ pub(super) async fn create(
         validate_only,
     };
     Ok(match app.engine.create(&principal, request).await? {
-        Created::Operation(op) => format.respond(StatusCode::OK, &op),
-        Created::Verdict(verdict) => format.respond(StatusCode::OK, &verdict),
+        CreateAnswer::Operation(op) => format.respond(StatusCode::OK, &op),
+        CreateAnswer::Verdict(verdict) => format.respond(StatusCode::OK, &verdict),
     })
 }
 

@@ -101,7 +101,7 @@ fn now_micros() -> DateTime<Utc> {
 }
 
 /// What the group decided for one create.
-enum Verdict {
+enum Disposition {
     Insert,
     /// The requestId belongs to a stored batch.
     ReplayStored(Box<BatchRecord>),
@@ -126,7 +126,7 @@ async fn try_group(
 
     let mut ids_in_group: HashSet<Key> = HashSet::new();
     let mut requests_in_group: HashMap<Key, usize> = HashMap::new();
-    let decisions: Vec<Verdict> = batches
+    let decisions: Vec<Disposition> = batches
         .iter()
         .enumerate()
         .map(|(i, b)| {
@@ -134,27 +134,27 @@ async fn try_group(
             if let Some(req) = &b.request_id {
                 let key = (n.project.clone(), n.region.clone(), req.clone());
                 if let Some(stored) = stored_requests.get(&key) {
-                    return Verdict::ReplayStored(Box::new(stored.clone()));
+                    return Disposition::ReplayStored(Box::new(stored.clone()));
                 }
                 if let Some(&first) = requests_in_group.get(&key) {
-                    return Verdict::ReplayInGroup(first);
+                    return Disposition::ReplayInGroup(first);
                 }
             }
             let id = (n.project.clone(), n.region.clone(), n.batch_id.clone());
             if taken_ids.contains(&id) || !ids_in_group.insert(id) {
-                return Verdict::Taken;
+                return Disposition::Taken;
             }
             if let Some(req) = &b.request_id {
                 requests_in_group.insert((n.project.clone(), n.region.clone(), req.clone()), i);
             }
-            Verdict::Insert
+            Disposition::Insert
         })
         .collect();
 
     let mut new: Vec<&NewBatch> = batches
         .iter()
         .zip(&decisions)
-        .filter(|(_, d)| matches!(d, Verdict::Insert))
+        .filter(|(_, d)| matches!(d, Disposition::Insert))
         .map(|(b, _)| b)
         .collect();
     // In index order: two replicas' groups that share a batch id then meet
@@ -184,21 +184,21 @@ async fn try_group(
     let mut outcomes = Vec::with_capacity(batches.len());
     for (i, (b, d)) in batches.iter().zip(decisions).enumerate() {
         outcomes.push(match d {
-            Verdict::Insert => {
+            Disposition::Insert => {
                 let seq = seqs.get(&b.uuid.to_string()).copied().unwrap_or_default();
                 let record = new_record(b, seq, now);
                 records.insert(i, record.clone());
                 Ok(Created::New(record))
             }
-            Verdict::ReplayStored(r) => Ok(Created::Replayed(*r)),
-            Verdict::ReplayInGroup(first) => records
+            Disposition::ReplayStored(r) => Ok(Created::Replayed(*r)),
+            Disposition::ReplayInGroup(first) => records
                 .get(&first)
                 .cloned()
                 .map(Created::Replayed)
                 .ok_or(StoreError::Unavailable(
                     "replayed create lost its first".into(),
                 )),
-            Verdict::Taken => Err(StoreError::AlreadyExists(format!(
+            Disposition::Taken => Err(StoreError::AlreadyExists(format!(
                 "batch {} already exists",
                 b.name
             ))),

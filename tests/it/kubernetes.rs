@@ -196,19 +196,8 @@ fn batch() -> Value {
 }
 
 async fn until(s: &TestServer, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, b) = s
-            .get(&format!(
-                "/v1/projects/demo/locations/us-central1/batches/{id}"
-            ))
-            .await;
-        if done(&b) {
-            return b;
-        }
-        assert!(Instant::now() < deadline, "batch {id} not {what}: {b:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let path = format!("/v1/projects/demo/locations/us-central1/batches/{id}");
+    crate::support::until(s, &path, what, done).await
 }
 
 async fn applied(k: &Shared, name: &str) -> Value {

@@ -1,13 +1,12 @@
 //! `/metrics` after a scripted scenario: values, not just names.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use flexq::config::{PoolConfig, RegionConfig, ZoneConfig};
 use flexq::spec::Accelerator;
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, flex_with};
+use crate::support::{self, TestServer, flex_with};
 
 /// A region of its own (counters are process-wide and other tests run in
 /// parallel): one virtual node of 4 L4 GPUs.
@@ -80,15 +79,8 @@ async fn state_of(s: &TestServer, id: &str) -> Value {
 }
 
 async fn until(s: &TestServer, id: &str, pred: impl Fn(&Value) -> bool) {
-    let t = Instant::now();
-    while !pred(&state_of(s, id).await) {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{id}: {:#}",
-            state_of(s, id).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let path = format!("/v1/projects/demo/locations/mtest-east1/batches/{id}");
+    support::until(s, &path, "as expected", pred).await;
 }
 
 /// Queue, allocate, expire, cancel — then every metric says so.

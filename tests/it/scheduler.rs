@@ -8,7 +8,9 @@ use flexq::scheduler::QuotaRule;
 use flexq::spec::{Accelerator, QuotaMetric};
 use serde_json::{Value, json};
 
-use crate::support::{ServerProcess, TestServer, assert_status, flex_with, virtual_l4_config};
+use crate::support::{
+    self, ServerProcess, TestServer, assert_status, flex_with, virtual_l4_config,
+};
 
 /// us-central1 with one zone of `nodes` virtual L4 nodes of `gpus` GPUs
 /// (declared capacity `max_nodes`), and a quota of `quota` GPUs per pool.
@@ -83,15 +85,8 @@ async fn batch(s: &TestServer, id: &str) -> Value {
 
 /// Polls a batch until `pred` holds (with a deadline, no fixed sleeps).
 async fn until(s: &TestServer, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let b = batch(s, id).await;
-        if pred(&b) {
-            return b;
-        }
-        assert!(Instant::now() < deadline, "{id} never became {what}: {b:#}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let path = format!("/v1/projects/demo/locations/us-central1/batches/{id}");
+    support::until(s, &path, what, pred).await
 }
 
 fn provisioning(b: &Value) -> &str {

@@ -412,13 +412,28 @@ impl ServerProcess {
     }
 }
 
-/// Writes a config file giving us-central1-a `n` virtual L4 nodes.
+/// Writes a config layer giving us-central1-a's L4 pool `n` virtual nodes
+/// (and every other pool none).
 pub fn virtual_l4_config(path: &Path, n: u32) {
-    std::fs::write(
-        path,
-        format!("[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = {n}\n"),
-    )
-    .expect("config");
+    let base = Config::load_without_env(None).expect("embedded config");
+    std::fs::write(path, base.virtual_nodes_only("us-central1-a", "l4", n)).expect("config");
+}
+
+/// Reads the batch at `path` until `done` holds; after 20 s fails saying it
+/// never became `what`, with the batch.
+pub async fn until(s: &TestServer, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, b) = s.get(path).await;
+        if done(&b) {
+            return b;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never became {what}: {b:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 impl Drop for ServerProcess {
