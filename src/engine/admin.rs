@@ -3,7 +3,7 @@
 
 use chrono::Utc;
 
-use super::{Engine, Error, ReplicaRole, bounded};
+use super::{Engine, Error, ReplicaRole};
 use crate::api::{Code, quote};
 use crate::scheduler::{CapacityRow, NodeSpec, QuotaView, Snapshot};
 use crate::spec::QuotaMetric;
@@ -161,7 +161,7 @@ impl Engine {
                 // What the database holds now: this change, and any another
                 // admin committed since on another replica (never this
                 // one's value over a newer one).
-                for (p, r, m, l) in bounded(self.shared.store.quota_overrides()).await? {
+                for (p, r, m, l) in self.bounded(self.shared.store.quota_overrides()).await? {
                     core.set_quota_limit(&p, &r, m, l);
                 }
             } else {

@@ -27,7 +27,9 @@ pub struct CreateRequest {
     pub batch_id: Option<String>,
     pub request_id: Option<String>,
     /// Only say what would happen: allocated now, queued, failed, never.
-    pub validate_only: bool,
+    /// As the client sent it ("true", "false" or absent); a batch with
+    /// violations is refused for them before this is read.
+    pub validate_only: Option<String>,
 }
 
 /// What a create answers.
@@ -110,6 +112,16 @@ impl Engine {
                 return Err(rejection.into());
             }
         };
+        let validate_only = match validate_only.as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(Error::invalid_field(
+                    "validate_only",
+                    format!("{} is not a boolean; accepted: true, false", quote(other)),
+                ));
+            }
+        };
         {
             let core = self.lock().await;
             if validate_only {
@@ -168,34 +180,43 @@ impl Engine {
             priority,
             state_message,
         };
-        let created = self.shared.store.create(new).await.map_err(|e| match e {
+        // In a task of its own: a caller that goes away (a timeout, a
+        // hang-up) must not stop between the commit and the queueing of
+        // the batch, its log line and its count.
+        let engine = self.clone();
+        let task = tokio::spawn(async move {
+            let created = engine.shared.store.create(new).await?;
+            match &created {
+                crate::store::Created::Replayed(r) => {
+                    tracing::info!(batch.id = %r.name.batch_id, request_id = r.request_id.as_deref().unwrap_or(""), "create replayed by requestId");
+                }
+                crate::store::Created::New(r) => {
+                    tracing::info!(
+                        batch.id = %r.name.batch_id, batch.uuid = %r.uuid, project = %r.name.project,
+                        region = %r.name.region, state = "PENDING", "batch created"
+                    );
+                    crate::metrics::record_transition(State::Pending);
+                    engine
+                        .submitted(PendingBatch {
+                            key: BatchKey(r.seq),
+                            batch_id: r.name.batch_id.clone(),
+                            project: r.name.project.clone(),
+                            region: r.name.region.clone(),
+                            priority: r.priority,
+                            queued_at: r.create_time,
+                            deadline: r.deadline,
+                            cluster: r.cluster.clone(),
+                        })
+                        .await;
+                }
+            }
+            Ok::<_, StoreError>(created)
+        });
+        let created = task.await.map_err(Error::internal)?.map_err(|e| match e {
             StoreError::AlreadyExists(m) => Error::new(Code::AlreadyExists, "ALREADY_EXISTS", m)
                 .with_meta("batch", name.to_string()),
             other => other.into(),
         })?;
-        match &created {
-            crate::store::Created::Replayed(r) => {
-                tracing::info!(batch.id = %r.name.batch_id, request_id = r.request_id.as_deref().unwrap_or(""), "create replayed by requestId");
-            }
-            crate::store::Created::New(r) => {
-                tracing::info!(
-                    batch.id = %r.name.batch_id, batch.uuid = %r.uuid, project = %r.name.project,
-                    region = %r.name.region, state = "PENDING", "batch created"
-                );
-                crate::metrics::record_transition(State::Pending);
-                self.submitted(PendingBatch {
-                    key: BatchKey(r.seq),
-                    batch_id: r.name.batch_id.clone(),
-                    project: r.name.project.clone(),
-                    region: r.name.region.clone(),
-                    priority: r.priority,
-                    queued_at: r.create_time,
-                    deadline: r.deadline,
-                    cluster: r.cluster.clone(),
-                })
-                .await;
-            }
-        }
         Ok(CreateAnswer::Operation(Box::new(operation(
             created.record(),
         ))))
@@ -356,8 +377,8 @@ impl Engine {
                 .cancel(&name.project, &name.region, &name.operation_id, Utc::now())
                 .await
                 .map_err(|e| not_found_as(e, "operation", &name.to_string()))?;
-            tracing::info!(batch.id = %applied.batch_id, "batch cancel requested");
             engine.record_lifecycle(&applied, None);
+            tracing::info!(batch.id = %applied.batch_id, state = %applied.state, "batch cancel requested");
             if applied.outcome.ended().is_some() {
                 engine.forget(BatchKey(applied.seq)).await;
             }

@@ -49,20 +49,34 @@ use crate::store::{Backend, Store, StoreError, StoreOptions};
 /// The longest a database call made under the core's lock may take.
 pub const DB_UNDER_LOCK: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A database call made under the core's lock, bounded by
-/// [`DB_UNDER_LOCK`]: a connection can hang without an error (a half-open
-/// socket), and the lock must not be held for good. A dropped transaction
-/// is rolled back.
-pub(crate) async fn bounded<T>(
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(DB_UNDER_LOCK, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(
-                "the database did not answer".into(),
-            ))
-        })
+impl Engine {
+    /// A database call made under the core's lock, bounded by
+    /// [`DB_UNDER_LOCK`]: a connection can hang without an error (a
+    /// half-open socket), and the lock must not be held for good. A dropped
+    /// transaction is rolled back, but a commit may have gone out just
+    /// before the timeout: the core is then marked stale, and rebuilt from
+    /// the store before the next pass, rather than keep capacity that the
+    /// database already released.
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(DB_UNDER_LOCK, call).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::error!(
+                    "a database call under the scheduler's lock did not answer; the core will be rebuilt"
+                );
+                self.shared
+                    .stale
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                self.wake();
+                Err(StoreError::Unavailable(
+                    "the database did not answer".into(),
+                ))
+            }
+        }
+    }
 }
 
 /// What this process does about scheduling.

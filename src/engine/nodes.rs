@@ -9,7 +9,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Engine, Error, Principal, bounded};
+use super::{Engine, Error, Principal};
 use crate::api::{BatchName, Code, State, quote};
 use crate::launch::SparkJob;
 use crate::protocol::{
@@ -175,7 +175,9 @@ impl Engine {
                 ),
             ));
         }
-        let epoch = bounded(self.shared.store.register_node(&spec, now)).await?;
+        let epoch = self
+            .bounded(self.shared.store.register_node(&spec, now))
+            .await?;
         tracing::info!(node = %spec.id, zone = %spec.zone, pool = %spec.pool, gpus = spec.gpu_addresses.len(), epoch, "node registered");
         let node = spec.id.0.clone();
         if !core.register_node(spec, epoch, expires) {
@@ -186,7 +188,7 @@ impl Engine {
         }
         // An agent that restarted: the work its node had started and that it
         // no longer runs is lost with the old agent's processes.
-        let parts = bounded(self.shared.store.node_parts(&node)).await?;
+        let parts = self.bounded(self.shared.store.node_parts(&node)).await?;
         let held: Vec<HeldPart<'_>> = parts
             .iter()
             .map(|p| HeldPart {
@@ -198,8 +200,12 @@ impl Engine {
             })
             .collect();
         for (uuid, event) in lifecycle::lost_on_restart(&node, &held, &req.running) {
-            match bounded(self.shared.store.report(&node, &uuid, &event, now)).await {
+            match self
+                .bounded(self.shared.store.report(&node, &uuid, &event, now))
+                .await
+            {
                 Ok(applied) => {
+                    crate::metrics::record_agent_report(event.name());
                     self.record_lifecycle(&applied, Some(&node));
                     if applied.outcome.ended().is_some() {
                         // At once: a later failure must not leave an ended
@@ -244,7 +250,8 @@ impl Engine {
         node: &str,
     ) -> Result<Option<u64>, Error> {
         if self.replicated() {
-            Ok(bounded(self.shared.store.active_node(node))
+            Ok(self
+                .bounded(self.shared.store.active_node(node))
                 .await?
                 .map(|(_, epoch)| epoch))
         } else {
@@ -408,7 +415,8 @@ impl Engine {
         let applied = tokio::spawn(async move {
             let mut core = engine.lock().await;
             check_epoch(&node, epoch, engine.current_epoch(&core, &node).await?)?;
-            let applied = bounded(engine.shared.store.report(&node, &uuid, &event, Utc::now()))
+            let applied = engine
+                .bounded(engine.shared.store.report(&node, &uuid, &event, Utc::now()))
                 .await
                 .map_err(|e| match e {
                     StoreError::NotFound => Error::not_found("batch with uuid", &uuid),
@@ -524,9 +532,15 @@ impl Engine {
 
     /// Logs and counts what a committed lifecycle decision did.
     pub(super) fn record_lifecycle(&self, applied: &Applied, node: Option<&str>) {
-        let node = node.unwrap_or("");
         for to in applied.outcome.states() {
-            tracing::info!(batch.id = %applied.batch_id, batch.seq = applied.seq, to = %to, node, "batch state changed");
+            match node {
+                Some(node) => {
+                    tracing::info!(batch.id = %applied.batch_id, batch.seq = applied.seq, to = %to, node, "batch state changed")
+                }
+                None => {
+                    tracing::info!(batch.id = %applied.batch_id, batch.seq = applied.seq, to = %to, "batch state changed")
+                }
+            }
             crate::metrics::record_transition(to);
         }
         if let Some(after) = applied.started_after {

@@ -221,7 +221,10 @@ pub(crate) async fn rebuild(
     let lease = config.agents.lease_duration;
     let expires = Utc::now() + chrono::Duration::from_std(lease).unwrap_or_default();
     for (spec, epoch) in store.active_nodes().await? {
-        core.register_node(spec, epoch, expires);
+        let id = spec.id.clone();
+        if !core.register_node(spec, epoch, expires) {
+            tracing::warn!(node = %id, "the node registered a shape smaller than what it holds; keeping its old shape");
+        }
     }
     let mut orphans = Vec::new();
     for alloc in store.active_allocations().await? {

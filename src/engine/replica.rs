@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::passes::rebuild;
-use super::{DB_UNDER_LOCK, Engine, ReplicaRole, bounded};
+use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::scheduler::{BatchKey, NodeId};
 use crate::store::{Change, Heard};
 
@@ -150,7 +150,10 @@ impl Engine {
                 // The range may hold other transactions' batches too (seqs
                 // interleave): submitting one twice is harmless.
                 let mut core = self.lock().await;
-                for b in bounded(store.queued_batches(first_seq..=last_seq)).await? {
+                for b in self
+                    .bounded(store.queued_batches(first_seq..=last_seq))
+                    .await?
+                {
                     core.submit(b);
                 }
                 drop(core);
@@ -163,9 +166,13 @@ impl Engine {
             }
             Change::Node { id } => {
                 if let Some((spec, epoch)) = store.active_node(&id).await? {
-                    self.lock()
+                    if !self
+                        .lock()
                         .await
-                        .register_node(spec, epoch, Utc::now() + lease);
+                        .register_node(spec, epoch, Utc::now() + lease)
+                    {
+                        tracing::warn!(node = %id, "the node registered a shape smaller than what it holds; keeping its old shape");
+                    }
                 }
                 self.wake();
                 self.work_changed();

@@ -64,26 +64,13 @@ pub(super) async fn create(
     axum::Extension(principal): axum::Extension<super::Principal>,
     JsonBody(batch): JsonBody<Batch>,
 ) -> Result<Response, Error> {
-    let validate_only = match params.validate_only.as_deref() {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(Error::invalid_field(
-                "validate_only",
-                format!(
-                    "{} is not a boolean; accepted: true, false",
-                    crate::api::quote(other)
-                ),
-            ));
-        }
-    };
     let request = CreateRequest {
         project,
         region,
         batch,
         batch_id: params.batch_id,
         request_id: params.request_id,
-        validate_only,
+        validate_only: params.validate_only,
     };
     Ok(match app.engine.create(&principal, request).await? {
         CreateAnswer::Operation(op) => format.respond(StatusCode::OK, &op),

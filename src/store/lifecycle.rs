@@ -18,6 +18,8 @@ pub struct Applied {
     pub seq: i64,
     pub batch_id: String,
     pub outcome: Outcome,
+    /// The batch's state after the decision.
+    pub state: State,
     /// How long after its allocation the driver started (when this
     /// decision made the batch RUNNING).
     pub started_after: Option<std::time::Duration>,
@@ -55,6 +57,7 @@ pub(super) async fn write_steps(
     conn: &mut AnyConnection,
     seq: i64,
     batch_id: &str,
+    from: State,
     outcome: Outcome,
     now: DateTime<Utc>,
 ) -> Result<Applied, StoreError> {
@@ -62,6 +65,7 @@ pub(super) async fn write_steps(
         seq,
         batch_id: batch_id.to_string(),
         outcome: Outcome::default(),
+        state: outcome.states().last().unwrap_or(from),
         started_after: None,
         ran: None,
     };
@@ -131,7 +135,7 @@ impl Store {
         let held = Provisioning::from_number(provisioning) == Provisioning::Provisioned;
         let outcome = lifecycle::cancel(state, held)
             .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
-        let applied = write_steps(&mut tx, seq, &batch_id, outcome, now).await?;
+        let applied = write_steps(&mut tx, seq, &batch_id, state, outcome, now).await?;
         let change = if applied.outcome.ended().is_some() {
             Change::Ended { seq }
         } else {
@@ -175,7 +179,7 @@ impl Store {
         };
         let outcome = lifecycle::report(state, node, &batch_id, holding, event)
             .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
-        let applied = write_steps(&mut tx, seq, &batch_id, outcome, now).await?;
+        let applied = write_steps(&mut tx, seq, &batch_id, state, outcome, now).await?;
         let change = if applied.outcome.ended().is_some() {
             Change::Ended { seq }
         } else {

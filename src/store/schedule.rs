@@ -78,8 +78,10 @@ async fn lose_node(
             .bind(key.0)
             .fetch_optional(&mut *conn)
             .await?;
-        let outcome = lifecycle::node_lost(state.and_then(State::from_number), message);
-        write_steps(conn, key.0, "", outcome, now).await?;
+        let state = state.and_then(State::from_number);
+        let outcome = lifecycle::node_lost(state, message);
+        let from = state.unwrap_or(State::StateUnspecified);
+        write_steps(conn, key.0, "", from, outcome, now).await?;
     }
     Ok(true)
 }

@@ -387,6 +387,16 @@ async fn validate_only_gives_the_verdict_and_stores_nothing() {
     );
     let (st, err) = s.create("validateOnly=maybe", &gpu_batch(2, "60s")).await;
     assert_status(st, &err, 400, "INVALID_ARGUMENT");
+    // A batch with violations is refused for all of them first, whatever
+    // validateOnly says.
+    let (st, err) = s
+        .create("validateOnly=maybe", &gpu_batch(2, "not-a-duration"))
+        .await;
+    assert_status(st, &err, 400, "INVALID_ARGUMENT");
+    assert_eq!(
+        err["error"]["details"][0]["reason"], "INVALID_BATCH",
+        "{err:#}"
+    );
     assert!(s.list_all("").await.is_empty());
 }
 
