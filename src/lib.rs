@@ -35,6 +35,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod grpc;
 pub mod launch;
 pub mod metrics;
 pub mod protocol;

@@ -48,6 +48,8 @@ struct Metrics {
     commit_batches: HistogramVec,
     http_requests: IntCounterVec,
     http_seconds: HistogramVec,
+    grpc_requests: IntCounterVec,
+    grpc_seconds: HistogramVec,
     agent_reports: IntCounterVec,
     start_seconds: Histogram,
     run_seconds: HistogramVec,
@@ -171,6 +173,17 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             exponential(0.0005, 14),
             &["method", "route"],
         ),
+        grpc_requests: counter_vec(
+            "flexq_grpc_requests_total",
+            "gRPC calls, by method and status code.",
+            &["method", "code"],
+        ),
+        grpc_seconds: histogram_vec(
+            "flexq_grpc_request_duration_seconds",
+            "gRPC call latency.",
+            exponential(0.0005, 14),
+            &["method"],
+        ),
         agent_reports: counter_vec(
             "flexq_agent_reports_total",
             "Reports accepted from executor agents, by event.",
@@ -216,6 +229,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.commit_batches.clone()),
         Box::new(m.http_requests.clone()),
         Box::new(m.http_seconds.clone()),
+        Box::new(m.grpc_requests.clone()),
+        Box::new(m.grpc_seconds.clone()),
         Box::new(m.agent_reports.clone()),
         Box::new(m.start_seconds.clone()),
         Box::new(m.run_seconds.clone()),
@@ -406,6 +421,19 @@ pub fn record_http(method: &str, route: &str, code: u16, elapsed: Duration) {
     METRICS
         .http_seconds
         .with_label_values(&[method, route])
+        .observe(elapsed.as_secs_f64());
+}
+
+/// One gRPC call: `method` is the RPC's name (`CreateBatch`), `code` the
+/// status code's name (`OK`, `NOT_FOUND`).
+pub fn record_grpc(method: &str, code: &str, elapsed: Duration) {
+    METRICS
+        .grpc_requests
+        .with_label_values(&[method, code])
+        .inc();
+    METRICS
+        .grpc_seconds
+        .with_label_values(&[method])
         .observe(elapsed.as_secs_f64());
 }
 

@@ -141,7 +141,7 @@ pub fn auth(action: AuthAction) -> ExitCode {
             "agent" => "node = \"NODE-ID\"\n",
             _ => "",
         },
-        crate::server::auth::token_hash(&token)
+        crate::engine::token_hash(&token)
     );
     ExitCode::SUCCESS
 }

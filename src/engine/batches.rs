@@ -279,6 +279,16 @@ impl Engine {
 
     /// A page of a region's batches, newest first.
     pub async fn list(&self, req: ListRequest) -> Result<ListBatchesResponse, Error> {
+        let (records, next_page_token) = self.page(req).await?;
+        Ok(ListBatchesResponse {
+            batches: records.iter().map(to_batch).collect(),
+            next_page_token,
+            unreachable: Vec::new(),
+        })
+    }
+
+    /// The records of a list page and the token of the next.
+    async fn page(&self, req: ListRequest) -> Result<(Vec<BatchRecord>, String), Error> {
         let ListRequest {
             project,
             region,
@@ -330,14 +340,44 @@ impl Engine {
             .store
             .list(&project, &region, &filter, page_size, before)
             .await?;
-        Ok(ListBatchesResponse {
-            batches: page.batches.iter().map(to_batch).collect(),
-            next_page_token: page
-                .next_before_seq
-                .map(|seq| encode_token(seq, &project, &region, &filter_text))
-                .unwrap_or_default(),
-            unreachable: Vec::new(),
-        })
+        let next = page
+            .next_before_seq
+            .map(|seq| encode_token(seq, &project, &region, &filter_text))
+            .unwrap_or_default();
+        Ok((page.batches, next))
+    }
+
+    /// A page of a region's operations, newest first: the operations of
+    /// the batches [`Self::list`] would answer (same page size, filter over
+    /// the batches' fields, and tokens).
+    pub async fn list_operations(
+        &self,
+        req: ListRequest,
+    ) -> Result<(Vec<Operation>, String), Error> {
+        let (records, next) = self.page(req).await?;
+        Ok((records.iter().map(operation).collect(), next))
+    }
+
+    /// The operation of a batch once it is done, or as it is at `until`.
+    /// Wakes on every change of some batch's work, and at least every
+    /// second (a deadline's expiry announces nothing).
+    pub async fn wait_operation(
+        &self,
+        name: &OperationName,
+        until: tokio::time::Instant,
+    ) -> Result<Operation, Error> {
+        let mut changes = self.watch_work();
+        loop {
+            let op = self.get_operation(name).await?;
+            if op.done || tokio::time::Instant::now() >= until {
+                return Ok(op);
+            }
+            let tick = (tokio::time::Instant::now() + std::time::Duration::from_secs(1)).min(until);
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep_until(tick) => {}
+            }
+        }
     }
 
     /// Deletes a batch that ended.

@@ -24,6 +24,7 @@
 mod admin;
 mod batches;
 mod error;
+mod limits;
 mod nodes;
 mod passes;
 mod principal;
@@ -32,8 +33,9 @@ mod replica;
 pub use admin::{NodeView, QuotaChange, Readiness};
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use error::Error;
+pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
-pub use principal::Principal;
+pub use principal::{Access, Principal, authenticate, authorize, token_hash};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -141,6 +143,8 @@ pub(crate) struct Shared {
     /// Fired when this replica no longer takes part in leader election
     /// (at once on SQLite): after shutdown, its lease is given up.
     pub(crate) election_done: CancellationToken,
+    /// Per-project API rate limits.
+    limits: limits::RateLimits,
 }
 
 /// A handle on the running scheduler; cheap to clone.
@@ -233,6 +237,7 @@ impl Engine {
             .clone()
             .unwrap_or_else(replica::default_replica_id);
         crate::metrics::set_role(&replica_id, role.name(), 0);
+        let limits = limits::RateLimits::new(&config.limits);
         let service = Engine {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
@@ -248,6 +253,7 @@ impl Engine {
                 election_done: CancellationToken::new(),
                 stale: AtomicBool::new(false),
                 held_term: AtomicI64::new(0),
+                limits,
             }),
         };
         if replicated {
@@ -255,6 +261,17 @@ impl Engine {
         } else {
             service.shared.election_done.cancel();
         }
+        let idle = service.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = every.tick() => idle.shared.limits.shrink(),
+                }
+            }
+        });
         let runner = service.clone();
         tokio::spawn(async move { runner.run(shutdown).await });
         service.wake();

@@ -1,41 +1,20 @@
-//! Who may do what. Every request but health checks carries a bearer
-//! token; its SHA-256 is compared, in constant time, with each configured
-//! principal's. What a route needs is one table ([`need`]), applied in one
-//! middleware before any handler runs, so the policy can be read (and
-//! tested) in one place. Tokens are never logged.
+//! Who may call which REST route. What a route needs is one table
+//! ([`need`]), applied in one middleware before any handler runs, so the
+//! policy can be read (and tested) in one place; who the caller is and
+//! whether they may is the engine's ([`Engine::identify`],
+//! [`Engine::authorize`]), the same for every front end.
 //!
-//! Without configured principals every caller is an anonymous admin; the
-//! config then refuses any non-loopback `server.bind`.
+//! [`Engine::identify`]: crate::engine::Engine::identify
+//! [`Engine::authorize`]: crate::engine::Engine::authorize
 
 use axum::extract::{MatchedPath, Request, State as AppState};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use super::App;
-use crate::api::Code;
-use crate::config::{PrincipalConfig, PrincipalRole};
-use crate::engine::Error;
-pub use crate::engine::Principal;
-
-/// What a route needs of its caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Access {
-    /// Health checks and unknown routes (which answer 404).
-    Nobody,
-    /// Any authenticated caller: the runtime catalog, region capacity.
-    Anyone,
-    /// Reading a project's batches, operations, output, quotas.
-    ReadProject(String),
-    /// Creating, cancelling, deleting a project's batches.
-    WriteProject(String),
-    /// Changing quotas and capacity, reading every node.
-    Admin,
-    /// The agent endpoints; with the node when the path names it.
-    Agent(Option<String>),
-}
+use crate::config::PrincipalRole;
+pub use crate::engine::{Access, Principal, token_hash};
 
 /// The table: what each route and method needs.
 pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
@@ -67,78 +46,9 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
     }
 }
 
-/// Whether `p` may do what `need` says; the error says what is missing.
-pub fn authorize(p: &Principal, need: &Access) -> Result<(), Error> {
-    let denied = |why: String| {
-        Err(Error::new(Code::PermissionDenied, "PERMISSION_DENIED", why)
-            .with_meta("principal", p.name.clone()))
-    };
-    match need {
-        Access::Nobody | Access::Anyone => Ok(()),
-        // Without principals (loopback only) the anonymous caller runs the
-        // agents too.
-        Access::Agent(_) if p.anonymous => Ok(()),
-        Access::Agent(_) if p.role != PrincipalRole::Agent => denied(format!(
-            "{} is not an agent: only agents use the agent endpoints",
-            p.name
-        )),
-        Access::Agent(Some(node)) if !p.may_act_for_node(node) => denied(format!(
-            "{} acts for node {}, not {node}",
-            p.name,
-            p.node.as_deref().unwrap_or("(none)")
-        )),
-        Access::Agent(_) => Ok(()),
-        _ if p.role == PrincipalRole::Agent => denied(format!(
-            "{} is an agent: agents use only the agent endpoints",
-            p.name
-        )),
-        _ if p.role == PrincipalRole::Admin => Ok(()),
-        Access::Admin => denied(format!(
-            "{} is a submitter: only admins change quotas and capacity or list nodes",
-            p.name
-        )),
-        Access::ReadProject(project) | Access::WriteProject(project) => {
-            if p.projects.iter().any(|q| q == project) {
-                Ok(())
-            } else {
-                denied(format!(
-                    "{} may not access project {}",
-                    p.name,
-                    crate::api::quote(project)
-                ))
-            }
-        }
-    }
-}
-
-/// Lowercase hex SHA-256 of a token.
-pub fn token_hash(token: &str) -> String {
-    let digest = Sha256::digest(token.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The principal a token belongs to: compared with every configured hash
-/// in constant time (no early exit on a match either).
-pub fn authenticate<'a>(
-    principals: &'a [PrincipalConfig],
-    token: &str,
-) -> Option<&'a PrincipalConfig> {
-    let hash = token_hash(token);
-    let mut found = None;
-    for p in principals {
-        if bool::from(hash.as_bytes().ct_eq(p.token_sha256.as_bytes())) && found.is_none() {
-            found = Some(p);
-        }
-    }
-    found
-}
-
-fn unauthenticated(message: &str) -> Response {
-    Error::new(Code::Unauthenticated, "UNAUTHENTICATED", message).into_response()
-}
-
-/// The middleware: authenticates the caller, applies [`need`], and hands
-/// the principal to handlers as a request extension.
+/// The middleware: authenticates the caller, applies [`need`] and the
+/// project's rate limit, and hands the principal to handlers as a request
+/// extension.
 pub(super) async fn enforce(
     AppState(app): AppState<App>,
     mut req: Request,
@@ -149,9 +59,7 @@ pub(super) async fn enforce(
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string());
     let need = need(req.method(), route.as_deref(), req.uri().path());
-    let principal = if app.config.principals.is_empty() {
-        Principal::anonymous()
-    } else if need == Access::Nobody {
+    let principal = if need == Access::Nobody && !app.config.principals.is_empty() {
         Principal {
             name: "unauthenticated".into(),
             role: PrincipalRole::Submitter,
@@ -160,33 +68,26 @@ pub(super) async fn enforce(
             anonymous: false,
         }
     } else {
-        let token = req
+        let authorization = req
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        let Some(token) = token else {
-            return unauthenticated("a bearer token is required (Authorization: Bearer TOKEN)");
-        };
-        match authenticate(&app.config.principals, token) {
-            Some(p) => Principal {
-                name: p.name.clone(),
-                role: p.role,
-                projects: p.projects.clone(),
-                node: p.node.clone(),
-                anonymous: false,
-            },
-            None => return unauthenticated("the bearer token is not valid"),
+            .and_then(|v| v.to_str().ok());
+        match app.engine.identify(authorization) {
+            Ok(p) => p,
+            Err(e) => return e.into_response(),
         }
     };
-    if let Err(e) = authorize(&principal, &need) {
-        tracing::info!(principal = %principal.name, http.method = %req.method(), http.path = %req.uri().path(), "request refused: permission denied");
+    if let Err(e) = app.engine.authorize(&principal, &need) {
         return e.into_response();
     }
     if matches!(need, Access::ReadProject(_) | Access::WriteProject(_)) {
-        if let Err(refused) = app.limits.check(req.method(), req.uri().path()) {
-            return refused;
+        // `/v1/projects/{p}/locations|regions/{r}/...`
+        let segments: Vec<&str> = req.uri().path().split('/').collect();
+        if let (Some(project), Some(region)) = (segments.get(3), segments.get(5)) {
+            let read = req.method() == Method::GET || req.method() == Method::HEAD;
+            if let Err(e) = app.engine.rate_limit(project, region, read) {
+                return e.into_response();
+            }
         }
     }
     req.extensions_mut().insert(principal);
@@ -196,31 +97,6 @@ pub(super) async fn enforce(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn principal(name: &str, token: &str) -> PrincipalConfig {
-        PrincipalConfig {
-            name: name.into(),
-            role: PrincipalRole::Admin,
-            projects: vec![],
-            node: None,
-            token_sha256: token_hash(token),
-        }
-    }
-
-    #[test]
-    fn tokens_are_matched_by_hash() {
-        let ps = vec![principal("a", "token-a"), principal("b", "token-b")];
-        assert_eq!(
-            authenticate(&ps, "token-b").map(|p| p.name.as_str()),
-            Some("b")
-        );
-        assert!(authenticate(&ps, "token-c").is_none());
-        assert!(authenticate(&ps, "").is_none());
-        assert_eq!(
-            token_hash("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
 
     #[test]
     fn the_route_table() {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::api::{ErrorBody, Status};
@@ -23,9 +23,16 @@ impl IntoResponse for Error {
         } else {
             (self.message, self.metadata)
         };
+        let retry_after = metadata
+            .get(crate::engine::RETRY_AFTER_SECONDS)
+            .and_then(|s| HeaderValue::from_str(s).ok());
         let body = ErrorBody {
             error: Status::new(self.code, message, self.reason, metadata, &self.violations),
         };
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, secs);
+        }
+        response
     }
 }

@@ -1,6 +1,8 @@
 //! The HTTP layer: the REST API of docs/api.md, `/healthz`, `/readyz`,
 //! `/metrics`, the runtime catalog, request logging and metrics, request
-//! timeouts and graceful shutdown.
+//! timeouts and graceful shutdown; the listener, which serves HTTP/1.1 and
+//! HTTP/2 (h2 by ALPN over TLS, h2c in plaintext) and carries the gRPC
+//! services of [`crate::grpc`] beside REST.
 
 mod admin;
 mod agents;
@@ -8,7 +10,6 @@ pub mod auth;
 mod batches;
 mod error;
 mod extract;
-mod limits;
 pub mod openapi;
 mod tls;
 
@@ -39,37 +40,29 @@ pub struct App {
     pub config: Arc<Config>,
     /// Every use case; handlers decode, call one, encode.
     pub engine: Engine,
-    /// Per-project rate limits.
-    pub limits: Arc<limits::RateLimits>,
 }
 
 impl App {
     /// Opens the store of `config` (running migrations) and starts the
     /// engine, which stops when `shutdown` fires.
     pub async fn open(config: Config, shutdown: CancellationToken) -> anyhow::Result<App> {
-        let engine = Engine::open(config, shutdown.clone()).await?;
+        let engine = Engine::open(config, shutdown).await?;
         let config = engine.config().clone();
-        let limits = Arc::new(limits::RateLimits::new(&config.limits));
-        let idle = limits.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = every.tick() => idle.shrink(),
-                }
-            }
-        });
-        Ok(App {
-            config,
-            engine,
-            limits,
-        })
+        Ok(App { config, engine })
     }
 }
 
-/// The whole HTTP API.
-pub fn router(app: App) -> Router {
+/// The whole API on one listener: REST (HTTP/1.1 and HTTP/2) and the gRPC
+/// services ([`crate::grpc`], HTTP/2), which keep their own error mapping,
+/// authentication and metrics. gRPC health answers NOT_SERVING once
+/// `shutdown` fires.
+pub fn router(app: App, shutdown: CancellationToken) -> anyhow::Result<Router> {
+    let grpc = crate::grpc::routes(app.engine.clone(), shutdown)?;
+    Ok(rest(app).merge(grpc))
+}
+
+/// The REST API of docs/api.md.
+fn rest(app: App) -> Router {
     let timeout = app.config.server.request_timeout;
     let body_limit = app.config.server.max_body_bytes;
     let batches = "/v1/projects/{project}/locations/{region}/batches";
@@ -145,7 +138,10 @@ async fn observe(req: Request, next: Next) -> Response {
     response
 }
 
-async fn unknown_route(req: Request) -> Error {
+async fn unknown_route(req: Request) -> Response {
+    if crate::grpc::is_grpc(req.headers()) {
+        return crate::grpc::unimplemented(req.uri().path());
+    }
     Error::new(
         Code::NotFound,
         "UNKNOWN_ROUTE",
@@ -156,6 +152,7 @@ async fn unknown_route(req: Request) -> Error {
         ),
     )
     .with_meta("path", req.uri().path())
+    .into_response()
 }
 
 async fn method_not_allowed(req: Request) -> Error {
@@ -265,7 +262,7 @@ pub async fn run(
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
     };
-    let router = router(app);
+    let router = router(app, shutdown.clone())?;
     let server = match tls {
         Some(acceptor) => {
             tracing::info!(%addr, "flexq listening (HTTPS)");

@@ -220,7 +220,7 @@ impl Properties {
                     v.invalid(
                         property_field(&cores_key),
                         format!(
-                            "{} is not a {} core count for {shape}; accepted: {}",
+                            "{} is not a core count for the {} on {shape}; accepted: {}",
                             quote(value),
                             role.name(),
                             join(&allowed)

@@ -632,7 +632,7 @@ fn a_gpu_driver_follows_the_same_shape_rules() {
     rejected(
         &flex(&[("spark.driver.cores", "5")]),
         "runtime_config.properties[spark.driver.cores]",
-        "is not a driver core count for l4; accepted: 4, 8, 12, 16, 24, 48, 96",
+        "is not a core count for the driver on l4; accepted: 4, 8, 12, 16, 24, 48, 96",
     );
     rejected(
         &flex(&[("spark.dataproc.driver.disk.size", "750g")]),

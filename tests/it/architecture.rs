@@ -24,6 +24,7 @@ const RANKS: &[(&str, u32)] = &[
     ("store", 4),
     ("engine", 5),
     ("server", 6),
+    ("grpc", 6),
     ("agent", 7),
     ("cli", 7),
 ];

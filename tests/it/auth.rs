@@ -46,7 +46,7 @@ async fn server() -> TestServer {
                     role: serde_json::from_value(json!(role)).expect("role"),
                     projects: projects.iter().map(|p| p.to_string()).collect(),
                     node: node.map(str::to_string),
-                    token_sha256: flexq::server::auth::token_hash(token),
+                    token_sha256: flexq::engine::token_hash(token),
                 },
             )
             .collect();
@@ -249,6 +249,163 @@ async fn every_route_every_role_own_and_other_project() {
         failures.join("\n")
     );
     assert!(checked > 150, "{checked}");
+}
+
+/// The gRPC rows of the matrix: every RPC of BatchController and
+/// Operations, for project `{P}`, with what it needs.
+fn rpcs(project: &str) -> Vec<(String, Vec<u8>, Kind)> {
+    use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+    use googleapis_tonic_google_longrunning::google::longrunning as lro;
+    use prost::Message;
+    let parent = format!("projects/{project}/locations/us-central1");
+    let batch = format!("{parent}/batches/nope");
+    let op = format!("projects/{project}/regions/us-central1/operations/nope");
+    let dataproc = "/google.cloud.dataproc.v1.BatchController";
+    let lro = "/google.longrunning.Operations";
+    let rows: Vec<(&'static str, Vec<u8>, Kind)> = vec![
+        (
+            "CreateBatch",
+            dp::CreateBatchRequest {
+                parent: parent.clone(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+            Kind::ProjectWrite,
+        ),
+        (
+            "GetBatch",
+            dp::GetBatchRequest {
+                name: batch.clone(),
+            }
+            .encode_to_vec(),
+            Kind::ProjectRead,
+        ),
+        (
+            "ListBatches",
+            dp::ListBatchesRequest {
+                parent,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+            Kind::ProjectRead,
+        ),
+        (
+            "DeleteBatch",
+            dp::DeleteBatchRequest { name: batch }.encode_to_vec(),
+            Kind::ProjectWrite,
+        ),
+        (
+            "GetOperation",
+            lro::GetOperationRequest { name: op.clone() }.encode_to_vec(),
+            Kind::ProjectRead,
+        ),
+        (
+            "ListOperations",
+            lro::ListOperationsRequest {
+                name: format!("projects/{project}/regions/us-central1/operations"),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+            Kind::ProjectRead,
+        ),
+        (
+            "CancelOperation",
+            lro::CancelOperationRequest { name: op.clone() }.encode_to_vec(),
+            Kind::ProjectWrite,
+        ),
+        (
+            "DeleteOperation",
+            lro::DeleteOperationRequest { name: op.clone() }.encode_to_vec(),
+            Kind::ProjectWrite,
+        ),
+        (
+            "WaitOperation",
+            lro::WaitOperationRequest {
+                name: op,
+                timeout: Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: 0,
+                }),
+            }
+            .encode_to_vec(),
+            Kind::ProjectRead,
+        ),
+    ];
+    rows.into_iter()
+        .map(|(method, body, kind)| {
+            let service = if method.ends_with("Batch") || method == "ListBatches" {
+                dataproc
+            } else {
+                lro
+            };
+            (
+                format!("{service}/{method}"),
+                crate::grpc::frame(&body),
+                kind,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_rpc_every_role_own_and_other_project() {
+    let s = server().await;
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for project in ["demo", "other"] {
+        for (path, body, kind) in rpcs(project) {
+            for token in [None, Some("not-a-token")] {
+                let header = token.map(|t| format!("Bearer {t}"));
+                let headers: Vec<(&str, &str)> = header
+                    .iter()
+                    .map(|h| ("authorization", h.as_str()))
+                    .collect();
+                let a = crate::grpc::call_raw(s.addr, &path, body.clone(), &headers).await;
+                checked += 1;
+                if a.code != 16 {
+                    failures.push(format!("{path} {project} token={token:?}: {a:?}"));
+                }
+            }
+            for (name, _, _, _, token) in PRINCIPALS {
+                let header = format!("Bearer {token}");
+                let a = crate::grpc::call_raw(
+                    s.addr,
+                    &path,
+                    body.clone(),
+                    &[("authorization", &header)],
+                )
+                .await;
+                let expect = allowed(kind, name, project);
+                // Allowed: the call reaches its use case (NOT_FOUND and
+                // the like), never 7, 16 or a server error.
+                let ok = if expect {
+                    ![7, 16, 2, 13].contains(&a.code)
+                } else {
+                    a.code == 7
+                };
+                checked += 1;
+                if !ok {
+                    failures.push(format!(
+                        "{path} {project} as {name}: {} {} (expected {})",
+                        a.code,
+                        a.message,
+                        if expect {
+                            "allowed"
+                        } else {
+                            "PERMISSION_DENIED"
+                        }
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(checked, 2 * 9 * (2 + PRINCIPALS.len()));
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod durability;
+mod grpc;
 mod hostile;
 mod kubernetes;
 mod metrics;

@@ -442,3 +442,26 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// A self-signed certificate for 127.0.0.1 and localhost (its own CA),
+/// in a directory that lives as long as the value.
+pub struct Tls {
+    _dir: tempfile::TempDir,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+pub fn self_signed() -> Tls {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("certificate");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).expect("cert");
+    std::fs::write(&key, ck.key_pair.serialize_pem()).expect("key");
+    Tls {
+        _dir: dir,
+        cert,
+        key,
+    }
+}

@@ -5,29 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::{TestServer, fake_gpu_script, flexq_bin, spawn_agent};
-
-struct Tls {
-    _dir: tempfile::TempDir,
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-}
-
-/// A self-signed certificate for 127.0.0.1 (its own CA).
-fn self_signed() -> Tls {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ck =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .expect("certificate");
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).expect("cert");
-    std::fs::write(&key, ck.key_pair.serialize_pem()).expect("key");
-    Tls {
-        _dir: dir,
-        cert,
-        key,
-    }
-}
+use crate::support::{TestServer, fake_gpu_script, flexq_bin, self_signed, spawn_agent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_is_served_and_verified_by_the_cli_and_the_agent() {

@@ -1,19 +1,23 @@
 //! Per-project rate limits (`[limits]`): creates, deletes and cancels, and
 //! gets and lists, per minute, per project and region — the batch API's
-//! quotas. GCRA through `governor`: a full minute's allowance may come as
-//! a burst, then calls are spread. Over the limit a call is answered
-//! RESOURCE_EXHAUSTED naming the limit, with `Retry-After`.
+//! quotas, the same for every front end. GCRA through `governor`: a full
+//! minute's allowance may come as a burst, then calls are spread. Over the
+//! limit a call is refused RESOURCE_EXHAUSTED naming the limit, with when
+//! to retry ([`RETRY_AFTER_SECONDS`]).
 
 use std::num::NonZeroU32;
 
-use axum::http::{HeaderValue, Method, header};
-use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
+use super::{Engine, Error};
 use crate::api::Code;
 use crate::config::LimitsConfig;
-use crate::engine::Error;
+
+/// The ErrorInfo metadata key of a rate-limit refusal: whole seconds until
+/// a retry can pass (REST sends it as `Retry-After` too, gRPC as a
+/// RetryInfo).
+pub const RETRY_AFTER_SECONDS: &str = "retryAfterSeconds";
 
 /// The two limiters, keyed by (project, region).
 pub struct RateLimits {
@@ -32,14 +36,8 @@ impl RateLimits {
         }
     }
 
-    /// Counts a call to a project route; an error when over the limit.
-    /// `path` is `/v1/projects/{p}/locations|regions/{r}/...`.
-    pub fn check(&self, method: &Method, path: &str) -> Result<(), Response> {
-        let segments: Vec<&str> = path.split('/').collect();
-        let (Some(project), Some(region)) = (segments.get(3), segments.get(5)) else {
-            return Ok(());
-        };
-        let read = method == Method::GET || method == Method::HEAD;
+    /// Counts a call; an error when over the limit.
+    pub fn check(&self, project: &str, region: &str, read: bool) -> Result<(), Error> {
         let (limiter, per_minute, key, what) = if read {
             (
                 &self.reads,
@@ -62,7 +60,7 @@ impl RateLimits {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
                 let secs = wait.as_secs() + 1;
                 tracing::info!(project, region, limit = key, "request refused: rate limit");
-                let mut response = Error::new(
+                Err(Error::new(
                     Code::ResourceExhausted,
                     "RATE_LIMIT_EXCEEDED",
                     format!(
@@ -70,11 +68,7 @@ impl RateLimits {
                     ),
                 )
                 .with_meta("limit", key)
-                .into_response();
-                if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-                    response.headers_mut().insert(header::RETRY_AFTER, v);
-                }
-                Err(response)
+                .with_meta(RETRY_AFTER_SECONDS, secs.to_string()))
             }
         }
     }
@@ -83,5 +77,13 @@ impl RateLimits {
     pub fn shrink(&self) {
         self.mutations.retain_recent();
         self.reads.retain_recent();
+    }
+}
+
+impl Engine {
+    /// Counts a call to a project's region against its rate limit
+    /// (`read`: a get or list; else a create, delete or cancel).
+    pub fn rate_limit(&self, project: &str, region: &str, read: bool) -> Result<(), Error> {
+        self.shared.limits.check(project, region, read)
     }
 }

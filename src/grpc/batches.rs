@@ -1,0 +1,202 @@
+//! `google.cloud.dataproc.v1.BatchController`: each RPC calls the engine
+//! use case of its REST twin.
+
+use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+use googleapis_tonic_google_longrunning::google::longrunning as lro;
+use tonic::{Request, Response, Status};
+
+use super::convert::{BATCH, OPERATION, decode, encode, parent, resource};
+use super::pb::dataproc::batch_controller_server::BatchController;
+use super::{Front, Scope};
+use crate::api::{Batch, BatchName};
+use crate::engine::{CreateAnswer, CreateRequest, Error, ListRequest};
+
+const LIST_RESPONSE: &str = "google.cloud.dataproc.v1.ListBatchesResponse";
+
+pub struct Batches {
+    front: Front,
+}
+
+impl Batches {
+    pub(super) fn new(front: Front) -> Batches {
+        Batches { front }
+    }
+}
+
+fn batch_name(name: &str) -> Result<BatchName, Error> {
+    let (project, region, batch) = resource("name", name, "locations", "batches")?;
+    Ok(BatchName::new(&project, &region, &batch))
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// flexq's extension, in the field every Dataproc client shows: a queued
+/// batch's `stateMessage` also gives its queue position, what it waits for
+/// and its estimated start; a provisioned one's, its zone.
+fn with_extension(mut batch: Batch) -> Batch {
+    let Some(info) = batch.flexq.take() else {
+        return batch;
+    };
+    let mut extra = Vec::new();
+    if let Some(position) = info.queue_position {
+        extra.push(format!("Queue position {position}."));
+    }
+    if !info.not_admitted_reasons.is_empty() {
+        extra.push(format!(
+            "Waiting for: {}.",
+            info.not_admitted_reasons.join("; ")
+        ));
+    }
+    if let Some(eta) = info.estimated_start_time {
+        extra.push(format!(
+            "Estimated start {}.",
+            eta.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ));
+    }
+    if let (Some(zone), Some(at)) = (&info.zone, info.allocate_time) {
+        extra.push(format!(
+            "Cluster allocated in {zone} at {}.",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ));
+    }
+    if !extra.is_empty() {
+        let message = batch.state_message.take().unwrap_or_default();
+        batch.state_message = Some(format!("{message} {}", extra.join(" ")).trim().to_string());
+    }
+    batch
+}
+
+#[tonic::async_trait]
+impl BatchController for Batches {
+    async fn create_batch(
+        &self,
+        request: Request<dp::CreateBatchRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let engine = self.front.engine.clone();
+        self.front
+            .call(
+                "CreateBatch",
+                request,
+                |r| Scope::write(parent("parent", &r.parent, "locations")?),
+                |call, r| async move {
+                    let (project, region) = parent("parent", &r.parent, "locations")?;
+                    let Some(batch) = &r.batch else {
+                        return Err(Error::invalid_field(
+                            "batch",
+                            "required: the batch to create",
+                        ));
+                    };
+                    let request = CreateRequest {
+                        project,
+                        region,
+                        batch: decode(BATCH, "batch", batch)?,
+                        batch_id: non_empty(r.batch_id),
+                        request_id: non_empty(r.request_id),
+                        validate_only: None,
+                    };
+                    match engine.create(&call.principal, request).await? {
+                        CreateAnswer::Operation(op) => encode(OPERATION, &*op),
+                        CreateAnswer::Verdict(_) => Err(Error::internal(
+                            "a create without validate_only answered a verdict",
+                        )),
+                    }
+                },
+            )
+            .await
+    }
+
+    async fn get_batch(
+        &self,
+        request: Request<dp::GetBatchRequest>,
+    ) -> Result<Response<dp::Batch>, Status> {
+        let engine = self.front.engine.clone();
+        self.front
+            .call(
+                "GetBatch",
+                request,
+                |r| Scope::read(batch_name(&r.name).map(|n| (n.project, n.region))?),
+                |_, r| async move {
+                    let batch = engine.get(&batch_name(&r.name)?).await?;
+                    encode(BATCH, &with_extension(batch))
+                },
+            )
+            .await
+    }
+
+    async fn list_batches(
+        &self,
+        request: Request<dp::ListBatchesRequest>,
+    ) -> Result<Response<dp::ListBatchesResponse>, Status> {
+        let engine = self.front.engine.clone();
+        self.front
+            .call(
+                "ListBatches",
+                request,
+                |r| Scope::read(parent("parent", &r.parent, "locations")?),
+                |_, r| async move {
+                    let (project, region) = parent("parent", &r.parent, "locations")?;
+                    let mut page = engine
+                        .list(ListRequest {
+                            project,
+                            region,
+                            page_size: (r.page_size != 0).then(|| r.page_size.to_string()),
+                            page_token: non_empty(r.page_token),
+                            filter: non_empty(r.filter),
+                            order_by: non_empty(r.order_by),
+                        })
+                        .await?;
+                    page.batches = page.batches.into_iter().map(with_extension).collect();
+                    encode(LIST_RESPONSE, &page)
+                },
+            )
+            .await
+    }
+
+    async fn delete_batch(
+        &self,
+        request: Request<dp::DeleteBatchRequest>,
+    ) -> Result<Response<()>, Status> {
+        let engine = self.front.engine.clone();
+        self.front
+            .call(
+                "DeleteBatch",
+                request,
+                |r| Scope::write(batch_name(&r.name).map(|n| (n.project, n.region))?),
+                |_, r| async move { engine.delete(&batch_name(&r.name)?).await },
+            )
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::FlexqInfo;
+
+    #[test]
+    fn a_queued_batch_says_where_it_is_in_its_state_message() {
+        let batch = Batch {
+            state_message: Some("Queued: waiting up to 3600s.".into()),
+            flexq: Some(FlexqInfo {
+                queue_position: Some(3),
+                not_admitted_reasons: vec![
+                    "needs 16 PREEMPTIBLE_NVIDIA_L4_GPUS, project has 4 free of 24".into(),
+                ],
+                ..FlexqInfo::default()
+            }),
+            ..Batch::default()
+        };
+        let message = with_extension(batch).state_message.unwrap_or_default();
+        assert_eq!(
+            message,
+            "Queued: waiting up to 3600s. Queue position 3. Waiting for: needs 16 PREEMPTIBLE_NVIDIA_L4_GPUS, project has 4 free of 24."
+        );
+        let plain = with_extension(Batch {
+            state_message: Some("Done.".into()),
+            ..Batch::default()
+        });
+        assert_eq!(plain.state_message.as_deref(), Some("Done."));
+    }
+}

@@ -1,0 +1,310 @@
+//! Translation between the gRPC messages and the engine's shapes. The
+//! engine speaks the Dataproc resources in their REST form, which is their
+//! proto3 JSON; so a message crosses through that canonical JSON
+//! (prost-reflect, over the descriptors of the served protos) and no field
+//! is mapped by hand. Errors become gRPC statuses carrying the same
+//! `google.rpc.Status` details as over REST.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, SerializeOptions};
+use serde::de::DeserializeOwned;
+use tonic::Status;
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::api::{Code, FieldViolation, quote};
+use crate::engine::Error;
+
+pub const BATCH: &str = "google.cloud.dataproc.v1.Batch";
+pub const OPERATION: &str = "google.longrunning.Operation";
+
+static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(super::DESCRIPTOR).expect("the descriptor set build.rs wrote")
+});
+
+/// A message as its proto3 JSON (default values left out).
+pub fn to_json<M: prost::Message>(
+    full_name: &str,
+    message: &M,
+) -> Result<serde_json::Value, Error> {
+    let descriptor = POOL
+        .get_message_by_name(full_name)
+        .ok_or_else(|| Error::internal(format!("no descriptor for {full_name}")))?;
+    let mut dynamic = DynamicMessage::new(descriptor);
+    dynamic.transcode_from(message).map_err(Error::internal)?;
+    dynamic
+        .serialize_with_options(serde_json::value::Serializer, &SerializeOptions::new())
+        .map_err(Error::internal)
+}
+
+/// A message from proto3 JSON. Keys the message does not have (flexq's
+/// `flexq` extension of a Batch) are left out.
+pub fn from_json<M: prost::Message + Default>(
+    full_name: &str,
+    json: &serde_json::Value,
+) -> Result<M, Error> {
+    let descriptor = POOL
+        .get_message_by_name(full_name)
+        .ok_or_else(|| Error::internal(format!("no descriptor for {full_name}")))?;
+    let dynamic = DynamicMessage::deserialize_with_options(
+        descriptor,
+        json,
+        &DeserializeOptions::new().deny_unknown_fields(false),
+    )
+    .map_err(Error::internal)?;
+    dynamic.transcode_to::<M>().map_err(Error::internal)
+}
+
+/// A request message as one of the engine's shapes, through its proto3
+/// JSON; `field` names the message in errors (`batch`). A field flexq does
+/// not accept is refused with its path, as the REST body would be.
+pub fn decode<M: prost::Message, T: DeserializeOwned>(
+    full_name: &str,
+    field: &str,
+    message: &M,
+) -> Result<T, Error> {
+    let json = to_json(full_name, message)?;
+    serde_path_to_error::deserialize(&json).map_err(|err| {
+        let path = err.path().to_string();
+        let field = if path == "." {
+            field.to_string()
+        } else {
+            format!("{field}.{path}")
+        };
+        let description = err.inner().to_string();
+        Error::new(
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            format!("{field}: {description}"),
+        )
+        .with_meta("field", field.clone())
+        .with_violations(vec![FieldViolation { field, description }])
+    })
+}
+
+/// One of the engine's shapes as a response message.
+pub fn encode<T: serde::Serialize, M: prost::Message + Default>(
+    full_name: &str,
+    value: &T,
+) -> Result<M, Error> {
+    let json = serde_json::to_value(value).map_err(Error::internal)?;
+    from_json(full_name, &json)
+}
+
+/// The project and region of a parent, `projects/P/locations/R` (or
+/// `regions` for operations).
+pub fn parent(field: &str, text: &str, collection: &str) -> Result<(String, String), Error> {
+    match text.split('/').collect::<Vec<_>>().as_slice() {
+        ["projects", p, c, r] if *c == collection && !p.is_empty() && !r.is_empty() => {
+            Ok((p.to_string(), r.to_string()))
+        }
+        _ => Err(Error::invalid_field(
+            field,
+            format!(
+                "{} is not a parent; accepted: projects/PROJECT/{collection}/REGION",
+                quote(text)
+            ),
+        )),
+    }
+}
+
+/// The parts of a resource name
+/// `projects/P/{collection}/R/{kind}/ID`.
+pub fn resource(
+    field: &str,
+    text: &str,
+    collection: &str,
+    kind: &str,
+) -> Result<(String, String, String), Error> {
+    match text.split('/').collect::<Vec<_>>().as_slice() {
+        ["projects", p, c, r, k, id]
+            if *c == collection
+                && *k == kind
+                && !p.is_empty()
+                && !r.is_empty()
+                && !id.is_empty() =>
+        {
+            Ok((p.to_string(), r.to_string(), id.to_string()))
+        }
+        _ => Err(Error::invalid_field(
+            field,
+            format!(
+                "{} is not a name; accepted: projects/PROJECT/{collection}/REGION/{kind}/ID",
+                quote(text)
+            ),
+        )),
+    }
+}
+
+/// The gRPC code of an engine error.
+pub fn grpc_code(code: Code) -> tonic::Code {
+    match code {
+        Code::Cancelled => tonic::Code::Cancelled,
+        Code::InvalidArgument => tonic::Code::InvalidArgument,
+        Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        Code::NotFound => tonic::Code::NotFound,
+        Code::AlreadyExists => tonic::Code::AlreadyExists,
+        Code::PermissionDenied => tonic::Code::PermissionDenied,
+        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
+        Code::FailedPrecondition => tonic::Code::FailedPrecondition,
+        Code::Aborted => tonic::Code::Aborted,
+        Code::OutOfRange => tonic::Code::OutOfRange,
+        Code::Unimplemented => tonic::Code::Unimplemented,
+        Code::Internal => tonic::Code::Internal,
+        Code::Unavailable => tonic::Code::Unavailable,
+        Code::Unauthenticated => tonic::Code::Unauthenticated,
+    }
+}
+
+/// Whether the failure is the server's, not the caller's.
+pub fn is_server_error(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Internal | Code::Unavailable | Code::Unimplemented
+    ) && code.http_status() >= 500
+}
+
+/// An engine error as a gRPC status: the code, the message and, in
+/// `grpc-status-details-bin`, an ErrorInfo (reason, domain `flexq`,
+/// metadata), the BadRequest field violations and, for a rate limit, a
+/// RetryInfo. Internal details stay in the server log.
+pub fn status(e: Error) -> Status {
+    let code = grpc_code(e.code);
+    if e.code == Code::Internal {
+        return Status::with_error_details(
+            code,
+            "INTERNAL (the details are in the server log)",
+            ErrorDetails::with_error_info(e.reason, "flexq", HashMap::new()),
+        );
+    }
+    let retry = e
+        .metadata
+        .get(crate::engine::RETRY_AFTER_SECONDS)
+        .and_then(|s| s.parse::<u64>().ok());
+    let metadata: HashMap<String, String> = e.metadata.into_iter().collect();
+    let mut details = ErrorDetails::with_error_info(e.reason, "flexq", metadata);
+    for v in e.violations {
+        details.add_bad_request_violation(v.field, v.description);
+    }
+    if let Some(secs) = retry {
+        details.set_retry_info(Some(Duration::from_secs(secs)));
+    }
+    Status::with_error_details(code, e.message, details)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_parsed_or_refused_naming_the_field() {
+        assert_eq!(
+            parent("parent", "projects/p/locations/r", "locations").ok(),
+            Some(("p".into(), "r".into()))
+        );
+        let e =
+            parent("parent", "projects/p/regions/r", "locations").expect_err("wrong collection");
+        assert_eq!(e.violations[0].field, "parent");
+        assert!(
+            e.message.contains("projects/PROJECT/locations/REGION"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            resource(
+                "name",
+                "projects/p/regions/r/operations/o",
+                "regions",
+                "operations"
+            )
+            .ok(),
+            Some(("p".into(), "r".into(), "o".into()))
+        );
+        assert!(
+            resource(
+                "name",
+                "projects/p/regions/r/operations/",
+                "regions",
+                "operations"
+            )
+            .is_err()
+        );
+        assert!(resource("name", "", "regions", "operations").is_err());
+    }
+
+    #[test]
+    fn a_batch_crosses_through_its_proto3_json_both_ways() {
+        use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+        let json = serde_json::json!({
+            "pysparkBatch": {"mainPythonFileUri": "file:///x.py", "args": ["1"]},
+            "labels": {"team": "a"},
+            "runtimeConfig": {"version": "3.0", "properties": {"spark.executor.instances": "2"}},
+            "environmentConfig": {"executionConfig": {"ttl": "3600s"}},
+            "state": "PENDING",
+            "createTime": "2026-12-01T10:00:00Z",
+            "flexq": {"provisioningState": "QUEUED"}
+        });
+        let batch: dp::Batch = from_json(BATCH, &json).expect("to prost");
+        assert_eq!(batch.state, dp::batch::State::Pending as i32);
+        assert_eq!(batch.labels.get("team").map(String::as_str), Some("a"));
+        let ttl = batch
+            .environment_config
+            .as_ref()
+            .and_then(|e| e.execution_config.as_ref())
+            .and_then(|e| e.ttl)
+            .expect("ttl");
+        assert_eq!(ttl.seconds, 3600);
+        let back: crate::api::Batch = decode(BATCH, "batch", &batch).expect("to the REST shape");
+        assert_eq!(back.labels.get("team").map(String::as_str), Some("a"));
+        assert_eq!(
+            back.properties()
+                .get("spark.executor.instances")
+                .map(String::as_str),
+            Some("2")
+        );
+        assert_eq!(
+            back.pyspark_batch.map(|p| p.main_python_file_uri),
+            Some("file:///x.py".to_string())
+        );
+    }
+
+    #[test]
+    fn a_field_flexq_does_not_take_is_refused_with_its_path() {
+        use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+        let batch = dp::Batch {
+            batch_config: Some(dp::batch::BatchConfig::SparkRBatch(dp::SparkRBatch {
+                main_r_file_uri: "file:///x.R".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let e = decode::<_, crate::api::Batch>(BATCH, "batch", &batch).expect_err("no SparkR");
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.contains("sparkRBatch"), "{}", e.message);
+    }
+
+    #[test]
+    fn errors_carry_their_details() {
+        let e = Error::invalid_field("batch_id", "too short");
+        let s = status(e);
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        let details = s.get_error_details();
+        assert_eq!(
+            details.error_info().map(|i| i.reason.as_str()),
+            Some("INVALID_FIELD")
+        );
+        let violations = details
+            .bad_request()
+            .map(|b| b.field_violations.clone())
+            .unwrap_or_default();
+        assert_eq!(violations[0].field, "batch_id");
+        let internal = status(Error::internal("secret path /etc/x"));
+        assert!(
+            !internal.message().contains("secret"),
+            "{}",
+            internal.message()
+        );
+    }
+}

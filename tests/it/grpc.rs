@@ -1,0 +1,497 @@
+//! The gRPC front end and HTTP/2, with the clients users have: Google's
+//! official Python client (`google-cloud-dataproc`) on its default
+//! transport over TLS and in plaintext, curl with its defaults, and raw
+//! HTTP/2 frames for what no well-behaved client sends (malformed and
+//! oversized messages, unknown methods, bad `grpc-timeout`).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+use googleapis_tonic_google_longrunning::google::longrunning as lro;
+use http_body_util::BodyExt;
+use hyper::body::Bytes;
+use prost::Message;
+
+use crate::support::{TestServer, self_signed};
+
+/// A submitter of `demo`, a submitter of `other`.
+fn principals(c: &mut flexq::config::Config) {
+    c.principals = [
+        ("alice@example.com", "token-alice", "demo"),
+        ("bob@example.com", "token-bob", "other"),
+    ]
+    .iter()
+    .map(|(name, token, project)| flexq::config::PrincipalConfig {
+        name: name.to_string(),
+        role: serde_json::from_value(serde_json::json!("submitter")).expect("role"),
+        projects: vec![project.to_string()],
+        node: None,
+        token_sha256: flexq::engine::token_hash(token),
+    })
+    .collect();
+}
+
+/// Runs tests/clients/dataproc_grpc.py (every step asserts) and fails
+/// with its output unless it passed.
+fn python_client(args: &[String], env: &[(&str, &Path)]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/dataproc_grpc.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(script).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .output()
+        .expect("python3 (scripts/test installs google-cloud-dataproc)");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("all steps passed"),
+        "the official client failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_client_passes_on_grpc_over_tls() {
+    let tls = self_signed();
+    let (cert, key) = (tls.cert.clone(), tls.key.clone());
+    let s = TestServer::start_with(move |c| {
+        crate::support::no_virtual_nodes(c);
+        principals(c);
+        c.server.tls_cert = Some(cert);
+        c.server.tls_key = Some(key);
+    })
+    .await;
+    let endpoint = format!("127.0.0.1:{}", s.addr.port());
+    // Only api_endpoint changed; the CA is trusted the way gRPC reads it.
+    let args = [
+        "--endpoint",
+        &endpoint,
+        "--token",
+        "token-alice",
+        "--other-token",
+        "token-bob",
+    ]
+    .map(String::from);
+    tokio::task::spawn_blocking(move || {
+        python_client(&args, &[("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", &tls.cert)])
+    })
+    .await
+    .expect("client");
+    let metrics = s.scrape().await;
+    for line in [
+        r#"flexq_grpc_requests_total{code="OK",method="CreateBatch"}"#,
+        r#"flexq_grpc_requests_total{code="UNAUTHENTICATED",method="GetBatch"}"#,
+        r#"flexq_grpc_requests_total{code="PERMISSION_DENIED",method="GetBatch"}"#,
+        r#"flexq_grpc_requests_total{code="OK",method="CancelOperation"}"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_client_passes_on_plaintext_grpc() {
+    let s = TestServer::start().await;
+    let endpoint = format!("127.0.0.1:{}", s.addr.port());
+    tokio::task::spawn_blocking(move || {
+        python_client(&["--endpoint".into(), endpoint, "--plaintext".into()], &[])
+    })
+    .await
+    .expect("client");
+}
+
+/// curl over HTTPS with its defaults negotiates HTTP/2 by ALPN; h2c with
+/// prior knowledge in plaintext; HTTP/1.1 still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_gets_answers_over_h2_h2c_and_http1() {
+    let tls = self_signed();
+    let (cert, key) = (tls.cert.clone(), tls.key.clone());
+    let https = TestServer::start_with(move |c| {
+        crate::support::no_virtual_nodes(c);
+        c.server.tls_cert = Some(cert);
+        c.server.tls_key = Some(key);
+    })
+    .await;
+    let plain = TestServer::start().await;
+    let batch = crate::support::flex_batch().to_string();
+    let curl = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new("curl")
+                .args(["-sS", "-w", "\n%{http_version} %{http_code}"])
+                .args(&args)
+                .output()
+                .expect("curl");
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(
+                out.status.success(),
+                "curl {args:?}: {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            text
+        })
+    };
+    let cacert = tls.cert.display().to_string();
+    let h2 = format!("https://127.0.0.1:{}", https.addr.port());
+    let h2c = format!("http://127.0.0.1:{}", plain.addr.port());
+    for (args, want) in [
+        (
+            vec!["--cacert".into(), cacert.clone(), format!("{h2}/healthz")],
+            "2 200",
+        ),
+        (
+            vec![
+                "--cacert".into(),
+                cacert.clone(),
+                "-H".into(),
+                "content-type: application/json".into(),
+                "-d".into(),
+                batch.clone(),
+                format!("{h2}/v1/projects/demo/locations/us-central1/batches?batchId=over-h2"),
+            ],
+            "2 200",
+        ),
+        (
+            vec![
+                "--cacert".into(),
+                cacert,
+                format!("{h2}/v1/projects/demo/locations/us-central1/batches/over-h2"),
+            ],
+            "2 200",
+        ),
+        (
+            vec!["--http2-prior-knowledge".into(), format!("{h2c}/healthz")],
+            "2 200",
+        ),
+        (
+            vec![
+                "--http2-prior-knowledge".into(),
+                "-H".into(),
+                "content-type: application/json".into(),
+                "-d".into(),
+                batch,
+                format!("{h2c}/v1/projects/demo/locations/us-central1/batches?batchId=over-h2c"),
+            ],
+            "2 200",
+        ),
+        (
+            vec![
+                "--http1.1".into(),
+                format!("{h2c}/v1/projects/demo/locations/us-central1/batches/over-h2c"),
+            ],
+            "1.1 200",
+        ),
+        (vec![format!("{h2c}/v1/runtimes")], "1.1 200"),
+    ] {
+        let text = curl(args.clone()).await.expect("curl");
+        assert!(text.ends_with(want), "curl {args:?} answered {text}");
+    }
+}
+
+/// What a unary gRPC call answered, read off the wire.
+#[derive(Debug)]
+pub struct Answer {
+    pub code: i32,
+    pub message: String,
+    pub details: Option<googleapis_tonic_google_rpc::google::rpc::Status>,
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// The response message (after the 5-byte gRPC frame header).
+    pub fn message<M: Message + Default>(&self) -> M {
+        assert_eq!(self.code, 0, "{self:?}");
+        assert!(self.body.len() >= 5, "{self:?}");
+        M::decode(&self.body[5..]).expect("response message")
+    }
+}
+
+/// The gRPC frame of one message: not compressed, its length, its bytes.
+pub fn frame(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend((message.len() as u32).to_be_bytes());
+    out.extend(message);
+    out
+}
+
+/// One unary gRPC call over h2c with exactly `body` as the request
+/// stream: answers within 10 s or fails the test (never a hang).
+pub async fn call_raw(
+    addr: SocketAddr,
+    path: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut req = hyper::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .expect("request");
+    let answer = async {
+        let response = send.send_request(req).await.expect("response");
+        let (parts, body) = response.into_parts();
+        assert_eq!(parts.status, 200, "gRPC answers over HTTP 200: {parts:?}");
+        let collected = body.collect().await.expect("body");
+        let trailers = collected.trailers().cloned();
+        (parts.headers, trailers, collected.to_bytes())
+    };
+    let (headers, trailers, body) = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("the server answered within 10 s");
+    // A trailers-only answer carries its status in the headers.
+    let status = trailers
+        .filter(|t| t.contains_key("grpc-status"))
+        .unwrap_or(headers);
+    let text = |k: &str| {
+        status
+            .get(k)
+            .map(|v| v.to_str().expect("ascii").to_string())
+            .unwrap_or_default()
+    };
+    let details = status.get("grpc-status-details-bin").map(|v| {
+        use base64::Engine as _;
+        // Sent without padding; padding accepted.
+        let unpadded = v.to_str().expect("ascii").trim_end_matches('=');
+        let raw = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(unpadded)
+            .expect("base64 details");
+        googleapis_tonic_google_rpc::google::rpc::Status::decode(raw.as_slice())
+            .expect("google.rpc.Status")
+    });
+    Answer {
+        code: text("grpc-status").parse().expect("grpc-status"),
+        message: percent_decode(&text("grpc-message")),
+        details,
+        body,
+    }
+}
+
+/// gRPC percent-encodes its message header.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(b) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub const GET_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/GetBatch";
+pub const CREATE_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/CreateBatch";
+
+fn get_batch(name: &str) -> Vec<u8> {
+    frame(
+        &dp::GetBatchRequest {
+            name: name.to_string(),
+        }
+        .encode_to_vec(),
+    )
+}
+
+#[tokio::test]
+async fn malformed_oversized_and_unknown_calls_get_a_status_never_a_crash_or_a_hang() {
+    let s = TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        c.server.max_body_bytes = 64 * 1024;
+    })
+    .await;
+    let name = "projects/demo/locations/us-central1/batches/nope";
+
+    // Not a protobuf message: INVALID_ARGUMENT, naming the message.
+    let a = call_raw(s.addr, GET_BATCH, frame(&[0xff, 0xff, 0xff, 0xff]), &[]).await;
+    assert_eq!(a.code, 3, "{a:?}");
+    assert!(a.message.contains("not a valid GetBatchRequest"), "{a:?}");
+
+    // A frame shorter than it says, then the end of the stream.
+    let mut short = frame(&dp::GetBatchRequest { name: name.into() }.encode_to_vec());
+    short.truncate(short.len() - 3);
+    let a = call_raw(s.addr, GET_BATCH, short, &[]).await;
+    assert_ne!(a.code, 0, "{a:?}");
+
+    // No message at all.
+    let a = call_raw(s.addr, GET_BATCH, vec![], &[]).await;
+    assert_ne!(a.code, 0, "{a:?}");
+
+    // A compressed flag without an encoding.
+    let mut compressed = get_batch(name);
+    compressed[0] = 1;
+    let a = call_raw(s.addr, GET_BATCH, compressed, &[]).await;
+    assert_ne!(a.code, 0, "{a:?}");
+
+    // Above server.max_body_bytes: refused before it is read (tonic's
+    // OUT_OF_RANGE), the limit named.
+    let big = dp::CreateBatchRequest {
+        parent: "projects/demo/locations/us-central1".into(),
+        batch: Some(dp::Batch {
+            labels: [("big".to_string(), "x".repeat(100 * 1024))].into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let a = call_raw(s.addr, CREATE_BATCH, frame(&big.encode_to_vec()), &[]).await;
+    assert_eq!(a.code, 11, "{a:?}");
+    assert!(a.message.contains("65536"), "{a:?}");
+
+    // Unknown methods and services: UNIMPLEMENTED.
+    for path in [
+        "/google.cloud.dataproc.v1.BatchController/PatchBatch",
+        "/google.cloud.dataproc.v1.ClusterController/CreateCluster",
+    ] {
+        let a = call_raw(s.addr, path, get_batch(name), &[]).await;
+        assert_eq!(a.code, 12, "{path}: {a:?}");
+    }
+
+    // A grpc-timeout that is not one: INVALID_ARGUMENT naming it.
+    let a = call_raw(
+        s.addr,
+        GET_BATCH,
+        get_batch(name),
+        &[("grpc-timeout", "soon")],
+    )
+    .await;
+    assert_eq!(a.code, 3, "{a:?}");
+    assert!(a.message.contains("grpc-timeout"), "{a:?}");
+    let violations = a.details.expect("details").details;
+    assert!(
+        violations
+            .iter()
+            .any(|d| d.type_url.ends_with("google.rpc.BadRequest")),
+        "{violations:?}"
+    );
+
+    // The server is still well: health says SERVING, a real call works.
+    let a = call_raw(s.addr, "/grpc.health.v1.Health/Check", frame(&[]), &[]).await;
+    assert_eq!(a.body.as_ref(), &frame(&[0x08, 0x01])[..], "SERVING: {a:?}");
+    let a = call_raw(s.addr, GET_BATCH, get_batch(name), &[]).await;
+    assert_eq!(a.code, 5, "{a:?}");
+    let info = a.details.expect("details");
+    assert_eq!(info.code, 5);
+    assert!(
+        info.details
+            .iter()
+            .any(|d| d.type_url.ends_with("google.rpc.ErrorInfo")),
+        "{info:?}"
+    );
+}
+
+/// WaitOperation answers the latest state before the call's deadline; a
+/// grpc-timeout shorter than the work is DEADLINE_EXCEEDED or the state
+/// at that time, never a call that outlives its deadline.
+#[tokio::test]
+async fn grpc_timeout_bounds_a_wait() {
+    let s = TestServer::start().await;
+    let create = dp::CreateBatchRequest {
+        parent: "projects/demo/locations/us-central1".into(),
+        batch_id: "waited".into(),
+        batch: Some(dp::Batch {
+            batch_config: Some(dp::batch::BatchConfig::PysparkBatch(dp::PySparkBatch {
+                main_python_file_uri: "file:///jobs/etl.py".into(),
+                ..Default::default()
+            })),
+            runtime_config: Some(dp::RuntimeConfig {
+                version: "3.0".into(),
+                properties: crate::support::flex_batch()["runtimeConfig"]["properties"]
+                    .as_object()
+                    .expect("properties")
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().expect("string").to_string()))
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let a = call_raw(s.addr, CREATE_BATCH, frame(&create.encode_to_vec()), &[]).await;
+    let op: lro::Operation = a.message();
+    let started = std::time::Instant::now();
+    let wait = lro::WaitOperationRequest {
+        name: op.name.clone(),
+        timeout: Some(prost_types::Duration {
+            seconds: 30,
+            nanos: 0,
+        }),
+    };
+    let a = call_raw(
+        s.addr,
+        "/google.longrunning.Operations/WaitOperation",
+        frame(&wait.encode_to_vec()),
+        &[("grpc-timeout", "1S")],
+    )
+    .await;
+    let took = started.elapsed();
+    let waited: lro::Operation = a.message();
+    assert_eq!(waited.name, op.name);
+    assert!(!waited.done, "a queued batch's operation is not done");
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+
+    // Cancel wakes a waiter at once.
+    let addr = s.addr;
+    let name = op.name.clone();
+    let waiter = tokio::spawn(async move {
+        let wait = lro::WaitOperationRequest {
+            name,
+            timeout: None,
+        };
+        let started = std::time::Instant::now();
+        let a = call_raw(
+            addr,
+            "/google.longrunning.Operations/WaitOperation",
+            frame(&wait.encode_to_vec()),
+            &[],
+        )
+        .await;
+        (a.message::<lro::Operation>(), started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancel = lro::CancelOperationRequest {
+        name: op.name.clone(),
+    };
+    let a = call_raw(
+        s.addr,
+        "/google.longrunning.Operations/CancelOperation",
+        frame(&cancel.encode_to_vec()),
+        &[],
+    )
+    .await;
+    assert_eq!(a.code, 0, "{a:?}");
+    let (done, took) = waiter.await.expect("waiter");
+    assert!(done.done, "{done:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    match done.result {
+        Some(lro::operation::Result::Error(e)) => assert_eq!(e.code, 1, "CANCELLED: {e:?}"),
+        other => panic!("a cancelled batch's operation ends in an error: {other:?}"),
+    }
+}
