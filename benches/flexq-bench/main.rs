@@ -1,7 +1,7 @@
 //! flexq's benchmarks, outside the product binary:
 //!
 //! ```sh
-//! cargo bench --bench flexq-bench -- submit --duration 60s --clients 64
+//! cargo bench --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|grpc|all]
 //! cargo bench --bench flexq-bench -- schedule --pending 100000
 //! cargo bench --bench flexq-bench -- replicas
 //! cargo bench --bench flexq-bench -- agent --runs 10
@@ -41,7 +41,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Bench {
-    /// Durable creates over loopback HTTP.
+    /// Durable creates over loopback: REST and gRPC side by side.
     Submit {
         /// Concurrent closed-loop clients.
         #[arg(long, default_value_t = 64)]
@@ -56,6 +56,10 @@ enum Bench {
         /// Use a running server instead of starting one.
         #[arg(long)]
         endpoint: Option<String>,
+        /// The front end to drive; `all` takes turns of REST over HTTP/1.1,
+        /// REST over h2c and gRPC against one server and prints the ratios.
+        #[arg(long, value_enum, default_value_t = submit::Protocol::All)]
+        protocol: submit::Protocol,
     },
     /// The agent on real Spark: flexq's overhead from allocation to the
     /// driver's first line of output (Spark's own start excluded), and the
@@ -100,6 +104,7 @@ async fn main() -> ExitCode {
             warmup,
             rate,
             endpoint,
+            protocol,
         } => {
             submit::submit(submit::BenchOptions {
                 clients,
@@ -107,6 +112,7 @@ async fn main() -> ExitCode {
                 rate,
                 endpoint,
                 warmup,
+                protocol,
             })
             .await
         }

@@ -16,7 +16,6 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use hyper::body::Bytes;
 use serde_json::{Value, json};
 use sqlx::{Connection, Executor};
 
@@ -201,27 +200,22 @@ async fn release_to_allocation(d: &Deployment, rounds: usize) -> Result<Histogra
 
 /// Closed-loop creates over every replica at once.
 async fn creates(d: &Deployment, opts: &ReplicasOptions) -> (f64, Histogram<u64>, u64) {
-    let body = Bytes::from(
-        serde_json::to_vec(&{
-            let mut b = bench::body();
-            b["labels"]["bench"] = json!("replicas");
-            b
-        })
-        .unwrap_or_default(),
-    );
+    let mut body = bench::body();
+    body["labels"]["bench"] = json!("replicas");
+    let load = bench::Load::rest_create("europe-west4", &body);
     let per = BenchOptions {
         clients: (opts.clients / d.endpoints.len()).max(1),
         duration: opts.duration,
         rate: None,
         endpoint: None,
         warmup: Duration::ZERO,
+        protocol: bench::Protocol::Rest,
     };
-    let path = "/v1/projects/bench/locations/europe-west4/batches";
     let started = Instant::now();
     let runs = d
         .endpoints
         .iter()
-        .map(|e| bench::drive(e, path, &body, &per, opts.duration));
+        .map(|e| bench::drive(e, &load, &per, opts.duration));
     let results = futures_util::future::join_all(runs).await;
     let elapsed = started.elapsed().as_secs_f64();
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");

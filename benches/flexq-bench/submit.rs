@@ -1,4 +1,4 @@
-//! `flexq bench submit`: durable creates over loopback HTTP.
+//! `submit`: durable creates over loopback, REST and gRPC side by side.
 //!
 //! Starts its own `flexq serve` (a child process on a temporary SQLite
 //! database, `synchronous=FULL`) unless `--endpoint` is given, drives
@@ -7,6 +7,14 @@
 //! fsync time as the baseline that durable figures depend on. With
 //! `--rate` the load is open loop (requests sent on a timetable, latency
 //! measured from the scheduled send time, so queueing delay is not hidden).
+//!
+//! `--protocol all` (the default) measures REST (JSON over HTTP/1.1), the
+//! same over HTTP/2 (h2c) and gRPC (`CreateBatch` over h2c) against one
+//! server, in turns — A B C, then C B A — so a drift of the machine or of
+//! the growing database falls on each alike, and prints the ratios, with
+//! the CPU each create cost the server and the load generator. HTTP/1.1
+//! clients hold a connection each; HTTP/2 clients share one connection
+//! per 64 calls in flight, as a gRPC channel multiplexes its calls.
 
 use std::io::Write;
 use std::path::Path;
@@ -17,12 +25,109 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prost::Message;
 
 use tokio_util::sync::CancellationToken;
 
 use flexq::cli::CliError;
+
+/// Which front end a run drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    Rest,
+    Grpc,
+    /// REST over HTTP/1.1, REST over h2c and gRPC, in turns.
+    All,
+}
+
+/// What every request of a run is.
+#[derive(Debug, Clone)]
+pub(crate) enum Load {
+    /// A POST of a JSON body over HTTP/1.1, or over HTTP/2 in plaintext
+    /// (h2c) to tell HTTP/2's own cost from gRPC's.
+    Rest {
+        path: String,
+        body: Bytes,
+        http2: bool,
+    },
+    /// A unary gRPC call over HTTP/2 in plaintext (h2c): the framed message.
+    Grpc { path: String, frame: Bytes },
+}
+
+impl Load {
+    /// Creates of [`body`] in `region` of project `bench`, over REST.
+    pub(crate) fn rest_create(region: &str, body: &serde_json::Value) -> Load {
+        Load::Rest {
+            path: format!("/v1/projects/bench/locations/{region}/batches"),
+            body: Bytes::from(serde_json::to_vec(body).unwrap_or_default()),
+            http2: false,
+        }
+    }
+
+    /// The same over h2c.
+    fn over_http2(self) -> Load {
+        match self {
+            Load::Rest { path, body, .. } => Load::Rest {
+                path,
+                body,
+                http2: true,
+            },
+            grpc => grpc,
+        }
+    }
+
+    /// The same creates as `CreateBatch` calls: the REST body turned into
+    /// the message by the server's own transcoding descriptors would be
+    /// circular, so the message is built field by field here.
+    fn grpc_create(region: &str) -> Load {
+        use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+        let json = body();
+        let properties = json["runtimeConfig"]["properties"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let request = dp::CreateBatchRequest {
+            parent: format!("projects/bench/locations/{region}"),
+            batch: Some(dp::Batch {
+                batch_config: Some(dp::batch::BatchConfig::PysparkBatch(dp::PySparkBatch {
+                    main_python_file_uri: "file:///jobs/etl.py".into(),
+                    ..Default::default()
+                })),
+                runtime_config: Some(dp::RuntimeConfig {
+                    version: "3.0".into(),
+                    properties,
+                    ..Default::default()
+                }),
+                labels: [("bench".to_string(), "submit".to_string())].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let message = request.encode_to_vec();
+        let mut frame = Vec::with_capacity(message.len() + 5);
+        frame.push(0);
+        frame.extend((message.len() as u32).to_be_bytes());
+        frame.extend(message);
+        Load::Grpc {
+            path: "/google.cloud.dataproc.v1.BatchController/CreateBatch".into(),
+            frame: Bytes::from(frame),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Load::Rest { http2: false, .. } => "REST (JSON, HTTP/1.1)",
+            Load::Rest { http2: true, .. } => "REST (JSON, h2c)",
+            Load::Grpc { .. } => "gRPC (CreateBatch, h2c)",
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -31,6 +136,7 @@ pub struct BenchOptions {
     pub rate: Option<u64>,
     pub endpoint: Option<String>,
     pub warmup: Duration,
+    pub protocol: Protocol,
 }
 
 /// The flex start example of docs/rules.md#example: what a real submitter sends.
@@ -160,6 +266,16 @@ pub(crate) fn peak_rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// CPU time (user + system) a process has used so far, from
+/// `/proc/PID/stat` (clock ticks of 10 ms: read over seconds, not less).
+fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
 pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -176,12 +292,21 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
         }
     };
     let fsync = fsync_baseline(&std::env::temp_dir());
-    let path = "/v1/projects/bench/locations/us-central1/batches";
-    let body = Bytes::from(serde_json::to_vec(&body()).unwrap_or_default());
+    let loads = match opts.protocol {
+        Protocol::Rest => vec![Load::rest_create("us-central1", &body())],
+        Protocol::Grpc => vec![Load::grpc_create("us-central1")],
+        Protocol::All => vec![
+            Load::rest_create("us-central1", &body()),
+            Load::rest_create("us-central1", &body()).over_http2(),
+            Load::grpc_create("us-central1"),
+        ],
+    };
 
     if !opts.warmup.is_zero() {
         eprintln!("warming up for {}", humantime::format_duration(opts.warmup));
-        let _ = drive(&endpoint, path, &body, &opts, opts.warmup).await;
+        for load in &loads {
+            let _ = drive(&endpoint, load, &opts, opts.warmup / loads.len() as u32).await;
+        }
     }
     eprintln!(
         "measuring {} of creates with {} ({})",
@@ -192,40 +317,83 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
         },
         endpoint
     );
-    let started = Instant::now();
-    let result = drive(&endpoint, path, &body, &opts, opts.duration).await;
-    let elapsed = started.elapsed();
+    // Each load gets the same share of the time, early and late.
+    let halves = if loads.len() > 1 { 2 } else { 1 };
+    let slice = opts.duration / (halves * loads.len()) as u32;
+    let server_pid = server.as_ref().map(|s| s.child.id().to_string());
+    let cpu = |pid: Option<&str>| pid.and_then(cpu_time).unwrap_or_default();
+    let mut totals: Vec<Totals> = loads.iter().map(|_| Totals::default()).collect();
+    let load_before = loadavg();
+    for half in 0..halves {
+        // A B, then B A: a drift that is linear in time (the database
+        // grows) falls equally on both.
+        let mut order: Vec<usize> = (0..loads.len()).collect();
+        if half % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let started = Instant::now();
+            let (server_cpu, own_cpu) = (cpu(server_pid.as_deref()), cpu(Some("self")));
+            let r = drive(&endpoint, &loads[i], &opts, slice).await;
+            let total = &mut totals[i];
+            total.ok += r.ok;
+            total.errors += r.errors;
+            let _ = total.latency.add(r.latency);
+            total.elapsed += started.elapsed();
+            total.server_cpu += cpu(server_pid.as_deref()).saturating_sub(server_cpu);
+            total.generator_cpu += cpu(Some("self")).saturating_sub(own_cpu);
+        }
+    }
     let peak = server.as_ref().and_then(|s| peak_rss_kib(s.child.id()));
 
-    let h = result.latency;
-    let q = |p: f64| Duration::from_micros(h.value_at_quantile(p)).as_secs_f64() * 1000.0;
     println!(
         "flexq bench submit — {} on {}",
         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         hostname()
     );
     println!(
-        "  load generator shares the machine with the server; load average before: {}",
-        result.load_before
+        "  load generator shares the machine with the server; load average before: {load_before}"
     );
     println!(
         "  fsync (4 KiB write + fdatasync) median: {:.0} µs",
         fsync.as_secs_f64() * 1e6
     );
-    println!(
-        "  accepted creates: {} in {:.1}s = {:.0}/s (durable: acknowledged after commit)",
-        result.ok,
-        elapsed.as_secs_f64(),
-        result.ok as f64 / elapsed.as_secs_f64()
-    );
-    println!("  errors: {}", result.errors);
-    println!(
-        "  latency ms: p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}",
-        q(0.5),
-        q(0.99),
-        q(0.999),
-        h.max() as f64 / 1000.0
-    );
+    let mut rates = Vec::new();
+    for (load, t) in loads.iter().zip(&totals) {
+        let h = &t.latency;
+        let q = |p: f64| Duration::from_micros(h.value_at_quantile(p)).as_secs_f64() * 1000.0;
+        let rate = t.ok as f64 / t.elapsed.as_secs_f64();
+        rates.push(rate);
+        let per_create = |d: Duration| d.as_secs_f64() * 1e6 / t.ok.max(1) as f64;
+        println!("  {}:", load.name());
+        println!(
+            "    accepted creates: {} in {:.1}s = {rate:.0}/s (durable: acknowledged after commit)",
+            t.ok,
+            t.elapsed.as_secs_f64(),
+        );
+        println!("    errors: {}", t.errors);
+        println!(
+            "    latency ms: p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}",
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            h.max() as f64 / 1000.0
+        );
+        if server_pid.is_some() {
+            println!(
+                "    CPU per create: server {:.0} µs, load generator {:.0} µs",
+                per_create(t.server_cpu),
+                per_create(t.generator_cpu)
+            );
+        }
+    }
+    if let [rest, rest_h2, grpc] = rates[..] {
+        println!(
+            "  creates per second, gRPC / REST: {:.2}; gRPC / REST over h2c: {:.2}",
+            grpc / rest,
+            grpc / rest_h2
+        );
+    }
     if let Some(kib) = peak {
         println!("  server peak RSS: {:.1} MiB", kib as f64 / 1024.0);
     }
@@ -244,34 +412,115 @@ pub(crate) struct DriveResult {
     pub(crate) ok: u64,
     pub(crate) errors: u64,
     pub(crate) latency: Histogram<u64>,
-    load_before: String,
 }
 
 fn new_histogram() -> Histogram<u64> {
     Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
-/// One HTTP/1.1 connection per client, no pool to contend on: the load
-/// generator shares the two cores with the server, so it must be lean.
-async fn connect(authority: &str) -> Option<SendRequest<Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
-    let _ = stream.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .ok()?;
-    tokio::spawn(conn);
-    Some(sender)
+/// Calls in flight per HTTP/2 connection (a gRPC channel's connection
+/// carries all its calls; grpcio's default limit is 100 streams).
+const CALLS_PER_CONNECTION: usize = 64;
+
+/// What one protocol's slices of a run add up to.
+struct Totals {
+    ok: u64,
+    errors: u64,
+    latency: Histogram<u64>,
+    elapsed: Duration,
+    server_cpu: Duration,
+    generator_cpu: Duration,
 }
 
-/// Sends creates to `endpoint` for `duration`, closed or open loop.
+impl Default for Totals {
+    fn default() -> Totals {
+        Totals {
+            ok: 0,
+            errors: 0,
+            latency: new_histogram(),
+            elapsed: Duration::ZERO,
+            server_cpu: Duration::ZERO,
+            generator_cpu: Duration::ZERO,
+        }
+    }
+}
+
+/// A client's own connection.
+enum Conn {
+    Http1(http1::SendRequest<Full<Bytes>>),
+    Http2(http2::SendRequest<Full<Bytes>>),
+}
+
+/// One connection per client (HTTP/1.1 for REST, HTTP/2 for gRPC), no
+/// pool to contend on: the load generator shares the two cores with the
+/// server, so it must be lean.
+async fn connect(authority: &str, load: &Load) -> Option<Conn> {
+    let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    match load {
+        Load::Rest { http2: false, .. } => {
+            let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+            tokio::spawn(conn);
+            Some(Conn::Http1(sender))
+        }
+        Load::Rest { http2: true, .. } | Load::Grpc { .. } => {
+            let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .ok()?;
+            tokio::spawn(conn);
+            Some(Conn::Http2(sender))
+        }
+    }
+}
+
+/// Sends one request: `Ok(accepted)`, or `Err` when the connection broke.
+async fn send(conn: &mut Conn, authority: &str, load: &Load) -> Result<bool, ()> {
+    match (conn, load) {
+        (Conn::Http1(s), Load::Rest { path, body, .. }) => {
+            let req = Request::post(path.as_str())
+                .header("host", authority)
+                .header("content-type", "application/json")
+                .body(Full::new(body.clone()))
+                .expect("valid request");
+            let resp = s.send_request(req).await.map_err(|_| ())?;
+            let status = resp.status();
+            Ok(resp.into_body().collect().await.is_ok() && status.is_success())
+        }
+        (Conn::Http2(s), Load::Rest { path, body, .. }) => {
+            let req = Request::post(format!("http://{authority}{path}"))
+                .header("content-type", "application/json")
+                .body(Full::new(body.clone()))
+                .expect("valid request");
+            let resp = s.send_request(req).await.map_err(|_| ())?;
+            let status = resp.status();
+            Ok(resp.into_body().collect().await.is_ok() && status.is_success())
+        }
+        (Conn::Http2(s), Load::Grpc { path, frame }) => {
+            let req = Request::post(format!("http://{authority}{path}"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(Full::new(frame.clone()))
+                .expect("valid request");
+            let resp = s.send_request(req).await.map_err(|_| ())?;
+            let Ok(body) = resp.into_body().collect().await else {
+                return Ok(false);
+            };
+            Ok(body
+                .trailers()
+                .and_then(|t| t.get("grpc-status"))
+                .is_some_and(|v| v == "0"))
+        }
+        _ => Err(()),
+    }
+}
+
+/// Sends `load` to `endpoint` for `duration`, closed or open loop.
 pub(crate) async fn drive(
     endpoint: &str,
-    path: &str,
-    body: &Bytes,
+    load: &Load,
     opts: &BenchOptions,
     duration: Duration,
 ) -> DriveResult {
-    let load_before = loadavg();
     let authority = endpoint
         .trim_start_matches("http://")
         .trim_end_matches('/')
@@ -284,15 +533,30 @@ pub(crate) async fn drive(
         .map(|r| Duration::from_secs_f64(clients as f64 / r.max(1) as f64));
     let start = Instant::now();
     let end = start + duration;
+    // gRPC clients multiplex their calls over a channel's connection;
+    // HTTP/1.1 clients need a connection per call in flight.
+    let mut channels = Vec::new();
+    if matches!(load, Load::Grpc { .. } | Load::Rest { http2: true, .. }) {
+        let n = clients.div_ceil(CALLS_PER_CONNECTION);
+        for _ in 0..n {
+            if let Some(Conn::Http2(s)) = connect(&authority, load).await {
+                channels.push(s);
+            }
+        }
+    }
     let mut tasks = Vec::new();
     for c in 0..clients {
         let authority = authority.clone();
-        let path = path.to_string();
-        let body = body.clone();
+        let load = load.clone();
+        let shared =
+            (!channels.is_empty()).then(|| Conn::Http2(channels[c % channels.len()].clone()));
         tasks.push(tokio::spawn(async move {
             let mut hist = new_histogram();
             let (mut ok, mut errors) = (0u64, 0u64);
-            let mut sender = connect(&authority).await;
+            let mut sender = match shared {
+                Some(conn) => Some(conn),
+                None => connect(&authority, &load).await,
+            };
             let mut next =
                 start + interval.map_or(Duration::ZERO, |i| i.mul_f64(c as f64 / clients as f64));
             while Instant::now() < end {
@@ -307,21 +571,13 @@ pub(crate) async fn drive(
                 };
                 let Some(s) = sender.as_mut() else {
                     errors += 1;
-                    sender = connect(&authority).await;
+                    sender = connect(&authority, &load).await;
                     continue;
                 };
-                let req = Request::post(path.as_str())
-                    .header("host", authority.as_str())
-                    .header("content-type", "application/json")
-                    .body(Full::new(body.clone()))
-                    .expect("valid request");
-                let good = match s.send_request(req).await {
-                    Ok(resp) => {
-                        let status = resp.status();
-                        resp.into_body().collect().await.is_ok() && status.is_success()
-                    }
-                    Err(_) => {
-                        sender = connect(&authority).await;
+                let good = match send(s, &authority, &load).await {
+                    Ok(good) => good,
+                    Err(()) => {
+                        sender = connect(&authority, &load).await;
                         false
                     }
                 };
@@ -339,7 +595,6 @@ pub(crate) async fn drive(
         ok: 0,
         errors: 0,
         latency: new_histogram(),
-        load_before,
     };
     for t in tasks {
         if let Ok((ok, errors, hist)) = t.await {

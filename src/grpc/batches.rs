@@ -5,7 +5,7 @@ use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use tonic::{Request, Response, Status};
 
-use super::convert::{BATCH, OPERATION, decode, encode, parent, resource};
+use super::convert::{BATCH, decode, encode, encode_operation, parent, resource};
 use super::pb::dataproc::batch_controller_server::BatchController;
 use super::{Front, Scope};
 use crate::api::{Batch, BatchName};
@@ -32,9 +32,13 @@ fn non_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// How many parts of an allocated cluster a state message names.
+const SHOWN_PARTS: usize = 8;
+
 /// flexq's extension, in the field every Dataproc client shows: a queued
 /// batch's `stateMessage` also gives its queue position, what it waits for
-/// and its estimated start; a provisioned one's, its zone.
+/// and its estimated start; an allocated one's, its zone, when, and where
+/// its parts are with their GPU addresses (the first [`SHOWN_PARTS`]).
 fn with_extension(mut batch: Batch) -> Batch {
     let Some(info) = batch.flexq.take() else {
         return batch;
@@ -56,8 +60,31 @@ fn with_extension(mut batch: Batch) -> Batch {
         ));
     }
     if let (Some(zone), Some(at)) = (&info.zone, info.allocate_time) {
+        let mut parts: Vec<String> = info
+            .nodes
+            .iter()
+            .take(SHOWN_PARTS)
+            .map(|p| {
+                let who = match p.index {
+                    Some(i) => format!("{} {i}", p.role),
+                    None => p.role.clone(),
+                };
+                match p.gpus.as_slice() {
+                    [] => format!("{who} on {} (no GPU)", p.node),
+                    gpus => format!("{who} on {} (GPUs {})", p.node, gpus.join(", ")),
+                }
+            })
+            .collect();
+        if info.nodes.len() > SHOWN_PARTS {
+            parts.push(format!("{} more", info.nodes.len() - SHOWN_PARTS));
+        }
+        let parts = if parts.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", parts.join("; "))
+        };
         extra.push(format!(
-            "Cluster allocated in {zone} at {}.",
+            "Cluster allocated in {zone} at {}{parts}.",
             at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         ));
     }
@@ -97,7 +124,7 @@ impl BatchController for Batches {
                         validate_only: None,
                     };
                     match engine.create(&call.principal, request).await? {
-                        CreateAnswer::Operation(op) => encode(OPERATION, &*op),
+                        CreateAnswer::Operation(op) => encode_operation(&op),
                         CreateAnswer::Verdict(_) => Err(Error::internal(
                             "a create without validate_only answered a verdict",
                         )),
@@ -198,5 +225,31 @@ mod tests {
             ..Batch::default()
         });
         assert_eq!(plain.state_message.as_deref(), Some("Done."));
+
+        let part = |role: &str, index, node: &str, gpus: &[&str]| crate::api::AllocatedPart {
+            node: node.into(),
+            role: role.into(),
+            index,
+            gpus: gpus.iter().map(|g| g.to_string()).collect(),
+            ..Default::default()
+        };
+        let mut nodes = vec![part("driver", None, "gpu-1", &["0"])];
+        nodes.extend((0..9).map(|i| part("executor", Some(i), "gpu-2", &["1", "2"])));
+        let allocated = with_extension(Batch {
+            state_message: Some("Allocated.".into()),
+            flexq: Some(FlexqInfo {
+                zone: Some("us-central1-a".into()),
+                allocate_time: "2026-12-01T10:00:00Z".parse().ok(),
+                nodes,
+                ..FlexqInfo::default()
+            }),
+            ..Batch::default()
+        });
+        assert_eq!(
+            allocated.state_message.as_deref(),
+            Some(
+                "Allocated. Cluster allocated in us-central1-a at 2026-12-01T10:00:00Z: driver on gpu-1 (GPUs 0); executor 0 on gpu-2 (GPUs 1, 2); executor 1 on gpu-2 (GPUs 1, 2); executor 2 on gpu-2 (GPUs 1, 2); executor 3 on gpu-2 (GPUs 1, 2); executor 4 on gpu-2 (GPUs 1, 2); executor 5 on gpu-2 (GPUs 1, 2); executor 6 on gpu-2 (GPUs 1, 2); 2 more."
+            )
+        );
     }
 }

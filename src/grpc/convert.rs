@@ -1,9 +1,10 @@
 //! Translation between the gRPC messages and the engine's shapes. The
 //! engine speaks the Dataproc resources in their REST form, which is their
-//! proto3 JSON; so a message crosses through that canonical JSON
-//! (prost-reflect, over the descriptors of the served protos) and no field
-//! is mapped by hand. Errors become gRPC statuses carrying the same
-//! `google.rpc.Status` details as over REST.
+//! proto3 JSON; so a resource crosses through that canonical JSON
+//! (prost-reflect, over the descriptors of the served protos) and no
+//! resource field is mapped by hand — only the long-running Operation's
+//! envelope is ([`encode_operation`]). Errors become gRPC statuses carrying
+//! the same `google.rpc.Status` details as over REST.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -14,59 +15,46 @@ use serde::de::DeserializeOwned;
 use tonic::Status;
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::api::{Code, FieldViolation, quote};
+use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+use googleapis_tonic_google_longrunning::google::longrunning as lro;
+use googleapis_tonic_google_rpc::google::rpc;
+
+use crate::api::{BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Code, FieldViolation, Operation, quote};
 use crate::engine::Error;
 
 pub const BATCH: &str = "google.cloud.dataproc.v1.Batch";
-pub const OPERATION: &str = "google.longrunning.Operation";
+const BATCH_METADATA: &str = "google.cloud.dataproc.v1.BatchOperationMetadata";
 
 static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
     DescriptorPool::decode(super::DESCRIPTOR).expect("the descriptor set build.rs wrote")
 });
 
-/// A message as its proto3 JSON (default values left out).
-pub fn to_json<M: prost::Message>(
-    full_name: &str,
-    message: &M,
-) -> Result<serde_json::Value, Error> {
-    let descriptor = POOL
-        .get_message_by_name(full_name)
-        .ok_or_else(|| Error::internal(format!("no descriptor for {full_name}")))?;
-    let mut dynamic = DynamicMessage::new(descriptor);
-    dynamic.transcode_from(message).map_err(Error::internal)?;
-    dynamic
-        .serialize_with_options(serde_json::value::Serializer, &SerializeOptions::new())
-        .map_err(Error::internal)
-}
-
-/// A message from proto3 JSON. Keys the message does not have (flexq's
-/// `flexq` extension of a Batch) are left out.
-pub fn from_json<M: prost::Message + Default>(
-    full_name: &str,
-    json: &serde_json::Value,
-) -> Result<M, Error> {
-    let descriptor = POOL
-        .get_message_by_name(full_name)
-        .ok_or_else(|| Error::internal(format!("no descriptor for {full_name}")))?;
-    let dynamic = DynamicMessage::deserialize_with_options(
-        descriptor,
-        json,
-        &DeserializeOptions::new().deny_unknown_fields(false),
-    )
-    .map_err(Error::internal)?;
-    dynamic.transcode_to::<M>().map_err(Error::internal)
+fn descriptor(full_name: &str) -> Result<prost_reflect::MessageDescriptor, Error> {
+    POOL.get_message_by_name(full_name)
+        .ok_or_else(|| Error::internal(format!("no descriptor for {full_name}")))
 }
 
 /// A request message as one of the engine's shapes, through its proto3
 /// JSON; `field` names the message in errors (`batch`). A field flexq does
-/// not accept is refused with its path, as the REST body would be.
+/// not accept is refused with its path, as the REST body would be. The
+/// JSON goes through bytes, not a `serde_json::Value`: a tree of maps costs
+/// more to build than the text (see BENCHMARKS.md, gRPC).
 pub fn decode<M: prost::Message, T: DeserializeOwned>(
     full_name: &str,
     field: &str,
     message: &M,
 ) -> Result<T, Error> {
-    let json = to_json(full_name, message)?;
-    serde_path_to_error::deserialize(&json).map_err(|err| {
+    let mut dynamic = DynamicMessage::new(descriptor(full_name)?);
+    dynamic.transcode_from(message).map_err(Error::internal)?;
+    let mut json = Vec::with_capacity(1024);
+    dynamic
+        .serialize_with_options(
+            &mut serde_json::Serializer::new(&mut json),
+            &SerializeOptions::new(),
+        )
+        .map_err(Error::internal)?;
+    let mut reader = serde_json::Deserializer::from_slice(&json);
+    serde_path_to_error::deserialize(&mut reader).map_err(|err| {
         let path = err.path().to_string();
         let field = if path == "." {
             field.to_string()
@@ -84,20 +72,74 @@ pub fn decode<M: prost::Message, T: DeserializeOwned>(
     })
 }
 
-/// One of the engine's shapes as a response message.
+/// One of the engine's shapes as a response message, through its proto3
+/// JSON. Keys the message does not have (flexq's `flexq` extension of a
+/// Batch) are left out.
 pub fn encode<T: serde::Serialize, M: prost::Message + Default>(
     full_name: &str,
     value: &T,
 ) -> Result<M, Error> {
-    let json = serde_json::to_value(value).map_err(Error::internal)?;
-    from_json(full_name, &json)
+    let json = serde_json::to_vec(value).map_err(Error::internal)?;
+    let mut reader = serde_json::Deserializer::from_slice(&json);
+    let dynamic = DynamicMessage::deserialize_with_options(
+        descriptor(full_name)?,
+        &mut reader,
+        &DeserializeOptions::new().deny_unknown_fields(false),
+    )
+    .map_err(Error::internal)?;
+    reader.end().map_err(Error::internal)?;
+    dynamic.transcode_to::<M>().map_err(Error::internal)
 }
 
-/// The project and region of a parent, `projects/P/locations/R` (or
-/// `regions` for operations).
+/// A batch's long-running operation. The envelope — name, done, the two
+/// `Any`s, the error's code and message — is put together here; the
+/// resources inside it (`BatchOperationMetadata`, the `Batch`) cross
+/// through their proto3 JSON like every other message. (Transcoding the
+/// whole Operation as JSON made prost-reflect buffer each `Any` to find its
+/// `@type`: a fifth of a gRPC create's conversion cost.)
+pub fn encode_operation(op: &Operation) -> Result<lro::Operation, Error> {
+    use prost::Message;
+    let metadata: dp::BatchOperationMetadata = encode(BATCH_METADATA, &op.metadata)?;
+    let result = match (&op.error, &op.response) {
+        (Some(e), _) => Some(lro::operation::Result::Error(rpc::Status {
+            code: e.code,
+            message: e.message.clone(),
+            details: Vec::new(),
+        })),
+        (None, Some(batch)) => {
+            let batch: dp::Batch = encode(BATCH, batch)?;
+            Some(lro::operation::Result::Response(prost_types::Any {
+                type_url: BATCH_TYPE_URL.to_string(),
+                value: batch.encode_to_vec(),
+            }))
+        }
+        (None, None) => None,
+    };
+    Ok(lro::Operation {
+        name: op.name.clone(),
+        metadata: Some(prost_types::Any {
+            type_url: BATCH_METADATA_TYPE_URL.to_string(),
+            value: metadata.encode_to_vec(),
+        }),
+        done: op.done,
+        result,
+    })
+}
+
+/// Whether `segment` names a region. Dataproc's gRPC API takes both
+/// spellings wherever a region is named: batches are `locations/R` in
+/// their names, operations `regions/R`, and clients mix them (Airflow's
+/// DataprocHook creates and lists under `projects/P/regions/R`).
+fn is_region_collection(segment: &str) -> bool {
+    segment == "locations" || segment == "regions"
+}
+
+/// The project and region of a parent, `projects/P/{collection}/R`, where
+/// `collection` is the usual spelling (`locations` for batches, `regions`
+/// for operations) and the other is accepted as well.
 pub fn parent(field: &str, text: &str, collection: &str) -> Result<(String, String), Error> {
     match text.split('/').collect::<Vec<_>>().as_slice() {
-        ["projects", p, c, r] if *c == collection && !p.is_empty() && !r.is_empty() => {
+        ["projects", p, c, r] if is_region_collection(c) && !p.is_empty() && !r.is_empty() => {
             Ok((p.to_string(), r.to_string()))
         }
         _ => Err(Error::invalid_field(
@@ -110,8 +152,8 @@ pub fn parent(field: &str, text: &str, collection: &str) -> Result<(String, Stri
     }
 }
 
-/// The parts of a resource name
-/// `projects/P/{collection}/R/{kind}/ID`.
+/// The parts of a resource name `projects/P/{collection}/R/{kind}/ID`
+/// (`locations` or `regions`, as for [`parent`]).
 pub fn resource(
     field: &str,
     text: &str,
@@ -120,7 +162,7 @@ pub fn resource(
 ) -> Result<(String, String, String), Error> {
     match text.split('/').collect::<Vec<_>>().as_slice() {
         ["projects", p, c, r, k, id]
-            if *c == collection
+            if is_region_collection(c)
                 && *k == kind
                 && !p.is_empty()
                 && !r.is_empty()
@@ -204,8 +246,12 @@ mod tests {
             parent("parent", "projects/p/locations/r", "locations").ok(),
             Some(("p".into(), "r".into()))
         );
-        let e =
-            parent("parent", "projects/p/regions/r", "locations").expect_err("wrong collection");
+        assert_eq!(
+            parent("parent", "projects/p/regions/r", "locations").ok(),
+            Some(("p".into(), "r".into())),
+            "Airflow's spelling"
+        );
+        let e = parent("parent", "projects/p/zones/r", "locations").expect_err("not a region");
         assert_eq!(e.violations[0].field, "parent");
         assert!(
             e.message.contains("projects/PROJECT/locations/REGION"),
@@ -246,7 +292,7 @@ mod tests {
             "createTime": "2026-12-01T10:00:00Z",
             "flexq": {"provisioningState": "QUEUED"}
         });
-        let batch: dp::Batch = from_json(BATCH, &json).expect("to prost");
+        let batch: dp::Batch = encode(BATCH, &json).expect("to prost");
         assert_eq!(batch.state, dp::batch::State::Pending as i32);
         assert_eq!(batch.labels.get("team").map(String::as_str), Some("a"));
         let ttl = batch

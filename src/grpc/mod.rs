@@ -47,9 +47,8 @@ pub(crate) const DESCRIPTOR: &[u8] =
 const BATCH_CONTROLLER: &str = "google.cloud.dataproc.v1.BatchController";
 const OPERATIONS: &str = "google.longrunning.Operations";
 
-/// Every gRPC service as routes to merge into the HTTP router. Health
-/// answers SERVING until `shutdown`, then NOT_SERVING while the server
-/// drains.
+/// Every gRPC service as routes to merge into the HTTP router; health as
+/// [`report_health`] says.
 pub fn routes(engine: Engine, shutdown: CancellationToken) -> anyhow::Result<axum::Router> {
     let max = engine.config().server.max_body_bytes;
     let front = Front { engine };
@@ -59,25 +58,13 @@ pub fn routes(engine: Engine, shutdown: CancellationToken) -> anyhow::Result<axu
     .max_decoding_message_size(max)
     .max_encoding_message_size(max.max(4 << 20));
     let operations = pb::longrunning::operations_server::OperationsServer::new(
-        operations::Operations::new(front),
+        operations::Operations::new(front.clone()),
     )
     .max_decoding_message_size(max)
     .max_encoding_message_size(max.max(4 << 20));
 
     let (reporter, health) = tonic_health::server::health_reporter();
-    tokio::spawn(async move {
-        for service in ["", BATCH_CONTROLLER, OPERATIONS] {
-            reporter
-                .set_service_status(service, ServingStatus::Serving)
-                .await;
-        }
-        shutdown.cancelled().await;
-        for service in ["", BATCH_CONTROLLER, OPERATIONS] {
-            reporter
-                .set_service_status(service, ServingStatus::NotServing)
-                .await;
-        }
-    });
+    tokio::spawn(report_health(reporter, front.engine.clone(), shutdown));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(DESCRIPTOR)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
@@ -97,6 +84,49 @@ pub fn routes(engine: Engine, shutdown: CancellationToken) -> anyhow::Result<axu
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .into_axum_router())
+}
+
+/// How often the served services' health follows the engine's readiness.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
+
+/// Standard gRPC health: the server as a whole (service `""`) is SERVING
+/// until `shutdown`, the liveness answer; BatchController and Operations
+/// are SERVING while the engine is ready (its database answers, as
+/// `/readyz`), checked every [`HEALTH_EVERY`]: the readiness answer. All
+/// NOT_SERVING once `shutdown` fires, while the server drains.
+async fn report_health(
+    reporter: tonic_health::server::HealthReporter,
+    engine: Engine,
+    shutdown: CancellationToken,
+) {
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    let mut last = None;
+    loop {
+        let ready = engine.readiness().await.is_ok();
+        if last != Some(ready) {
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            tracing::info!(serving = ready, "gRPC health of the API services");
+            for service in [BATCH_CONTROLLER, OPERATIONS] {
+                reporter.set_service_status(service, status).await;
+            }
+            last = Some(ready);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(HEALTH_EVERY) => {}
+        }
+    }
+    for service in ["", BATCH_CONTROLLER, OPERATIONS] {
+        reporter
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
+    }
 }
 
 /// What every RPC shares.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use tonic::{Request, Response, Status};
 
-use super::convert::{OPERATION, encode, parent, resource};
+use super::convert::{encode_operation, parent, resource};
 use super::pb::longrunning::operations_server;
 use super::{Front, Scope};
 use crate::api::{Code, OperationName};
@@ -85,7 +85,7 @@ impl operations_server::Operations for Operations {
                     Ok(lro::ListOperationsResponse {
                         operations: operations
                             .iter()
-                            .map(|op| encode(OPERATION, op))
+                            .map(encode_operation)
                             .collect::<Result<_, _>>()?,
                         next_page_token,
                         ..Default::default()
@@ -107,7 +107,7 @@ impl operations_server::Operations for Operations {
                 |r| Scope::read(scope_of(&r.name)?),
                 |_, r| async move {
                     let op = engine.get_operation(&operation_name(&r.name)?).await?;
-                    encode(OPERATION, &op)
+                    encode_operation(&op)
                 },
             )
             .await
@@ -186,7 +186,7 @@ impl operations_server::Operations for Operations {
                     let op = engine
                         .wait_operation(&operation_name(&r.name)?, until)
                         .await?;
-                    encode(OPERATION, &op)
+                    encode_operation(&op)
                 },
             )
             .await

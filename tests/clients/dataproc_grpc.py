@@ -126,6 +126,14 @@ def main():
     assert sorted(seen) == [f"{parent}/batches/grpc-{run}-b", f"{parent}/batches/grpc-{run}-c"], seen
     print(f"ok: list with a filter and page size 1: {len(pages)} pages")
 
+    # Airflow's DataprocHook creates and lists under projects/P/regions/R.
+    airflow_parent = f"projects/{args.project}/regions/{args.region}"
+    created = client.create_batch(request=dataproc_v1.CreateBatchRequest(
+        parent=airflow_parent, batch=flex_batch(), batch_id=f"grpc-{run}-d"))
+    assert created.metadata.batch == f"{parent}/batches/grpc-{run}-d", created.metadata
+    assert any(b.name == created.metadata.batch for b in client.list_batches(parent=airflow_parent))
+    print("ok: create and list under projects/P/regions/R, as Airflow's hook names them")
+
     # The operations mixin: get and list operations.
     got = client.get_operation(operations_pb2.GetOperationRequest(name=op.operation.name))
     assert got.name == op.operation.name and not got.done
@@ -149,7 +157,7 @@ def main():
                lambda: client.create_batch(parent=parent, batch=flex_batch(**{"spark.executor.cores": "6"})),
                reason="INVALID_BATCH")
     assert any("spark.executor.cores" in str(d) for d in e.details), e.details
-    expect(exceptions.InvalidArgument, lambda: client.get_batch(name="projects/x/regions/y/batches/z"))
+    expect(exceptions.InvalidArgument, lambda: client.get_batch(name="projects/x/zones/y/batches/z"))
     expect(exceptions.ResourceExhausted,
            lambda: client.create_batch(parent=parent,
                                        batch=flex_batch(**{"spark.executor.instances": "30"})),

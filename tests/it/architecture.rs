@@ -23,10 +23,10 @@ const RANKS: &[(&str, u32)] = &[
     ("metrics", 3),
     ("store", 4),
     ("engine", 5),
-    ("server", 6),
+    ("server", 7),
     ("grpc", 6),
-    ("agent", 7),
-    ("cli", 7),
+    ("agent", 8),
+    ("cli", 8),
 ];
 
 /// Same-rank imports that are still not allowed.

@@ -308,6 +308,15 @@ fn percent_decode(s: &str) -> String {
 pub const GET_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/GetBatch";
 pub const CREATE_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/CreateBatch";
 
+pub const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
+/// A `grpc.health.v1.HealthCheckRequest` for `service`, framed.
+fn health_check(service: &str) -> Vec<u8> {
+    let mut message = vec![0x0a, service.len() as u8];
+    message.extend(service.as_bytes());
+    frame(if service.is_empty() { &[] } else { &message })
+}
+
 fn get_batch(name: &str) -> Vec<u8> {
     frame(
         &dp::GetBatchRequest {
@@ -388,9 +397,18 @@ async fn malformed_oversized_and_unknown_calls_get_a_status_never_a_crash_or_a_h
         "{violations:?}"
     );
 
-    // The server is still well: health says SERVING, a real call works.
-    let a = call_raw(s.addr, "/grpc.health.v1.Health/Check", frame(&[]), &[]).await;
-    assert_eq!(a.body.as_ref(), &frame(&[0x08, 0x01])[..], "SERVING: {a:?}");
+    // The server is still well: health says SERVING (the server, and the
+    // API service while the database answers), a real call works.
+    for service in ["", "google.cloud.dataproc.v1.BatchController"] {
+        let a = call_raw(s.addr, HEALTH_CHECK, health_check(service), &[]).await;
+        assert_eq!(
+            a.body.as_ref(),
+            &frame(&[0x08, 0x01])[..],
+            "{service} SERVING: {a:?}"
+        );
+    }
+    let a = call_raw(s.addr, HEALTH_CHECK, health_check("nope"), &[]).await;
+    assert_eq!(a.code, 5, "an unknown service: NOT_FOUND {a:?}");
     let a = call_raw(s.addr, GET_BATCH, get_batch(name), &[]).await;
     assert_eq!(a.code, 5, "{a:?}");
     let info = a.details.expect("details");

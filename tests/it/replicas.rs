@@ -827,8 +827,9 @@ async fn a_leader_cut_off_from_the_database_is_replaced_and_comes_back_as_a_foll
 }
 
 /// The Kubernetes manifest runs three replicas whose configuration flexq
-/// accepts, reads the database URL from a Secret and names each replica
-/// after its pod; the bad lease setting of a config is refused by name.
+/// accepts, probes them over gRPC health, reads the database URL from a
+/// Secret and names each replica after its pod; the bad lease setting of
+/// a config is refused by name.
 #[test]
 fn the_kubernetes_manifest_runs_three_replicas_with_a_valid_config() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/flexq.yaml");
@@ -844,7 +845,16 @@ fn the_kubernetes_manifest_runs_three_replicas_with_a_valid_config() {
     let deployment = kind("Deployment");
     assert_eq!(deployment["spec"]["replicas"], 3);
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // gRPC probes on the API port, the readiness one on the API service
+    // (which follows /readyz; tests/it/grpc.rs checks the answers).
+    let port = &container["ports"][0]["containerPort"];
+    assert_eq!(port, 8080);
+    assert_eq!(&container["readinessProbe"]["grpc"]["port"], port);
+    assert_eq!(
+        container["readinessProbe"]["grpc"]["service"],
+        "google.cloud.dataproc.v1.BatchController"
+    );
+    assert_eq!(&container["livenessProbe"]["grpc"]["port"], port);
     let env: Vec<&str> = container["env"]
         .as_sequence()
         .expect("env")
