@@ -513,3 +513,78 @@ async fn grpc_timeout_bounds_a_wait() {
         other => panic!("a cancelled batch's operation ends in an error: {other:?}"),
     }
 }
+
+/// Server reflection (what `grpcurl` uses): the served services are
+/// listed, and the descriptor of BatchController can be fetched, so a
+/// client without the protos can call it. No token is needed.
+#[tokio::test]
+async fn reflection_lists_and_describes_the_services() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, ServerReflectionResponse,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let s = TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        principals(c);
+    })
+    .await;
+    let ask = |request: MessageRequest| {
+        frame(
+            &ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(request),
+            }
+            .encode_to_vec(),
+        )
+    };
+    let path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
+    let a = call_raw(
+        s.addr,
+        path,
+        ask(MessageRequest::ListServices(String::new())),
+        &[],
+    )
+    .await;
+    let answer: ServerReflectionResponse = a.message();
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("not a service list: {answer:?}");
+    };
+    let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
+    for want in [
+        "google.cloud.dataproc.v1.BatchController",
+        "google.longrunning.Operations",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(&want), "{want} not in {names:?}");
+    }
+
+    let a = call_raw(
+        s.addr,
+        path,
+        ask(MessageRequest::FileContainingSymbol(
+            "google.cloud.dataproc.v1.BatchController".into(),
+        )),
+        &[],
+    )
+    .await;
+    let answer: ServerReflectionResponse = a.message();
+    let Some(MessageResponse::FileDescriptorResponse(files)) = answer.message_response else {
+        panic!("no descriptors: {answer:?}");
+    };
+    let described: Vec<String> = files
+        .file_descriptor_proto
+        .iter()
+        .map(|bytes| {
+            prost_types::FileDescriptorProto::decode(bytes.as_slice())
+                .expect("a FileDescriptorProto")
+                .name
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        described
+            .iter()
+            .any(|n| n == "google/cloud/dataproc/v1/batches.proto"),
+        "{described:?}"
+    );
+}
