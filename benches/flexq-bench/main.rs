@@ -1,7 +1,7 @@
 //! flexq's benchmarks, outside the product binary:
 //!
 //! ```sh
-//! cargo bench --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|grpc|all]
+//! cargo bench --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|rest-h2c|grpc|all]
 //! cargo bench --bench flexq-bench -- schedule --pending 100000
 //! cargo bench --bench flexq-bench -- replicas
 //! cargo bench --bench flexq-bench -- agent --runs 10

@@ -37,6 +37,8 @@ use flexq::cli::CliError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Protocol {
     Rest,
+    /// REST over HTTP/2 in plaintext (h2c).
+    RestH2c,
     Grpc,
     /// REST over HTTP/1.1, REST over h2c and gRPC, in turns.
     All,
@@ -294,6 +296,7 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
     let fsync = fsync_baseline(&std::env::temp_dir());
     let loads = match opts.protocol {
         Protocol::Rest => vec![Load::rest_create("us-central1", &body())],
+        Protocol::RestH2c => vec![Load::rest_create("us-central1", &body()).over_http2()],
         Protocol::Grpc => vec![Load::grpc_create("us-central1")],
         Protocol::All => vec![
             Load::rest_create("us-central1", &body()),
