@@ -1,6 +1,7 @@
 //! The gRPC front end and HTTP/2, with the clients users have: Google's
 //! official Python client (`google-cloud-dataproc`) on its default
-//! transport over TLS and in plaintext, curl with its defaults, and raw
+//! transport over TLS and in plaintext, curl with its defaults, a
+//! browser (headless Chromium) over HTTPS, and raw
 //! HTTP/2 frames for what no well-behaved client sends (malformed and
 //! oversized messages, unknown methods, bad `grpc-timeout`).
 
@@ -192,6 +193,70 @@ async fn curl_gets_answers_over_h2_h2c_and_http1() {
         let text = curl(args.clone()).await.expect("curl");
         assert!(text.ends_with(want), "curl {args:?} answered {text}");
     }
+}
+
+/// A browser over HTTPS: Chromium (headless, Debian's package, which
+/// scripts/test installs) negotiates HTTP/2 by ALPN and gets the answer;
+/// its network log shows the protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_gets_answers_over_http2() {
+    let tls = self_signed();
+    let (cert, key) = (tls.cert.clone(), tls.key.clone());
+    let s = TestServer::start_with(move |c| {
+        crate::support::no_virtual_nodes(c);
+        c.server.tls_cert = Some(cert);
+        c.server.tls_key = Some(key);
+    })
+    .await;
+    let profile = tempfile::tempdir().expect("tempdir");
+    let netlog = profile.path().join("netlog.json");
+    let url = format!(
+        "https://127.0.0.1:{}/v1/projects/demo/locations/us-central1/batches",
+        s.addr.port()
+    );
+    let args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        // The test's own CA is not in the browser's store.
+        "--ignore-certificate-errors",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain([
+        format!(
+            "--user-data-dir={}",
+            profile.path().join("profile").display()
+        ),
+        format!("--log-net-log={}", netlog.display()),
+        "--dump-dom".into(),
+        url,
+    ])
+    .collect::<Vec<_>>();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("chromium")
+            .args(&args)
+            .output()
+            .expect("chromium (scripts/test installs Debian's package)")
+    })
+    .await
+    .expect("chromium");
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.contains(r#"{"batches":[]"#),
+        "the page: {page}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = std::fs::read_to_string(&netlog).expect("the network log");
+    assert!(
+        log.contains(r#""negotiated_protocol":"h2""#),
+        "the browser did not speak HTTP/2"
+    );
 }
 
 /// What a unary gRPC call answered, read off the wire.
