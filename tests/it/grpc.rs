@@ -62,14 +62,7 @@ fn python_client(args: &[String], env: &[(&str, &Path)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_client_passes_on_grpc_over_tls() {
     let tls = self_signed();
-    let (cert, key) = (tls.cert.clone(), tls.key.clone());
-    let s = TestServer::start_with(move |c| {
-        crate::support::no_virtual_nodes(c);
-        principals(c);
-        c.server.tls_cert = Some(cert);
-        c.server.tls_key = Some(key);
-    })
-    .await;
+    let s = TestServer::start_https(&tls, principals).await;
     let endpoint = format!("127.0.0.1:{}", s.addr.port());
     // Only api_endpoint changed; the CA is trusted the way gRPC reads it.
     let args = [
@@ -113,13 +106,7 @@ async fn the_official_python_client_passes_on_plaintext_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_gets_answers_over_h2_h2c_and_http1() {
     let tls = self_signed();
-    let (cert, key) = (tls.cert.clone(), tls.key.clone());
-    let https = TestServer::start_with(move |c| {
-        crate::support::no_virtual_nodes(c);
-        c.server.tls_cert = Some(cert);
-        c.server.tls_key = Some(key);
-    })
-    .await;
+    let https = TestServer::start_https(&tls, |_| {}).await;
     let plain = TestServer::start().await;
     let batch = crate::support::flex_batch().to_string();
     let curl = |args: Vec<String>| {
@@ -201,13 +188,7 @@ async fn curl_gets_answers_over_h2_h2c_and_http1() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_gets_answers_over_http2() {
     let tls = self_signed();
-    let (cert, key) = (tls.cert.clone(), tls.key.clone());
-    let s = TestServer::start_with(move |c| {
-        crate::support::no_virtual_nodes(c);
-        c.server.tls_cert = Some(cert);
-        c.server.tls_key = Some(key);
-    })
-    .await;
+    let s = TestServer::start_https(&tls, |_| {}).await;
     let profile = tempfile::tempdir().expect("tempdir");
     let netlog = profile.path().join("netlog.json");
     let url = format!(

@@ -69,6 +69,18 @@ impl TestServer {
         }
     }
 
+    /// HTTPS only, with `tls`'s certificate, no virtual nodes, then `tune`.
+    pub async fn start_https(tls: &Tls, tune: impl FnOnce(&mut Config)) -> TestServer {
+        let (cert, key) = (tls.cert.clone(), tls.key.clone());
+        Self::start_with(move |c| {
+            no_virtual_nodes(c);
+            c.server.tls_cert = Some(cert);
+            c.server.tls_key = Some(key);
+            tune(c);
+        })
+        .await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

@@ -10,13 +10,7 @@ use crate::support::{TestServer, fake_gpu_script, flexq_bin, self_signed, spawn_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_is_served_and_verified_by_the_cli_and_the_agent() {
     let tls = self_signed();
-    let (cert, key) = (tls.cert.clone(), tls.key.clone());
-    let s = TestServer::start_with(move |c| {
-        crate::support::no_virtual_nodes(c);
-        c.server.tls_cert = Some(cert);
-        c.server.tls_key = Some(key);
-    })
-    .await;
+    let s = TestServer::start_https(&tls, |_| {}).await;
     let base = format!("https://127.0.0.1:{}", s.addr.port());
     let ca = reqwest::Certificate::from_pem(&std::fs::read(&tls.cert).expect("pem")).expect("ca");
     let trusted = reqwest::Client::builder()
