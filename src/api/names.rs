@@ -71,13 +71,51 @@ impl BatchName {
         }
     }
 
-    /// Parses a full resource name.
+    /// Parses a full resource name, `projects/P/locations/R/batches/ID`
+    /// (or `regions/R`: [`is_region_collection`]).
     pub fn parse(name: &str) -> Option<BatchName> {
-        let parts: Vec<&str> = name.split('/').collect();
-        match parts.as_slice() {
-            ["projects", p, "locations", r, "batches", b] => Some(BatchName::new(p, r, b)),
-            _ => None,
+        let (project, region, batch_id) = parse_in_region(name, "batches")?;
+        Some(BatchName {
+            project,
+            region,
+            batch_id,
+        })
+    }
+}
+
+/// Whether a name's segment names a region. Dataproc's names spell it both
+/// ways — batches `projects/P/locations/R/...`, operations
+/// `projects/P/regions/R/...` — and clients mix them (Airflow's
+/// DataprocHook creates and lists batches under `projects/P/regions/R`),
+/// so a name given to flexq may use either; names flexq gives use the
+/// spelling of their kind.
+pub fn is_region_collection(segment: &str) -> bool {
+    segment == "locations" || segment == "regions"
+}
+
+/// The project and region of `projects/P/{locations|regions}/R`.
+pub fn parse_region_parent(text: &str) -> Option<(String, String)> {
+    match text.split('/').collect::<Vec<_>>().as_slice() {
+        ["projects", p, c, r] if is_region_collection(c) && !p.is_empty() && !r.is_empty() => {
+            Some((p.to_string(), r.to_string()))
         }
+        _ => None,
+    }
+}
+
+/// The project, region and id of `projects/P/{locations|regions}/R/{kind}/ID`.
+fn parse_in_region(text: &str, kind: &str) -> Option<(String, String, String)> {
+    match text.split('/').collect::<Vec<_>>().as_slice() {
+        ["projects", p, c, r, k, id]
+            if is_region_collection(c)
+                && *k == kind
+                && !p.is_empty()
+                && !r.is_empty()
+                && !id.is_empty() =>
+        {
+            Some((p.to_string(), r.to_string(), id.to_string()))
+        }
+        _ => None,
     }
 }
 
@@ -97,6 +135,18 @@ pub struct OperationName {
     pub project: String,
     pub region: String,
     pub operation_id: String,
+}
+
+impl OperationName {
+    /// Parses `projects/P/regions/R/operations/ID` (or `locations/R`).
+    pub fn parse(name: &str) -> Option<OperationName> {
+        let (project, region, operation_id) = parse_in_region(name, "operations")?;
+        Some(OperationName {
+            project,
+            region,
+            operation_id,
+        })
+    }
 }
 
 impl fmt::Display for OperationName {
@@ -155,6 +205,26 @@ mod tests {
     fn names_round_trip() {
         let name = BatchName::new("p", "r", "b-1");
         assert_eq!(BatchName::parse(&name.to_string()), Some(name));
-        assert!(BatchName::parse("projects/p/regions/r/batches/b").is_none());
+        assert_eq!(
+            BatchName::parse("projects/p/regions/r/batches/b"),
+            Some(BatchName::new("p", "r", "b")),
+            "the other spelling of a region"
+        );
+        for bad in [
+            "projects/p/zones/r/batches/b",
+            "projects/p/locations/r/batches/",
+            "projects//locations/r/batches/b",
+            "projects/p/locations/r/operations/b",
+            "",
+        ] {
+            assert!(BatchName::parse(bad).is_none(), "{bad}");
+        }
+        let op = OperationName::parse("projects/p/locations/r/operations/o").expect("operation");
+        assert_eq!(op.to_string(), "projects/p/regions/r/operations/o");
+        assert_eq!(
+            parse_region_parent("projects/p/regions/r"),
+            Some(("p".into(), "r".into()))
+        );
+        assert!(parse_region_parent("projects/p/regions").is_none());
     }
 }

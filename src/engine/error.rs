@@ -56,6 +56,28 @@ impl Error {
         .with_meta("resource", name)
     }
 
+    /// Whether the failure is the server's, not the caller's: every 5xx but
+    /// UNIMPLEMENTED (a method or form the caller asked for that flexq does
+    /// not serve, which the caller must hear about).
+    pub fn is_server_error(&self) -> bool {
+        self.code.http_status() >= 500 && self.code != Code::Unimplemented
+    }
+
+    /// What a caller may see, on any wire: a server error's message and
+    /// metadata are logged here, once, and replaced by its code's name;
+    /// the caller's own errors pass unchanged.
+    pub fn for_caller(self) -> Error {
+        if !self.is_server_error() {
+            return self;
+        }
+        tracing::error!(code = self.code.name(), reason = self.reason, detail = %self.message, "request failed");
+        Error {
+            message: format!("{} (the details are in the server log)", self.code.name()),
+            metadata: BTreeMap::new(),
+            ..self
+        }
+    }
+
     pub fn internal(detail: impl std::fmt::Display) -> Error {
         Error::new(Code::Internal, "INTERNAL", detail.to_string())
     }

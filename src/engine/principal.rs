@@ -37,6 +37,18 @@ impl Principal {
         }
     }
 
+    /// A caller without a token, on what needs none, when principals are
+    /// configured: it may do nothing else.
+    pub fn nobody() -> Principal {
+        Principal {
+            name: "unauthenticated".into(),
+            role: PrincipalRole::Submitter,
+            projects: Vec::new(),
+            node: None,
+            anonymous: false,
+        }
+    }
+
     /// Whether this caller may act for `node` on the agent endpoints.
     pub fn may_act_for_node(&self, node: &str) -> bool {
         self.anonymous || (self.role == PrincipalRole::Agent && self.node.as_deref() == Some(node))
@@ -86,6 +98,31 @@ impl Engine {
             }),
             None => unauthenticated("the bearer token is not valid"),
         }
+    }
+
+    /// Admits one request, the same for every front end: who the caller
+    /// is (from its `Authorization` value), whether it may have `need`,
+    /// and, for a project's region, its rate (a read for
+    /// [`Access::ReadProject`], a change for [`Access::WriteProject`]).
+    /// What needs nobody (health) is admitted without a token.
+    pub fn admit(
+        &self,
+        authorization: Option<&str>,
+        need: &Access,
+        region: Option<&str>,
+    ) -> Result<Principal, Error> {
+        if *need == Access::Nobody && !self.shared.config.principals.is_empty() {
+            return Ok(Principal::nobody());
+        }
+        let principal = self.identify(authorization)?;
+        self.authorize(&principal, need)?;
+        if let (Access::ReadProject(project) | Access::WriteProject(project), Some(region)) =
+            (need, region)
+        {
+            let read = matches!(need, Access::ReadProject(_));
+            self.rate_limit(project, region, read)?;
+        }
+        Ok(principal)
     }
 
     /// Whether `p` may do what `need` says; the error says what is missing.

@@ -5,7 +5,7 @@ use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use tonic::{Request, Response, Status};
 
-use super::convert::{BATCH, decode, encode, encode_operation, parent, resource};
+use super::convert::{BATCH, decode, encode, encode_operation, name, parent};
 use super::pb::dataproc::batch_controller_server::BatchController;
 use super::{Front, Scope};
 use crate::api::{Batch, BatchName};
@@ -23,9 +23,13 @@ impl Batches {
     }
 }
 
-fn batch_name(name: &str) -> Result<BatchName, Error> {
-    let (project, region, batch) = resource("name", name, "locations", "batches")?;
-    Ok(BatchName::new(&project, &region, &batch))
+fn batch_name(text: &str) -> Result<BatchName, Error> {
+    name(
+        "name",
+        text,
+        BatchName::parse,
+        "projects/PROJECT/locations/REGION/batches/ID",
+    )
 }
 
 fn non_empty(s: String) -> Option<String> {

@@ -126,58 +126,35 @@ pub fn encode_operation(op: &Operation) -> Result<lro::Operation, Error> {
     })
 }
 
-/// Whether `segment` names a region. Dataproc's gRPC API takes both
-/// spellings wherever a region is named: batches are `locations/R` in
-/// their names, operations `regions/R`, and clients mix them (Airflow's
-/// DataprocHook creates and lists under `projects/P/regions/R`).
-fn is_region_collection(segment: &str) -> bool {
-    segment == "locations" || segment == "regions"
-}
-
-/// The project and region of a parent, `projects/P/{collection}/R`, where
-/// `collection` is the usual spelling (`locations` for batches, `regions`
-/// for operations) and the other is accepted as well.
+/// The project and region of a parent `projects/P/{collection}/R`
+/// ([`crate::api::parse_region_parent`]: either spelling of a region is
+/// taken; `collection` is the one the error shows).
 pub fn parent(field: &str, text: &str, collection: &str) -> Result<(String, String), Error> {
-    match text.split('/').collect::<Vec<_>>().as_slice() {
-        ["projects", p, c, r] if is_region_collection(c) && !p.is_empty() && !r.is_empty() => {
-            Ok((p.to_string(), r.to_string()))
-        }
-        _ => Err(Error::invalid_field(
+    crate::api::parse_region_parent(text).ok_or_else(|| {
+        Error::invalid_field(
             field,
             format!(
                 "{} is not a parent; accepted: projects/PROJECT/{collection}/REGION",
                 quote(text)
             ),
-        )),
-    }
+        )
+    })
 }
 
-/// The parts of a resource name `projects/P/{collection}/R/{kind}/ID`
-/// (`locations` or `regions`, as for [`parent`]).
-pub fn resource(
+/// A resource name parsed by `parse`, or INVALID_ARGUMENT naming `field`
+/// and the accepted `form`.
+pub fn name<T>(
     field: &str,
     text: &str,
-    collection: &str,
-    kind: &str,
-) -> Result<(String, String, String), Error> {
-    match text.split('/').collect::<Vec<_>>().as_slice() {
-        ["projects", p, c, r, k, id]
-            if is_region_collection(c)
-                && *k == kind
-                && !p.is_empty()
-                && !r.is_empty()
-                && !id.is_empty() =>
-        {
-            Ok((p.to_string(), r.to_string(), id.to_string()))
-        }
-        _ => Err(Error::invalid_field(
+    parse: impl FnOnce(&str) -> Option<T>,
+    form: &str,
+) -> Result<T, Error> {
+    parse(text).ok_or_else(|| {
+        Error::invalid_field(
             field,
-            format!(
-                "{} is not a name; accepted: projects/PROJECT/{collection}/REGION/{kind}/ID",
-                quote(text)
-            ),
-        )),
-    }
+            format!("{} is not a name; accepted: {form}", quote(text)),
+        )
+    })
 }
 
 /// The gRPC code of an engine error.
@@ -200,27 +177,14 @@ pub fn grpc_code(code: Code) -> tonic::Code {
     }
 }
 
-/// Whether the failure is the server's, not the caller's.
-pub fn is_server_error(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Internal | Code::Unavailable | Code::Unimplemented
-    ) && code.http_status() >= 500
-}
-
 /// An engine error as a gRPC status: the code, the message and, in
 /// `grpc-status-details-bin`, an ErrorInfo (reason, domain `flexq`,
 /// metadata), the BadRequest field violations and, for a rate limit, a
-/// RetryInfo. Internal details stay in the server log.
+/// RetryInfo. A server error's details stay in the server log
+/// ([`Error::for_caller`]), as over REST.
 pub fn status(e: Error) -> Status {
+    let e = e.for_caller();
     let code = grpc_code(e.code);
-    if e.code == Code::Internal {
-        return Status::with_error_details(
-            code,
-            "INTERNAL (the details are in the server log)",
-            ErrorDetails::with_error_info(e.reason, "flexq", HashMap::new()),
-        );
-    }
     let retry = e
         .metadata
         .get(crate::engine::RETRY_AFTER_SECONDS)
@@ -258,26 +222,27 @@ mod tests {
             "{}",
             e.message
         );
+        let form = "projects/PROJECT/regions/REGION/operations/ID";
+        let op = name(
+            "name",
+            "projects/p/regions/r/operations/o",
+            crate::api::OperationName::parse,
+            form,
+        )
+        .expect("an operation name");
         assert_eq!(
-            resource(
-                "name",
-                "projects/p/regions/r/operations/o",
-                "regions",
-                "operations"
-            )
-            .ok(),
-            Some(("p".into(), "r".into(), "o".into()))
+            (op.project, op.region, op.operation_id),
+            ("p".into(), "r".into(), "o".into())
         );
-        assert!(
-            resource(
-                "name",
-                "projects/p/regions/r/operations/",
-                "regions",
-                "operations"
-            )
-            .is_err()
-        );
-        assert!(resource("name", "", "regions", "operations").is_err());
+        let e = name(
+            "name",
+            "projects/p/regions/r/operations/",
+            crate::api::OperationName::parse,
+            form,
+        )
+        .expect_err("no id");
+        assert_eq!(e.violations[0].field, "name");
+        assert!(e.message.contains(form), "{}", e.message);
     }
 
     #[test]

@@ -86,14 +86,15 @@ pub fn routes(engine: Engine, shutdown: CancellationToken) -> anyhow::Result<axu
         .into_axum_router())
 }
 
-/// How often the served services' health follows the engine's readiness.
+/// How often the served services' health follows the engine's readiness,
+/// and how long one check may take.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Standard gRPC health: the server as a whole (service `""`) is SERVING
 /// until `shutdown`, the liveness answer; BatchController and Operations
 /// are SERVING while the engine is ready (its database answers, as
-/// `/readyz`), checked every [`HEALTH_EVERY`]: the readiness answer. All
-/// NOT_SERVING once `shutdown` fires, while the server drains.
+/// `/readyz`), checked every [`HEALTH_EVERY`]: the readiness answer.
 async fn report_health(
     reporter: tonic_health::server::HealthReporter,
     engine: Engine,
@@ -104,7 +105,11 @@ async fn report_health(
         .await;
     let mut last = None;
     loop {
-        let ready = engine.readiness().await.is_ok();
+        // A database that does not answer in time is not ready either.
+        let ready = matches!(
+            tokio::time::timeout(HEALTH_TIMEOUT, engine.readiness()).await,
+            Ok(Ok(_))
+        );
         if last != Some(ready) {
             let status = if ready {
                 ServingStatus::Serving
@@ -135,26 +140,24 @@ struct Front {
     engine: Engine,
 }
 
-/// What a request touches: a project's region, to read or to change.
+/// What a request touches: a project (in its access) and region, to read
+/// or to change.
 struct Scope {
     access: Access,
-    project: String,
     region: String,
 }
 
 impl Scope {
     fn read((project, region): (String, String)) -> Result<Scope, Error> {
         Ok(Scope {
-            access: Access::ReadProject(project.clone()),
-            project,
+            access: Access::ReadProject(project),
             region,
         })
     }
 
     fn write((project, region): (String, String)) -> Result<Scope, Error> {
         Ok(Scope {
-            access: Access::WriteProject(project.clone()),
-            project,
+            access: Access::WriteProject(project),
             region,
         })
     }
@@ -174,10 +177,11 @@ impl Call {
 }
 
 impl Front {
-    /// Runs one RPC: authenticates the caller from `authorization` metadata,
-    /// checks the access `scope` says the request needs and the project's
-    /// rate limit, runs `work` within `grpc-timeout` (at most
-    /// `server.request_timeout`), then logs and counts the answer.
+    /// Runs one RPC: admits the caller ([`Engine::admit`]: the bearer token
+    /// of its `authorization` metadata, the access `scope` says the request
+    /// needs, the project's rate), runs `work` within `grpc-timeout` (at
+    /// most `server.request_timeout`), then counts the answer; a server
+    /// error is logged where it becomes a status ([`convert::status`]).
     async fn call<Req, Resp, Fut>(
         &self,
         method: &'static str,
@@ -196,14 +200,7 @@ impl Front {
         };
         let elapsed = started.elapsed();
         crate::metrics::record_grpc(method, code_name, elapsed);
-        match &result {
-            Err(e) if convert::is_server_error(e.code) => {
-                tracing::error!(grpc.method = method, grpc.code = ?code, detail = %e.message, latency_us = elapsed.as_micros() as u64, "rpc failed");
-            }
-            _ => {
-                tracing::debug!(grpc.method = method, grpc.code = ?code, latency_us = elapsed.as_micros() as u64, "rpc");
-            }
-        }
+        tracing::debug!(grpc.method = method, grpc.code = ?code, latency_us = elapsed.as_micros() as u64, "rpc");
         result.map(Response::new).map_err(convert::status)
     }
 
@@ -216,21 +213,17 @@ impl Front {
     where
         Fut: Future<Output = Result<Resp, Error>>,
     {
+        let (metadata, _, message) = request.into_parts();
+        let authorization = metadata.get("authorization").and_then(|v| v.to_str().ok());
+        let scope = scope(&message)?;
+        let principal = self
+            .engine
+            .admit(authorization, &scope.access, Some(&scope.region))?;
         let limit = self.engine.config().server.request_timeout;
-        let timeout = match grpc_timeout(request.metadata())? {
+        let timeout = match grpc_timeout(&metadata)? {
             Some(asked) => asked.min(limit),
             None => limit,
         };
-        let (metadata, _, message) = request.into_parts();
-        let authorization = metadata
-            .get("authorization")
-            .map(|v| v.to_str().unwrap_or_default().to_string());
-        let principal = self.engine.identify(authorization.as_deref())?;
-        let scope = scope(&message)?;
-        self.engine.authorize(&principal, &scope.access)?;
-        let read = matches!(scope.access, Access::ReadProject(_));
-        self.engine
-            .rate_limit(&scope.project, &scope.region, read)?;
         let call = Call {
             principal,
             deadline: tokio::time::Instant::now() + timeout,
@@ -286,6 +279,9 @@ fn grpc_timeout(metadata: &MetadataMap) -> Result<Option<Duration>, Error> {
         return Err(invalid());
     }
     let (digits, unit) = text.split_at(text.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid());
+    }
     let n: u64 = digits.parse().map_err(|_| invalid())?;
     Ok(Some(match unit {
         "H" => Duration::from_secs(n.saturating_mul(3600)),
@@ -326,7 +322,7 @@ mod tests {
             timeout_of("99999999n").ok().flatten(),
             Some(Duration::from_nanos(99_999_999))
         );
-        for bad in ["", "S", "10", "10x", "123456789S", "-1S"] {
+        for bad in ["", "S", "10", "10x", "123456789S", "-1S", "+5S"] {
             let e = timeout_of(bad).expect_err(bad);
             assert_eq!(e.code, Code::InvalidArgument, "{bad}");
             assert!(e.message.contains("grpc-timeout"), "{}", e.message);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use tonic::{Request, Response, Status};
 
-use super::convert::{encode_operation, parent, resource};
+use super::convert::{encode_operation, name, parent};
 use super::pb::longrunning::operations_server;
 use super::{Front, Scope};
 use crate::api::{Code, OperationName};
@@ -28,13 +28,13 @@ impl Operations {
     }
 }
 
-fn operation_name(name: &str) -> Result<OperationName, Error> {
-    let (project, region, operation_id) = resource("name", name, "regions", "operations")?;
-    Ok(OperationName {
-        project,
-        region,
-        operation_id,
-    })
+fn operation_name(text: &str) -> Result<OperationName, Error> {
+    name(
+        "name",
+        text,
+        OperationName::parse,
+        "projects/PROJECT/regions/REGION/operations/ID",
+    )
 }
 
 fn collection(name: &str) -> Result<(String, String), Error> {
@@ -167,18 +167,15 @@ impl operations_server::Operations for Operations {
                 |call, r| async move {
                     let asked = match r.timeout {
                         None => DEFAULT_WAIT,
-                        Some(d) if d.seconds >= 0 && d.nanos >= 0 => {
-                            Duration::new(d.seconds as u64, d.nanos as u32)
-                        }
-                        Some(d) => {
-                            return Err(Error::invalid_field(
+                        Some(d) => Duration::try_from(d).map_err(|_| {
+                            Error::invalid_field(
                                 "timeout",
                                 format!(
-                                    "{}s is negative; accepted: a duration of 0s or more",
-                                    d.seconds
+                                    "{{seconds: {}, nanos: {}}} is negative; accepted: a duration of 0s or more",
+                                    d.seconds, d.nanos
                                 ),
-                            ));
-                        }
+                            )
+                        })?,
                     };
                     // Answer the latest state before the call's own deadline.
                     let until = tokio::time::Instant::now()

@@ -1,11 +1,10 @@
 //! Who may call which REST route. What a route needs is one table
 //! ([`need`]), applied in one middleware before any handler runs, so the
-//! policy can be read (and tested) in one place; who the caller is and
-//! whether they may is the engine's ([`Engine::identify`],
-//! [`Engine::authorize`]), the same for every front end.
+//! policy can be read (and tested) in one place; who the caller is,
+//! whether they may and the project's rate are the engine's
+//! ([`Engine::admit`]), the same for every front end.
 //!
-//! [`Engine::identify`]: crate::engine::Engine::identify
-//! [`Engine::authorize`]: crate::engine::Engine::authorize
+//! [`Engine::admit`]: crate::engine::Engine::admit
 
 use axum::extract::{MatchedPath, Request, State as AppState};
 use axum::http::{Method, header};
@@ -13,7 +12,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::App;
-use crate::config::PrincipalRole;
 pub use crate::engine::{Access, Principal, token_hash};
 
 /// The table: what each route and method needs.
@@ -59,37 +57,16 @@ pub(super) async fn enforce(
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string());
     let need = need(req.method(), route.as_deref(), req.uri().path());
-    let principal = if need == Access::Nobody && !app.config.principals.is_empty() {
-        Principal {
-            name: "unauthenticated".into(),
-            role: PrincipalRole::Submitter,
-            projects: Vec::new(),
-            node: None,
-            anonymous: false,
-        }
-    } else {
-        let authorization = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        match app.engine.identify(authorization) {
-            Ok(p) => p,
-            Err(e) => return e.into_response(),
-        }
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    // `/v1/projects/{p}/locations|regions/{r}/...`: the rate's region.
+    let region = req.uri().path().split('/').nth(5);
+    let principal = match app.engine.admit(authorization, &need, region) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
     };
-    if let Err(e) = app.engine.authorize(&principal, &need) {
-        return e.into_response();
-    }
-    if matches!(need, Access::ReadProject(_) | Access::WriteProject(_)) {
-        // `/v1/projects/{p}/locations|regions/{r}/...`
-        let segments: Vec<&str> = req.uri().path().split('/').collect();
-        if let (Some(project), Some(region)) = (segments.get(3), segments.get(5)) {
-            let read = req.method() == Method::GET || req.method() == Method::HEAD;
-            if let Err(e) = app.engine.rate_limit(project, region, read) {
-                return e.into_response();
-            }
-        }
-    }
     req.extensions_mut().insert(principal);
     next.run(req).await
 }
