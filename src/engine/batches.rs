@@ -58,6 +58,33 @@ pub struct ListRequest {
 
 const DEFAULT_PAGE_SIZE: u32 = 20;
 const MAX_PAGE_SIZE: u32 = 1000;
+/// The most a page carries, counted as its batches' JSON: a page of big
+/// batches stops early, with a next-page token (AIP-158 allows short
+/// pages), rather than pass the 4 MiB that gRPC clients accept by
+/// default (a batch can be up to `server.max_body_bytes`).
+const MAX_PAGE_BYTES: usize = 3 << 20;
+/// What a listed batch carries beyond its spec (state, history, runtime
+/// info, flexq's extension), at most, in bytes of JSON.
+const LISTED_BEYOND_SPEC: usize = 4 << 10;
+
+/// The length of a value's JSON, without writing it anywhere.
+fn json_len<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail; a value that cannot be written
+    // counts as nothing.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
 
 impl Engine {
     /// Creates a batch: validates it (every violation at once), refuses it
@@ -340,11 +367,22 @@ impl Engine {
             .store
             .list(&project, &region, &filter, page_size, before)
             .await?;
-        let next = page
-            .next_before_seq
+        let mut batches = page.batches;
+        let mut next_before = page.next_before_seq;
+        let mut bytes = 0;
+        let over = batches.iter().position(|b| {
+            bytes += json_len(&b.spec) + LISTED_BEYOND_SPEC;
+            bytes > MAX_PAGE_BYTES
+        });
+        // At least one batch a page, so every page moves on.
+        if let Some(cut) = over.map(|i| i.max(1)).filter(|&i| i < batches.len()) {
+            batches.truncate(cut);
+            next_before = batches.last().map(|b| b.seq);
+        }
+        let next = next_before
             .map(|seq| encode_token(seq, &project, &region, &filter_text))
             .unwrap_or_default();
-        Ok((page.batches, next))
+        Ok((batches, next))
     }
 
     /// A page of a region's operations, newest first: the operations of

@@ -753,3 +753,47 @@ async fn delete_operation_points_at_the_batch() {
     .await;
     assert_eq!(a.code, 0, "{a:?}");
 }
+
+/// A page of big batches stops early with a next-page token instead of
+/// passing the 4 MiB a gRPC client accepts: Google's client lists them all
+/// with the largest page size.
+#[tokio::test]
+async fn big_batches_come_in_pages_a_grpc_client_accepts() {
+    let s = TestServer::start().await;
+    // ~900 KB of properties each: five are more than 4 MiB.
+    let mut body = crate::support::flex_batch();
+    for i in 0..55 {
+        body["runtimeConfig"]["properties"][format!("spark.flexq.test.padding{i}")] =
+            serde_json::json!("x".repeat(16_000));
+    }
+    for i in 0..5 {
+        let (st, b) = s.create(&format!("batchId=big-{i}"), &body).await;
+        assert_eq!(st, 200, "{b}");
+    }
+    let (mut seen, mut token, mut pages) = (0, String::new(), 0);
+    loop {
+        let request = dp::ListBatchesRequest {
+            parent: "projects/demo/locations/us-central1".into(),
+            page_size: 1000,
+            page_token: token.clone(),
+            ..Default::default()
+        };
+        let a = call_raw(
+            s.addr,
+            "/google.cloud.dataproc.v1.BatchController/ListBatches",
+            frame(&request.encode_to_vec()),
+            &[],
+        )
+        .await;
+        assert!(a.body.len() < 4 << 20, "a page of {} bytes", a.body.len());
+        let page: dp::ListBatchesResponse = a.message();
+        seen += page.batches.len();
+        pages += 1;
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, 5);
+    assert!(pages >= 2, "{pages} pages");
+}
