@@ -396,24 +396,37 @@ impl Engine {
         Ok((records.iter().map(operation).collect(), next))
     }
 
-    /// The operation of a batch once it is done, or as it is at `until`.
-    /// Wakes on every change of some batch's work, and at least every
-    /// second (a deadline's expiry announces nothing).
+    /// The operation of a batch once it is done, or as it is at `until` or
+    /// when the server shuts down. Wakes on every change of some batch's
+    /// work, and at least every second (a deadline's expiry announces
+    /// nothing).
     pub async fn wait_operation(
         &self,
         name: &OperationName,
         until: tokio::time::Instant,
     ) -> Result<Operation, Error> {
+        // Any batch's change wakes the waiter; it reads its own again at
+        // most every REREAD, so many waiters under a busy queue cost a
+        // bounded number of reads.
+        const REREAD: std::time::Duration = std::time::Duration::from_millis(250);
         let mut changes = self.watch_work();
+        let shutdown = &self.shared.shutdown;
         loop {
+            let read_at = tokio::time::Instant::now();
             let op = self.get_operation(name).await?;
-            if op.done || tokio::time::Instant::now() >= until {
+            if op.done || read_at >= until || shutdown.is_cancelled() {
                 return Ok(op);
             }
-            let tick = (tokio::time::Instant::now() + std::time::Duration::from_secs(1)).min(until);
+            let tick = (read_at + std::time::Duration::from_secs(1)).min(until);
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = tokio::time::sleep_until(tick) => {}
+                _ = shutdown.cancelled() => {}
+            }
+            let next = (read_at + REREAD).min(until);
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                _ = shutdown.cancelled() => {}
             }
         }
     }

@@ -140,6 +140,8 @@ pub(crate) struct Shared {
     /// The term the leader election loop holds (0: none). A rebuild for a
     /// term that is no longer held does not make this replica lead.
     pub(crate) held_term: AtomicI64,
+    /// Fired when the server shuts down: long waits answer at once.
+    pub(crate) shutdown: CancellationToken,
     /// Fired when this replica no longer takes part in leader election
     /// (at once on SQLite): after shutdown, its lease is given up.
     pub(crate) election_done: CancellationToken,
@@ -254,6 +256,7 @@ impl Engine {
                 stale: AtomicBool::new(false),
                 held_term: AtomicI64::new(0),
                 limits,
+                shutdown: shutdown.clone(),
             }),
         };
         if replicated {

@@ -73,8 +73,10 @@ pub fn decode<M: prost::Message, T: DeserializeOwned>(
 }
 
 /// One of the engine's shapes as a response message, through its proto3
-/// JSON. Keys the message does not have (flexq's `flexq` extension of a
-/// Batch) are left out.
+/// JSON. Keys the message does not have are left out: flexq's extensions
+/// of the REST shape (a Batch's `flexq`, some `runtimeInfo` fields) and an
+/// `Any`'s `@type`; a test (`the_rest_batch_and_the_proto_differ_only_where_said`)
+/// keeps the list of what is left out exact.
 pub fn encode<T: serde::Serialize, M: prost::Message + Default>(
     full_name: &str,
     value: &T,
@@ -86,7 +88,7 @@ pub fn encode<T: serde::Serialize, M: prost::Message + Default>(
         &mut reader,
         &DeserializeOptions::new().deny_unknown_fields(false),
     )
-    .map_err(Error::internal)?;
+    .map_err(|e| Error::internal(format!("{full_name} from its REST shape: {e}")))?;
     reader.end().map_err(Error::internal)?;
     dynamic.transcode_to::<M>().map_err(Error::internal)
 }
@@ -254,8 +256,7 @@ mod tests {
             "runtimeConfig": {"version": "3.0", "properties": {"spark.executor.instances": "2"}},
             "environmentConfig": {"executionConfig": {"ttl": "3600s"}},
             "state": "PENDING",
-            "createTime": "2026-12-01T10:00:00Z",
-            "flexq": {"provisioningState": "QUEUED"}
+            "createTime": "2026-12-01T10:00:00Z"
         });
         let batch: dp::Batch = encode(BATCH, &json).expect("to prost");
         assert_eq!(batch.state, dp::batch::State::Pending as i32);
@@ -279,6 +280,109 @@ mod tests {
             back.pyspark_batch.map(|p| p.main_python_file_uri),
             Some("file:///x.py".to_string())
         );
+    }
+
+    /// The fields of a REST Batch that the Dataproc proto has not, so gRPC
+    /// clients do not get them (what they say is in `stateMessage` too).
+    const REST_ONLY: &[&str] = &[
+        "flexq",
+        "runtimeInfo.driverExitCode",
+        "runtimeInfo.driverNode",
+        "runtimeInfo.outputTruncated",
+        "runtimeInfo.rapidsAccelerator",
+    ];
+
+    /// The keys of `json` that `message` has no field for, as paths.
+    fn keys_not_in(
+        message: &prost_reflect::MessageDescriptor,
+        json: &serde_json::Value,
+        prefix: &str,
+        out: &mut Vec<String>,
+    ) {
+        let Some(object) = json.as_object() else {
+            return;
+        };
+        for (key, value) in object {
+            let path = format!("{prefix}{key}");
+            let Some(field) = message.get_field_by_json_name(key) else {
+                out.push(path);
+                continue;
+            };
+            if let (prost_reflect::Kind::Message(inner), false) = (field.kind(), field.is_map()) {
+                match value {
+                    serde_json::Value::Array(items) => {
+                        for item in items {
+                            keys_not_in(&inner, item, &format!("{path}."), out);
+                        }
+                    }
+                    _ => keys_not_in(&inner, value, &format!("{path}."), out),
+                }
+            }
+        }
+    }
+
+    /// Every field of the REST Batch, set: only the ones [`REST_ONLY`]
+    /// names are unknown to the Dataproc proto. A field added to one shape
+    /// and not the other fails here instead of vanishing over gRPC.
+    #[test]
+    fn the_rest_batch_and_the_proto_differ_only_where_said() {
+        let full = serde_json::json!({
+            "name": "projects/p/locations/r/batches/b", "uuid": "u",
+            "createTime": "2026-12-01T10:00:00Z",
+            "pysparkBatch": {"mainPythonFileUri": "file:///x.py", "args": ["1"],
+                "pythonFileUris": ["a"], "jarFileUris": ["b"], "fileUris": ["c"], "archiveUris": ["d"]},
+            "runtimeInfo": {"endpoints": {"spark": "spark://h:7077"}, "outputUri": "o",
+                "diagnosticOutputUri": "d", "rapidsAccelerator": "on", "driverNode": "n",
+                "driverExitCode": 0, "outputTruncated": true},
+            "state": "SUCCEEDED", "stateMessage": "m", "stateTime": "2026-12-01T10:00:00Z",
+            "creator": "c", "labels": {"k": "v"},
+            "runtimeConfig": {"version": "3.0", "containerImage": "i", "properties": {"k": "v"}},
+            "environmentConfig": {
+                // The network is a oneof too: one of network and subnetwork.
+                "executionConfig": {"serviceAccount": "s", "subnetworkUri": "s",
+                    "networkTags": ["t"], "kmsKey": "k", "idleTtl": "60s", "ttl": "3600s",
+                    "stagingBucket": "b"},
+                "peripheralsConfig": {"metastoreService": "m",
+                    "sparkHistoryServerConfig": {"dataprocCluster": "c"}}},
+            "operation": "projects/p/regions/r/operations/o",
+            "stateHistory": [{"state": "PENDING", "stateMessage": "m",
+                "stateStartTime": "2026-12-01T10:00:00Z"}],
+            "flexq": {"provisioningState": "RELEASED", "provisioningMode": "queue"}
+        });
+        // Through the REST type, so the sample is what the server writes.
+        let batch: crate::api::Batch = serde_json::from_value(full).expect("a REST batch");
+        let json = serde_json::to_value(&batch).expect("json");
+        let mut unknown = Vec::new();
+        keys_not_in(
+            &descriptor(BATCH).expect("descriptor"),
+            &json,
+            "",
+            &mut unknown,
+        );
+        unknown.sort();
+        assert_eq!(unknown, REST_ONLY);
+        // And the Spark and Spark SQL workloads.
+        for workload in [
+            // The driver is a class or a jar (a oneof; the rules take one).
+            serde_json::json!({"sparkBatch": {"mainClass": "C", "args": ["a"],
+                "jarFileUris": ["b"], "fileUris": ["c"], "archiveUris": ["d"]}}),
+            serde_json::json!({"sparkBatch": {"mainJarFileUri": "j"}}),
+            serde_json::json!({"sparkSqlBatch": {"queryFileUri": "q", "queryVariables": {"k": "v"},
+                "jarFileUris": ["b"]}}),
+        ] {
+            let batch: crate::api::Batch = serde_json::from_value(workload).expect("a REST batch");
+            let mut unknown = Vec::new();
+            let json = serde_json::to_value(&batch).expect("json");
+            keys_not_in(
+                &descriptor(BATCH).expect("descriptor"),
+                &json,
+                "",
+                &mut unknown,
+            );
+            assert!(unknown.is_empty(), "{unknown:?}");
+            let _: dp::Batch = encode(BATCH, &batch).expect("the workload to its message");
+        }
+        let _: dp::Batch = encode(BATCH, &batch).expect("the whole batch to its message");
     }
 
     #[test]

@@ -540,6 +540,18 @@ fn check_ttl(
         .environment_config
         .as_ref()
         .and_then(|e| e.execution_config.as_ref());
+    // Dataproc's ExecutionConfig names the network one way: a network or
+    // a subnetwork (a oneof), never both.
+    if let Some(e) = exec.filter(|e| e.network_uri.is_some() && e.subnetwork_uri.is_some()) {
+        v.invalid(
+            "environment_config.execution_config.subnetwork_uri",
+            format!(
+                "{} is set with network_uri {}; accepted: one of network_uri and subnetwork_uri",
+                quote(e.subnetwork_uri.as_deref().unwrap_or_default()),
+                quote(e.network_uri.as_deref().unwrap_or_default())
+            ),
+        );
+    }
     if let Some(idle) = exec.and_then(|e| e.idle_ttl.as_deref()) {
         if let Err(form) = parse_proto_duration(idle) {
             v.invalid(

@@ -501,6 +501,32 @@ fn the_operator_default_timeout_applies() {
 }
 
 #[test]
+fn a_network_is_named_one_way() {
+    let mut b = flex(&[]);
+    b.environment_config = Some(EnvironmentConfig {
+        execution_config: Some(ExecutionConfig {
+            network_uri: Some("default".into()),
+            subnetwork_uri: Some("sub".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    rejected(
+        &b,
+        "environment_config.execution_config.subnetwork_uri",
+        "one of network_uri and subnetwork_uri",
+    );
+    if let Some(e) = b
+        .environment_config
+        .as_mut()
+        .and_then(|e| e.execution_config.as_mut())
+    {
+        e.network_uri = None;
+    }
+    assert!(check(&b).is_ok());
+}
+
+#[test]
 fn ttl_is_bounded_and_defaults_to_four_hours() {
     let with_ttl = |ttl: &str| {
         let mut b = flex(&[]);
