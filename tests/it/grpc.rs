@@ -797,3 +797,89 @@ async fn big_batches_come_in_pages_a_grpc_client_accepts() {
     assert_eq!(seen, 5);
     assert!(pages >= 2, "{pages} pages");
 }
+
+/// A batch that ran: its agent (driven here through the agent protocol,
+/// no Spark) reports it SUCCEEDED; over gRPC its operation is done with
+/// the Batch in `response`, and the Batch carries its runtime info and
+/// history — the whole REST shape crosses, but for flexq's own fields.
+#[tokio::test]
+async fn a_batch_that_succeeded_reads_back_over_grpc() {
+    use serde_json::json;
+    let s = TestServer::start_for_agents(Duration::from_secs(30)).await;
+    let node = json!({
+        "nodeId": "gpu-host-1", "region": "us-central1", "zone": "us-central1-b", "pool": "l4",
+        "gpuAddresses": ["0", "1", "2", "3", "4", "5", "6", "7"],
+        "cores": 96, "memoryMb": 393216, "localSsdGb": 3000
+    });
+    let (st, reg) = s.post_json("/v1/nodes:register", &node).await;
+    assert_eq!(st, 200, "{reg}");
+    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let a = call_raw(s.addr, CREATE_BATCH, create_request("ran-once"), &[]).await;
+    let op: lro::Operation = a.message();
+    let (_, poll) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:poll",
+            &json!({"epoch": epoch, "version": "", "waitFor": "10s"}),
+        )
+        .await;
+    let uuid = poll["assignments"][0]["uuid"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an assignment: {poll}"))
+        .to_string();
+    for event in [
+        json!({"event": "MASTER_READY", "masterUrl": "spark://127.0.0.1:7077"}),
+        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
+        json!({"event": "FINISHED", "succeeded": true, "message": "The driver finished successfully (exit status 0).", "exitCode": 0}),
+    ] {
+        let mut body = event;
+        body["epoch"] = json!(epoch);
+        body["uuid"] = json!(uuid);
+        let (st, answer) = s.post_json("/v1/nodes/gpu-host-1:report", &body).await;
+        assert_eq!(st, 200, "{answer}");
+    }
+
+    let get = lro::GetOperationRequest {
+        name: op.name.clone(),
+    };
+    let done: lro::Operation = call_raw(
+        s.addr,
+        "/google.longrunning.Operations/GetOperation",
+        frame(&get.encode_to_vec()),
+        &[],
+    )
+    .await
+    .message();
+    assert!(done.done, "{done:?}");
+    let Some(lro::operation::Result::Response(any)) = done.result else {
+        panic!("a succeeded batch's operation has the Batch as response: {done:?}");
+    };
+    assert_eq!(
+        any.type_url,
+        "type.googleapis.com/google.cloud.dataproc.v1.Batch"
+    );
+    let batch = dp::Batch::decode(any.value.as_slice()).expect("a Batch");
+    assert_eq!(batch.state, dp::batch::State::Succeeded as i32);
+
+    let batch: dp::Batch = call_raw(
+        s.addr,
+        GET_BATCH,
+        get_batch("projects/demo/locations/us-central1/batches/ran-once"),
+        &[],
+    )
+    .await
+    .message();
+    assert_eq!(batch.state, dp::batch::State::Succeeded as i32);
+    let info = batch.runtime_info.expect("runtime info");
+    assert!(!info.endpoints.is_empty(), "{info:?}");
+    assert!(!info.output_uri.is_empty(), "{info:?}");
+    let states: Vec<i32> = batch.state_history.iter().map(|h| h.state).collect();
+    assert!(
+        states.contains(&(dp::batch::State::Running as i32)),
+        "{states:?}"
+    );
+    assert!(
+        batch.state_message.contains("exit status 0"),
+        "{}",
+        batch.state_message
+    );
+}
