@@ -275,6 +275,46 @@ pub struct RuntimeInfo {
     /// flexq: driver output beyond `agents.max_output_bytes` was dropped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_truncated: bool,
+    /// What the batch's cluster has used from its allocation until now,
+    /// or until it was released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approximate_usage: Option<UsageMetrics>,
+    /// What the cluster holds now, while it holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_usage: Option<UsageSnapshot>,
+}
+
+/// `google.cloud.dataproc.v1.UsageMetrics`: resources used over time.
+/// int64 values travel as decimal strings (proto3 JSON). flexq fills the
+/// accelerator and local-SSD fields (local SSD is where a GPU batch's
+/// shuffle lives); DCUs are not counted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageMetrics {
+    /// GPUs × 1000 × seconds held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milli_accelerator_seconds: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator_type: Option<String>,
+    /// Local SSD GB × seconds held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_storage_gb_seconds: Option<String>,
+}
+
+/// `google.cloud.dataproc.v1.UsageSnapshot`: what is held at one time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageSnapshot {
+    /// GPUs × 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milli_accelerator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator_type: Option<String>,
+    /// Local SSD GB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_storage_gb: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_time: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -147,6 +147,33 @@ impl ClusterRequest {
     pub fn total_gpus(&self) -> u64 {
         u64::from(self.driver.gpus) + u64::from(self.executor.gpus) * u64::from(self.executor_count)
     }
+
+    /// The cluster's GPUs by type, in a stable order (the executors' type
+    /// first).
+    pub fn gpus_by_type(&self) -> Vec<(Accelerator, u64)> {
+        let mut by_type: Vec<(Accelerator, u64)> = Vec::new();
+        let parts = [
+            (&self.executor, u64::from(self.executor_count)),
+            (&self.driver, 1),
+        ];
+        for (shape, count) in parts {
+            let Some(accelerator) = shape.accelerator else {
+                continue;
+            };
+            let gpus = u64::from(shape.gpus) * count;
+            match by_type.iter_mut().find(|(a, _)| *a == accelerator) {
+                Some((_, n)) => *n += gpus,
+                None => by_type.push((accelerator, gpus)),
+            }
+        }
+        by_type.retain(|(_, n)| *n > 0);
+        by_type
+    }
+
+    /// Local SSD of the whole cluster, in GB.
+    pub fn local_ssd_gb(&self) -> u64 {
+        self.driver.local_ssd_gb + self.executor.local_ssd_gb * u64::from(self.executor_count)
+    }
 }
 
 /// Why a batch was refused: every violation, and the status of the answer.

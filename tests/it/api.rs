@@ -514,3 +514,60 @@ async fn the_openapi_document_describes_every_route() {
         assert!(batch.get(field).is_some(), "Batch.{field}: {batch:#}");
     }
 }
+
+/// A batch's usage in the Dataproc API's fields: while it holds its
+/// cluster, `currentUsage` (GPUs × 1000, local SSD) and a growing
+/// `approximateUsage`; once released, `approximateUsage` alone, GPUs ×
+/// 1000 × the seconds from allocation to release, fixed from then on.
+#[tokio::test]
+async fn usage_is_reported_while_held_and_after_release() {
+    // The default config's virtual L4 nodes take the batch at once.
+    let s = TestServer::start_with(|_| {}).await;
+    let (st, op) = s.create("batchId=used-gpus", &flex_batch()).await;
+    assert_eq!(st, 200, "{op}");
+    let path = "/v1/projects/demo/locations/us-central1/batches/used-gpus";
+    let held = crate::support::until(&s, path, "allocated", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    let current = &held["runtimeInfo"]["currentUsage"];
+    // A driver and two executors of one L4 each; 375 GB of local SSD each.
+    assert_eq!(current["milliAccelerator"], "3000", "{held:#}");
+    assert_eq!(current["acceleratorType"], "l4");
+    assert_eq!(current["shuffleStorageGb"], "1125");
+    let millis = |b: &Value| -> u64 {
+        b["runtimeInfo"]["approximateUsage"]["milliAcceleratorSeconds"]
+            .as_str()
+            .expect("an int64 string")
+            .parse()
+            .expect("a number")
+    };
+    let first = millis(&held);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let (_, later) = s.get(path).await;
+    assert!(
+        millis(&later) >= first + 3 * 500,
+        "{first} then {}",
+        millis(&later)
+    );
+
+    let name = op["name"].as_str().expect("operation name");
+    let (st, _) = s.post(&format!("/v1/{name}:cancel")).await;
+    assert_eq!(st, 200);
+    let (_, ended) = s.get(path).await;
+    assert_eq!(ended["state"], "CANCELLED", "{ended:#}");
+    assert!(ended["runtimeInfo"]["currentUsage"].is_null(), "{ended:#}");
+    let time = |v: &Value| {
+        chrono::DateTime::parse_from_rfc3339(v.as_str().expect("a time")).expect("rfc3339")
+    };
+    let held_ms = (time(&ended["stateTime"]) - time(&ended["flexq"]["allocateTime"]))
+        .num_milliseconds() as u64;
+    assert_eq!(millis(&ended), 3 * held_ms, "{ended:#}");
+    assert_eq!(
+        ended["runtimeInfo"]["approximateUsage"]["shuffleStorageGbSeconds"],
+        (1125 * held_ms / 1000).to_string()
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (_, again) = s.get(path).await;
+    assert_eq!(millis(&again), millis(&ended), "usage stops at the release");
+}

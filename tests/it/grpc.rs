@@ -872,6 +872,11 @@ async fn a_batch_that_succeeded_reads_back_over_grpc() {
     let info = batch.runtime_info.expect("runtime info");
     assert!(!info.endpoints.is_empty(), "{info:?}");
     assert!(!info.output_uri.is_empty(), "{info:?}");
+    // The usage fields cross too: released, so no current usage.
+    let used = info.approximate_usage.expect("approximate usage");
+    assert_eq!(used.accelerator_type, "l4");
+    assert!(used.milli_accelerator_seconds >= 0, "{used:?}");
+    assert!(info.current_usage.is_none(), "{:?}", info.current_usage);
     let states: Vec<i32> = batch.state_history.iter().map(|h| h.state).collect();
     assert!(
         states.contains(&(dp::batch::State::Running as i32)),
