@@ -5,10 +5,12 @@
 mod batch;
 mod names;
 mod status;
+mod usage;
 
 pub use batch::*;
 pub use names::*;
 pub use status::*;
+pub use usage::*;
 
 use serde::{Deserialize, Serialize};
 

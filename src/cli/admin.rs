@@ -197,3 +197,80 @@ fn print_quotas(v: &Value, format: OutputFormat) -> Result<(), CliError> {
     );
     Ok(())
 }
+
+#[derive(Debug, clap::Args)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Start of the window, RFC 3339 (default: 7 days before the end).
+    #[arg(long)]
+    pub start: Option<String>,
+    /// End of the window, RFC 3339 (default: now).
+    #[arg(long)]
+    pub end: Option<String>,
+    /// Every project of the region (admins), instead of --project.
+    #[arg(long)]
+    pub all_projects: bool,
+}
+
+/// `flexq usage`: GPU-hours, batches, waits and expiries per project and
+/// accelerator type in a region, like Slurm's sreport.
+pub async fn run_usage(mut args: UsageArgs) -> Result<(), CliError> {
+    if args.all_projects {
+        args.target.project = Some("-".into());
+    }
+    let format = args.target.format;
+    let client = args.target.project_client()?;
+    let query: Vec<(&str, &str)> = [("startTime", &args.start), ("endTime", &args.end)]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+        .collect();
+    let query = serde_urlencoded::to_string(&query).unwrap_or_default();
+    let path = format!(
+        "/v1/projects/{}/regions/{}/usage{}{query}",
+        client.target.project,
+        client.target.region,
+        if query.is_empty() { "" } else { "?" }
+    );
+    let v: Value = client.call::<(), _>(Method::GET, &path, None).await?;
+    if format != OutputFormat::Table {
+        return print_structured(&v, format);
+    }
+    let hours = |x: &Value| format!("{:.2}", x.as_f64().unwrap_or_default());
+    let seconds = |x: &Value| x.as_f64().map(|s| format!("{s:.1}s")).unwrap_or_default();
+    let line = |r: &Value| {
+        vec![
+            cell(&r["project"]),
+            cell(&r["acceleratorType"]),
+            hours(&r["gpuHours"]),
+            cell(&r["batches"]),
+            seconds(&r["waitP50Seconds"]),
+            seconds(&r["waitP95Seconds"]),
+            format!("{:.1}", r["expiredPercent"].as_f64().unwrap_or_default()),
+        ]
+    };
+    let mut table: Vec<Vec<String>> = v["rows"]
+        .as_array()
+        .map(|rows| rows.iter().map(line).collect())
+        .unwrap_or_default();
+    table.push(line(&v["total"]));
+    println!(
+        "{} from {} to {}",
+        cell(&v["region"]),
+        cell(&v["startTime"]),
+        cell(&v["endTime"])
+    );
+    print_table(
+        &[
+            "PROJECT",
+            "ACCELERATOR",
+            "GPU-HOURS",
+            "BATCHES",
+            "WAIT-P50",
+            "WAIT-P95",
+            "EXPIRED-%",
+        ],
+        &table,
+    );
+    Ok(())
+}

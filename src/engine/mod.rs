@@ -29,6 +29,7 @@ mod nodes;
 mod passes;
 mod principal;
 mod replica;
+mod usage;
 
 pub use admin::{NodeView, QuotaChange, Readiness};
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};

@@ -7,7 +7,7 @@ use axum::response::Response;
 use serde::Deserialize;
 
 use super::App;
-use super::extract::{ApiPath, Format, JsonBody};
+use super::extract::{ApiPath, ApiQuery, Format, JsonBody};
 use crate::engine::{Error, QuotaChange};
 
 /// `GET /v1/regions`: GPUs and local SSD per region, zone and GPU type.
@@ -74,4 +74,41 @@ pub(super) async fn patch_quota(
         StatusCode::OK,
         &serde_json::json!({ "project": project, "region": region, "quotas": quotas }),
     ))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct UsageParams {
+    start_time: Option<String>,
+    end_time: Option<String>,
+    #[serde(rename = "$alt")]
+    _alt: Option<String>,
+    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
+    _pretty: Option<String>,
+}
+
+/// `GET /v1/projects/{project}/regions/{region}/usage?startTime=&endTime=`:
+/// GPU-hours, local-SSD GB-hours, batches, waits and expiries per project
+/// and accelerator type (project `-`: every project, for admins).
+#[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/usage", tag = "usage",
+    params(("project" = String, Path, description = "A project, or - for every project (admins)"), ("region" = String, Path),
+        ("startTime" = Option<String>, Query, description = "RFC 3339; default endTime minus 7 days"),
+        ("endTime" = Option<String>, Query, description = "RFC 3339; default now")),
+    responses((status = 200, body = crate::api::UsageReport), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn usage(
+    AppState(app): AppState<App>,
+    ApiPath((project, region)): ApiPath<(String, String)>,
+    ApiQuery(params): ApiQuery<UsageParams>,
+    format: Format,
+) -> Result<Response, Error> {
+    let report = app
+        .engine
+        .usage_report(
+            &project,
+            &region,
+            params.start_time.as_deref(),
+            params.end_time.as_deref(),
+        )
+        .await?;
+    Ok(format.respond(StatusCode::OK, &report))
 }

@@ -89,6 +89,10 @@ fn rest(app: App) -> Router {
             "/v1/projects/{project}/regions/{region}/quotas",
             get(admin::get_quotas).patch(admin::patch_quota),
         )
+        .route(
+            "/v1/projects/{project}/regions/{region}/usage",
+            get(admin::usage),
+        )
         .route("/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -46,6 +46,7 @@ pub struct ErrorStatus {
         super::admin::nodes,
         super::admin::get_quotas,
         super::admin::patch_quota,
+        super::admin::usage,
         super::runtimes,
         super::healthz,
         super::readyz,

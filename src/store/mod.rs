@@ -22,6 +22,7 @@ mod rows;
 mod runs;
 mod schedule;
 mod sql;
+mod usage;
 mod writer;
 
 use std::path::Path;
@@ -44,6 +45,7 @@ pub use lifecycle::Applied;
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
 use sql::Sql;
+pub use usage::{CreatedBatch, HeldPart};
 
 /// Why a store call failed, in terms the API layer can answer with.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -125,6 +125,12 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Kind)> {
             Kind::ProjectRead,
         ),
         (
+            Method::GET,
+            "/v1/projects/{P}/regions/us-central1/usage",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
             Method::PATCH,
             "/v1/projects/{P}/regions/us-central1/quotas",
             Some(json!({"metric": "NVIDIA_L4_GPUS", "limit": 8})),

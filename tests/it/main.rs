@@ -18,3 +18,4 @@ mod scheduler;
 mod spark;
 mod support;
 mod tls;
+mod usage;

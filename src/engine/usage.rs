@@ -1,0 +1,218 @@
+//! The usage report: GPU-seconds and local-SSD GB-seconds held per project
+//! and accelerator type in a region over a window, read from the stored
+//! allocations (each part's allocation and release time), with the
+//! window's batches' waits and expiries.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::{Engine, Error};
+use crate::api::{UsageReport, UsageRow, quote};
+use crate::store::{CreatedBatch, HeldPart, Provisioning};
+
+/// The window when none is given: the last 7 days.
+const DEFAULT_WINDOW_DAYS: i64 = 7;
+
+impl Engine {
+    /// The report for `project`'s region (`-`: every project; the caller's
+    /// access is checked by the front end's admission) between `start`
+    /// and `end` (RFC 3339; default the 7 days before now).
+    pub async fn usage_report(
+        &self,
+        project: &str,
+        region: &str,
+        start: Option<&str>,
+        end: Option<&str>,
+    ) -> Result<UsageReport, Error> {
+        let now = Utc::now();
+        let time = |field: &str, text: &str| {
+            DateTime::parse_from_rfc3339(text)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|_| {
+                    Error::invalid_field(
+                        field,
+                        format!(
+                            "{} is not a time; accepted: RFC 3339, e.g. 2026-12-01T00:00:00Z",
+                            quote(text)
+                        ),
+                    )
+                })
+        };
+        let end = match end {
+            Some(t) => time("endTime", t)?,
+            None => now,
+        };
+        let start = match start {
+            Some(t) => time("startTime", t)?,
+            None => end - Duration::days(DEFAULT_WINDOW_DAYS),
+        };
+        if start >= end {
+            return Err(Error::invalid_field(
+                "startTime",
+                format!("{start} is not before endTime {end}; accepted: a start before the end"),
+            ));
+        }
+        let every = project == "-";
+        let (held, created) = self
+            .shared
+            .store
+            .usage(region, (!every).then_some(project), start, end)
+            .await?;
+        Ok(report(region, &held, &created, start, end, now))
+    }
+}
+
+/// What the report's rows add up from (pure: tested alone).
+pub(crate) fn report(
+    region: &str,
+    held: &[HeldPart],
+    created: &[CreatedBatch],
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> UsageReport {
+    #[derive(Default)]
+    struct Sums {
+        gpu_millis: u64,
+        ssd_gb_millis: u64,
+        batches: u64,
+        allocated: u64,
+        expired: u64,
+        waits: Vec<f64>,
+    }
+    let mut by: BTreeMap<(String, String), Sums> = BTreeMap::new();
+    for part in held {
+        let from = part.allocated_at.max(start);
+        let to = part.released_at.unwrap_or(now).min(end).min(now.max(start));
+        let millis = (to - from).num_milliseconds().max(0) as u64;
+        let label = part.accelerator.map_or("cpu", |a| a.name());
+        let sums = by
+            .entry((part.project.clone(), label.to_string()))
+            .or_default();
+        sums.gpu_millis += part.gpus * millis;
+        sums.ssd_gb_millis += part.local_ssd_gb * millis;
+    }
+    for batch in created {
+        let label = crate::scheduler::accelerator_label(&batch.cluster);
+        let sums = by
+            .entry((batch.project.clone(), label.to_string()))
+            .or_default();
+        sums.batches += 1;
+        if batch.provisioning == Provisioning::Expired {
+            sums.expired += 1;
+        }
+        if let Some(at) = batch.allocate_time {
+            sums.allocated += 1;
+            sums.waits
+                .push((at - batch.create_time).num_milliseconds().max(0) as f64 / 1000.0);
+        }
+    }
+    let row = |project: &str, accelerator: &str, s: &mut Sums| {
+        s.waits.sort_by(f64::total_cmp);
+        let ended = s.allocated + s.expired;
+        UsageRow {
+            project: project.to_string(),
+            accelerator_type: accelerator.to_string(),
+            milli_accelerator_seconds: s.gpu_millis.to_string(),
+            gpu_hours: s.gpu_millis as f64 / 3_600_000.0,
+            local_ssd_gb_hours: s.ssd_gb_millis as f64 / 3_600_000.0,
+            batches: s.batches,
+            allocated: s.allocated,
+            expired: s.expired,
+            expired_percent: if ended == 0 {
+                0.0
+            } else {
+                100.0 * s.expired as f64 / ended as f64
+            },
+            wait_p50_seconds: percentile(&s.waits, 0.5),
+            wait_p95_seconds: percentile(&s.waits, 0.95),
+        }
+    };
+    let mut all = Sums::default();
+    let mut rows = Vec::with_capacity(by.len());
+    for ((project, accelerator), mut s) in by {
+        all.gpu_millis += s.gpu_millis;
+        all.ssd_gb_millis += s.ssd_gb_millis;
+        all.batches += s.batches;
+        all.allocated += s.allocated;
+        all.expired += s.expired;
+        all.waits.extend_from_slice(&s.waits);
+        rows.push(row(&project, &accelerator, &mut s));
+    }
+    UsageReport {
+        region: region.to_string(),
+        start_time: start,
+        end_time: end,
+        rows,
+        total: row("*", "*", &mut all),
+    }
+}
+
+/// The nearest-rank percentile of sorted `values`.
+fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Accelerator;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a time")
+    }
+
+    fn part(project: &str, gpus: u64, from: i64, to: Option<i64>) -> HeldPart {
+        HeldPart {
+            project: project.into(),
+            accelerator: Some(Accelerator::L4),
+            gpus,
+            local_ssd_gb: 375,
+            allocated_at: at(from),
+            released_at: to.map(at),
+        }
+    }
+
+    #[test]
+    fn usage_counts_only_the_window_and_sums_to_the_total() {
+        let held = [
+            // Inside: 2 GPUs × 100 s.
+            part("a", 2, 100, Some(200)),
+            // Starts before the window: counted from its start, 50 s.
+            part("a", 1, -50, Some(50)),
+            // Still held at `now` (300): 4 GPUs × 100 s.
+            part("b", 4, 200, None),
+        ];
+        let r = report("r", &held, &[], at(0), at(1000), at(300));
+        let ms = |row: &UsageRow| row.milli_accelerator_seconds.parse::<u64>().expect("int");
+        assert_eq!(r.rows.len(), 2);
+        assert_eq!(ms(&r.rows[0]), 2 * 100_000 + 50_000);
+        assert_eq!(ms(&r.rows[1]), 4 * 100_000);
+        assert_eq!(ms(&r.total), ms(&r.rows[0]) + ms(&r.rows[1]));
+        assert!((r.total.gpu_hours - 650_000.0 / 3_600_000.0).abs() < 1e-9);
+        // A part released before the window counts nothing.
+        let r = report(
+            "r",
+            &[part("a", 8, -100, Some(-10))],
+            &[],
+            at(0),
+            at(10),
+            at(20),
+        );
+        assert_eq!(r.total.milli_accelerator_seconds, "0");
+    }
+
+    #[test]
+    fn waits_are_nearest_rank_percentiles() {
+        let waits: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(percentile(&waits, 0.5), Some(10.0));
+        assert_eq!(percentile(&waits, 0.95), Some(19.0));
+        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&[3.0], 0.95), Some(3.0));
+    }
+}

@@ -1,0 +1,110 @@
+//! What the usage report reads: the parts of clusters held in a region
+//! over a window (from the `allocations` rows, which keep each part's
+//! allocation and release time), and the batches created in it.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::rows::{from_micros, micros};
+use super::{Provisioning, Store, StoreError};
+use crate::spec::{Accelerator, ClusterRequest};
+
+/// One part of a cluster that was held in the window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldPart {
+    pub project: String,
+    /// The part's GPU type; None for a CPU part.
+    pub accelerator: Option<Accelerator>,
+    pub gpus: u64,
+    pub local_ssd_gb: u64,
+    pub allocated_at: DateTime<Utc>,
+    /// None while still held.
+    pub released_at: Option<DateTime<Utc>>,
+}
+
+/// A batch created in the window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedBatch {
+    pub project: String,
+    pub cluster: ClusterRequest,
+    pub create_time: DateTime<Utc>,
+    pub allocate_time: Option<DateTime<Utc>>,
+    pub provisioning: Provisioning,
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("stored cluster cannot be read: {e}"))
+}
+
+impl Store {
+    /// The parts held in `region` (of `project`, or of every project) at
+    /// some time in [`start`, `end`), and the batches created in it.
+    pub async fn usage(
+        &self,
+        region: &str,
+        project: Option<&str>,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+    ) -> Result<(Vec<HeldPart>, Vec<CreatedBatch>), StoreError> {
+        let project = project.unwrap_or_default();
+        let rows = sqlx::query(
+            "select b.project, b.cluster, a.role, a.gpus, a.local_ssd_gb, a.allocated_at, a.released_at \
+             from allocations a join batches b on b.seq = a.batch_seq \
+             where b.region = $1 and ($2 = '' or b.project = $3) \
+             and a.allocated_at < $4 and (a.released_at is null or a.released_at > $5)",
+        )
+        .bind(region)
+        .bind(project)
+        .bind(project)
+        .bind(micros(end))
+        .bind(micros(start))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut held = Vec::with_capacity(rows.len());
+        for row in rows {
+            let cluster: ClusterRequest =
+                serde_json::from_str(row.try_get("cluster")?).map_err(corrupt)?;
+            let role: &str = row.try_get("role")?;
+            let shape = if role == "driver" {
+                &cluster.driver
+            } else {
+                &cluster.executor
+            };
+            let gpus: Vec<String> = serde_json::from_str(row.try_get("gpus")?).map_err(corrupt)?;
+            held.push(HeldPart {
+                project: row.try_get("project")?,
+                accelerator: shape.accelerator,
+                gpus: gpus.len() as u64,
+                local_ssd_gb: row.try_get::<i64, _>("local_ssd_gb")?.max(0) as u64,
+                allocated_at: from_micros(row.try_get("allocated_at")?),
+                released_at: row
+                    .try_get::<Option<i64>, _>("released_at")?
+                    .map(from_micros),
+            });
+        }
+        let rows = sqlx::query(
+            "select project, cluster, create_time, allocate_time, provisioning from batches \
+             where region = $1 and ($2 = '' or project = $3) and create_time >= $4 and create_time < $5",
+        )
+        .bind(region)
+        .bind(project)
+        .bind(project)
+        .bind(micros(start))
+        .bind(micros(end))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut created = Vec::with_capacity(rows.len());
+        for row in rows {
+            created.push(CreatedBatch {
+                project: row.try_get("project")?,
+                cluster: serde_json::from_str(row.try_get("cluster")?).map_err(corrupt)?,
+                create_time: from_micros(row.try_get("create_time")?),
+                allocate_time: row
+                    .try_get::<Option<i64>, _>("allocate_time")?
+                    .map(from_micros),
+                provisioning: Provisioning::from_number(row.try_get("provisioning")?),
+            });
+        }
+        Ok((held, created))
+    }
+}
