@@ -816,16 +816,23 @@ async fn a_batch_that_succeeded_reads_back_over_grpc() {
     let epoch = reg["epoch"].as_str().expect("epoch").to_string();
     let a = call_raw(s.addr, CREATE_BATCH, create_request("ran-once"), &[]).await;
     let op: lro::Operation = a.message();
-    let (_, poll) = s
-        .post_json(
-            "/v1/nodes/gpu-host-1:poll",
-            &json!({"epoch": epoch, "version": "", "waitFor": "10s"}),
-        )
-        .await;
-    let uuid = poll["assignments"][0]["uuid"]
-        .as_str()
-        .unwrap_or_else(|| panic!("an assignment: {poll}"))
-        .to_string();
+    // The first poll answers at once; the allocation may come after it
+    // (on PostgreSQL the pass is not part of the create): poll on from the
+    // answered version until the assignment arrives.
+    let (mut version, mut uuid) = (String::new(), None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while uuid.is_none() {
+        assert!(std::time::Instant::now() < deadline, "no assignment");
+        let (_, poll) = s
+            .post_json(
+                "/v1/nodes/gpu-host-1:poll",
+                &json!({"epoch": epoch, "version": version, "waitFor": "5s"}),
+            )
+            .await;
+        version = poll["version"].as_str().unwrap_or_default().to_string();
+        uuid = poll["assignments"][0]["uuid"].as_str().map(str::to_string);
+    }
+    let uuid = uuid.expect("an assignment");
     for event in [
         json!({"event": "MASTER_READY", "masterUrl": "spark://127.0.0.1:7077"}),
         json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
