@@ -35,6 +35,7 @@ pub const PENDING_REASONS: &[&str] = &["quota", "capacity", "reservation"];
 struct Metrics {
     registry: Registry,
     transitions: IntCounterVec,
+    gpu_seconds: prometheus::CounterVec,
     admitted: IntCounterVec,
     expired: IntCounterVec,
     rejected: IntCounterVec,
@@ -103,6 +104,14 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Batch state transitions, by the state entered.",
             &["state"],
         ),
+        gpu_seconds: prometheus::CounterVec::new(
+            Opts::new(
+                "flexq_project_gpu_seconds_total",
+                "GPU-seconds held by a project's clusters in a region, counted when each cluster is given back (GPUs × seconds from allocation to release).",
+            ),
+            &["project", "region", "accelerator"],
+        )
+        .expect("valid metric"),
         admitted: counter_vec(
             "flexq_batches_admitted_total",
             "Whole clusters allocated.",
@@ -216,6 +225,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.leader_changes.clone()),
         Box::new(m.fenced.clone()),
         Box::new(m.transitions.clone()),
+        Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
         Box::new(m.expired.clone()),
         Box::new(m.rejected.clone()),
@@ -307,6 +317,16 @@ pub fn record_run(state: State, ran: Duration) {
         .run_seconds
         .with_label_values(&[state.name()])
         .observe(ran.as_secs_f64());
+}
+
+/// A cluster of `project` in `region` gave back its GPUs after holding
+/// them `gpu_seconds` (GPUs × seconds), counted where the release was
+/// decided (not in a replica's mirror of it).
+pub fn record_gpu_seconds(project: &str, region: &str, accelerator: &str, gpu_seconds: f64) {
+    METRICS
+        .gpu_seconds
+        .with_label_values(&[project, region, accelerator])
+        .inc_by(gpu_seconds.max(0.0));
 }
 
 /// A batch entered `state`.

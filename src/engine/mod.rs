@@ -358,9 +358,25 @@ impl Engine {
         self.wake();
     }
 
-    /// A batch left the queue or gave back its cluster.
+    /// A batch left the queue or gave back its cluster, by a decision this
+    /// replica committed: the cluster's GPU-seconds are counted.
     pub async fn forget(&self, key: BatchKey) {
-        self.lock().await.forget(key);
+        let released = self.lock().await.forget(key);
+        count_released(released.as_ref());
         self.wake();
+    }
+}
+
+/// Counts a cluster given back by a decision this replica committed
+/// (`flexq_project_gpu_seconds_total`); a replica's mirror of another's
+/// decision does not count it again.
+pub(crate) fn count_released(released: Option<&crate::scheduler::Allocation>) {
+    if let Some(a) = released {
+        crate::metrics::record_gpu_seconds(
+            &a.project,
+            &a.region,
+            a.accelerator,
+            a.gpu_seconds(chrono::Utc::now()),
+        );
     }
 }

@@ -190,6 +190,7 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
             node,
             failed,
             failed_ids,
+            released,
             ..
         } => {
             tracing::warn!(node = %node, failed = failed.len(), "node lost: lease expired");
@@ -197,6 +198,9 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
                 tracing::warn!(batch.id = %id, node = %node, "batch failed: node lost");
             }
             crate::metrics::record_lease_lost(failed.len());
+            for cluster in released {
+                super::count_released(Some(cluster));
+            }
         }
     }
 }

@@ -53,6 +53,19 @@ pub struct Allocation {
     pub accelerator: &'static str,
 }
 
+impl Allocation {
+    /// GPUs of the whole cluster.
+    pub fn gpus(&self) -> u64 {
+        self.placements.iter().map(|p| p.gpus.len() as u64).sum()
+    }
+
+    /// GPU-seconds held from the allocation until `until`.
+    pub fn gpu_seconds(&self, until: DateTime<Utc>) -> f64 {
+        let held = (until - self.allocated_at).num_milliseconds().max(0) as f64 / 1000.0;
+        self.gpus() as f64 * held
+    }
+}
+
 /// What the scheduler decided; the runner commits it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
@@ -86,6 +99,8 @@ pub enum Decision {
         /// The ids of `failed`, for logs.
         failed_ids: Vec<String>,
         message: String,
+        /// The clusters given back, for usage counts.
+        released: Vec<Allocation>,
     },
 }
 
@@ -254,8 +269,8 @@ impl Scheduler {
     }
 
     /// A batch left the queue or ended: drop it and give back what it held.
-    /// Idempotent.
-    pub fn forget(&mut self, key: BatchKey) {
+    /// Idempotent. Answers the cluster it gave back, if it held one.
+    pub fn forget(&mut self, key: BatchKey) -> Option<Allocation> {
         self.held_back.remove(&key);
         if let Some(b) = self.pending.remove(&key) {
             self.dirty.insert(b.region.clone());
@@ -293,11 +308,11 @@ impl Scheduler {
                 self.deadlines.remove(&(d, key));
             }
         }
-        if let Some(a) = self.running.remove(&key) {
-            self.dirty.insert(a.region.clone());
-            self.capacity.give_back(&a.placements);
-            self.ledger.refund(&a.project, &a.region, &a.quota);
-        }
+        let a = self.running.remove(&key)?;
+        self.dirty.insert(a.region.clone());
+        self.capacity.give_back(&a.placements);
+        self.ledger.refund(&a.project, &a.region, &a.quota);
+        Some(a)
     }
 
     pub fn set_quota_limit(
@@ -408,9 +423,7 @@ impl Scheduler {
                 .iter()
                 .filter_map(|k| self.running.get(k).map(|a| a.batch_id.clone()))
                 .collect();
-            for key in &failed {
-                self.forget(*key);
-            }
+            let released = failed.iter().filter_map(|key| self.forget(*key)).collect();
             let message = format!(
                 "Node {node} was lost: its agent stopped heartbeating and its lease expired at {}; the batch's cluster was released.",
                 expired_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -421,6 +434,7 @@ impl Scheduler {
                 failed,
                 failed_ids,
                 message,
+                released,
             });
         }
         // Expiry next: a batch past its deadline is never allocated. What

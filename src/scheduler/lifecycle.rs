@@ -268,6 +268,8 @@ pub fn orphaned(batches: Vec<(BatchKey, String)>) -> Option<Decision> {
         failed,
         failed_ids,
         message: "The nodes of this batch's cluster are no longer declared in the configuration; the batch failed and its cluster was released.".into(),
+        // Never restored in the core: their usage is in the store alone.
+        released: Vec::new(),
     })
 }
 

@@ -134,6 +134,20 @@ async fn a_registered_node_is_capacity_and_its_lost_lease_fails_its_batches() {
             .all(|m| m["usage"] == 0),
         "quota given back: {q:#}"
     );
+    // The lost cluster's GPU-seconds are counted at its release (the core
+    // gave it back inside the pass that found the node lost).
+    let metrics = s.scrape().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("flexq_project_gpu_seconds_total{")
+                && l.contains(r#"project="demo""#)
+                && l.rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|v| v > 0.0)),
+        "no GPU-seconds counted for the lost cluster:\n{metrics}"
+    );
 
     // A late report from the lost agent is refused.
     let (st, err) = post(

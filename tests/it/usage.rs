@@ -1,6 +1,6 @@
-//! The usage report: its totals are the sum over the batches' own usage,
-//! it survives a restart (it is read from the stored allocations), and
-//! bad windows are refused by name.
+//! The usage report: its totals are the sum over the batches' own usage
+//! and the GPU-seconds counter agrees, it survives a restart (it is read
+//! from the stored allocations), and bad windows are refused by name.
 
 use std::process::Command;
 use std::time::Duration;
@@ -79,6 +79,29 @@ async fn the_usage_report_sums_the_batches_and_survives_a_restart() {
     // Every project (an admin: here the anonymous one on loopback).
     let every = report(&server, "-").await;
     assert_eq!(millis(&every["total"]["milliAcceleratorSeconds"]), used);
+
+    // The counter of GPU-seconds, counted at each release.
+    let metrics = reqwest::get(format!("{}/metrics", server.metrics_endpoint))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    let counted: f64 = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("flexq_project_gpu_seconds_total{")
+                && l.contains(r#"project="demo""#)
+                && l.contains(r#"accelerator="l4""#)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no GPU-seconds of demo in\n{metrics}"));
+    let reported = used as f64 / 1000.0;
+    assert!(
+        (counted - reported).abs() <= 0.05 * reported + 0.1,
+        "counted {counted} GPU-seconds, the batches say {reported}"
+    );
 
     // From the stored allocations: the same after a SIGKILL.
     server.kill9();
