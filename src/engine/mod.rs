@@ -358,20 +358,22 @@ impl Engine {
         self.wake();
     }
 
-    /// A batch left the queue or gave back its cluster, by a decision this
-    /// replica committed: the cluster's GPU-seconds are counted.
+    /// A batch left the queue or gave back its cluster (its GPU-seconds
+    /// counted: [`count_released`]).
     pub async fn forget(&self, key: BatchKey) {
         let released = self.lock().await.forget(key);
-        count_released(released.as_ref());
+        count_released(self.role(), released.as_ref());
         self.wake();
     }
 }
 
-/// Counts a cluster given back by a decision this replica committed
-/// (`flexq_project_gpu_seconds_total`); a replica's mirror of another's
-/// decision does not count it again.
-pub(crate) fn count_released(released: Option<&crate::scheduler::Allocation>) {
-    if let Some(a) = released {
+/// Counts a cluster given back (`flexq_project_gpu_seconds_total`) on the
+/// replica that schedules — the only process on SQLite, the leader with
+/// replicas — whose core sees every release once, its own decisions' and
+/// those it hears from other replicas; followers count nothing, so the sum
+/// over replicas counts each cluster once.
+pub(crate) fn count_released(role: ReplicaRole, released: Option<&crate::scheduler::Allocation>) {
+    if let (true, Some(a)) = (role.decides(), released) {
         crate::metrics::record_gpu_seconds(
             &a.project,
             &a.region,

@@ -199,7 +199,8 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
             }
             crate::metrics::record_lease_lost(failed.len());
             for cluster in released {
-                super::count_released(Some(cluster));
+                // Decided in a pass: on the replica that schedules.
+                super::count_released(ReplicaRole::Single, Some(cluster));
             }
         }
     }

@@ -160,7 +160,8 @@ impl Engine {
                 self.wake();
             }
             Change::Ended { seq } => {
-                self.lock().await.forget(BatchKey(seq));
+                let released = self.lock().await.forget(BatchKey(seq));
+                super::count_released(self.role(), released.as_ref());
                 self.wake();
                 self.work_changed();
             }
