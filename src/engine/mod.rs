@@ -5,11 +5,12 @@
 //! replication role. Each use case — creating, reading, listing,
 //! cancelling and deleting batches ([`batches`]); registering nodes,
 //! heartbeats, polls, reports and output ([`nodes`]); quotas, capacity
-//! views and the metrics snapshot ([`admin`]) — validates, bounds its
-//! database calls made under the core's lock ([`DB_UNDER_LOCK`]), takes
-//! the single, leader or follower branch, logs and counts, and answers one
-//! error type ([`Error`]) that the REST server (and any other front end)
-//! maps to its wire.
+//! views and the metrics snapshot ([`admin`]); who may call
+//! ([`principal`]) and how often ([`limits`]); the usage report
+//! ([`usage`]) — validates, bounds its database calls made under the
+//! core's lock ([`DB_UNDER_LOCK`]), takes the single, leader or follower
+//! branch, logs and counts, and answers one error type ([`Error`]) that
+//! the front ends (REST in `server`, gRPC in `grpc`) map to their wire.
 //!
 //! The scheduler loop ([`passes`]) sleeps until an event or the next
 //! deadline, runs a pass, commits its decisions, and only then lets anyone
