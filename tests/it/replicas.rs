@@ -898,3 +898,101 @@ fn the_kubernetes_manifest_runs_three_replicas_with_a_valid_config() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+/// The GPU-seconds counter over two replicas: a cancel served by the
+/// follower releases the cluster; the leader, whose core sees every
+/// release, counts it once, the follower not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_counted_once_across_replicas() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = fresh_postgres_database().await;
+    let config = config_file(dir.path());
+    let r0 = Replica::start("r0", &url, &config, dir.path()).await;
+    let t = Instant::now();
+    while leader(std::slice::from_ref(&r0)).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r1 = Replica::start("r1", &url, &config, dir.path()).await;
+    let http = reqwest::Client::new();
+    let batch = format!(
+        "{}/v1/projects/demo/locations/us-central1/batches/counted-once",
+        r1.endpoint
+    );
+    let r = http
+        .post(format!(
+            "{}/v1/projects/demo/locations/us-central1/batches?batchId=counted-once",
+            r1.endpoint
+        ))
+        .json(&gpu_batch(2, "600s"))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200);
+    let get = || async {
+        http.get(&batch)
+            .send()
+            .await
+            .expect("get")
+            .json::<Value>()
+            .await
+            .expect("json")
+    };
+    let t = Instant::now();
+    while get().await["flexq"]["provisioningState"] != "PROVISIONED" {
+        assert!(t.elapsed() < Duration::from_secs(20), "never allocated");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let operation = get().await["operation"]
+        .as_str()
+        .expect("operation")
+        .to_string();
+    let r = http
+        .post(format!("{}/v1/{operation}:cancel", r1.endpoint))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(r.status(), 200);
+    let ended = get().await;
+    assert_eq!(ended["state"], "CANCELLED", "{ended:#}");
+    let used: f64 = ended["runtimeInfo"]["approximateUsage"]["milliAcceleratorSeconds"]
+        .as_str()
+        .expect("usage")
+        .parse::<f64>()
+        .expect("number")
+        / 1000.0;
+    let counted = |metrics: String| {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("flexq_project_gpu_seconds_total{") && l.contains(r#"project="demo""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let scrape = |r: &Replica| {
+        let url = format!("{}/metrics", r.metrics);
+        async move {
+            reqwest::get(url)
+                .await
+                .expect("scrape")
+                .text()
+                .await
+                .expect("text")
+        }
+    };
+    // The leader hears the follower's release within its change stream.
+    let t = Instant::now();
+    let mut on_leader = 0.0;
+    while on_leader == 0.0 && t.elapsed() < Duration::from_secs(10) {
+        on_leader = counted(scrape(&r0).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let on_follower = counted(scrape(&r1).await);
+    assert_eq!(on_follower, 0.0, "a follower counts nothing");
+    assert!(
+        (on_leader - used).abs() <= 0.1 * used + 0.2,
+        "the leader counted {on_leader} GPU-seconds, the batch says {used}"
+    );
+}
