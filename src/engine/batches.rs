@@ -431,6 +431,20 @@ impl Engine {
         }
     }
 
+    /// An operation is the view of its batch and goes with it: deleting one
+    /// is NOT_FOUND when there is none, else UNIMPLEMENTED saying to delete
+    /// the batch (the google.longrunning DeleteOperation of gRPC).
+    pub async fn delete_operation(&self, name: &OperationName) -> Result<(), Error> {
+        self.get_operation(name).await?;
+        Err(Error::new(
+            Code::Unimplemented,
+            "OPERATION_IS_THE_BATCH",
+            format!(
+                "{name} is the operation of a batch and goes with it: delete the batch (DeleteBatch) once it ended"
+            ),
+        ))
+    }
+
     /// Deletes a batch that ended.
     pub async fn delete(&self, name: &BatchName) -> Result<(), Error> {
         self.shared
@@ -523,54 +537,10 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
     }
 }
 
-/// What a batch's cluster has used (from its allocation until `now`, or
-/// until its release, which is when it ended) and, while it holds it, what
-/// it holds: GPUs by type and local SSD, in the Dataproc API's usage
-/// fields (docs/api.md, "Usage").
-fn usage(
-    r: &BatchRecord,
-    now: chrono::DateTime<Utc>,
-) -> (
-    Option<crate::api::UsageMetrics>,
-    Option<crate::api::UsageSnapshot>,
-) {
-    let Some(allocated) = r.allocate_time else {
-        return (None, None);
-    };
-    let holding = r.provisioning == Provisioning::Provisioned;
-    let until = match r.provisioning {
-        Provisioning::Provisioned => now,
-        Provisioning::Released => r.state_time,
-        _ => return (None, None),
-    };
-    let millis = (until - allocated).num_milliseconds().max(0) as u64;
-    let gpus = r.cluster.gpus_by_type();
-    let gpu_count: u64 = gpus.iter().map(|(_, n)| n).sum();
-    let accelerator_type = (!gpus.is_empty()).then(|| {
-        gpus.iter()
-            .map(|(a, _)| a.name())
-            .collect::<Vec<_>>()
-            .join(",")
-    });
-    let ssd = r.cluster.local_ssd_gb();
-    let approximate = crate::api::UsageMetrics {
-        milli_accelerator_seconds: Some((gpu_count * millis).to_string()),
-        accelerator_type: accelerator_type.clone(),
-        shuffle_storage_gb_seconds: Some((ssd * millis / 1000).to_string()),
-    };
-    let current = holding.then(|| crate::api::UsageSnapshot {
-        milli_accelerator: Some((gpu_count * 1000).to_string()),
-        accelerator_type,
-        shuffle_storage_gb: Some(ssd.to_string()),
-        snapshot_time: Some(now),
-    });
-    (Some(approximate), current)
-}
-
 /// Where the run can be seen once an agent started it, and what the
 /// cluster used once it was allocated.
 fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
-    let (approximate_usage, current_usage) = usage(r, Utc::now());
+    let (approximate_usage, current_usage) = super::usage::of_batch(r, Utc::now());
     if r.master_url.is_none() && r.run.start_time.is_none() {
         return approximate_usage.map(|approximate| crate::api::RuntimeInfo {
             approximate_usage: Some(approximate),

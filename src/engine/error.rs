@@ -78,6 +78,12 @@ impl Error {
         }
     }
 
+    /// A request that ran past its time (`server.request_timeout`, or a
+    /// shorter deadline the caller gave); `what` says which.
+    pub fn timed_out(what: impl Into<String>) -> Error {
+        Error::new(Code::DeadlineExceeded, "REQUEST_TIMEOUT", what)
+    }
+
     pub fn internal(detail: impl std::fmt::Display) -> Error {
         Error::new(Code::Internal, "INTERNAL", detail.to_string())
     }

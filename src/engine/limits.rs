@@ -83,7 +83,7 @@ impl RateLimits {
 impl Engine {
     /// Counts a call to a project's region against its rate limit
     /// (`read`: a get or list; else a create, delete or cancel).
-    pub fn rate_limit(&self, project: &str, region: &str, read: bool) -> Result<(), Error> {
+    pub(super) fn rate_limit(&self, project: &str, region: &str, read: bool) -> Result<(), Error> {
         self.shared.limits.check(project, region, read)
     }
 }

@@ -37,7 +37,7 @@ pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use error::Error;
 pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
-pub use principal::{Access, Principal, authenticate, authorize, token_hash};
+pub use principal::{Access, Principal, token_hash};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -360,26 +360,33 @@ impl Engine {
     }
 
     /// A batch left the queue or gave back its cluster (its GPU-seconds
-    /// counted: [`count_released`]).
+    /// counted: [`Self::count_released`]).
     pub async fn forget(&self, key: BatchKey) {
         let released = self.lock().await.forget(key);
-        count_released(self.role(), released.as_ref());
+        self.count_released(released.as_ref());
         self.wake();
+    }
+
+    /// Counts a cluster given back on the replica that schedules — the
+    /// only process on SQLite, the leader with replicas — whose core sees
+    /// every release once, its own decisions' and those it hears from other
+    /// replicas; followers count nothing, so the sum over replicas counts
+    /// each cluster once. (A pass runs only there: its lost clusters are
+    /// counted with [`record_release`].)
+    pub(crate) fn count_released(&self, released: Option<&crate::scheduler::Allocation>) {
+        if let (true, Some(a)) = (self.role().decides(), released) {
+            record_release(a);
+        }
     }
 }
 
-/// Counts a cluster given back (`flexq_project_gpu_seconds_total`) on the
-/// replica that schedules — the only process on SQLite, the leader with
-/// replicas — whose core sees every release once, its own decisions' and
-/// those it hears from other replicas; followers count nothing, so the sum
-/// over replicas counts each cluster once.
-pub(crate) fn count_released(role: ReplicaRole, released: Option<&crate::scheduler::Allocation>) {
-    if let (true, Some(a)) = (role.decides(), released) {
-        crate::metrics::record_gpu_seconds(
-            &a.project,
-            &a.region,
-            a.accelerator,
-            a.gpu_seconds(chrono::Utc::now()),
-        );
-    }
+/// The GPU-seconds of a cluster given back, counted now
+/// (`flexq_project_gpu_seconds_total`).
+pub(crate) fn record_release(a: &crate::scheduler::Allocation) {
+    crate::metrics::record_gpu_seconds(
+        &a.project,
+        &a.region,
+        a.accelerator,
+        a.gpu_seconds(chrono::Utc::now()),
+    );
 }

@@ -162,7 +162,7 @@ impl Engine {
 fn log_decision(d: &Decision, now: DateTime<Utc>) {
     match d {
         Decision::Allocate(a) => {
-            let gpus: usize = a.placements.iter().map(|p| p.gpus.len()).sum();
+            let gpus = a.gpus();
             let waited = (a.allocated_at - a.queued_at).to_std().unwrap_or_default();
             tracing::info!(batch.id = %a.batch_id, batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, wait_ms = waited.as_millis() as u64, "batch allocated");
             crate::metrics::record_admitted(&a.region, a.accelerator, waited);
@@ -198,9 +198,9 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
                 tracing::warn!(batch.id = %id, node = %node, "batch failed: node lost");
             }
             crate::metrics::record_lease_lost(failed.len());
+            // A pass runs only on the replica that schedules.
             for cluster in released {
-                // Decided in a pass: on the replica that schedules.
-                super::count_released(ReplicaRole::Single, Some(cluster));
+                super::record_release(cluster);
             }
         }
     }

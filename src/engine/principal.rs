@@ -75,7 +75,7 @@ pub enum Access {
 impl Engine {
     /// The caller of a request, from its `Authorization` value
     /// (`Bearer TOKEN`); anonymous when no principals are configured.
-    pub fn identify(&self, authorization: Option<&str>) -> Result<Principal, Error> {
+    fn identify(&self, authorization: Option<&str>) -> Result<Principal, Error> {
         let principals = &self.shared.config.principals;
         if principals.is_empty() {
             return Ok(Principal::anonymous());
@@ -126,7 +126,7 @@ impl Engine {
     }
 
     /// Whether `p` may do what `need` says; the error says what is missing.
-    pub fn authorize(&self, p: &Principal, need: &Access) -> Result<(), Error> {
+    fn authorize(&self, p: &Principal, need: &Access) -> Result<(), Error> {
         let result = authorize(p, need);
         if let Err(e) = &result {
             tracing::info!(principal = %p.name, why = %e.message, "request refused: permission denied");
@@ -136,7 +136,7 @@ impl Engine {
 }
 
 /// The rule of [`Engine::authorize`].
-pub fn authorize(p: &Principal, need: &Access) -> Result<(), Error> {
+fn authorize(p: &Principal, need: &Access) -> Result<(), Error> {
     let denied = |why: String| {
         Err(Error::new(Code::PermissionDenied, "PERMISSION_DENIED", why)
             .with_meta("principal", p.name.clone()))
@@ -187,10 +187,7 @@ pub fn token_hash(token: &str) -> String {
 
 /// The principal a token belongs to: compared with every configured hash
 /// in constant time (no early exit on a match either).
-pub fn authenticate<'a>(
-    principals: &'a [PrincipalConfig],
-    token: &str,
-) -> Option<&'a PrincipalConfig> {
+fn authenticate<'a>(principals: &'a [PrincipalConfig], token: &str) -> Option<&'a PrincipalConfig> {
     let hash = token_hash(token);
     let mut found = None;
     for p in principals {

@@ -161,7 +161,7 @@ impl Engine {
             }
             Change::Ended { seq } => {
                 let released = self.lock().await.forget(BatchKey(seq));
-                super::count_released(self.role(), released.as_ref());
+                self.count_released(released.as_ref());
                 self.wake();
                 self.work_changed();
             }

@@ -1,7 +1,8 @@
-//! The usage report: GPU-seconds and local-SSD GB-seconds held per project
-//! and accelerator type in a region over a window, read from the stored
-//! allocations (each part's allocation and release time), with the
-//! window's batches' waits and expiries.
+//! Usage: what one batch's cluster used and holds (its `runtimeInfo`
+//! usage fields), and the report — GPU-seconds and local-SSD GB-seconds
+//! held per project and accelerator type in a region over a window, read
+//! from the stored allocations (each part's allocation and release time),
+//! with the window's batches' waits and expiries.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::{Engine, Error};
 use crate::api::{UsageReport, UsageRow, quote};
-use crate::store::{CreatedBatch, HeldPart, Provisioning};
+use crate::store::{BatchRecord, CreatedBatch, HeldPart, Provisioning};
 
 /// The window when none is given: the last 7 days.
 const DEFAULT_WINDOW_DAYS: i64 = 7;
@@ -61,6 +62,50 @@ impl Engine {
             .await?;
         Ok(report(region, &held, &created, start, end, now))
     }
+}
+
+/// What a batch's cluster has used (from its allocation until `now`, or
+/// until its release, which is when it ended) and, while it holds it, what
+/// it holds: GPUs by type and local SSD, in the Dataproc API's usage
+/// fields (docs/api.md, "Usage").
+pub(super) fn of_batch(
+    r: &BatchRecord,
+    now: chrono::DateTime<Utc>,
+) -> (
+    Option<crate::api::UsageMetrics>,
+    Option<crate::api::UsageSnapshot>,
+) {
+    let Some(allocated) = r.allocate_time else {
+        return (None, None);
+    };
+    let holding = r.provisioning == Provisioning::Provisioned;
+    let until = match r.provisioning {
+        Provisioning::Provisioned => now,
+        Provisioning::Released => r.state_time,
+        _ => return (None, None),
+    };
+    let millis = (until - allocated).num_milliseconds().max(0) as u64;
+    let gpus = r.cluster.gpus_by_type();
+    let gpu_count: u64 = gpus.iter().map(|(_, n)| n).sum();
+    let accelerator_type = (!gpus.is_empty()).then(|| {
+        gpus.iter()
+            .map(|(a, _)| a.name())
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    let ssd = r.cluster.local_ssd_gb();
+    let approximate = crate::api::UsageMetrics {
+        milli_accelerator_seconds: Some((gpu_count * millis).to_string()),
+        accelerator_type: accelerator_type.clone(),
+        shuffle_storage_gb_seconds: Some((ssd * millis / 1000).to_string()),
+    };
+    let current = holding.then(|| crate::api::UsageSnapshot {
+        milli_accelerator: Some((gpu_count * 1000).to_string()),
+        accelerator_type,
+        shuffle_storage_gb: Some(ssd.to_string()),
+        snapshot_time: Some(now),
+    });
+    (Some(approximate), current)
 }
 
 /// What the report's rows add up from (pure: tested alone).

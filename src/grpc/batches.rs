@@ -5,7 +5,7 @@ use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use tonic::{Request, Response, Status};
 
-use super::convert::{BATCH, decode, encode, encode_operation, name, parent};
+use super::convert::{BATCH, decode, encode, encode_operation, name, non_empty, page_size, parent};
 use super::pb::dataproc::batch_controller_server::BatchController;
 use super::{Front, Scope};
 use crate::api::{Batch, BatchName};
@@ -32,8 +32,9 @@ fn batch_name(text: &str) -> Result<BatchName, Error> {
     )
 }
 
-fn non_empty(s: String) -> Option<String> {
-    (!s.is_empty()).then_some(s)
+/// A parent, `projects/P/locations/R`: its project and region.
+fn region_of(parent_name: &str) -> Result<(String, String), Error> {
+    parent("parent", parent_name, "locations")
 }
 
 /// How many parts of an allocated cluster a state message names.
@@ -110,9 +111,8 @@ impl BatchController for Batches {
             .call(
                 "CreateBatch",
                 request,
-                |r| Scope::write(parent("parent", &r.parent, "locations")?),
-                |call, r| async move {
-                    let (project, region) = parent("parent", &r.parent, "locations")?;
+                |r| region_of(&r.parent).map(|(p, g)| (Scope::write(&p, &g), (p, g))),
+                |call, (project, region), r| async move {
                     let Some(batch) = &r.batch else {
                         return Err(Error::invalid_field(
                             "batch",
@@ -147,11 +147,8 @@ impl BatchController for Batches {
             .call(
                 "GetBatch",
                 request,
-                |r| Scope::read(batch_name(&r.name).map(|n| (n.project, n.region))?),
-                |_, r| async move {
-                    let batch = engine.get(&batch_name(&r.name)?).await?;
-                    encode(BATCH, &with_extension(batch))
-                },
+                |r| batch_name(&r.name).map(|n| (Scope::read(&n.project, &n.region), n)),
+                |_, name, _| async move { encode(BATCH, &with_extension(engine.get(&name).await?)) },
             )
             .await
     }
@@ -165,14 +162,13 @@ impl BatchController for Batches {
             .call(
                 "ListBatches",
                 request,
-                |r| Scope::read(parent("parent", &r.parent, "locations")?),
-                |_, r| async move {
-                    let (project, region) = parent("parent", &r.parent, "locations")?;
+                |r| region_of(&r.parent).map(|(p, g)| (Scope::read(&p, &g), (p, g))),
+                |_, (project, region), r| async move {
                     let mut page = engine
                         .list(ListRequest {
                             project,
                             region,
-                            page_size: (r.page_size != 0).then(|| r.page_size.to_string()),
+                            page_size: page_size(r.page_size),
                             page_token: non_empty(r.page_token),
                             filter: non_empty(r.filter),
                             order_by: non_empty(r.order_by),
@@ -194,8 +190,8 @@ impl BatchController for Batches {
             .call(
                 "DeleteBatch",
                 request,
-                |r| Scope::write(batch_name(&r.name).map(|n| (n.project, n.region))?),
-                |_, r| async move { engine.delete(&batch_name(&r.name)?).await },
+                |r| batch_name(&r.name).map(|n| (Scope::write(&n.project, &n.region), n)),
+                |_, name, _| async move { engine.delete(&name).await },
             )
             .await
     }

@@ -159,6 +159,17 @@ pub fn name<T>(
     })
 }
 
+/// An optional string field: proto3 sends the empty string for none.
+pub fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// A request's page size as the engine reads it (REST's text form); 0 is
+/// none, as proto3 says.
+pub fn page_size(n: i32) -> Option<String> {
+    (n != 0).then(|| n.to_string())
+}
+
 /// The gRPC code of an engine error.
 pub fn grpc_code(code: Code) -> tonic::Code {
     match code {

@@ -23,7 +23,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
-use crate::api::{Code, quote};
+use crate::api::quote;
 use crate::engine::{Access, Engine, Error, Principal};
 
 pub use codec::Codec;
@@ -148,18 +148,18 @@ struct Scope {
 }
 
 impl Scope {
-    fn read((project, region): (String, String)) -> Result<Scope, Error> {
-        Ok(Scope {
-            access: Access::ReadProject(project),
-            region,
-        })
+    fn read(project: &str, region: &str) -> Scope {
+        Scope {
+            access: Access::ReadProject(project.to_string()),
+            region: region.to_string(),
+        }
     }
 
-    fn write((project, region): (String, String)) -> Result<Scope, Error> {
-        Ok(Scope {
-            access: Access::WriteProject(project),
-            region,
-        })
+    fn write(project: &str, region: &str) -> Scope {
+        Scope {
+            access: Access::WriteProject(project.to_string()),
+            region: region.to_string(),
+        }
     }
 }
 
@@ -177,23 +177,24 @@ impl Call {
 }
 
 impl Front {
-    /// Runs one RPC: admits the caller ([`Engine::admit`]: the bearer token
-    /// of its `authorization` metadata, the access `scope` says the request
-    /// needs, the project's rate), runs `work` within `grpc-timeout` (at
-    /// most `server.request_timeout`), then counts the answer; a server
+    /// Runs one RPC: `target` reads what the request names (parsed once)
+    /// and the access it needs; the caller is admitted ([`Engine::admit`]:
+    /// the bearer token of its `authorization` metadata, that access, the
+    /// project's rate); `work` runs on the target within `grpc-timeout` (at
+    /// most `server.request_timeout`); the answer is counted. A server
     /// error is logged where it becomes a status ([`convert::status`]).
-    async fn call<Req, Resp, Fut>(
+    async fn call<Req, T, Resp, Fut>(
         &self,
         method: &'static str,
         request: Request<Req>,
-        scope: impl FnOnce(&Req) -> Result<Scope, Error>,
-        work: impl FnOnce(Call, Req) -> Fut,
+        target: impl FnOnce(&Req) -> Result<(Scope, T), Error>,
+        work: impl FnOnce(Call, T, Req) -> Fut,
     ) -> Result<Response<Resp>, Status>
     where
         Fut: Future<Output = Result<Resp, Error>>,
     {
         let started = Instant::now();
-        let result = self.run(request, scope, work).await;
+        let result = self.run(request, target, work).await;
         let (code, code_name) = match &result {
             Ok(_) => (tonic::Code::Ok, "OK"),
             Err(e) => (convert::grpc_code(e.code), e.code.name()),
@@ -204,18 +205,18 @@ impl Front {
         result.map(Response::new).map_err(convert::status)
     }
 
-    async fn run<Req, Resp, Fut>(
+    async fn run<Req, T, Resp, Fut>(
         &self,
         request: Request<Req>,
-        scope: impl FnOnce(&Req) -> Result<Scope, Error>,
-        work: impl FnOnce(Call, Req) -> Fut,
+        target: impl FnOnce(&Req) -> Result<(Scope, T), Error>,
+        work: impl FnOnce(Call, T, Req) -> Fut,
     ) -> Result<Resp, Error>
     where
         Fut: Future<Output = Result<Resp, Error>>,
     {
         let (metadata, _, message) = request.into_parts();
         let authorization = metadata.get("authorization").and_then(|v| v.to_str().ok());
-        let scope = scope(&message)?;
+        let (scope, target) = target(&message)?;
         let principal = self
             .engine
             .admit(authorization, &scope.access, Some(&scope.region))?;
@@ -228,16 +229,12 @@ impl Front {
             principal,
             deadline: tokio::time::Instant::now() + timeout,
         };
-        match tokio::time::timeout(timeout, work(call, message)).await {
+        match tokio::time::timeout(timeout, work(call, target, message)).await {
             Ok(answer) => answer,
-            Err(_) => Err(Error::new(
-                Code::DeadlineExceeded,
-                "REQUEST_TIMEOUT",
-                format!(
-                    "the call took longer than its deadline ({}ms: grpc-timeout, at most server.request_timeout)",
-                    timeout.as_millis()
-                ),
-            )),
+            Err(_) => Err(Error::timed_out(format!(
+                "the call took longer than its deadline ({}ms: grpc-timeout, at most server.request_timeout)",
+                timeout.as_millis()
+            ))),
         }
     }
 }
@@ -324,7 +321,7 @@ mod tests {
         );
         for bad in ["", "S", "10", "10x", "123456789S", "-1S", "+5S"] {
             let e = timeout_of(bad).expect_err(bad);
-            assert_eq!(e.code, Code::InvalidArgument, "{bad}");
+            assert_eq!(e.code, crate::api::Code::InvalidArgument, "{bad}");
             assert!(e.message.contains("grpc-timeout"), "{}", e.message);
         }
         assert_eq!(grpc_timeout(&MetadataMap::new()).ok().flatten(), None);

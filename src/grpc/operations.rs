@@ -8,10 +8,10 @@ use std::time::Duration;
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use tonic::{Request, Response, Status};
 
-use super::convert::{encode_operation, name, parent};
+use super::convert::{encode_operation, name, non_empty, page_size, parent};
 use super::pb::longrunning::operations_server;
 use super::{Front, Scope};
-use crate::api::{Code, OperationName};
+use crate::api::OperationName;
 use crate::engine::{Error, ListRequest};
 
 /// How long a WaitOperation without a timeout waits at most (the call's
@@ -54,10 +54,6 @@ fn collection(name: &str) -> Result<(String, String), Error> {
     })
 }
 
-fn scope_of(name: &str) -> Result<(String, String), Error> {
-    operation_name(name).map(|n| (n.project, n.region))
-}
-
 #[tonic::async_trait]
 impl operations_server::Operations for Operations {
     async fn list_operations(
@@ -69,16 +65,15 @@ impl operations_server::Operations for Operations {
             .call(
                 "ListOperations",
                 request,
-                |r| Scope::read(collection(&r.name)?),
-                |_, r| async move {
-                    let (project, region) = collection(&r.name)?;
+                |r| collection(&r.name).map(|(p, g)| (Scope::read(&p, &g), (p, g))),
+                |_, (project, region), r| async move {
                     let (operations, next_page_token) = engine
                         .list_operations(ListRequest {
                             project,
                             region,
-                            page_size: (r.page_size != 0).then(|| r.page_size.to_string()),
-                            page_token: (!r.page_token.is_empty()).then_some(r.page_token),
-                            filter: (!r.filter.is_empty()).then_some(r.filter),
+                            page_size: page_size(r.page_size),
+                            page_token: non_empty(r.page_token),
+                            filter: non_empty(r.filter),
                             order_by: None,
                         })
                         .await?;
@@ -104,11 +99,8 @@ impl operations_server::Operations for Operations {
             .call(
                 "GetOperation",
                 request,
-                |r| Scope::read(scope_of(&r.name)?),
-                |_, r| async move {
-                    let op = engine.get_operation(&operation_name(&r.name)?).await?;
-                    encode_operation(&op)
-                },
+                |r| operation_name(&r.name).map(|n| (Scope::read(&n.project, &n.region), n)),
+                |_, name, _| async move { encode_operation(&engine.get_operation(&name).await?) },
             )
             .await
     }
@@ -122,19 +114,8 @@ impl operations_server::Operations for Operations {
             .call(
                 "DeleteOperation",
                 request,
-                |r| Scope::write(scope_of(&r.name)?),
-                |_, r| async move {
-                    // Named only if it exists: NOT_FOUND comes first.
-                    let name = operation_name(&r.name)?;
-                    engine.get_operation(&name).await?;
-                    Err(Error::new(
-                        Code::Unimplemented,
-                        "OPERATION_IS_THE_BATCH",
-                        format!(
-                            "{name} is the operation of a batch and goes with it: delete the batch (DeleteBatch) once it ended"
-                        ),
-                    ))
-                },
+                |r| operation_name(&r.name).map(|n| (Scope::write(&n.project, &n.region), n)),
+                |_, name, _| async move { engine.delete_operation(&name).await },
             )
             .await
     }
@@ -148,8 +129,8 @@ impl operations_server::Operations for Operations {
             .call(
                 "CancelOperation",
                 request,
-                |r| Scope::write(scope_of(&r.name)?),
-                |_, r| async move { engine.cancel(&operation_name(&r.name)?).await },
+                |r| operation_name(&r.name).map(|n| (Scope::write(&n.project, &n.region), n)),
+                |_, name, _| async move { engine.cancel(&name).await },
             )
             .await
     }
@@ -163,8 +144,8 @@ impl operations_server::Operations for Operations {
             .call(
                 "WaitOperation",
                 request,
-                |r| Scope::read(scope_of(&r.name)?),
-                |call, r| async move {
+                |r| operation_name(&r.name).map(|n| (Scope::read(&n.project, &n.region), n)),
+                |call, name, r| async move {
                     let asked = match r.timeout {
                         None => DEFAULT_WAIT,
                         Some(d) => Duration::try_from(d).map_err(|_| {
@@ -180,10 +161,7 @@ impl operations_server::Operations for Operations {
                     // Answer the latest state before the call's own deadline.
                     let until = tokio::time::Instant::now()
                         + asked.min(call.time_left().saturating_sub(Duration::from_millis(200)));
-                    let op = engine
-                        .wait_operation(&operation_name(&r.name)?, until)
-                        .await?;
-                    encode_operation(&op)
+                    encode_operation(&engine.wait_operation(&name, until).await?)
                 },
             )
             .await

@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::App;
-pub use crate::engine::{Access, Principal, token_hash};
+use crate::engine::Access;
 
 /// The table: what each route and method needs.
 pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
-pub use auth::Principal;
+use crate::engine::Principal;
 
 use crate::api::Code;
 use crate::config::Config;
@@ -104,11 +104,7 @@ fn rest(app: App) -> Router {
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(|e: BoxError| async move {
                     if e.is::<tower::timeout::error::Elapsed>() {
-                        Error::new(
-                            Code::DeadlineExceeded,
-                            "REQUEST_TIMEOUT",
-                            "the request took longer than server.request_timeout",
-                        )
+                        Error::timed_out("the request took longer than server.request_timeout")
                     } else {
                         Error::internal(e)
                     }

@@ -302,53 +302,23 @@ pub async fn call_raw(
     let (headers, trailers, body) = tokio::time::timeout(Duration::from_secs(10), answer)
         .await
         .expect("the server answered within 10 s");
-    // A trailers-only answer carries its status in the headers.
+    // A trailers-only answer carries its status in the headers; tonic
+    // reads it as a client would (grpc-message percent-decoded, the
+    // details' base64 undone).
     let status = trailers
         .filter(|t| t.contains_key("grpc-status"))
         .unwrap_or(headers);
-    let text = |k: &str| {
-        status
-            .get(k)
-            .map(|v| v.to_str().expect("ascii").to_string())
-            .unwrap_or_default()
-    };
-    let details = status.get("grpc-status-details-bin").map(|v| {
-        use base64::Engine as _;
-        // Sent without padding; padding accepted.
-        let unpadded = v.to_str().expect("ascii").trim_end_matches('=');
-        let raw = base64::engine::general_purpose::STANDARD_NO_PAD
-            .decode(unpadded)
-            .expect("base64 details");
-        googleapis_tonic_google_rpc::google::rpc::Status::decode(raw.as_slice())
+    let status = tonic::Status::from_header_map(&status).expect("a grpc-status");
+    let details = (!status.details().is_empty()).then(|| {
+        googleapis_tonic_google_rpc::google::rpc::Status::decode(status.details())
             .expect("google.rpc.Status")
     });
     Answer {
-        code: text("grpc-status").parse().expect("grpc-status"),
-        message: percent_decode(&text("grpc-message")),
+        code: status.code() as i32,
+        message: status.message().to_string(),
         details,
         body,
     }
-}
-
-/// gRPC percent-encodes its message header.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(b) = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub const GET_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/GetBatch";
