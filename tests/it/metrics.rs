@@ -8,9 +8,14 @@ use serde_json::{Value, json};
 
 use crate::support::{self, TestServer, flex_with};
 
-/// A region of its own (counters are process-wide and other tests run in
-/// parallel): one virtual node of 4 L4 GPUs.
-pub async fn server() -> TestServer {
+/// This file's region. Counters are process-wide and tests run in
+/// parallel: every test that runs the scenario gives it a region of its own.
+const REGION: &str = "mtest-east1";
+
+/// A server with `region` (one zone, `{region}-a`): one virtual node of 4
+/// L4 GPUs.
+pub async fn server(region: &str) -> TestServer {
+    let region = region.to_string();
     TestServer::start_with(|c| {
         let pool = PoolConfig {
             accelerator: Accelerator::L4,
@@ -22,10 +27,10 @@ pub async fn server() -> TestServer {
             virtual_nodes: 1,
         };
         c.regions.insert(
-            "mtest-east1".into(),
+            region.clone(),
             RegionConfig {
                 zones: BTreeMap::from([(
-                    "mtest-east1-a".to_string(),
+                    format!("{region}-a"),
                     ZoneConfig {
                         node_pools: BTreeMap::from([("l4".to_string(), pool)]),
                     },
@@ -56,11 +61,11 @@ pub fn batch(executors: u32, timeout: &str) -> Value {
     b
 }
 
-pub async fn create(s: &TestServer, id: &str, body: &Value) -> Value {
+pub async fn create(s: &TestServer, region: &str, id: &str, body: &Value) -> Value {
     let r = s
         .http
         .post(s.url(&format!(
-            "/v1/projects/demo/locations/mtest-east1/batches?batchId={id}"
+            "/v1/projects/demo/locations/{region}/batches?batchId={id}"
         )))
         .json(body)
         .send()
@@ -70,47 +75,47 @@ pub async fn create(s: &TestServer, id: &str, body: &Value) -> Value {
     r.json().await.expect("json")
 }
 
-async fn state_of(s: &TestServer, id: &str) -> Value {
+async fn state_of(s: &TestServer, region: &str, id: &str) -> Value {
     s.get(&format!(
-        "/v1/projects/demo/locations/mtest-east1/batches/{id}"
+        "/v1/projects/demo/locations/{region}/batches/{id}"
     ))
     .await
     .1
 }
 
-async fn until(s: &TestServer, id: &str, pred: impl Fn(&Value) -> bool) {
-    let path = format!("/v1/projects/demo/locations/mtest-east1/batches/{id}");
+async fn until(s: &TestServer, region: &str, id: &str, pred: impl Fn(&Value) -> bool) {
+    let path = format!("/v1/projects/demo/locations/{region}/batches/{id}");
     support::until(s, &path, "as expected", pred).await;
 }
 
-/// Queue, allocate, expire, cancel — then every metric says so.
-pub async fn scenario(s: &TestServer) {
-    create(s, "m-small", &batch(2, "3600s")).await;
-    until(s, "m-small", |b| {
+/// Queue, allocate, expire, cancel in `region` — then every metric says so.
+pub async fn scenario(s: &TestServer, region: &str) {
+    create(s, region, "m-small", &batch(2, "3600s")).await;
+    until(s, region, "m-small", |b| {
         b["flexq"]["provisioningState"] == "PROVISIONED"
     })
     .await;
-    create(s, "m-waits", &batch(3, "3600s")).await;
-    until(s, "m-waits", |b| {
+    create(s, region, "m-waits", &batch(3, "3600s")).await;
+    until(s, region, "m-waits", |b| {
         b["flexq"]["notAdmittedReasons"]
             .as_array()
             .is_some_and(|r| !r.is_empty())
     })
     .await;
-    create(s, "m-expires", &batch(4, "1s")).await;
-    until(s, "m-expires", |b| b["state"] == "FAILED").await;
-    let op = state_of(s, "m-small").await["operation"]
+    create(s, region, "m-expires", &batch(4, "1s")).await;
+    until(s, region, "m-expires", |b| b["state"] == "FAILED").await;
+    let op = state_of(s, region, "m-small").await["operation"]
         .as_str()
         .expect("op")
         .to_string();
     assert_eq!(s.post(&format!("/v1/{op}:cancel")).await.0, 200);
     // 1 + 3 executors fit the freed node.
-    until(s, "m-waits", |b| {
+    until(s, region, "m-waits", |b| {
         b["flexq"]["provisioningState"] == "PROVISIONED"
     })
     .await;
-    create(s, "m-queued", &batch(2, "3600s")).await;
-    until(s, "m-queued", |b| {
+    create(s, region, "m-queued", &batch(2, "3600s")).await;
+    until(s, region, "m-queued", |b| {
         b["flexq"]["notAdmittedReasons"]
             .as_array()
             .is_some_and(|r| !r.is_empty())
@@ -120,11 +125,11 @@ pub async fn scenario(s: &TestServer) {
 
 #[tokio::test]
 async fn a_scrape_after_a_scenario_has_the_right_values() {
-    let s = server().await;
-    scenario(&s).await;
+    let s = server(REGION).await;
+    scenario(&s, REGION).await;
     let text = s.scrape().await;
-    let r = [("region", "mtest-east1")];
-    let l4 = [("region", "mtest-east1"), ("accelerator", "l4")];
+    let r = [("region", REGION)];
+    let l4 = [("region", REGION), ("accelerator", "l4")];
     assert_eq!(
         value(&text, "flexq_batches_admitted_total", &l4),
         Some(2.0),
@@ -140,7 +145,7 @@ async fn a_scrape_after_a_scenario_has_the_right_values() {
             &text,
             "flexq_pending_batches",
             &[
-                ("region", "mtest-east1"),
+                ("region", REGION),
                 ("accelerator", "l4"),
                 ("reason", "capacity")
             ]
@@ -152,7 +157,7 @@ async fn a_scrape_after_a_scenario_has_the_right_values() {
             &text,
             "flexq_pending_batches",
             &[
-                ("region", "mtest-east1"),
+                ("region", REGION),
                 ("accelerator", "l4"),
                 ("reason", "quota")
             ]
@@ -193,7 +198,7 @@ async fn a_scrape_after_a_scenario_has_the_right_values() {
     );
     let quota = [
         ("project", "demo"),
-        ("region", "mtest-east1"),
+        ("region", REGION),
         ("metric", "PREEMPTIBLE_NVIDIA_L4_GPUS"),
     ];
     assert_eq!(value(&text, "flexq_quota_usage", &quota), Some(4.0));

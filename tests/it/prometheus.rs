@@ -134,8 +134,8 @@ async fn the_rules_and_the_exposition_pass_promtool() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let s = server().await;
-    scenario(&s).await;
+    let s = server("ptest-east1").await;
+    scenario(&s, "ptest-east1").await;
     let text = s.scrape().await;
     let mut child = Command::new(tool("promtool"))
         .args(["check", "metrics"])
@@ -164,8 +164,8 @@ async fn the_rules_and_the_exposition_pass_promtool() {
 
 #[tokio::test]
 async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
-    let s = server().await;
-    scenario(&s).await;
+    let s = server("qtest-east1").await;
+    scenario(&s, "qtest-east1").await;
     let prom = start_prometheus(&s.metrics_addr.to_string());
     // Wait for several scrapes of flexq (rates need two samples).
     let t = Instant::now();
