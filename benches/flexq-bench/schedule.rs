@@ -225,7 +225,7 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
         let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
             break;
         };
-        core.forget(key);
+        core.forget(key, now);
         let t = Instant::now();
         let d = core.pass(now);
         let _ = h.record(t.elapsed().as_micros().max(1) as u64);

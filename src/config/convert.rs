@@ -2,8 +2,8 @@
 //! declared pools and virtual nodes. The pure layers never import the
 //! config; it converts into their types here, once per load.
 
-use super::{Config, PoolConfig};
-use crate::scheduler::{NodeId, NodeSpec, PoolDecl};
+use super::{Config, PoolConfig, QueueOrder};
+use crate::scheduler::{FairSharePolicy, NodeId, NodeSpec, Order, PoolDecl};
 use crate::spec::Policy;
 
 impl Config {
@@ -29,6 +29,23 @@ impl Config {
                 .iter()
                 .filter(|(_, p)| p.require_shielded_vm)
                 .map(|(name, _)| name.clone())
+                .collect(),
+        }
+    }
+
+    /// How the core orders its queues: fair share or strict, the usage
+    /// half-life, the projects' weights.
+    pub fn fair_share(&self) -> FairSharePolicy {
+        FairSharePolicy {
+            order: match self.scheduling.order {
+                QueueOrder::FairShare => Order::FairShare,
+                QueueOrder::Strict => Order::Strict,
+            },
+            half_life: self.scheduling.usage_half_life,
+            weights: self
+                .projects
+                .iter()
+                .filter_map(|(name, p)| Some((name.clone(), p.weight?)))
                 .collect(),
         }
     }

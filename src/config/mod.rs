@@ -35,6 +35,7 @@ const SECTIONS: &[&str] = &[
     "log",
     "agents",
     "limits",
+    "scheduling",
     "runtimes",
     "regions",
     "projects",
@@ -51,6 +52,9 @@ pub struct Config {
     pub log: LogConfig,
     pub agents: AgentsConfig,
     pub limits: LimitsConfig,
+    /// How each region's queue is ordered. Absent: fair share, 24h.
+    #[serde(default)]
+    pub scheduling: SchedulingConfig,
     pub runtimes: BTreeMap<String, RuntimeEntry>,
     pub regions: BTreeMap<String, RegionConfig>,
     #[serde(default)]
@@ -163,6 +167,43 @@ pub struct LimitsConfig {
     pub max_pending_per_project: u64,
 }
 
+/// How each region's queue is ordered (docs/rules.md#fair-share-order).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulingConfig {
+    pub order: QueueOrder,
+    /// How fast past GPU usage is forgotten: usage counts half after one
+    /// half-life, a quarter after two.
+    #[serde(with = "humantime_serde")]
+    pub usage_half_life: Duration,
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> SchedulingConfig {
+        SchedulingConfig {
+            order: QueueOrder::FairShare,
+            usage_half_life: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueOrder {
+    /// The project with the lowest decayed usage ÷ weight first; within a
+    /// project, priority then age.
+    FairShare,
+    /// Priority then age across projects.
+    Strict,
+}
+
+/// The longest usage half-life accepted: beyond a year usage would never
+/// be forgotten in practice.
+pub const MAX_USAGE_HALF_LIFE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The largest fair-share weight accepted (and 1/it the smallest).
+pub const MAX_WEIGHT: f64 = 1e6;
+
 /// Executor agents: how long a node stays without a heartbeat.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -251,6 +292,10 @@ pub struct ProjectConfig {
     /// Organisation policy `constraints/compute.requireShieldedVm`.
     #[serde(default)]
     pub require_shielded_vm: bool,
+    /// Fair-share weight: a project of weight 2 gets twice the GPU-hours
+    /// of one of weight 1 when both wait. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
 }
 
 /// A configuration that cannot be used; the message names the key.
@@ -375,6 +420,26 @@ impl Config {
                     self.server.bind
                 ),
             ));
+        }
+        let half_life = self.scheduling.usage_half_life;
+        if half_life < Duration::from_secs(1) || half_life > MAX_USAGE_HALF_LIFE {
+            return Err(invalid(
+                "scheduling.usage_half_life",
+                format!(
+                    "{} is out of range: a duration from 1s to 365d, like \"24h\" or \"7d\"",
+                    humantime::format_duration(half_life)
+                ),
+            ));
+        }
+        for (project, pc) in &self.projects {
+            if let Some(w) = pc.weight {
+                if !w.is_finite() || !(1.0 / MAX_WEIGHT..=MAX_WEIGHT).contains(&w) {
+                    return Err(invalid(
+                        format!("projects.{project}.weight"),
+                        format!("{w} is not a weight: a number from 0.000001 to 1000000, like 1 or 2.5"),
+                    ));
+                }
+            }
         }
         let p = &self.provisioning;
         if p.max_allocation_timeout > ALLOCATION_TIMEOUT_CEILING {

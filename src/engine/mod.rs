@@ -362,7 +362,7 @@ impl Engine {
     /// A batch left the queue or gave back its cluster (its GPU-seconds
     /// counted: [`Self::count_released`]).
     pub async fn forget(&self, key: BatchKey) {
-        let released = self.lock().await.forget(key);
+        let released = self.lock().await.forget(key, chrono::Utc::now());
         self.count_released(released.as_ref());
         self.wake();
     }

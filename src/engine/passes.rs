@@ -96,12 +96,14 @@ impl Engine {
                         stale_core = true;
                     } else {
                         // The batch left the queue meanwhile (cancelled):
-                        // the decision is void, give back what it took.
+                        // the decision is void, give back what it took
+                        // (at `now`, its allocation time: it never ran, so
+                        // it adds no usage).
                         tracing::info!(
                             batch.seq = d.key().0,
                             "decision void: the batch is no longer queued"
                         );
-                        core.forget(d.key());
+                        core.forget(d.key(), now);
                     }
                 }
                 if stale_core {
@@ -215,6 +217,22 @@ pub(crate) async fn rebuild(
     decides: Option<Option<i64>>,
 ) -> Result<Scheduler, StoreError> {
     let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+    core.set_fair_share(config.fair_share());
+    // Past usage orders the queues in fair share: the same order on every
+    // replica and after every restart, because it is read from the store.
+    if config.scheduling.order == crate::config::QueueOrder::FairShare {
+        let memory = chrono::Duration::from_std(core.usage_memory()).unwrap_or(chrono::Duration::MAX);
+        let since = Utc::now().checked_sub_signed(memory).unwrap_or(DateTime::<Utc>::MIN_UTC);
+        for part in store.released_since(since).await? {
+            core.record_past_usage(
+                &part.region,
+                &part.project,
+                part.gpus,
+                part.allocated_at,
+                part.released_at,
+            );
+        }
+    }
     for node in config.virtual_nodes() {
         core.add_node(node);
     }

@@ -160,7 +160,7 @@ impl Engine {
                 self.wake();
             }
             Change::Ended { seq } => {
-                let released = self.lock().await.forget(BatchKey(seq));
+                let released = self.lock().await.forget(BatchKey(seq), chrono::Utc::now());
                 self.count_released(released.as_ref());
                 self.wake();
                 self.work_changed();

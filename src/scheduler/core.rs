@@ -10,6 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::capacity::{Capacity, Node, NodeId, NodeSpec, PartNeed, Placement, needs, plan_zone};
+use super::fairshare::{FairShare, Order, Policy, share_key};
 use super::lease::{LeaseError, Leases};
 use super::quota::{Ledger, QuotaRule};
 use super::views::Blocker;
@@ -125,7 +126,8 @@ pub struct PoolDecl {
     pub max_nodes: u32,
 }
 
-/// Queue order: higher priority first, then older first.
+/// Queue order within a project, and across projects in strict order:
+/// higher priority first, then older first.
 pub(super) type QueueKey = (std::cmp::Reverse<i32>, BatchKey);
 
 #[derive(Debug, Default)]
@@ -139,6 +141,10 @@ pub struct Scheduler {
     /// Queued batches per project (for the per-project limit).
     pub(super) pending_by_project: HashMap<String, usize>,
     pub(super) queues: BTreeMap<String, BTreeSet<QueueKey>>,
+    /// The same batches per region and project, for fair-share order.
+    pub(super) project_queues: HashMap<String, HashMap<String, BTreeSet<QueueKey>>>,
+    /// Usage per region and project, and the policy that orders by it.
+    pub(super) fair: FairShare,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     pub(super) running: HashMap<BatchKey, Allocation>,
     pub(super) leases: Leases,
@@ -167,6 +173,29 @@ struct ShapeStats {
 
 fn ttl_key(c: &ClusterRequest) -> u64 {
     c.ttl_s.unwrap_or(u64::MAX)
+}
+
+/// What a pass keeps while it walks one region's queue.
+#[derive(Default)]
+struct Walk {
+    /// The first batch blocked by capacity reserves it: later batches may
+    /// start only if their ttl ends before its estimated start.
+    reservation: Option<Reservation>,
+    /// Shapes that did not fit in this pass: free capacity only shrinks
+    /// during a pass, so they cannot fit later in it either.
+    failed_shapes: HashSet<ShapeKey>,
+    /// Shapes nothing more can be admitted of in this pass: failed, or
+    /// held back with even their shortest ttl ending after the reservation.
+    exhausted: HashSet<ShapeKey>,
+    /// Shapes that fit but were held back by the reservation, with their
+    /// plan: valid until the next allocation takes capacity.
+    fitting: HashMap<ShapeKey, (String, Vec<Placement>)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Considered {
+    Allocated,
+    Passed,
 }
 
 /// The first batch of a pass blocked by capacity: what it needs and, once
@@ -198,6 +227,31 @@ impl Scheduler {
             ledger: Ledger::new(rules),
             ..Scheduler::default()
         }
+    }
+
+    /// Sets how queues are ordered (fair share or strict, half-life,
+    /// weights). Usage recorded so far stays.
+    pub fn set_fair_share(&mut self, policy: Policy) {
+        self.dirty.extend(self.queues.keys().cloned());
+        self.fair.set_policy(policy);
+    }
+
+    /// A cluster that ended before this core was built: its usage counts
+    /// in the fair-share order (decayed from `to`).
+    pub fn record_past_usage(
+        &mut self,
+        region: &str,
+        project: &str,
+        gpus: u64,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) {
+        self.fair.record_past(region, project, gpus, from, to);
+    }
+
+    /// How far back ended clusters still count in the fair-share order.
+    pub fn usage_memory(&self) -> std::time::Duration {
+        self.fair.memory()
     }
 
     // ---- events ------------------------------------------------------
@@ -246,6 +300,12 @@ impl Scheduler {
             .entry(batch.region.clone())
             .or_default()
             .insert((std::cmp::Reverse(batch.priority), batch.key));
+        self.project_queues
+            .entry(batch.region.clone())
+            .or_default()
+            .entry(batch.project.clone())
+            .or_default()
+            .insert((std::cmp::Reverse(batch.priority), batch.key));
         if let Some(d) = batch.deadline {
             self.deadlines.insert((d, batch.key));
         }
@@ -264,13 +324,15 @@ impl Scheduler {
         }
         self.ledger
             .charge(&alloc.project, &alloc.region, &alloc.quota);
+        self.fair.hold(&alloc.region, &alloc.project, alloc.gpus());
         self.running.insert(alloc.key, alloc);
         true
     }
 
-    /// A batch left the queue or ended: drop it and give back what it held.
-    /// Idempotent. Answers the cluster it gave back, if it held one.
-    pub fn forget(&mut self, key: BatchKey) -> Option<Allocation> {
+    /// A batch left the queue or ended at `now`: drop it and give back what
+    /// it held. Idempotent. Answers the cluster it gave back, if it held
+    /// one.
+    pub fn forget(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<Allocation> {
         self.held_back.remove(&key);
         if let Some(b) = self.pending.remove(&key) {
             self.dirty.insert(b.region.clone());
@@ -304,6 +366,14 @@ impl Scheduler {
             if let Some(q) = self.queues.get_mut(&b.region) {
                 q.remove(&(std::cmp::Reverse(b.priority), key));
             }
+            if let Some(projects) = self.project_queues.get_mut(&b.region) {
+                if let Some(q) = projects.get_mut(&b.project) {
+                    q.remove(&(std::cmp::Reverse(b.priority), key));
+                    if q.is_empty() {
+                        projects.remove(&b.project);
+                    }
+                }
+            }
             if let Some(d) = b.deadline {
                 self.deadlines.remove(&(d, key));
             }
@@ -312,6 +382,8 @@ impl Scheduler {
         self.dirty.insert(a.region.clone());
         self.capacity.give_back(&a.placements);
         self.ledger.refund(&a.project, &a.region, &a.quota);
+        self.fair
+            .release(&a.region, &a.project, a.gpus(), a.allocated_at, now);
         Some(a)
     }
 
@@ -423,7 +495,7 @@ impl Scheduler {
                 .iter()
                 .filter_map(|k| self.running.get(k).map(|a| a.batch_id.clone()))
                 .collect();
-            let released = failed.iter().filter_map(|key| self.forget(*key)).collect();
+            let released = failed.iter().filter_map(|key| self.forget(*key, now)).collect();
             let message = format!(
                 "Node {node} was lost: its agent stopped heartbeating and its lease expired at {}; the batch's cluster was released.",
                 expired_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -456,7 +528,7 @@ impl Scheduler {
                     )
                 })
                 .unwrap_or_default();
-            self.forget(key);
+            self.forget(key, now);
             decisions.push(Decision::Expire {
                 key,
                 batch_id,
@@ -473,25 +545,21 @@ impl Scheduler {
     }
 
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        match self.fair.order() {
+            Order::Strict => self.admit_strict(region, now, out),
+            Order::FairShare => self.admit_fair(region, now, out),
+        }
+    }
+
+    /// Strict order: the region's queue by priority, then age.
+    fn admit_strict(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
         // The queue is walked in chunks from a cursor rather than copied
         // whole: a pass usually stops after a few entries, and the queue
         // may hold a million.
         const CHUNK: usize = 256;
         let mut cursor: Option<QueueKey> = None;
         let mut buffer = Vec::new().into_iter();
-        // The first batch blocked by capacity reserves it: later batches
-        // may start only if their ttl ends before its estimated start.
-        let mut reservation: Option<Reservation> = None;
-        // Shapes that did not fit in this pass: free capacity only shrinks
-        // during a pass, so they cannot fit later in it either.
-        let mut failed_shapes: HashSet<ShapeKey> = HashSet::new();
-        // Shapes nothing more can be admitted of in this pass: failed, or
-        // held back with even their shortest ttl ending after the
-        // reservation.
-        let mut exhausted: HashSet<ShapeKey> = HashSet::new();
-        // Shapes that fit but were held back by the reservation, with their
-        // plan: valid until the next allocation takes capacity.
-        let mut fitting: HashMap<ShapeKey, (String, Vec<Placement>)> = HashMap::new();
+        let mut walk = Walk::default();
         loop {
             let queued = match buffer.next() {
                 Some(k) => k,
@@ -515,152 +583,218 @@ impl Scheduler {
                 }
             };
             cursor = Some(queued);
-            let key = queued.1;
-            let distinct = self.shapes.get(region).map_or(0, HashMap::len);
-            let defaults = self.defaults.get(region).copied().unwrap_or(0);
-            if defaults == 0 && exhausted.len() >= distinct {
-                // Every shape still queued here either does not fit or
-                // cannot end before the reservation: nothing more can be
-                // admitted in this pass. (Counted against the shapes still
-                // queued: a rejected batch may have been a shape's last.)
-                let present = self.shapes.get(region).map_or(0, |m| {
-                    exhausted.iter().filter(|s| m.contains_key(*s)).count()
-                });
-                if present >= distinct {
-                    break;
-                }
+            if self.nothing_more(region, &walk) {
+                break;
             }
-            let Some(batch) = self.pending.get(&key) else {
+            self.consider(queued.1, region, now, &mut walk, out);
+        }
+    }
+
+    /// Fair-share order: the project with the lowest usage ÷ weight first,
+    /// its batches by priority, then age. An allocation raises its
+    /// project's usage at once, so the order is taken again after each.
+    fn admit_fair(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        let Some(projects) = self.project_queues.get(region) else {
+            return;
+        };
+        let mut order: BTreeSet<(u64, String)> = projects
+            .keys()
+            .map(|p| (share_key(self.fair.standing(region, p, now).share), p.clone()))
+            .collect();
+        // Where each project's walk stands: its batches before it were
+        // considered in this pass.
+        let mut cursors: HashMap<String, QueueKey> = HashMap::new();
+        let mut walk = Walk::default();
+        while let Some((share, project)) = order.first().cloned() {
+            let next = self
+                .project_queues
+                .get(region)
+                .and_then(|m| m.get(&project))
+                .and_then(|q| match cursors.get(&project) {
+                    None => q.first().copied(),
+                    Some(c) => q
+                        .range((Bound::Excluded(*c), Bound::Unbounded))
+                        .next()
+                        .copied(),
+                });
+            let Some(queued) = next else {
+                order.pop_first();
                 continue;
             };
-            let default_mode = batch.cluster.mode == ProvisioningMode::Default;
-            if let Some(short) = self
-                .ledger
-                .shortfall(&batch.project, region, &batch.cluster.quota)
-            {
+            cursors.insert(project.clone(), queued);
+            if self.nothing_more(region, &walk) {
+                break;
+            }
+            if self.consider(queued.1, region, now, &mut walk, out) == Considered::Allocated {
+                order.remove(&(share, project.clone()));
+                let share = self.fair.standing(region, &project, now).share;
+                order.insert((share_key(share), project));
+            }
+        }
+    }
+
+    /// Whether nothing more can be admitted in this pass: every shape still
+    /// queued in the region either does not fit or cannot end before the
+    /// reservation, and no default-mode batch awaits its verdict.
+    fn nothing_more(&self, region: &str, walk: &Walk) -> bool {
+        let distinct = self.shapes.get(region).map_or(0, HashMap::len);
+        let defaults = self.defaults.get(region).copied().unwrap_or(0);
+        if defaults > 0 || walk.exhausted.len() < distinct {
+            return false;
+        }
+        // Counted against the shapes still queued: a rejected batch may
+        // have been a shape's last.
+        let present = self.shapes.get(region).map_or(0, |m| {
+            walk.exhausted.iter().filter(|s| m.contains_key(*s)).count()
+        });
+        present >= distinct
+    }
+
+    /// One queued batch in a pass's walk: allocated, rejected (default
+    /// mode), held back by the reservation, or left to wait.
+    fn consider(
+        &mut self,
+        key: BatchKey,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) -> Considered {
+        let Some(batch) = self.pending.get(&key) else {
+            return Considered::Passed;
+        };
+        let default_mode = batch.cluster.mode == ProvisioningMode::Default;
+        if let Some(short) = self
+            .ledger
+            .shortfall(&batch.project, region, &batch.cluster.quota)
+        {
+            if default_mode {
+                let message = format!(
+                    "RESOURCE_EXHAUSTED: quota {} exceeded in {region}: limit {}, usage {}, asked {}",
+                    short.metric, short.limit, short.usage, short.needed
+                );
+                let batch_id = batch.batch_id.clone();
+                self.forget(key, now);
+                out.push(Decision::Reject {
+                    key,
+                    batch_id,
+                    message,
+                    reason: "quota",
+                });
+            }
+            return Considered::Passed;
+        }
+        let shape = shape_key(&batch.cluster);
+        let ends = batch
+            .cluster
+            .ttl_s
+            .map(|t| now + Duration::seconds(t as i64));
+        let plan = if walk.failed_shapes.contains(&shape) {
+            None
+        } else if let Some(plan) = walk.fitting.get(&shape) {
+            Some(plan.clone())
+        } else {
+            self.best_zone(region, &needs(&batch.cluster))
+        };
+        match plan {
+            Some((zone, placements)) => {
+                walk.fitting.insert(shape, (zone.clone(), placements.clone()));
+                // Under a reservation, a batch that fits may start only
+                // if its ttl ends before the holder's estimated start.
+                // The estimate is costly and rarely needed: computed
+                // once, on first need.
+                if let Some(r) = walk.reservation.as_mut() {
+                    if !default_mode {
+                        let until = *r
+                            .until
+                            .get_or_insert_with(|| self.estimate_start(region, &r.needs));
+                        let delays_holder = match (until, ends) {
+                            (Some(u), Some(e)) => e > u,
+                            (Some(_), None) => true,
+                            (None, _) => false,
+                        };
+                        if delays_holder {
+                            self.held_back.insert(key);
+                            let shortest = self
+                                .shapes
+                                .get(region)
+                                .and_then(|m| m.get(&shape))
+                                .and_then(|st| st.ttls.keys().next().copied());
+                            let none_can = match (until, shortest) {
+                                (Some(u), Some(t)) if t != u64::MAX => {
+                                    now + Duration::seconds(t as i64) > u
+                                }
+                                (Some(_), _) => true,
+                                (None, _) => false,
+                            };
+                            if none_can {
+                                walk.exhausted.insert(shape);
+                            }
+                            return Considered::Passed;
+                        }
+                    }
+                }
+                self.held_back.remove(&key);
+                let batch = self.pending.get(&key).cloned();
+                let Some(batch) = batch else {
+                    return Considered::Passed;
+                };
+                // Capacity changes now: plans made before no longer hold.
+                walk.fitting.clear();
+                if !self.capacity.take(&placements) {
+                    walk.failed_shapes.insert(shape);
+                    walk.exhausted.insert(shape);
+                    return Considered::Passed;
+                }
+                self.forget(key, now);
+                self.ledger
+                    .charge(&batch.project, region, &batch.cluster.quota);
+                let alloc = Allocation {
+                    key,
+                    batch_id: batch.batch_id.clone(),
+                    project: batch.project.clone(),
+                    region: region.to_string(),
+                    zone,
+                    placements,
+                    quota: batch.cluster.quota.clone(),
+                    allocated_at: now,
+                    expected_end: batch
+                        .cluster
+                        .ttl_s
+                        .map(|t| now + Duration::seconds(t as i64)),
+                    queued_at: batch.queued_at,
+                    accelerator: accelerator_label(&batch.cluster),
+                };
+                self.fair.hold(region, &batch.project, alloc.gpus());
+                self.running.insert(key, alloc.clone());
+                out.push(Decision::Allocate(alloc));
+                return Considered::Allocated;
+            }
+            None => {
+                walk.failed_shapes.insert(shape);
+                walk.exhausted.insert(shape);
                 if default_mode {
                     let message = format!(
-                        "RESOURCE_EXHAUSTED: quota {} exceeded in {region}: limit {}, usage {}, asked {}",
-                        short.metric, short.limit, short.usage, short.needed
+                        "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",
+                        shape_text(&batch.cluster)
                     );
                     let batch_id = batch.batch_id.clone();
-                    self.forget(key);
+                    self.forget(key, now);
                     out.push(Decision::Reject {
                         key,
                         batch_id,
                         message,
-                        reason: "quota",
+                        reason: "stockout",
                     });
-                }
-                continue;
-            }
-            let shape = shape_key(&batch.cluster);
-            let ends = batch
-                .cluster
-                .ttl_s
-                .map(|t| now + Duration::seconds(t as i64));
-            let plan = if failed_shapes.contains(&shape) {
-                None
-            } else if let Some(plan) = fitting.get(&shape) {
-                Some(plan.clone())
-            } else {
-                self.best_zone(region, &needs(&batch.cluster))
-            };
-            match plan {
-                Some((zone, placements)) => {
-                    fitting.insert(shape, (zone.clone(), placements.clone()));
-                    // Under a reservation, a batch that fits may start only
-                    // if its ttl ends before the holder's estimated start.
-                    // The estimate is costly and rarely needed: computed
-                    // once, on first need.
-                    if let Some(r) = reservation.as_mut() {
-                        if !default_mode {
-                            let until = *r
-                                .until
-                                .get_or_insert_with(|| self.estimate_start(region, &r.needs));
-                            let delays_holder = match (until, ends) {
-                                (Some(u), Some(e)) => e > u,
-                                (Some(_), None) => true,
-                                (None, _) => false,
-                            };
-                            if delays_holder {
-                                self.held_back.insert(key);
-                                let shortest = self
-                                    .shapes
-                                    .get(region)
-                                    .and_then(|m| m.get(&shape))
-                                    .and_then(|st| st.ttls.keys().next().copied());
-                                let none_can = match (until, shortest) {
-                                    (Some(u), Some(t)) if t != u64::MAX => {
-                                        now + Duration::seconds(t as i64) > u
-                                    }
-                                    (Some(_), _) => true,
-                                    (None, _) => false,
-                                };
-                                if none_can {
-                                    exhausted.insert(shape);
-                                }
-                                continue;
-                            }
-                        }
-                    }
-                    self.held_back.remove(&key);
-                    let batch = self.pending.get(&key).cloned();
-                    let Some(batch) = batch else { continue };
-                    // Capacity changes now: plans made before no longer hold.
-                    fitting.clear();
-                    if !self.capacity.take(&placements) {
-                        failed_shapes.insert(shape);
-                        exhausted.insert(shape);
-                        continue;
-                    }
-                    self.forget(key);
-                    self.ledger
-                        .charge(&batch.project, region, &batch.cluster.quota);
-                    let alloc = Allocation {
-                        key,
-                        batch_id: batch.batch_id.clone(),
-                        project: batch.project.clone(),
-                        region: region.to_string(),
-                        zone,
-                        placements,
-                        quota: batch.cluster.quota.clone(),
-                        allocated_at: now,
-                        expected_end: batch
-                            .cluster
-                            .ttl_s
-                            .map(|t| now + Duration::seconds(t as i64)),
-                        queued_at: batch.queued_at,
-                        accelerator: accelerator_label(&batch.cluster),
-                    };
-                    self.running.insert(key, alloc.clone());
-                    out.push(Decision::Allocate(alloc));
-                }
-                None => {
-                    failed_shapes.insert(shape);
-                    exhausted.insert(shape);
-                    if default_mode {
-                        let message = format!(
-                            "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",
-                            shape_text(&batch.cluster)
-                        );
-                        let batch_id = batch.batch_id.clone();
-                        self.forget(key);
-                        out.push(Decision::Reject {
-                            key,
-                            batch_id,
-                            message,
-                            reason: "stockout",
-                        });
-                    } else if reservation.is_none() {
-                        reservation = Some(Reservation {
-                            needs: needs(&batch.cluster),
-                            until: None,
-                        });
-                    }
+                } else if walk.reservation.is_none() {
+                    walk.reservation = Some(Reservation {
+                        needs: needs(&batch.cluster),
+                        until: None,
+                    });
                 }
             }
         }
+        Considered::Passed
     }
 
     /// The zone that fits every part with the least fragmentation left.

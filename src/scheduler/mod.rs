@@ -10,6 +10,7 @@
 
 mod capacity;
 mod core;
+mod fairshare;
 mod lease;
 pub mod lifecycle;
 mod quota;
@@ -22,6 +23,7 @@ pub use core::{
     Allocation, BatchKey, Decision, PendingBatch, PoolDecl, Scheduler, accelerator_label,
     shape_text,
 };
+pub use fairshare::{Order, Policy as FairSharePolicy, Standing};
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;

@@ -157,7 +157,7 @@ fn a_whole_cluster_waits_and_is_allocated_at_once_when_the_last_gpu_frees() {
         s.ledger_usage("p", "r", QuotaMetric::PreemptibleNvidiaL4Gpus),
         3
     );
-    let info = s.pending_info(BatchKey(2)).expect("queued");
+    let info = s.pending_info(BatchKey(2), t0()).expect("queued");
     assert_eq!(info.queue_position, 1);
     assert!(
         info.reasons[0].contains("has room for 6"),
@@ -169,7 +169,7 @@ fn a_whole_cluster_waits_and_is_allocated_at_once_when_the_last_gpu_frees() {
         Some(t0() + Duration::seconds(3600))
     );
 
-    s.forget(BatchKey(1));
+    s.forget(BatchKey(1), t0());
     let d = s.pass(t0() + Duration::seconds(5));
     assert_eq!(allocated(&d), vec![2]);
     let Decision::Allocate(a) = &d[0] else {
@@ -422,9 +422,9 @@ fn the_head_of_the_queue_is_not_starved_by_small_batches() {
         t0(),
     ));
     assert_eq!(allocated(&s.pass(t0())), vec![20]);
-    s.forget(BatchKey(20));
-    s.forget(BatchKey(1));
-    s.forget(BatchKey(2));
+    s.forget(BatchKey(20), t0());
+    s.forget(BatchKey(1), t0());
+    s.forget(BatchKey(2), t0());
     assert_eq!(
         allocated(&s.pass(t0() + Duration::seconds(3600)))[0],
         3,
@@ -647,7 +647,7 @@ impl Harness {
             }
             Op::Cancel(i) | Op::Finish(i) => {
                 if let Some(key) = self.submitted.get(i % self.submitted.len().max(1)).copied() {
-                    self.s.forget(key);
+                    self.s.forget(key, self.now);
                 }
             }
             Op::AddNode { zone, gpus } => {
@@ -672,7 +672,7 @@ impl Harness {
                     // The runner fails every batch holding part of a lost
                     // node; do the same.
                     for key in self.s.remove_node(&id) {
-                        self.s.forget(key);
+                        self.s.forget(key, self.now);
                     }
                 }
             }
@@ -717,14 +717,14 @@ proptest! {
         // the head of the queue goes first if the region can hold it —
         // nothing queued behind it may take its place.
         for key in h.s.running_keys() {
-            h.s.forget(key);
+            h.s.forget(key, h.now);
         }
         for p in 0..3 {
             h.s.set_quota_limit(&format!("p{p}"), "r", QuotaMetric::PreemptibleNvidiaL4Gpus, 1000);
             h.s.set_quota_limit(&format!("p{p}"), "r", QuotaMetric::NvidiaL4Gpus, 1000);
         }
-        if let Some(head) = h.s.queue_head("r") {
-            let fits_now = h.s.pending_info(head).is_some_and(|i| i.reasons.is_empty());
+        if let Some(head) = h.s.queue_head("r", h.now) {
+            let fits_now = h.s.pending_info(head, h.now).is_some_and(|i| i.reasons.is_empty());
             h.s.pass(h.now);
             if fits_now {
                 prop_assert!(

@@ -9,11 +9,12 @@ use serde::{Deserialize, Serialize};
 
 use super::capacity::{NodeId, NodeSpec, needs, plan_zone};
 use super::core::{BatchKey, PendingBatch, Scheduler, shape_text};
+use super::fairshare::{Order, Standing, share_key};
 use super::quota::{QuotaView, Shortfall};
 use crate::spec::{ClusterRequest, ProvisioningMode};
 
 /// Why a batch is not admitted (yet).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Blocker {
     Quota(Shortfall),
     /// `placed` of `total` parts fit in the best zone.
@@ -27,6 +28,18 @@ pub enum Blocker {
     Reservation {
         holder: BatchKey,
         until: Option<DateTime<Utc>>,
+    },
+    /// Other projects' batches come first in fair-share order.
+    FairShare {
+        /// Queued batches of the projects ahead.
+        batches: usize,
+        /// The projects ahead, lowest usage ÷ weight first (at most three),
+        /// with their usage ÷ weight.
+        ahead: Vec<(String, f64)>,
+        /// How many projects are ahead in all.
+        projects: usize,
+        /// The batch's own project's usage ÷ weight.
+        yours: f64,
     },
 }
 
@@ -57,6 +70,29 @@ impl std::fmt::Display for Blocker {
                 ),
                 None => write!(f, "capacity is reserved for an earlier batch of the queue"),
             },
+            Blocker::FairShare {
+                batches,
+                ahead,
+                projects,
+                yours,
+            } => {
+                let theirs = ahead
+                    .iter()
+                    .map(|(p, s)| format!("{p} {s:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let more = if *projects > ahead.len() {
+                    format!(" and {} more", projects - ahead.len())
+                } else {
+                    String::new()
+                };
+                write!(
+                    f,
+                    "behind {batches} batch{} of {projects} project{} in fair-share order: usage ÷ weight (decayed GPUs) is {theirs}{more}; yours {yours:.2}",
+                    if *batches == 1 { "" } else { "es" },
+                    if *projects == 1 { "" } else { "s" },
+                )
+            }
         }
     }
 }
@@ -107,16 +143,23 @@ pub struct CapacityRow {
 }
 
 impl Scheduler {
-    /// Queue position (1-based), reasons and an estimated start.
-    pub fn pending_info(&self, key: BatchKey) -> Option<PendingInfo> {
+    /// Queue position (1-based) in the region's order, reasons and an
+    /// estimated start, as of `now`.
+    pub fn pending_info(&self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingInfo> {
         let batch = self.pending.get(&key)?;
-        let queue = self.queues.get(&batch.region)?;
-        let position = queue
-            .iter()
-            .position(|(_, k)| *k == key)
-            .map(|p| p + 1)
-            .unwrap_or(0);
-        let reasons = self.blockers(batch);
+        let (position, behind) = match self.fair.order() {
+            Order::Strict => {
+                let queue = self.queues.get(&batch.region)?;
+                let position = queue.iter().position(|(_, k)| *k == key).map(|p| p + 1);
+                (position.unwrap_or(0), None)
+            }
+            Order::FairShare => {
+                let (position, behind) = self.fair_position(batch, now)?;
+                (position, behind)
+            }
+        };
+        let mut reasons = self.blockers(batch);
+        reasons.extend(behind);
         let estimated_start_time = if reasons.iter().any(|r| matches!(r, Blocker::Quota(_))) {
             None
         } else {
@@ -127,6 +170,55 @@ impl Scheduler {
             reasons: reasons.iter().map(ToString::to_string).collect(),
             estimated_start_time,
         })
+    }
+
+    /// A batch's place in fair-share order: the batches of the projects
+    /// ahead of its own, then its own project's ahead of it. With the
+    /// reason it waits on them, when any do.
+    fn fair_position(
+        &self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Option<(usize, Option<Blocker>)> {
+        let projects = self.project_queues.get(&batch.region)?;
+        let own = projects.get(&batch.project)?;
+        let yours = self.fair.standing(&batch.region, &batch.project, now).share;
+        let mine = (share_key(yours), batch.project.as_str());
+        let mut ahead: Vec<(u64, &str, f64, usize)> = projects
+            .iter()
+            .filter(|(p, _)| p.as_str() != batch.project)
+            .filter_map(|(p, q)| {
+                let share = self.fair.standing(&batch.region, p, now).share;
+                ((share_key(share), p.as_str()) < mine).then_some((
+                    share_key(share),
+                    p.as_str(),
+                    share,
+                    q.len(),
+                ))
+            })
+            .collect();
+        ahead.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let before: usize = ahead.iter().map(|a| a.3).sum();
+        let within = own
+            .iter()
+            .position(|(_, k)| *k == batch.key)
+            .map_or(0, |p| p + 1);
+        let behind = (!ahead.is_empty()).then(|| Blocker::FairShare {
+            batches: before,
+            projects: ahead.len(),
+            ahead: ahead
+                .iter()
+                .take(3)
+                .map(|a| (a.1.to_string(), a.2))
+                .collect(),
+            yours,
+        });
+        Some((before + within, behind))
+    }
+
+    /// Where `project` stands in `region`'s fair-share order at `now`.
+    pub fn standing(&self, region: &str, project: &str, now: DateTime<Utc>) -> Standing {
+        self.fair.standing(region, project, now)
     }
 
     /// Whether a request could ever fit: the quota limit and the region's
@@ -347,9 +439,17 @@ impl Scheduler {
         self.ledger.limit(project, region, metric)
     }
 
-    /// The first batch of a region's queue.
-    pub fn queue_head(&self, region: &str) -> Option<BatchKey> {
-        self.queues.get(region)?.first().map(|(_, k)| *k)
+    /// The first batch of a region's queue in its order at `now`.
+    pub fn queue_head(&self, region: &str, now: DateTime<Utc>) -> Option<BatchKey> {
+        match self.fair.order() {
+            Order::Strict => self.queues.get(region)?.first().map(|(_, k)| *k),
+            Order::FairShare => self
+                .project_queues
+                .get(region)?
+                .iter()
+                .min_by_key(|(p, _)| (share_key(self.fair.standing(region, p, now).share), *p))
+                .and_then(|(_, q)| q.first().map(|(_, k)| *k)),
+        }
     }
 
     pub fn is_pending(&self, key: BatchKey) -> bool {

@@ -45,7 +45,7 @@ pub use lifecycle::Applied;
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
 use sql::Sql;
-pub use usage::{CreatedBatch, HeldPart};
+pub use usage::{CreatedBatch, HeldPart, ReleasedPart};
 
 /// Why a store call failed, in terms the API layer can answer with.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -107,4 +107,42 @@ impl Store {
         }
         Ok((held, created))
     }
+
+    /// The parts given back after `since`, in every region: what the
+    /// fair-share order remembers of past usage when a core is built.
+    pub async fn released_since(&self, since: DateTime<Utc>) -> Result<Vec<ReleasedPart>, StoreError> {
+        let rows = sqlx::query(
+            "select b.region, b.project, a.gpus, a.allocated_at, a.released_at \
+             from allocations a join batches b on b.seq = a.batch_seq \
+             where a.released_at is not null and a.released_at > $1",
+        )
+        .bind(micros(since))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let gpus: Vec<String> = serde_json::from_str(row.try_get("gpus")?).map_err(corrupt)?;
+            if gpus.is_empty() {
+                continue;
+            }
+            out.push(ReleasedPart {
+                region: row.try_get("region")?,
+                project: row.try_get("project")?,
+                gpus: gpus.len() as u64,
+                allocated_at: from_micros(row.try_get("allocated_at")?),
+                released_at: from_micros(row.try_get("released_at")?),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A part of a cluster that was given back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReleasedPart {
+    pub region: String,
+    pub project: String,
+    pub gpus: u64,
+    pub allocated_at: DateTime<Utc>,
+    pub released_at: DateTime<Utc>,
 }

@@ -1,0 +1,268 @@
+//! Fair-share order (docs/rules.md#fair-share-order): in a region, the next
+//! batch considered comes from the project with the lowest decayed GPU
+//! usage ÷ weight; within a project, priority then age.
+//!
+//! A project's usage is measured in GPUs: what it holds now, plus what it
+//! held before, decayed with the configured half-life. Holding `g` GPUs for
+//! ever tends to `g`; a project idle for one half-life counts half of what
+//! it used. In GPU-seconds, history decays as `exp(-t/τ)` with
+//! `τ = half_life / ln 2`, and `g` GPUs held from `a` to `r` add
+//! `g·τ·(1 − exp(−(r−a)/τ))` at `r`; divided by `τ`, that is GPUs.
+//! Counting what is held at once (not as it accrues) makes an allocation
+//! move its project back in the order within the same pass, so one project
+//! cannot take every GPU that frees at once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+/// How a region's queue is ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// Projects by decayed usage ÷ weight, then priority and age.
+    #[default]
+    FairShare,
+    /// Priority, then age, across projects (flexq before fair share).
+    Strict,
+}
+
+/// The operator's fair-share settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub order: Order,
+    pub half_life: Duration,
+    /// Weights of projects that do not have the default of 1.
+    pub weights: HashMap<String, f64>,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            order: Order::FairShare,
+            half_life: Duration::from_secs(24 * 3600),
+            weights: HashMap::new(),
+        }
+    }
+}
+
+impl Policy {
+    pub fn weight(&self, project: &str) -> f64 {
+        self.weights.get(project).copied().unwrap_or(1.0)
+    }
+
+    /// `τ`, in seconds: history decays as `exp(−t/τ)`.
+    fn tau(&self) -> f64 {
+        self.half_life.as_secs_f64().max(1.0) / std::f64::consts::LN_2
+    }
+}
+
+/// One project's usage in one region.
+#[derive(Debug, Clone, Default)]
+struct Usage {
+    /// GPUs its running clusters hold.
+    held: u64,
+    /// Decayed GPU-seconds of its ended clusters, as of `at`.
+    history: f64,
+    at: Option<DateTime<Utc>>,
+}
+
+impl Usage {
+    /// The decayed history as of `now`, in GPU-seconds.
+    fn history_at(&self, now: DateTime<Utc>, tau: f64) -> f64 {
+        match self.at {
+            Some(at) => self.history * decay(now, at, tau),
+            None => 0.0,
+        }
+    }
+
+    /// Adds `value` GPU-seconds measured at `when` (in any order of time).
+    fn add(&mut self, value: f64, when: DateTime<Utc>, tau: f64) {
+        match self.at {
+            Some(at) if when < at => self.history += value * decay(at, when, tau),
+            _ => {
+                self.history = self.history_at(when, tau) + value;
+                self.at = Some(when);
+            }
+        }
+    }
+}
+
+/// `exp(−(later − earlier)/τ)`; 1 when `later` is not later.
+fn decay(later: DateTime<Utc>, earlier: DateTime<Utc>, tau: f64) -> f64 {
+    let dt = (later - earlier).num_milliseconds().max(0) as f64 / 1000.0;
+    (-dt / tau).exp()
+}
+
+/// Usage per (region, project), and the policy that orders by it.
+#[derive(Debug, Clone, Default)]
+pub struct FairShare {
+    policy: Policy,
+    usage: HashMap<(String, String), Usage>,
+}
+
+/// A project's place in a region's fair-share order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Standing {
+    /// Decayed usage, in GPUs.
+    pub usage: f64,
+    pub weight: f64,
+    /// usage ÷ weight: lower goes first.
+    pub share: f64,
+}
+
+impl FairShare {
+    /// Replaces the policy; usage stays (it does not depend on it but for
+    /// the half-life, which applies from now on).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    pub fn order(&self) -> Order {
+        self.policy.order
+    }
+
+    /// A cluster of `gpus` GPUs was allocated.
+    pub fn hold(&mut self, region: &str, project: &str, gpus: u64) {
+        self.entry(region, project).held += gpus;
+    }
+
+    /// A cluster of `gpus` GPUs held from `from` was given back at `to`.
+    pub fn release(
+        &mut self,
+        region: &str,
+        project: &str,
+        gpus: u64,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) {
+        let u = self.entry(region, project);
+        u.held = u.held.saturating_sub(gpus);
+        self.record_past(region, project, gpus, from, to);
+    }
+
+    /// A cluster that ended before this core was built (its usage, read
+    /// back from the store).
+    pub fn record_past(
+        &mut self,
+        region: &str,
+        project: &str,
+        gpus: u64,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) {
+        let tau = self.policy.tau();
+        let value = gpus as f64 * tau * (1.0 - decay(to, from, tau));
+        if value > 0.0 {
+            self.entry(region, project).add(value, to, tau);
+        }
+    }
+
+    /// Where `project` stands in `region` at `now`.
+    pub fn standing(&self, region: &str, project: &str, now: DateTime<Utc>) -> Standing {
+        let tau = self.policy.tau();
+        let usage = self
+            .usage
+            .get(&(region.to_string(), project.to_string()))
+            .map_or(0.0, |u| u.held as f64 + u.history_at(now, tau) / tau);
+        let weight = self.policy.weight(project);
+        Standing {
+            usage,
+            weight,
+            share: usage / weight,
+        }
+    }
+
+    /// How far back ended clusters still count for something (their
+    /// weight has fallen below one in a thousand after ten half-lives).
+    pub fn memory(&self) -> Duration {
+        self.policy.half_life.saturating_mul(10)
+    }
+
+    fn entry(&mut self, region: &str, project: &str) -> &mut Usage {
+        self.usage
+            .entry((region.to_string(), project.to_string()))
+            .or_default()
+    }
+}
+
+/// An order key for a share: total for finite, non-negative floats.
+pub(super) fn share_key(share: f64) -> u64 {
+    // Non-negative IEEE 754 doubles order as their bit patterns.
+    share.max(0.0).to_bits()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + s, 0).single().expect("time")
+    }
+
+    fn with(policy: Policy) -> FairShare {
+        let mut f = FairShare::default();
+        f.set_policy(policy);
+        f
+    }
+
+    fn hour_half_life() -> FairShare {
+        with(Policy {
+            half_life: Duration::from_secs(3600),
+            ..Policy::default()
+        })
+    }
+
+    #[test]
+    fn held_gpus_count_at_once_and_history_halves_each_half_life() {
+        let mut f = hour_half_life();
+        f.hold("r", "a", 8);
+        assert_eq!(f.standing("r", "a", t(0)).usage, 8.0);
+        // Held for a very long time, then given back: about 8 GPUs of
+        // history, which halves an hour later.
+        f.release("r", "a", 8, t(0), t(100 * 3600));
+        let at_release = f.standing("r", "a", t(100 * 3600)).usage;
+        assert!((at_release - 8.0).abs() < 1e-6, "{at_release}");
+        let later = f.standing("r", "a", t(101 * 3600)).usage;
+        assert!((later - 4.0).abs() < 1e-6, "{later}");
+    }
+
+    #[test]
+    fn a_short_cluster_counts_little_and_past_records_add_up_in_any_order() {
+        let mut a = hour_half_life();
+        a.record_past("r", "p", 4, t(0), t(60));
+        a.record_past("r", "p", 2, t(600), t(1200));
+        let mut b = hour_half_life();
+        b.record_past("r", "p", 2, t(600), t(1200));
+        b.record_past("r", "p", 4, t(0), t(60));
+        let (ua, ub) = (
+            a.standing("r", "p", t(3600)).usage,
+            b.standing("r", "p", t(3600)).usage,
+        );
+        assert!((ua - ub).abs() < 1e-9, "{ua} vs {ub}");
+        // 4 GPUs for a minute is far less than 4 GPUs held.
+        assert!(ua > 0.0 && ua < 1.0, "{ua}");
+    }
+
+    #[test]
+    fn weight_divides_usage() {
+        let mut f = with(Policy {
+            weights: HashMap::from([("big".to_string(), 4.0)]),
+            ..Policy::default()
+        });
+        f.hold("r", "big", 8);
+        f.hold("r", "small", 4);
+        assert_eq!(f.standing("r", "big", t(0)).share, 2.0);
+        assert_eq!(f.standing("r", "small", t(0)).share, 4.0);
+        assert_eq!(f.standing("r", "none", t(0)).share, 0.0);
+    }
+
+    #[test]
+    fn share_keys_order_as_the_shares() {
+        let shares = [0.0, 1e-9, 0.4, 2.1, 2.1000001, 1e12];
+        for w in shares.windows(2) {
+            assert!(share_key(w[0]) < share_key(w[1]), "{w:?}");
+        }
+    }
+}
