@@ -6,7 +6,7 @@
 //! `tests/it/architecture.rs`):
 //!
 //! - [`api`]: wire types (Batch, Operation, State, `google.rpc.Status`),
-//!   shared by server, CLI and tests.
+//!   shared by server, CLI and tests; [`stats`]: percentiles.
 //! - [`spec`]: the batch rules (docs/rules.md) as a pure function from a
 //!   Batch and the operator's [`spec::Policy`] to a validated cluster
 //!   request or every field violation.
@@ -21,7 +21,8 @@
 //!   its conversion into the pure layers' types), logs, Prometheus metrics.
 //! - [`store`]: durable state through sqlx on SQLite (the embedded
 //!   default) or PostgreSQL (several replicas); one transaction per
-//!   decision; the change stream between replicas.
+//!   decision; the change stream between replicas. [`simulate`]: the
+//!   policy simulator, a trace through the pure core on virtual time.
 //! - [`engine`]: every use case, once: create, get, list, cancel, delete,
 //!   node registration, heartbeats, polls, reports, output, quotas,
 //!   capacity; the scheduler loop; single, leader or follower.
@@ -41,6 +42,8 @@ pub mod metrics;
 pub mod protocol;
 pub mod scheduler;
 pub mod server;
+pub mod simulate;
 pub mod spec;
+pub mod stats;
 pub mod store;
 pub mod telemetry;

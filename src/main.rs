@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use flexq::cli::{admin, batches, local};
+use flexq::cli::{admin, batches, local, simulate};
 
 /// mimalloc: the create path allocates many small, short-lived objects
 /// (JSON, maps, rows); glibc malloc showed up at ~15% of server CPU.
@@ -56,6 +56,9 @@ enum Command {
     /// GPU-hours, batches, waits and expiries per project and GPU type in
     /// a region over a window.
     Usage(admin::UsageArgs),
+    /// Replay a workload trace through the scheduler on virtual time and
+    /// report waits, expiries and GPU shares per project (no server).
+    Simulate(simulate::SimulateArgs),
 }
 
 #[tokio::main]
@@ -71,6 +74,7 @@ async fn main() -> ExitCode {
         Command::Nodes(args) => admin::run_nodes(args).await.map(ok).map_err(Into::into),
         Command::Quotas(args) => admin::run_quotas(args).await.map(ok).map_err(Into::into),
         Command::Usage(args) => admin::run_usage(args).await.map(ok).map_err(Into::into),
+        Command::Simulate(args) => Ok(simulate::run(args)),
     };
     done.unwrap_or_else(|e: anyhow::Error| {
         eprintln!("{e}");

@@ -2,7 +2,7 @@
 //! run: the client side (`flexq batches …`, `regions`, `nodes`, `quotas`)
 //! over the REST API, shaped like the batch CLI people already know, and
 //! the commands that run here ([`local`]: `serve`, `agent`, `migrate`,
-//! `config`, `auth`). `src/main.rs` only parses and dispatches.
+//! `config`, `auth`; [`simulate`]). `src/main.rs` only parses and dispatches.
 //!
 //! The client commands talk to the server only through the HTTP API's
 //! types.
@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod batches;
 pub mod local;
+pub mod simulate;
 
 use std::fmt;
 use std::time::Duration;

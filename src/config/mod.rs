@@ -331,6 +331,12 @@ impl Config {
         Self::extract(figment)
     }
 
+    /// The embedded default with `toml` layered over it, no environment
+    /// (tests and the simulator's examples).
+    pub fn with_overlay(toml: &str) -> Result<Config, ConfigError> {
+        Self::extract(Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(toml)))
+    }
+
     fn load_with_env(file: Option<&Path>, env: Env) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(file) = file {
@@ -436,7 +442,9 @@ impl Config {
                 if !w.is_finite() || !(1.0 / MAX_WEIGHT..=MAX_WEIGHT).contains(&w) {
                     return Err(invalid(
                         format!("projects.{project}.weight"),
-                        format!("{w} is not a weight: a number from 0.000001 to 1000000, like 1 or 2.5"),
+                        format!(
+                            "{w} is not a weight: a number from 0.000001 to 1000000, like 1 or 2.5"
+                        ),
                     ));
                 }
             }

@@ -274,7 +274,11 @@ impl Engine {
     ) -> Result<(), Error> {
         match record.provisioning {
             Provisioning::Queued if record.state == State::Pending => {
-                if let Some(p) = self.lock().await.pending_info(BatchKey(record.seq), chrono::Utc::now()) {
+                if let Some(p) = self
+                    .lock()
+                    .await
+                    .pending_info(BatchKey(record.seq), chrono::Utc::now())
+                {
                     info.queue_position = Some(p.queue_position);
                     info.not_admitted_reasons = p.reasons;
                     info.estimated_start_time = p.estimated_start_time;

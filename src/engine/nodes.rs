@@ -210,7 +210,10 @@ impl Engine {
                     if applied.outcome.ended().is_some() {
                         // At once: a later failure must not leave an ended
                         // batch's capacity held in memory.
-                        self.count_released(core.forget(BatchKey(applied.seq), chrono::Utc::now()).as_ref());
+                        self.count_released(
+                            core.forget(BatchKey(applied.seq), chrono::Utc::now())
+                                .as_ref(),
+                        );
                         tracing::warn!(batch.id = %applied.batch_id, node, "batch failed: its agent restarted without it");
                     }
                 }
@@ -425,7 +428,10 @@ impl Engine {
             crate::metrics::record_agent_report(event.name());
             engine.record_lifecycle(&applied, Some(&node));
             if applied.outcome.ended().is_some() {
-                engine.count_released(core.forget(BatchKey(applied.seq), chrono::Utc::now()).as_ref());
+                engine.count_released(
+                    core.forget(BatchKey(applied.seq), chrono::Utc::now())
+                        .as_ref(),
+                );
                 drop(core);
                 engine.wake();
             }

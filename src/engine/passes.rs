@@ -221,8 +221,11 @@ pub(crate) async fn rebuild(
     // Past usage orders the queues in fair share: the same order on every
     // replica and after every restart, because it is read from the store.
     if config.scheduling.order == crate::config::QueueOrder::FairShare {
-        let memory = chrono::Duration::from_std(core.usage_memory()).unwrap_or(chrono::Duration::MAX);
-        let since = Utc::now().checked_sub_signed(memory).unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let memory =
+            chrono::Duration::from_std(core.usage_memory()).unwrap_or(chrono::Duration::MAX);
+        let since = Utc::now()
+            .checked_sub_signed(memory)
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
         for part in store.released_since(since).await? {
             core.record_past_usage(
                 &part.region,

@@ -10,6 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::{Engine, Error};
 use crate::api::{UsageReport, UsageRow, quote};
+use crate::stats::percentile;
 use crate::store::{BatchRecord, CreatedBatch, HeldPart, Provisioning};
 
 /// The window when none is given: the last 7 days.
@@ -192,15 +193,6 @@ pub(crate) fn report(
         rows,
         total: row("*", "*", &mut all),
     }
-}
-
-/// The nearest-rank percentile of sorted `values`.
-fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
 }
 
 #[cfg(test)]

@@ -495,7 +495,10 @@ impl Scheduler {
                 .iter()
                 .filter_map(|k| self.running.get(k).map(|a| a.batch_id.clone()))
                 .collect();
-            let released = failed.iter().filter_map(|key| self.forget(*key, now)).collect();
+            let released = failed
+                .iter()
+                .filter_map(|key| self.forget(*key, now))
+                .collect();
             let message = format!(
                 "Node {node} was lost: its agent stopped heartbeating and its lease expired at {}; the batch's cluster was released.",
                 expired_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -599,7 +602,12 @@ impl Scheduler {
         };
         let mut order: BTreeSet<(u64, String)> = projects
             .keys()
-            .map(|p| (share_key(self.fair.standing(region, p, now).share), p.clone()))
+            .map(|p| {
+                (
+                    share_key(self.fair.standing(region, p, now).share),
+                    p.clone(),
+                )
+            })
             .collect();
         // Where each project's walk stands: its batches before it were
         // considered in this pass.
@@ -698,7 +706,8 @@ impl Scheduler {
         };
         match plan {
             Some((zone, placements)) => {
-                walk.fitting.insert(shape, (zone.clone(), placements.clone()));
+                walk.fitting
+                    .insert(shape, (zone.clone(), placements.clone()));
                 // Under a reservation, a batch that fits may start only
                 // if its ttl ends before the holder's estimated start.
                 // The estimate is costly and rarely needed: computed

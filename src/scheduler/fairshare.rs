@@ -198,7 +198,9 @@ mod tests {
     use chrono::TimeZone;
 
     fn t(s: i64) -> DateTime<Utc> {
-        Utc.timestamp_opt(1_800_000_000 + s, 0).single().expect("time")
+        Utc.timestamp_opt(1_800_000_000 + s, 0)
+            .single()
+            .expect("time")
     }
 
     fn with(policy: Policy) -> FairShare {

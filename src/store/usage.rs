@@ -110,7 +110,10 @@ impl Store {
 
     /// The parts given back after `since`, in every region: what the
     /// fair-share order remembers of past usage when a core is built.
-    pub async fn released_since(&self, since: DateTime<Utc>) -> Result<Vec<ReleasedPart>, StoreError> {
+    pub async fn released_since(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<ReleasedPart>, StoreError> {
         let rows = sqlx::query(
             "select b.region, b.project, a.gpus, a.allocated_at, a.released_at \
              from allocations a join batches b on b.seq = a.batch_seq \

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Generates the example workload trace for `flexq simulate` (docs/simulate.md).
+
+    python3 examples/traces/generate.py --seed 1 --days 7 > examples/traces/week.csv
+
+Three teams share europe-west4 (32 L4 GPUs in europe-west4-a with the
+embedded default config):
+
+- research: working-hours bursts of 3-GPU batches (a driver and two
+  executors), 20 to 90 minutes each — far more than the zone holds; they
+  set no allocation timeout, so provisioning.default_allocation_timeout
+  applies;
+- etl: a 3-GPU batch every 10 minutes, day and night, 10 to 20 minutes;
+- training: a 16-GPU gang (a driver and 15 executors) every 6 hours,
+  about two hours each, with a 2-hour allocation timeout.
+
+The same seed writes the same file (Python's random.Random is
+deterministic for a seed).
+"""
+
+import argparse
+import random
+import sys
+
+HEADER = "submit_s,project,region,run_s,allocation_timeout,executors,priority"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--days", type=int, default=7)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    rows = []
+    span = args.days * 86400
+    # research: bursts on weekdays, 09:00-18:00.
+    for day in range(args.days):
+        if day % 7 >= 5:
+            continue
+        for _ in range(rng.randint(3, 6)):
+            start = day * 86400 + rng.randint(9 * 3600, 17 * 3600)
+            for i in range(rng.randint(10, 40)):
+                # No allocation timeout: the config's default applies.
+                rows.append((start + i * rng.randint(5, 60), "research",
+                             rng.randint(20, 90) * 60, "", 2, ""))
+    # etl: every 10 minutes, all week.
+    for t in range(0, span, 600):
+        rows.append((t + rng.randint(0, 59), "etl", rng.randint(10, 20) * 60,
+                     "1800s", 2, ""))
+    # training: a big gang every 6 hours.
+    for t in range(3600, span, 6 * 3600):
+        rows.append((t + rng.randint(0, 600), "training",
+                     rng.randint(100, 140) * 60, "7200s", 15, ""))
+    rows.sort()
+    out = sys.stdout
+    out.write(HEADER + "\n")
+    for r in rows:
+        submit, project, run, timeout, executors, priority = r
+        out.write(f"{submit},{project},europe-west4,{run},{timeout},{executors},{priority}\n")
+
+
+if __name__ == "__main__":
+    main()
