@@ -8,6 +8,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod durability;
+mod fairshare;
 mod grpc;
 mod hostile;
 mod kubernetes;

@@ -996,3 +996,28 @@ async fn a_release_is_counted_once_across_replicas() {
         "the leader counted {on_leader} GPU-seconds, the batch says {used}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fair_share_order_is_the_same_after_a_failover() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = fresh_postgres_database().await;
+    let config = crate::fairshare::config(dir.path());
+    let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
+    let t = Instant::now();
+    while leader(std::slice::from_ref(&r0)).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r1 = Replica::start("r1", &url, &config, dir.path()).await;
+    crate::fairshare::heavy_then_light(&r0.endpoint).await;
+    // The leader dies; r1 takes over and rebuilds its core, usage
+    // included, from the database.
+    r0.kill9();
+    let t = Instant::now();
+    while leader(std::slice::from_ref(&r1)).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(20), "r1 never leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    crate::fairshare::light_goes_first(&r1.endpoint).await;
+    crate::fairshare::light_gets_the_node(&r1.endpoint).await;
+}
