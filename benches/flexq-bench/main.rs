@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo bench --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|rest-h2c|grpc|all]
 //! cargo bench --bench flexq-bench -- schedule --pending 100000
+//! cargo bench --bench flexq-bench -- fairshare --pending 100000 --batches 100000
 //! cargo bench --bench flexq-bench -- replicas
 //! cargo bench --bench flexq-bench -- agent --runs 10
 //! ```
@@ -17,6 +18,7 @@
 #![allow(clippy::large_enum_variant)]
 
 mod agent;
+mod fairshare;
 mod replicas;
 mod schedule;
 mod submit;
@@ -83,6 +85,23 @@ enum Bench {
         #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
         postgres: String,
     },
+    /// Fair-share order beside strict: the core's pass after a release, and
+    /// the simulator's speed on a simulated week.
+    Fairshare {
+        #[arg(long, default_value_t = 100_000)]
+        pending: usize,
+        #[arg(long, default_value_t = 300)]
+        releases: usize,
+        /// Projects the queued batches are spread over.
+        #[arg(long, default_value_t = 20)]
+        projects: usize,
+        /// Turns per order.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Batches in the simulated week.
+        #[arg(long, default_value_t = 100_000)]
+        batches: usize,
+    },
     /// The scheduler at scale: pass time, memory, flood, end to end,
     /// expiry lateness, restart.
     Schedule {
@@ -133,6 +152,22 @@ async fn main() -> ExitCode {
             .await
         }
         Bench::Agent { runs } => agent::run(agent::AgentBenchOptions { runs }).await,
+        Bench::Fairshare {
+            pending,
+            releases,
+            projects,
+            rounds,
+            batches,
+        } => {
+            fairshare::run(fairshare::FairShareOptions {
+                pending,
+                releases,
+                projects,
+                rounds,
+                batches,
+            })
+            .await
+        }
         Bench::Schedule { pending, releases } => {
             schedule::run(schedule::ScheduleOptions { pending, releases }).await
         }

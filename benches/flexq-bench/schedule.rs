@@ -36,13 +36,16 @@ pub struct ScheduleOptions {
     pub releases: usize,
 }
 
-fn err(e: impl std::fmt::Display) -> CliError {
+pub(crate) fn err(e: impl std::fmt::Display) -> CliError {
     CliError::Transport(e.to_string())
 }
 
 /// 50 regions × 3 zones of L4 pools, `virtual_nodes` per zone; unlimited
 /// quota.
-fn bench_config(virtual_nodes: u32, data_dir: &std::path::Path) -> Result<Config, CliError> {
+pub(crate) fn bench_config(
+    virtual_nodes: u32,
+    data_dir: &std::path::Path,
+) -> Result<Config, CliError> {
     let mut c = Config::load_without_env(None).map_err(err)?;
     c.database.data_dir = data_dir.to_path_buf();
     c.limits.mutations_per_minute = u32::MAX;
@@ -86,7 +89,7 @@ fn bench_config(virtual_nodes: u32, data_dir: &std::path::Path) -> Result<Config
 
 /// A deterministic mix of shapes: 2–12 executors of 4 or 24 cores (or,
 /// for a uniform queue, always 3 executors of 4 cores: 4 GPUs).
-fn shaped_batch(i: usize, timeout_s: u64) -> Batch {
+pub(crate) fn shaped_batch(i: usize, timeout_s: u64) -> Batch {
     let uniform = timeout_s == UNIFORM;
     let executors = if uniform { 3 } else { 2 + (i * 7919) % 11 };
     let cores = if i % 5 == 0 && !uniform { "24" } else { "4" };
@@ -137,11 +140,15 @@ fn shaped_batch(i: usize, timeout_s: u64) -> Batch {
     }
 }
 
-fn region_of(i: usize) -> String {
+pub(crate) fn region_of(i: usize) -> String {
     format!("bench-r{:02}", i % REGIONS)
 }
 
-fn cluster_of(policy: &Policy, i: usize, timeout_s: u64) -> Result<ClusterRequest, CliError> {
+pub(crate) fn cluster_of(
+    policy: &Policy,
+    i: usize,
+    timeout_s: u64,
+) -> Result<ClusterRequest, CliError> {
     flexq::spec::validate(&shaped_batch(i, timeout_s), "bench", &region_of(i), policy)
         .map_err(|r| err(r.message()))
 }
@@ -160,11 +167,11 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+pub(crate) fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 

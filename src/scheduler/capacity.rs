@@ -1,7 +1,7 @@
 //! The capacity map: nodes with their GPU addresses and free resources, and
 //! the placement of a whole cluster onto the nodes of one zone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -202,18 +202,74 @@ pub(crate) fn plan_zone(nodes: &[&Node], needs: &[PartNeed]) -> ZonePlan {
     }
 }
 
-/// Every node, by region and zone.
+/// Every node, and an index of them by region and zone: a placement
+/// looks at one region's zones, never at every node.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Capacity {
+    /// Read freely; changed only through [`Capacity::insert`] and
+    /// [`Capacity::remove`], which keep the index.
     pub nodes: BTreeMap<NodeId, Node>,
+    zones: HashMap<String, BTreeMap<String, BTreeSet<NodeId>>>,
 }
 
 impl Capacity {
+    /// Adds or replaces a node; answers the node it replaced.
+    pub fn insert(&mut self, node: Node) -> Option<Node> {
+        let old = self.remove(&node.spec.id);
+        self.zones
+            .entry(node.spec.region.clone())
+            .or_default()
+            .entry(node.spec.zone.clone())
+            .or_default()
+            .insert(node.spec.id.clone());
+        self.nodes.insert(node.spec.id.clone(), node);
+        old
+    }
+
+    pub fn remove(&mut self, id: &NodeId) -> Option<Node> {
+        let node = self.nodes.remove(id)?;
+        if let Some(zones) = self.zones.get_mut(&node.spec.region) {
+            if let Some(ids) = zones.get_mut(&node.spec.zone) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    zones.remove(&node.spec.zone);
+                }
+            }
+            if zones.is_empty() {
+                self.zones.remove(&node.spec.region);
+            }
+        }
+        Some(node)
+    }
+
+    /// The zones of `region` that have nodes, in name order.
+    pub fn zones<'a>(&'a self, region: &str) -> impl Iterator<Item = &'a str> + 'a {
+        self.zones
+            .get(region)
+            .into_iter()
+            .flat_map(|z| z.keys().map(String::as_str))
+    }
+
+    /// The nodes of a zone, in id order.
     pub fn zone_nodes<'a>(&'a self, region: &str, zone: &str) -> Vec<&'a Node> {
-        self.nodes
-            .values()
-            .filter(|n| n.spec.region == region && n.spec.zone == zone)
+        self.zones
+            .get(region)
+            .and_then(|z| z.get(zone))
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.nodes.get(id))
             .collect()
+    }
+
+    /// A copy of one region's nodes.
+    pub fn region(&self, region: &str) -> Capacity {
+        let mut out = Capacity::default();
+        for zone in self.zones(region) {
+            for n in self.zone_nodes(region, zone) {
+                out.insert(n.clone());
+            }
+        }
+        out
     }
 
     /// Takes the resources of `placements`. False (and nothing taken) when

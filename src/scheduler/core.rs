@@ -258,16 +258,15 @@ impl Scheduler {
 
     pub fn add_node(&mut self, spec: NodeSpec) {
         self.dirty.insert(spec.region.clone());
-        self.capacity
-            .nodes
-            .entry(spec.id.clone())
-            .or_insert_with(|| Node::new(spec));
+        if !self.capacity.nodes.contains_key(&spec.id) {
+            self.capacity.insert(Node::new(spec));
+        }
     }
 
     /// Removes a node; returns the batches holding part of it (the caller
     /// fails them: a partial cluster must not keep running).
     pub fn remove_node(&mut self, id: &NodeId) -> Vec<BatchKey> {
-        if let Some(n) = self.capacity.nodes.remove(id) {
+        if let Some(n) = self.capacity.remove(id) {
             self.dirty.insert(n.spec.region);
         }
         let mut hit: Vec<BatchKey> = self
@@ -425,9 +424,9 @@ impl Scheduler {
                 .flat_map(|a| a.placements.iter().filter(|p| p.node == id).cloned())
                 .collect();
             self.dirty.insert(spec.region.clone());
-            if let Some(old) = self.capacity.nodes.insert(id.clone(), Node::new(spec)) {
+            if let Some(old) = self.capacity.insert(Node::new(spec)) {
                 if !self.capacity.take(&held) {
-                    self.capacity.nodes.insert(id.clone(), old);
+                    self.capacity.insert(old);
                     taken = false;
                 }
             }
@@ -812,15 +811,8 @@ impl Scheduler {
         region: &str,
         parts: &[PartNeed],
     ) -> Option<(String, Vec<Placement>)> {
-        let zones: BTreeSet<&str> = self
-            .capacity
-            .nodes
-            .values()
-            .filter(|n| n.spec.region == region)
-            .map(|n| n.spec.zone.as_str())
-            .collect();
-        zones
-            .into_iter()
+        self.capacity
+            .zones(region)
             .filter_map(|z| {
                 let plan = plan_zone(&self.capacity.zone_nodes(region, z), parts);
                 plan.complete()
@@ -839,20 +831,11 @@ impl Scheduler {
             .filter(|a| a.region == region && a.expected_end.is_some())
             .collect();
         ends.sort_by_key(|a| (a.expected_end, a.key));
-        let mut sim = Capacity {
-            nodes: self
-                .capacity
-                .nodes
-                .iter()
-                .filter(|(_, n)| n.spec.region == region)
-                .map(|(k, n)| (k.clone(), n.clone()))
-                .collect(),
-        };
+        let mut sim = self.capacity.region(region);
         for a in ends {
             sim.give_back(&a.placements);
-            let zones: BTreeSet<&str> = sim.nodes.values().map(|n| n.spec.zone.as_str()).collect();
-            if zones
-                .into_iter()
+            if sim
+                .zones(region)
                 .any(|z| plan_zone(&sim.zone_nodes(region, z), parts).complete())
             {
                 return a.expected_end;
@@ -871,15 +854,9 @@ impl Scheduler {
             out.push(Blocker::Quota(s));
         }
         let parts = needs(&batch.cluster);
-        let zones: BTreeSet<&str> = self
+        let best = self
             .capacity
-            .nodes
-            .values()
-            .filter(|n| n.spec.region == batch.region)
-            .map(|n| n.spec.zone.as_str())
-            .collect();
-        let best = zones
-            .into_iter()
+            .zones(&batch.region)
             .map(|z| {
                 (
                     plan_zone(&self.capacity.zone_nodes(&batch.region, z), &parts),
