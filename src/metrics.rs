@@ -519,6 +519,24 @@ fn state_registry(s: &Snapshot) -> Registry {
             .with_label_values(&[project, region, metric.name()])
             .set(*u as f64);
     }
+    let fair_usage = gauge_vec(
+        &r,
+        "flexq_fair_share_usage_gpus",
+        "A project's usage in the fair-share order: GPUs held now plus past usage decayed with scheduling.usage_half_life.",
+        &["region", "project"],
+    );
+    let fair_share = gauge_vec(
+        &r,
+        "flexq_fair_share_ratio",
+        "A project's usage ÷ its weight: in each region, the lowest goes first.",
+        &["region", "project"],
+    );
+    for ((region, project), (usage, weight)) in &s.fair_share {
+        fair_usage.with_label_values(&[region, project]).set(*usage);
+        fair_share
+            .with_label_values(&[region, project])
+            .set(usage / weight.max(f64::MIN_POSITIVE));
+    }
     let gpus = gauge_vec(
         &r,
         "flexq_capacity_gpus",

@@ -539,6 +539,7 @@ impl Scheduler {
                 accelerator,
             });
         }
+        self.fair.prune(now);
         let regions = std::mem::take(&mut self.dirty);
         for region in regions {
             self.admit_region(&region, now, &mut decisions);

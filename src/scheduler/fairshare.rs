@@ -173,6 +173,19 @@ impl FairShare {
         }
     }
 
+    /// Forgets projects that hold nothing and whose past usage has decayed
+    /// below a millionth of a GPU (they count as none).
+    pub fn prune(&mut self, now: DateTime<Utc>) {
+        let tau = self.policy.tau();
+        self.usage
+            .retain(|_, u| u.held > 0 || u.history_at(now, tau) / tau >= 1e-6);
+    }
+
+    /// Every (region, project) with usage recorded.
+    pub fn projects(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.usage.keys().map(|(r, p)| (r.as_str(), p.as_str()))
+    }
+
     /// How far back ended clusters still count for something (their
     /// weight has fallen below one in a thousand after ten half-lives).
     pub fn memory(&self) -> Duration {
@@ -245,6 +258,18 @@ mod tests {
         assert!((ua - ub).abs() < 1e-9, "{ua} vs {ub}");
         // 4 GPUs for a minute is far less than 4 GPUs held.
         assert!(ua > 0.0 && ua < 1.0, "{ua}");
+    }
+
+    #[test]
+    fn forgotten_usage_is_pruned_held_usage_is_not() {
+        let mut f = hour_half_life();
+        f.hold("r", "busy", 1);
+        f.record_past("r", "idle", 4, t(0), t(3600));
+        f.prune(t(3600));
+        assert_eq!(f.projects().count(), 2);
+        // Forty half-lives later idle's usage is below a millionth.
+        f.prune(t(41 * 3600));
+        assert_eq!(f.projects().collect::<Vec<_>>(), vec![("r", "busy")]);
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct Snapshot {
     /// (project, region, metric) → (limit, usage).
     pub quotas: BTreeMap<(String, String, QuotaMetric), (u64, u64)>,
     pub capacity: Vec<CapacityRow>,
+    /// (region, project) → (decayed usage in GPUs, weight), for projects
+    /// with usage or queued batches.
+    pub fair_share: BTreeMap<(String, String), (f64, f64)>,
     pub agent_nodes: u64,
     pub virtual_nodes: u64,
 }
@@ -94,6 +97,17 @@ impl Scheduler {
             }
         }
         s.capacity = self.capacity_rows();
+        for (region, project) in self.fair.projects().chain(
+            self.project_queues
+                .iter()
+                .flat_map(|(r, ps)| ps.keys().map(move |p| (r.as_str(), p.as_str()))),
+        ) {
+            let st = self.fair.standing(region, project, now);
+            s.fair_share.insert(
+                (region.to_string(), project.to_string()),
+                (st.usage, st.weight),
+            );
+        }
         s.agent_nodes = self.leases.active() as u64;
         s.virtual_nodes = self
             .capacity

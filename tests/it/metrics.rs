@@ -203,6 +203,12 @@ async fn a_scrape_after_a_scenario_has_the_right_values() {
     ];
     assert_eq!(value(&text, "flexq_quota_usage", &quota), Some(4.0));
     assert_eq!(value(&text, "flexq_quota_limit", &quota), Some(24.0));
+    // demo holds m-waits' 4 GPUs, and held m-small's 3 for a second or
+    // two (a 24h half-life: that counts a tiny bit more).
+    let fair = [("region", REGION), ("project", "demo")];
+    let held = value(&text, "flexq_fair_share_usage_gpus", &fair).expect("fair-share usage");
+    assert!((4.0..4.01).contains(&held), "{held}");
+    assert_eq!(value(&text, "flexq_fair_share_ratio", &fair), Some(held));
     let ratio = value(&text, "flexq_pending_wait_timeout_ratio", &r).expect("ratio");
     assert!(ratio > 0.0 && ratio < 0.01, "{ratio}");
     assert_eq!(
