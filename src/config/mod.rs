@@ -737,6 +737,64 @@ mod tests {
     }
 
     #[test]
+    fn fair_share_keys_that_make_no_sense_are_named() {
+        for (toml, key, says) in [
+            (
+                "[projects.team-a]\nweight = 0\n",
+                "projects.team-a.weight",
+                "0.000001 to 1000000",
+            ),
+            (
+                "[projects.team-a]\nweight = -2\n",
+                "projects.team-a.weight",
+                "-2 is not a weight",
+            ),
+            (
+                "[projects.team-a]\nweight = inf\n",
+                "projects.team-a.weight",
+                "inf is not a weight",
+            ),
+            (
+                "[projects.team-a]\nweight = \"heavy\"\n",
+                "projects.team-a.weight",
+                "heavy",
+            ),
+            (
+                "[scheduling]\nusage_half_life = \"0s\"\n",
+                "scheduling.usage_half_life",
+                "1s to 365d",
+            ),
+            (
+                "[scheduling]\nusage_half_life = \"400days\"\n",
+                "scheduling.usage_half_life",
+                "1s to 365d",
+            ),
+            (
+                "[scheduling]\nusage_half_life = \"soon\"\n",
+                "usage_half_life",
+                "soon",
+            ),
+            (
+                "[scheduling]\norder = \"fifo\"\n",
+                "scheduling.order",
+                "fair-share",
+            ),
+        ] {
+            let err = Config::with_overlay(toml).expect_err(toml).to_string();
+            assert!(err.contains(key) && err.contains(says), "{toml}: {err}");
+        }
+        let c = Config::with_overlay(
+            "[scheduling]\norder = \"strict\"\nusage_half_life = \"7d\"\n[projects.a]\nweight = 2.5\n",
+        )
+        .expect("valid");
+        let policy = c.fair_share();
+        assert_eq!(policy.order, crate::scheduler::Order::Strict);
+        assert_eq!(policy.half_life, Duration::from_secs(7 * 86400));
+        assert_eq!(policy.weight("a"), 2.5);
+        assert_eq!(policy.weight("b"), 1.0);
+    }
+
+    #[test]
     fn passwords_are_redacted() {
         assert_eq!(
             redact_url("postgres://flexq:s3cret@db:5432/flexq"),

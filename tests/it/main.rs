@@ -16,6 +16,7 @@ mod metrics;
 mod prometheus;
 mod replicas;
 mod scheduler;
+mod simulate;
 mod spark;
 mod support;
 mod tls;
