@@ -27,7 +27,7 @@ pub use fairshare::{Order, Policy as FairSharePolicy, Standing};
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;
-pub use views::{Blocker, CapacityRow, PendingInfo, Verdict};
+pub use views::{Blocker, CapacityRow, ESTIMATE_DEPTH, PendingInfo, Verdict};
 
 #[cfg(test)]
 mod tests;

@@ -8,10 +8,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::capacity::{NodeId, NodeSpec, needs, plan_zone};
-use super::core::{BatchKey, PendingBatch, Scheduler, shape_text};
+use super::core::{BatchKey, PendingBatch, QueueKey, Scheduler, shape_text};
 use super::fairshare::{Order, Standing, share_key};
 use super::quota::{QuotaView, Shortfall};
 use crate::spec::{ClusterRequest, ProvisioningMode};
+
+/// The most batches ahead of one for which an estimated start is given:
+/// deeper in the queue the estimate would cost too much and say little.
+pub const ESTIMATE_DEPTH: usize = 500;
 
 /// Why a batch is not admitted (yet).
 #[derive(Debug, Clone, PartialEq)]
@@ -163,13 +167,62 @@ impl Scheduler {
         let estimated_start_time = if reasons.iter().any(|r| matches!(r, Blocker::Quota(_))) {
             None
         } else {
-            self.estimate_start(&batch.region, &needs(&batch.cluster))
+            self.ahead(batch, now)
+                .and_then(|ahead| self.estimate_in_order(batch, &ahead, now))
         };
         Some(PendingInfo {
             queue_position: position,
             reasons: reasons.iter().map(ToString::to_string).collect(),
             estimated_start_time,
         })
+    }
+
+    /// The batches ahead of `batch` in its region's order at `now`, first
+    /// first; None when more than [`ESTIMATE_DEPTH`] are (no estimate).
+    fn ahead(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Option<Vec<BatchKey>> {
+        let mut out = Vec::new();
+        let mut push = |k: BatchKey| {
+            out.push(k);
+            out.len() <= ESTIMATE_DEPTH
+        };
+        let own = (std::cmp::Reverse(batch.priority), batch.key);
+        match self.fair.order() {
+            Order::Strict => {
+                for (_, k) in self.queues.get(&batch.region)?.range(..own) {
+                    if !push(*k) {
+                        return None;
+                    }
+                }
+            }
+            Order::FairShare => {
+                let projects = self.project_queues.get(&batch.region)?;
+                let mine = share_key(self.fair.standing(&batch.region, &batch.project, now).share);
+                let mut before: Vec<(u64, &str)> = projects
+                    .keys()
+                    .map(|p| {
+                        let s = share_key(self.fair.standing(&batch.region, p, now).share);
+                        (s, p.as_str())
+                    })
+                    .filter(|k| *k < (mine, batch.project.as_str()))
+                    .collect();
+                before.sort_unstable();
+                before.push((mine, batch.project.as_str()));
+                for (_, p) in before {
+                    let queue = projects.get(p)?;
+                    let keys: Box<dyn Iterator<Item = &QueueKey>> = if p == batch.project {
+                        Box::new(queue.range(..own))
+                    } else {
+                        Box::new(queue.iter())
+                    };
+                    for (_, k) in keys {
+                        if !push(*k) {
+                            return None;
+                        }
+                    }
+                }
+            }
+        }
+        Some(out)
     }
 
     /// A batch's place in fair-share order: the batches of the projects

@@ -110,6 +110,20 @@ pub async fn light_goes_first(s: &str) {
         "{why}"
     );
     assert!(!reasons(&light).contains("fair-share"), "{light:#}");
+    // The estimates follow the order: other-1 runs to its ttl (the
+    // default 4h), then light-1, then heavy-2.
+    let eta = |b: &Value| {
+        b["flexq"]["estimatedStartTime"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .unwrap_or_else(|| panic!("an estimated start: {b:#}"))
+    };
+    assert!(
+        eta(&heavy) - eta(&light) >= chrono::Duration::hours(4) - chrono::Duration::seconds(5),
+        "light {} heavy {}",
+        eta(&light),
+        eta(&heavy)
+    );
 }
 
 /// heavy uses the node for a few seconds while its second batch waits;
