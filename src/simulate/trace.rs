@@ -133,17 +133,21 @@ fn csv_message(e: &csv::Error) -> String {
     }
 }
 
+/// The longest time a trace may span, and a batch run: ten years, in
+/// seconds.
+pub const MAX_SECONDS: f64 = 10.0 * 365.0 * 86400.0;
+
 fn to_batch(r: Record, line: usize) -> Result<TraceBatch, TraceError> {
     let bad = |message: String| TraceError { line, message };
-    if !r.submit_s.is_finite() || r.submit_s < 0.0 {
+    if !(0.0..=MAX_SECONDS).contains(&r.submit_s) {
         return Err(bad(format!(
-            "submit_s {} is not a time: seconds from the start of the trace, 0 or more",
+            "submit_s {} is not a time: seconds from the start of the trace, from 0 to {MAX_SECONDS} (ten years)",
             r.submit_s
         )));
     }
-    if !r.run_s.is_finite() || r.run_s < 0.0 {
+    if !(0.0..=MAX_SECONDS).contains(&r.run_s) {
         return Err(bad(format!(
-            "run_s {} is not a run time: seconds, 0 or more",
+            "run_s {} is not a run time: seconds, from 0 to {MAX_SECONDS} (ten years)",
             r.run_s
         )));
     }
@@ -220,6 +224,34 @@ mod tests {
             assert_eq!((x.submit_s, x.run_s), (y.submit_s, y.run_s));
         }
         assert_eq!(a[1].batch.labels["flexq-priority"], "3");
+    }
+
+    proptest::proptest! {
+        /// Whatever a line holds, reading and simulating it answers a
+        /// report or an error naming a line, never a panic.
+        #[test]
+        fn no_line_makes_the_simulator_panic(
+            submit in proptest::prop_oneof![0.0..1e6f64, proptest::num::f64::ANY],
+            run in proptest::prop_oneof![0.0..1e5f64, proptest::num::f64::ANY],
+            executors in proptest::option::of(0u32..2000),
+            timeout in proptest::option::of("[0-9]{0,6}s?|[a-z]{1,5}"),
+            accelerator in proptest::option::of("l4|a100-40|a100-80|h100|"),
+            ttl in proptest::option::of("[0-9]{0,7}[smhd]?"),
+            noise in proptest::option::of("[ -~]{0,40}"),
+        ) {
+            let mut record = serde_json::json!({
+                "submit_s": submit, "project": "p", "region": "europe-west4", "run_s": run,
+            });
+            if let Some(e) = executors { record["executors"] = e.into(); }
+            if let Some(t) = timeout { record["allocation_timeout"] = t.into(); }
+            if let Some(a) = accelerator { record["accelerator"] = a.into(); }
+            if let Some(t) = ttl { record["ttl"] = t.into(); }
+            let text = format!("{record}\n{}\n", noise.unwrap_or_default());
+            if let Ok(trace) = read(text.as_bytes()) {
+                let config = crate::config::Config::load_without_env(None).expect("config");
+                let _ = crate::simulate::run(&config, &trace, 1);
+            }
+        }
     }
 
     #[test]
