@@ -103,20 +103,43 @@ fn read_json_lines(text: &str) -> Result<Vec<TraceBatch>, TraceError> {
 }
 
 fn read_csv(text: &str) -> Result<Vec<TraceBatch>, TraceError> {
+    // Comment and blank lines are dropped here rather than by the csv
+    // reader, whose positions would then not be the file's lines: `lines`
+    // maps a line of what the reader sees back to the file's.
+    let mut lines = vec![0];
+    let mut kept = String::with_capacity(text.len());
+    for (i, raw) in text.lines().enumerate() {
+        if raw.trim().is_empty() || raw.trim_start().starts_with('#') {
+            continue;
+        }
+        lines.push(i + 1);
+        kept.push_str(raw);
+        kept.push('\n');
+    }
+    let file_line = |seen: u64| {
+        usize::try_from(seen)
+            .ok()
+            .and_then(|s| lines.get(s).copied())
+            .unwrap_or(0)
+    };
     let mut reader = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
-        .comment(Some(b'#'))
-        .from_reader(text.as_bytes());
+        .from_reader(kept.as_bytes());
+    let failed = |e: &csv::Error, line: usize| TraceError {
+        line,
+        message: format!("{}; expected {FORM}", csv_message(e)),
+    };
+    let headers = reader
+        .headers()
+        .map_err(|e| failed(&e, file_line(1)))?
+        .clone();
     let mut out = Vec::new();
-    for row in reader.deserialize::<Record>() {
-        let record = row.map_err(|e| TraceError {
-            line: e
-                .position()
-                .map_or(0, |p| usize::try_from(p.line()).unwrap_or(usize::MAX)),
-            message: format!("{}; expected {FORM}", csv_message(&e)),
-        })?;
-        // The csv reader numbers lines from 1, the header included.
-        let line = out.len() + 2;
+    for row in reader.records() {
+        let row = row.map_err(|e| failed(&e, file_line(e.position().map_or(0, |p| p.line()))))?;
+        let line = file_line(row.position().map_or(0, |p| p.line()));
+        let record: Record = row
+            .deserialize(Some(&headers))
+            .map_err(|e| failed(&e, line))?;
         out.push(to_batch(record, line)?);
     }
     Ok(out)
@@ -129,6 +152,9 @@ fn csv_message(e: &csv::Error) -> String {
             Some(f) => format!("field {}: {}", f + 1, err.kind()),
             None => err.kind().to_string(),
         },
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => format!("{len} fields where the header has {expected_len}"),
         _ => e.to_string(),
     }
 }
@@ -256,9 +282,9 @@ mod tests {
 
     #[test]
     fn a_bad_line_is_named_with_the_accepted_form() {
-        let csv = "submit_s,project,region,run_s\n0,a,r,60\nsoon,a,r,60\n";
+        let csv = "submit_s,project,region,run_s\n0,a,r,60\n# a comment\n\nsoon,a,r,60\n";
         let e = read(csv.as_bytes()).expect_err("bad submit_s");
-        assert_eq!(e.line, 3, "{e}");
+        assert_eq!(e.line, 5, "{e}");
         assert!(
             e.to_string().contains("submit_s,project,region,run_s"),
             "{e}"
@@ -269,6 +295,13 @@ mod tests {
         let e =
             read("submit_s,project,region,run_s\n-1,a,r,60\n".as_bytes()).expect_err("negative");
         assert!(e.to_string().contains("submit_s -1"), "{e}");
+        let e = read("submit_s,project,region,run_s\n0,a,r,60\n0,a,r\n".as_bytes())
+            .expect_err("short row");
+        assert_eq!(e.line, 3, "{e}");
+        assert!(
+            e.to_string().contains("3 fields where the header has 4"),
+            "{e}"
+        );
         let e = read("submit_s,project,region,run_s,colour\n0,a,r,60,red\n".as_bytes())
             .expect_err("unknown column");
         assert!(e.to_string().contains("colour"), "{e}");
