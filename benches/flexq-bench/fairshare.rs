@@ -15,11 +15,13 @@ use hdrhistogram::Histogram;
 
 use flexq::cli::CliError;
 use flexq::config::{Config, QueueOrder};
-use flexq::scheduler::{BatchKey, PendingBatch, Scheduler};
+
 use flexq::simulate::TraceBatch;
 use flexq::spec::ClusterRequest;
 
-use crate::schedule::{bench_config, cluster_of, err, histogram, ms, region_of, shaped_batch};
+use crate::schedule::{
+    bench_config, cluster_of, err, histogram, ms, queued_core, region_of, shaped_batch,
+};
 
 #[derive(Debug, Clone)]
 pub struct FairShareOptions {
@@ -88,23 +90,13 @@ fn passes(
         .map(|i| cluster_of(&policy, i, 7200))
         .collect::<Result<_, _>>()?;
     let now = Utc::now();
-    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
-    core.set_fair_share(config.fair_share());
-    for node in config.virtual_nodes() {
-        core.add_node(node);
-    }
-    for (i, cluster) in clusters.into_iter().enumerate() {
-        core.submit(PendingBatch {
-            key: BatchKey(i as i64 + 1),
-            batch_id: format!("b-{i:07}"),
-            project: format!("team-{:02}", i % opts.projects),
-            region: region_of(i),
-            priority: 0,
-            queued_at: now,
-            deadline: Some(now + chrono::Duration::seconds(7200)),
-            cluster,
-        });
-    }
+    let projects = opts.projects;
+    let mut core = queued_core(
+        config,
+        clusters,
+        |i| format!("team-{:02}", i % projects),
+        now,
+    );
     core.pass(now);
     let mut later = now;
     for k in 0..opts.releases {

@@ -193,6 +193,34 @@ pub async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A core of `config`'s virtual nodes and order with `clusters` queued
+/// at `now` (batch `i` of project `project(i)`, in region `region_of(i)`).
+pub(crate) fn queued_core(
+    config: &Config,
+    clusters: Vec<ClusterRequest>,
+    project: impl Fn(usize) -> String,
+    now: chrono::DateTime<Utc>,
+) -> Scheduler {
+    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+    core.set_fair_share(config.fair_share());
+    for node in config.virtual_nodes() {
+        core.add_node(node);
+    }
+    for (i, cluster) in clusters.into_iter().enumerate() {
+        core.submit(PendingBatch {
+            key: BatchKey(i as i64 + 1),
+            batch_id: format!("b-{i:07}"),
+            project: project(i),
+            region: region_of(i),
+            priority: 0,
+            queued_at: now,
+            deadline: Some(now + chrono::Duration::seconds(7200)),
+            cluster,
+        });
+    }
+    core
+}
+
 /// Part 1: the core alone.
 fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let dir = tempfile::tempdir().map_err(err)?;
@@ -204,22 +232,7 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
         .collect::<Result<_, _>>()?;
     let now = Utc::now();
     let before = rss_kib();
-    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
-    for node in config.virtual_nodes() {
-        core.add_node(node);
-    }
-    for (i, cluster) in clusters.into_iter().enumerate() {
-        core.submit(PendingBatch {
-            key: BatchKey(i as i64 + 1),
-            batch_id: format!("b-{i:07}"),
-            project: "bench".into(),
-            region: region_of(i),
-            priority: 0,
-            queued_at: now,
-            deadline: Some(now + chrono::Duration::seconds(7200)),
-            cluster,
-        });
-    }
+    let mut core = queued_core(&config, clusters, |_| "bench".into(), now);
     let after = rss_kib();
     let t = Instant::now();
     let first = core.pass(now);
