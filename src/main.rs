@@ -53,6 +53,9 @@ enum Command {
     Nodes(admin::ListArgs),
     /// A project's quotas in a region.
     Quotas(admin::QuotasArgs),
+    /// Hold and resume queues (admins): nothing in a held queue is
+    /// allocated; deadlines keep counting.
+    Queues(admin::QueuesArgs),
     /// GPU-hours, batches, waits and expiries per project and GPU type in
     /// a region over a window.
     Usage(admin::UsageArgs),
@@ -73,6 +76,7 @@ async fn main() -> ExitCode {
         Command::Regions(args) => admin::run_regions(args).await.map(ok).map_err(Into::into),
         Command::Nodes(args) => admin::run_nodes(args).await.map(ok).map_err(Into::into),
         Command::Quotas(args) => admin::run_quotas(args).await.map(ok).map_err(Into::into),
+        Command::Queues(args) => admin::run_queues(args).await.map(ok).map_err(Into::into),
         Command::Usage(args) => admin::run_usage(args).await.map(ok).map_err(Into::into),
         Command::Simulate(args) => Ok(simulate::run(args)),
     };

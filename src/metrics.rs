@@ -519,6 +519,15 @@ fn state_registry(s: &Snapshot) -> Registry {
             .with_label_values(&[project, region, metric.name()])
             .set(*u as f64);
     }
+    let held = gauge_vec(
+        &r,
+        "flexq_queue_held",
+        "1 for each queue an admin held: a project's in a region, or the whole region's (project \"-\").",
+        &["region", "project"],
+    );
+    for (region, project) in &s.held {
+        held.with_label_values(&[region, project]).set(1.0);
+    }
     let fair_usage = gauge_vec(
         &r,
         "flexq_fair_share_usage_gpus",

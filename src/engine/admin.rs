@@ -3,11 +3,12 @@
 
 use chrono::Utc;
 
+use super::Principal;
 use super::{Engine, Error, ReplicaRole};
 use crate::api::{Code, quote};
-use crate::scheduler::{CapacityRow, NodeSpec, QuotaView, Snapshot};
+use crate::scheduler::{CapacityRow, Hold, NodeSpec, QuotaView, Snapshot};
 use crate::spec::QuotaMetric;
-use crate::store::Backend;
+use crate::store::{Backend, QueueHold};
 
 /// A node as the capacity view shows it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -41,6 +42,40 @@ pub struct QuotaChange {
     pub metric: String,
     /// A whole number, or one as a string (int64 in proto3 JSON).
     pub limit: serde_json::Value,
+}
+
+/// A queue (a project's in a region, or with project `-` the region's)
+/// as admins see it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueView {
+    pub project: String,
+    pub region: String,
+    pub held: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_since: Option<chrono::DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// The hold is the whole region's.
+    pub region_wide: bool,
+    pub queued_batches: usize,
+}
+
+/// The store's holds as the core takes them.
+pub(super) fn holds_of(holds: Vec<QueueHold>) -> Vec<(String, Option<String>, Hold)> {
+    holds
+        .into_iter()
+        .map(|h| {
+            (
+                h.region,
+                h.project,
+                Hold {
+                    since: h.held_at,
+                    by: h.held_by,
+                },
+            )
+        })
+        .collect()
 }
 
 /// Whether this replica can serve, and what it does.
@@ -172,6 +207,103 @@ impl Engine {
         self.wake();
         tracing::info!(project = %project, region = %region, metric = %metric, limit, "quota limit changed");
         Ok(quotas)
+    }
+
+    /// Holds a queue: `project` `-` holds the whole region. Queued batches
+    /// stay queued in their order and keep their deadlines; creates are
+    /// still accepted; nothing in it is allocated until it is resumed.
+    /// Holding a held queue keeps the first hold. Answers the queue.
+    pub async fn hold_queue(
+        &self,
+        principal: &Principal,
+        project: &str,
+        region: &str,
+    ) -> Result<QueueView, Error> {
+        self.change_hold(project, region, Some(principal.name.as_str()))
+            .await
+    }
+
+    /// Resumes a held queue (a project's, or with `-` the region's; a
+    /// project under a region-wide hold stays held). Resuming a queue that
+    /// is not held changes nothing. Answers the queue.
+    pub async fn resume_queue(&self, project: &str, region: &str) -> Result<QueueView, Error> {
+        self.change_hold(project, region, None).await
+    }
+
+    async fn change_hold(
+        &self,
+        project: &str,
+        region: &str,
+        by: Option<&str>,
+    ) -> Result<QueueView, Error> {
+        self.check_region(region)?;
+        let scope = (project != "-").then_some(project);
+        let now = Utc::now();
+        self.shared
+            .store
+            .set_queue_hold(region, scope, by.map(|b| (b, now)))
+            .await?;
+        {
+            // What the database holds now, this change and any other
+            // admin's since.
+            let holds = holds_of(self.bounded(self.shared.store.queue_holds()).await?);
+            self.lock().await.set_holds(holds);
+        }
+        self.wake();
+        match by {
+            Some(by) => tracing::info!(project, region, by, "queue held"),
+            None => tracing::info!(project, region, "queue resumed"),
+        }
+        self.queue(project, region).await
+    }
+
+    /// A queue's state: held or not (and by whom, since when, whether the
+    /// whole region is), and how many batches wait in it.
+    pub async fn queue(&self, project: &str, region: &str) -> Result<QueueView, Error> {
+        self.check_region(region)?;
+        let core = self.lock().await;
+        let (hold, region_wide) = match project {
+            "-" => (
+                core.holds()
+                    .into_iter()
+                    .find(|(r, p, _)| r == region && p.is_none())
+                    .map(|(_, _, h)| h),
+                true,
+            ),
+            p => match core.hold_of(region, p) {
+                Some((h, wide)) => (Some(h.clone()), wide),
+                None => (None, false),
+            },
+        };
+        Ok(QueueView {
+            project: project.to_string(),
+            region: region.to_string(),
+            held: hold.is_some(),
+            held_since: hold.as_ref().map(|h| h.since),
+            held_by: hold.map(|h| h.by),
+            region_wide,
+            queued_batches: match project {
+                "-" => core.queued_in(region, None),
+                p => core.queued_in(region, Some(p)),
+            },
+        })
+    }
+
+    /// Every held queue.
+    pub async fn held_queues(&self) -> Vec<QueueView> {
+        let core = self.lock().await;
+        core.holds()
+            .into_iter()
+            .map(|(region, project, h)| QueueView {
+                queued_batches: core.queued_in(&region, project.as_deref()),
+                region_wide: project.is_none(),
+                project: project.unwrap_or_else(|| "-".into()),
+                region,
+                held: true,
+                held_since: Some(h.since),
+                held_by: Some(h.by),
+            })
+            .collect()
     }
 
     /// The gauges of the scheduler now, for a metrics scrape.

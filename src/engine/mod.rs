@@ -32,7 +32,7 @@ mod principal;
 mod replica;
 mod usage;
 
-pub use admin::{NodeView, QuotaChange, Readiness};
+pub use admin::{NodeView, QueueView, QuotaChange, Readiness};
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use error::Error;
 pub use limits::RETRY_AFTER_SECONDS;

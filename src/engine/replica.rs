@@ -187,6 +187,11 @@ impl Engine {
                 drop(core);
                 self.wake();
             }
+            Change::Hold => {
+                let holds = super::admin::holds_of(store.queue_holds().await?);
+                self.lock().await.set_holds(holds);
+                self.wake();
+            }
             Change::Decided => {
                 if !self.role().decides() {
                     self.refresh_mirror();

@@ -146,6 +146,8 @@ pub struct Scheduler {
     pub(super) project_queues: HashMap<String, HashMap<String, BTreeSet<QueueKey>>>,
     /// Usage per region and project, and the policy that orders by it.
     pub(super) fair: FairShare,
+    /// Queues an admin held, per region.
+    pub(super) holds: HashMap<String, RegionHolds>,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     pub(super) running: HashMap<BatchKey, Allocation>,
     pub(super) leases: Leases,
@@ -174,6 +176,21 @@ struct ShapeStats {
 
 fn ttl_key(c: &ClusterRequest) -> u64 {
     c.ttl_s.unwrap_or(u64::MAX)
+}
+
+/// A queue an admin held: nothing in it is allocated until it is resumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub since: DateTime<Utc>,
+    /// The admin who held it.
+    pub by: String,
+}
+
+/// The holds of one region: all of it, or some projects' queues.
+#[derive(Debug, Clone, Default)]
+pub(super) struct RegionHolds {
+    pub all: Option<Hold>,
+    pub projects: HashMap<String, Hold>,
 }
 
 /// What a pass keeps while it walks one region's queue.
@@ -253,6 +270,54 @@ impl Scheduler {
     /// How far back ended clusters still count in the fair-share order.
     pub fn usage_memory(&self) -> std::time::Duration {
         self.fair.memory()
+    }
+
+    /// Replaces every hold: (region, project or None for the whole
+    /// region, the hold). Regions whose holds changed are looked at again.
+    pub fn set_holds(&mut self, holds: Vec<(String, Option<String>, Hold)>) {
+        let mut next: HashMap<String, RegionHolds> = HashMap::new();
+        for (region, project, hold) in holds {
+            let r = next.entry(region).or_default();
+            match project {
+                None => r.all = Some(hold),
+                Some(p) => {
+                    r.projects.insert(p, hold);
+                }
+            }
+        }
+        let old = std::mem::replace(&mut self.holds, next);
+        self.dirty.extend(old.into_keys());
+        self.dirty.extend(self.holds.keys().cloned());
+    }
+
+    /// The hold on `project`'s queue in `region`: the region's own first.
+    /// The bool says whether it holds the whole region.
+    pub fn hold_of(&self, region: &str, project: &str) -> Option<(&Hold, bool)> {
+        let r = self.holds.get(region)?;
+        r.all
+            .as_ref()
+            .map(|h| (h, true))
+            .or_else(|| r.projects.get(project).map(|h| (h, false)))
+    }
+
+    /// Every hold: (region, project or None, hold), in order.
+    pub fn holds(&self) -> Vec<(String, Option<String>, Hold)> {
+        let mut out: Vec<_> = self
+            .holds
+            .iter()
+            .flat_map(|(region, r)| {
+                r.all
+                    .iter()
+                    .map(|h| (region.clone(), None, h.clone()))
+                    .chain(
+                        r.projects
+                            .iter()
+                            .map(|(p, h)| (region.clone(), Some(p.clone()), h.clone())),
+                    )
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out
     }
 
     // ---- events ------------------------------------------------------
@@ -549,6 +614,9 @@ impl Scheduler {
     }
 
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        if self.holds.get(region).is_some_and(|h| h.all.is_some()) {
+            return;
+        }
         match self.fair.order() {
             Order::Strict => self.admit_strict(region, now, out),
             Order::FairShare => self.admit_fair(region, now, out),
@@ -603,6 +671,7 @@ impl Scheduler {
         };
         let mut order: BTreeSet<(u64, String)> = projects
             .keys()
+            .filter(|p| self.hold_of(region, p).is_none())
             .map(|p| {
                 (
                     share_key(self.fair.standing(region, p, now).share),
@@ -672,6 +741,10 @@ impl Scheduler {
         let Some(batch) = self.pending.get(&key) else {
             return Considered::Passed;
         };
+        // A held queue's batches wait, reserving nothing.
+        if self.hold_of(region, &batch.project).is_some() {
+            return Considered::Passed;
+        }
         let default_mode = batch.cluster.mode == ProvisioningMode::Default;
         if let Some(short) = self
             .ledger
@@ -843,9 +916,11 @@ impl Scheduler {
             .iter()
             .filter_map(|k| self.pending.get(k).map(Box::as_ref))
             .filter(|b| {
-                self.ledger
-                    .shortfall(&b.project, region, &b.cluster.quota)
-                    .is_none()
+                self.hold_of(region, &b.project).is_none()
+                    && self
+                        .ledger
+                        .shortfall(&b.project, region, &b.cluster.quota)
+                        .is_none()
             })
             .collect();
         let mine = needs(&batch.cluster);

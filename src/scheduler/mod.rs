@@ -20,7 +20,7 @@ mod views;
 pub use crate::spec::PartRole;
 pub use capacity::{NodeId, NodeSpec, Placement};
 pub use core::{
-    Allocation, BatchKey, Decision, PendingBatch, PoolDecl, Scheduler, accelerator_label,
+    Allocation, BatchKey, Decision, Hold, PendingBatch, PoolDecl, Scheduler, accelerator_label,
     shape_text,
 };
 pub use fairshare::{Order, Policy as FairSharePolicy, Standing};

@@ -25,6 +25,8 @@ pub struct Snapshot {
     /// (region, project) → (decayed usage in GPUs, weight), for projects
     /// with usage or queued batches.
     pub fair_share: BTreeMap<(String, String), (f64, f64)>,
+    /// Held queues: (region, project, or `-` for the whole region).
+    pub held: Vec<(String, String)>,
     pub agent_nodes: u64,
     pub virtual_nodes: u64,
 }
@@ -97,6 +99,11 @@ impl Scheduler {
             }
         }
         s.capacity = self.capacity_rows();
+        s.held = self
+            .holds()
+            .into_iter()
+            .map(|(r, p, _)| (r, p.unwrap_or_else(|| "-".into())))
+            .collect();
         for (region, project) in self.fair.projects().chain(
             self.project_queues
                 .iter()

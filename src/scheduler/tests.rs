@@ -979,3 +979,57 @@ fn no_estimate_behind_a_cluster_without_a_ttl_or_too_deep_a_queue() {
         None
     );
 }
+
+#[test]
+fn a_held_queue_allocates_nothing_but_still_expires_in_both_orders() {
+    for order in [Order::Strict, Order::FairShare] {
+        let mut s = Scheduler::new(vec![pool("a", 4, 1)], rules(100));
+        s.set_fair_share(FairSharePolicy {
+            order,
+            ..FairSharePolicy::default()
+        });
+        s.add_node(l4_node("n0", "a", 4));
+        let hold = Hold {
+            since: t0(),
+            by: "admin".into(),
+        };
+        s.set_holds(vec![("r".into(), Some("held".into()), hold.clone())]);
+        let c = |timeout| cluster(2, ProvisioningMode::Queue, timeout, Some(600));
+        s.submit(batch(1, "held", c(60), t0()));
+        s.submit(batch(2, "held", c(7200), t0()));
+        s.submit(batch(3, "free", c(7200), t0()));
+        // The older batches are held: the free project's goes, and the
+        // held ones reserve nothing.
+        assert_eq!(allocated(&s.pass(t0())), vec![3], "{order:?}");
+        let info = s.pending_info(BatchKey(2), t0()).expect("queued");
+        assert!(
+            info.reasons[0].contains("held by an admin (admin)"),
+            "{info:?}"
+        );
+        assert_eq!(info.estimated_start_time, None);
+        s.forget(BatchKey(3), t0());
+        // Held: the deadline still passes; the node stays free.
+        let d = s.pass(t0() + Duration::seconds(61));
+        assert!(allocated(&d).is_empty(), "{order:?}: {d:?}");
+        assert!(
+            d.iter()
+                .any(|d| matches!(d, Decision::Expire { key, .. } if *key == BatchKey(1))),
+            "{d:?}"
+        );
+        // A region-wide hold holds every project.
+        s.set_holds(vec![("r".into(), None, hold.clone())]);
+        s.submit(batch(4, "free", c(7200), t0()));
+        assert!(allocated(&s.pass(t0() + Duration::seconds(62))).is_empty());
+        // Resumed: in order. Strict: the oldest first. Fair share: neither
+        // project has used anything (batch 3 ended as it started), and a
+        // tie goes by name, "free" before "held".
+        s.set_holds(vec![]);
+        let first = if order == Order::Strict { 2 } else { 4 };
+        assert_eq!(
+            allocated(&s.pass(t0() + Duration::seconds(63))),
+            vec![first],
+            "{order:?}"
+        );
+        s.check_invariants().expect("invariants");
+    }
+}

@@ -33,6 +33,13 @@ pub enum Blocker {
         holder: BatchKey,
         until: Option<DateTime<Utc>>,
     },
+    /// An admin held the queue.
+    Held {
+        since: DateTime<Utc>,
+        by: String,
+        /// The whole region's queue, not only the project's.
+        region_wide: bool,
+    },
     /// Other projects' batches come first in fair-share order.
     FairShare {
         /// Queued batches of the projects ahead.
@@ -74,6 +81,20 @@ impl std::fmt::Display for Blocker {
                 ),
                 None => write!(f, "capacity is reserved for an earlier batch of the queue"),
             },
+            Blocker::Held {
+                since,
+                by,
+                region_wide,
+            } => write!(
+                f,
+                "{} held by an admin ({by}) since {}: nothing in it is allocated until it is resumed; the allocation timeout keeps counting",
+                if *region_wide {
+                    "the region's queue is"
+                } else {
+                    "this project's queue is"
+                },
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
             Blocker::FairShare {
                 batches,
                 ahead,
@@ -162,9 +183,21 @@ impl Scheduler {
                 (position, behind)
             }
         };
-        let mut reasons = self.blockers(batch);
+        let mut reasons: Vec<Blocker> = self
+            .hold_of(&batch.region, &batch.project)
+            .map(|(h, region_wide)| Blocker::Held {
+                since: h.since,
+                by: h.by.clone(),
+                region_wide,
+            })
+            .into_iter()
+            .collect();
+        reasons.extend(self.blockers(batch));
         reasons.extend(behind);
-        let estimated_start_time = if reasons.iter().any(|r| matches!(r, Blocker::Quota(_))) {
+        let estimated_start_time = if reasons
+            .iter()
+            .any(|r| matches!(r, Blocker::Quota(_) | Blocker::Held { .. }))
+        {
             None
         } else {
             self.ahead(batch, now)
@@ -502,6 +535,18 @@ impl Scheduler {
                 .iter()
                 .min_by_key(|(p, _)| (share_key(self.fair.standing(region, p, now).share), *p))
                 .and_then(|(_, q)| q.first().map(|(_, k)| *k)),
+        }
+    }
+
+    /// Batches queued in `region`, of `project` or of every project.
+    pub fn queued_in(&self, region: &str, project: Option<&str>) -> usize {
+        match project {
+            None => self.queues.get(region).map_or(0, |q| q.len()),
+            Some(p) => self
+                .project_queues
+                .get(region)
+                .and_then(|m| m.get(p))
+                .map_or(0, |q| q.len()),
         }
     }
 

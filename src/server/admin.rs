@@ -112,3 +112,56 @@ pub(super) async fn usage(
         .await?;
     Ok(format.respond(StatusCode::OK, &report))
 }
+
+/// `GET /v1/projects/{project}/regions/{region}/queue`: whether the queue
+/// is held (by whom, since when, the region's hold or the project's) and
+/// how many batches wait in it; project `-`: the region's queue.
+#[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/queue", tag = "queues",
+    params(("project" = String, Path, description = "A project, or - for the region's queue (admins)"), ("region" = String, Path)),
+    responses((status = 200, description = "The queue: held, heldSince, heldBy, regionWide, queuedBatches"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn get_queue(
+    AppState(app): AppState<App>,
+    ApiPath((project, region)): ApiPath<(String, String)>,
+    format: Format,
+) -> Result<Response, Error> {
+    let queue = app.engine.queue(&project, &region).await?;
+    Ok(format.respond(StatusCode::OK, &queue))
+}
+
+/// `POST /v1/projects/{project}/regions/{region}/queue:hold` (admins):
+/// nothing in the queue is allocated until it is resumed; queued batches
+/// keep their order and deadlines, and creates are still accepted. Project
+/// `-` holds every project's queue of the region.
+#[utoipa::path(post, path = "/v1/projects/{project}/regions/{region}/queue:hold", tag = "queues",
+    params(("project" = String, Path, description = "A project, or - for every project of the region"), ("region" = String, Path)),
+    responses((status = 200, description = "The queue, held"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn hold_queue(
+    AppState(app): AppState<App>,
+    ApiPath((project, region)): ApiPath<(String, String)>,
+    axum::Extension(principal): axum::Extension<super::Principal>,
+    format: Format,
+) -> Result<Response, Error> {
+    let queue = app.engine.hold_queue(&principal, &project, &region).await?;
+    Ok(format.respond(StatusCode::OK, &queue))
+}
+
+/// `POST /v1/projects/{project}/regions/{region}/queue:resume` (admins).
+#[utoipa::path(post, path = "/v1/projects/{project}/regions/{region}/queue:resume", tag = "queues",
+    params(("project" = String, Path, description = "A project, or - for the region's own hold"), ("region" = String, Path)),
+    responses((status = 200, description = "The queue after the resume"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn resume_queue(
+    AppState(app): AppState<App>,
+    ApiPath((project, region)): ApiPath<(String, String)>,
+    format: Format,
+) -> Result<Response, Error> {
+    let queue = app.engine.resume_queue(&project, &region).await?;
+    Ok(format.respond(StatusCode::OK, &queue))
+}
+
+/// `GET /v1/queues` (admins): every held queue.
+#[utoipa::path(get, path = "/v1/queues", tag = "queues",
+    responses((status = 200, description = "Every held queue"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn held_queues(AppState(app): AppState<App>, format: Format) -> Response {
+    let queues = app.engine.held_queues().await;
+    format.respond(StatusCode::OK, &serde_json::json!({ "queues": queues }))
+}

@@ -33,6 +33,8 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
                 .map(|n| n.split(':').next().unwrap_or_default().to_string()),
         ),
         "/v1/projects/{project}/regions/{region}/quotas" if !read => Access::Admin,
+        "/v1/projects/{project}/regions/{region}/queue:hold"
+        | "/v1/projects/{project}/regions/{region}/queue:resume" => Access::Admin,
         r if r.starts_with("/v1/projects/{project}/") => {
             if read {
                 Access::ReadProject(project())

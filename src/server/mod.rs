@@ -93,6 +93,19 @@ fn rest(app: App) -> Router {
             "/v1/projects/{project}/regions/{region}/usage",
             get(admin::usage),
         )
+        .route(
+            "/v1/projects/{project}/regions/{region}/queue",
+            get(admin::get_queue),
+        )
+        .route(
+            "/v1/projects/{project}/regions/{region}/queue:hold",
+            axum::routing::post(admin::hold_queue),
+        )
+        .route(
+            "/v1/projects/{project}/regions/{region}/queue:resume",
+            axum::routing::post(admin::resume_queue),
+        )
+        .route("/v1/queues", get(admin::held_queues))
         .route("/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -37,6 +37,8 @@ pub enum Change {
     Node { id: String },
     /// An admin changed a quota limit.
     Quota,
+    /// An admin held or resumed a queue.
+    Hold,
     /// The leader committed scheduler decisions.
     Decided,
     /// What some node must run changed otherwise (a cancel of a running
@@ -60,6 +62,7 @@ impl fmt::Display for Change {
             Change::Ended { seq } => write!(f, "ended {seq}"),
             Change::Node { id } => write!(f, "node {id}"),
             Change::Quota => f.write_str("quota"),
+            Change::Hold => f.write_str("hold"),
             Change::Decided => f.write_str("decided"),
             Change::Work => f.write_str("work"),
             Change::Output { seq } => write!(f, "output {seq}"),
@@ -88,6 +91,7 @@ impl Change {
                 id: rest.to_string(),
             },
             "quota" => Change::Quota,
+            "hold" => Change::Hold,
             "decided" => Change::Decided,
             "work" => Change::Work,
             "output" => Change::Output {

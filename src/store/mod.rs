@@ -44,6 +44,7 @@ pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use lifecycle::Applied;
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
+pub use schedule::QueueHold;
 use sql::Sql;
 pub use usage::{CreatedBatch, HeldPart, ReleasedPart};
 

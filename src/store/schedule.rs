@@ -416,6 +416,72 @@ impl Store {
     }
 }
 
+/// A queue an admin held: a region's (`project` None) or a project's in
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueHold {
+    pub region: String,
+    pub project: Option<String>,
+    pub held_at: DateTime<Utc>,
+    pub held_by: String,
+}
+
+impl Store {
+    /// Every queue held now.
+    pub async fn queue_holds(&self) -> Result<Vec<QueueHold>, StoreError> {
+        let rows: Vec<(String, String, i64, String)> = sqlx::query_as(
+            "select region, project, held_at, held_by from queue_holds order by region, project",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(region, project, at, by)| QueueHold {
+                region,
+                project: (!project.is_empty()).then_some(project),
+                held_at: from_micros(at),
+                held_by: by,
+            })
+            .collect())
+    }
+
+    /// Holds a queue (kept as it was when already held: the first hold's
+    /// time and admin stand), or resumes it (`hold` None).
+    pub async fn set_queue_hold(
+        &self,
+        region: &str,
+        project: Option<&str>,
+        hold: Option<(&str, DateTime<Utc>)>,
+    ) -> Result<(), StoreError> {
+        let project = project.unwrap_or_default();
+        let mut tx = self.begin_write().await?;
+        match hold {
+            Some((by, at)) => {
+                sqlx::query(
+                    "insert into queue_holds (region, project, held_at, held_by) \
+                     values ($1, $2, $3, $4) on conflict (region, project) do nothing",
+                )
+                .bind(region)
+                .bind(project)
+                .bind(micros(at))
+                .bind(by)
+                .execute(&mut *tx)
+                .await?;
+            }
+            None => {
+                sqlx::query("delete from queue_holds where region = $1 and project = $2")
+                    .bind(region)
+                    .bind(project)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        self.announce(&mut tx, &Change::Hold).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
 fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
     let gpus: String = row.try_get("gpus")?;
     let role: String = row.try_get("role")?;

@@ -459,6 +459,13 @@ async fn the_openapi_document_describes_every_route() {
         ("get", "/v1/projects/{project}/regions/{region}/quotas"),
         ("patch", "/v1/projects/{project}/regions/{region}/quotas"),
         ("get", "/v1/projects/{project}/regions/{region}/usage"),
+        ("get", "/v1/projects/{project}/regions/{region}/queue"),
+        ("post", "/v1/projects/{project}/regions/{region}/queue:hold"),
+        (
+            "post",
+            "/v1/projects/{project}/regions/{region}/queue:resume",
+        ),
+        ("get", "/v1/queues"),
         ("get", "/v1/runtimes"),
         ("get", "/v1/regions"),
         ("get", "/v1/nodes"),

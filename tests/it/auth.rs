@@ -136,6 +136,25 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Kind)> {
             Some(json!({"metric": "NVIDIA_L4_GPUS", "limit": 8})),
             Kind::AdminOnly,
         ),
+        (
+            Method::GET,
+            "/v1/projects/{P}/regions/us-central1/queue",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
+            Method::POST,
+            "/v1/projects/{P}/regions/us-central1/queue:hold",
+            None,
+            Kind::AdminOnly,
+        ),
+        (
+            Method::POST,
+            "/v1/projects/{P}/regions/us-central1/queue:resume",
+            None,
+            Kind::AdminOnly,
+        ),
+        (Method::GET, "/v1/queues", None, Kind::AdminOnly),
         (Method::GET, "/v1/nodes", None, Kind::AdminOnly),
         (
             Method::POST,

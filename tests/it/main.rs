@@ -14,6 +14,7 @@ mod hostile;
 mod kubernetes;
 mod metrics;
 mod prometheus;
+mod queues;
 mod replicas;
 mod scheduler;
 mod simulate;
