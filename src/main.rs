@@ -49,8 +49,9 @@ enum Command {
     Batches(batches::BatchesArgs),
     /// Capacity per region, zone and GPU type.
     Regions(admin::ListArgs),
-    /// GPU nodes, virtual ones marked.
-    Nodes(admin::ListArgs),
+    /// GPU nodes, virtual ones marked; cordon, drain and uncordon them
+    /// (admins).
+    Nodes(admin::NodesArgs),
     /// A project's quotas in a region.
     Quotas(admin::QuotasArgs),
     /// Hold and resume queues (admins): nothing in a held queue is

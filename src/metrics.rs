@@ -549,7 +549,7 @@ fn state_registry(s: &Snapshot) -> Registry {
     let gpus = gauge_vec(
         &r,
         "flexq_capacity_gpus",
-        "GPUs of the nodes, allocated or free.",
+        "GPUs of the nodes: allocated, free, or free on a cordoned node (not offered).",
         &["region", "zone", "accelerator", "state"],
     );
     let ssd = gauge_vec(
@@ -574,6 +574,8 @@ fn state_registry(s: &Snapshot) -> Registry {
             .set(row.allocated_gpus as f64);
         gpus.with_label_values(&[l[0], l[1], l[2], "free"])
             .set(row.free_gpus as f64);
+        gpus.with_label_values(&[l[0], l[1], l[2], "cordoned"])
+            .set(row.cordoned_gpus as f64);
         let gb = 1e9;
         ssd.with_label_values(&[l[0], l[1], l[2], "allocated"])
             .set((row.total_local_ssd_gb - row.free_local_ssd_gb) as f64 * gb);

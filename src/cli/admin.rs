@@ -1,4 +1,5 @@
-//! `flexq regions list`, `flexq nodes list`, `flexq quotas list|set`.
+//! `flexq regions list`, `flexq nodes list|cordon|drain|uncordon`,
+//! `flexq quotas list|set`, `flexq queues hold|resume|list`, `flexq usage`.
 
 use reqwest::Method;
 use serde_json::Value;
@@ -146,6 +147,27 @@ fn print_queues(list: &[Value], format: OutputFormat) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `flexq nodes list|cordon|drain|uncordon`.
+#[derive(Debug, clap::Args)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(subcommand)]
+    pub action: NodesAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum NodesAction {
+    /// Every node, virtual ones marked, with what is free and its state.
+    List,
+    /// Take no new allocation on NODE (admin); what runs on it goes on.
+    Cordon { node: String },
+    /// Cordon NODE and show it drained once its running parts end (admin).
+    Drain { node: String },
+    /// Put NODE back into service (admin).
+    Uncordon { node: String },
+}
+
 /// `flexq regions list`.
 pub async fn run_regions(args: ListArgs) -> Result<(), CliError> {
     let ListAction::List = args.action;
@@ -153,11 +175,20 @@ pub async fn run_regions(args: ListArgs) -> Result<(), CliError> {
     regions(&args.target.admin_client()?, format).await
 }
 
-/// `flexq nodes list`.
-pub async fn run_nodes(args: ListArgs) -> Result<(), CliError> {
-    let ListAction::List = args.action;
+/// `flexq nodes list|cordon|drain|uncordon`.
+pub async fn run_nodes(args: NodesArgs) -> Result<(), CliError> {
     let format = args.target.format;
-    nodes(&args.target.admin_client()?, format).await
+    let client = args.target.admin_client()?;
+    let (node, method) = match args.action {
+        NodesAction::List => return nodes(&client, format).await,
+        NodesAction::Cordon { node } => (node, "cordon"),
+        NodesAction::Drain { node } => (node, "drain"),
+        NodesAction::Uncordon { node } => (node, "uncordon"),
+    };
+    // Virtual nodes' ids hold slashes: one path segment, encoded.
+    let path = format!("/v1/nodes/{}:{method}", node.replace('/', "%2F"));
+    let v: Value = client.call::<(), _>(Method::POST, &path, None).await?;
+    print_nodes(&[v], format)
 }
 
 /// `flexq quotas list|set`.
@@ -227,11 +258,15 @@ pub async fn regions(client: &Client, format: OutputFormat) -> Result<(), CliErr
 pub async fn nodes(client: &Client, format: OutputFormat) -> Result<(), CliError> {
     let v: Value = client.call::<(), _>(Method::GET, "/v1/nodes", None).await?;
     let list = v["nodes"].as_array().cloned().unwrap_or_default();
+    print_nodes(&list, format)
+}
+
+fn print_nodes(list: &[Value], format: OutputFormat) -> Result<(), CliError> {
     if format != OutputFormat::Table {
-        return print_structured(&list, format);
+        return print_structured(&list.to_vec(), format);
     }
     let mut table = rows(
-        &list,
+        list,
         &[
             "id",
             "zone",
@@ -240,9 +275,10 @@ pub async fn nodes(client: &Client, format: OutputFormat) -> Result<(), CliError
             "freeGpus",
             "freeCores",
             "freeLocalSsdGb",
+            "state",
         ],
     );
-    for (row, node) in table.iter_mut().zip(&list) {
+    for (row, node) in table.iter_mut().zip(list) {
         row.push(if node["virtual"] == true {
             "virtual (no agent, no GPU)".into()
         } else {
@@ -258,6 +294,7 @@ pub async fn nodes(client: &Client, format: OutputFormat) -> Result<(), CliError
             "FREE_GPUS",
             "FREE_CORES",
             "FREE_SSD_GB",
+            "STATE",
             "KIND",
         ],
         &table,

@@ -6,9 +6,9 @@ use chrono::Utc;
 use super::Principal;
 use super::{Engine, Error, ReplicaRole};
 use crate::api::{Code, quote};
-use crate::scheduler::{CapacityRow, Hold, NodeSpec, QuotaView, Snapshot};
+use crate::scheduler::{CapacityRow, Cordon, Hold, NodeId, NodeSpec, QuotaView, Snapshot};
 use crate::spec::QuotaMetric;
-use crate::store::{Backend, QueueHold};
+use crate::store::{Backend, NodeCordon, QueueHold};
 
 /// A node as the capacity view shows it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -32,6 +32,15 @@ pub struct NodeView {
     /// The fencing token of the agent holding it (none for virtual
     /// nodes); an int64, so a string in proto3 JSON.
     pub epoch: Option<String>,
+    /// `SCHEDULABLE`, `CORDONED`, `DRAINING` (cordoned, running parts
+    /// left) or `DRAINED` (cordoned for a drain, nothing left on it).
+    pub state: &'static str,
+    /// Parts of running clusters on it.
+    pub running_parts: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cordoned_since: Option<chrono::DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cordoned_by: Option<String>,
 }
 
 /// An admin's change of a quota limit, as the client sent it.
@@ -59,6 +68,33 @@ pub struct QueueView {
     /// The hold is the whole region's.
     pub region_wide: bool,
     pub queued_batches: usize,
+}
+
+/// What a node's cordon and running parts make of it.
+fn node_state(cordon: Option<&Cordon>, running_parts: usize) -> &'static str {
+    match cordon {
+        None => "SCHEDULABLE",
+        Some(c) if !c.drain => "CORDONED",
+        Some(_) if running_parts > 0 => "DRAINING",
+        Some(_) => "DRAINED",
+    }
+}
+
+/// The store's cordons as the core takes them.
+pub(super) fn cordons_of(cordons: Vec<NodeCordon>) -> Vec<(NodeId, Cordon)> {
+    cordons
+        .into_iter()
+        .map(|c| {
+            (
+                NodeId(c.node),
+                Cordon {
+                    since: c.since,
+                    by: c.by,
+                    drain: c.drain,
+                },
+            )
+        })
+        .collect()
 }
 
 /// The store's holds as the core takes them.
@@ -114,7 +150,13 @@ impl Engine {
                         local_ssd_gb,
                         is_virtual,
                     } = spec.clone();
+                    let cordon = core.cordon_of(&id).cloned();
+                    let running_parts = core.parts_on(&id);
                     NodeView {
+                        state: node_state(cordon.as_ref(), running_parts),
+                        running_parts,
+                        cordoned_since: cordon.as_ref().map(|c| c.since),
+                        cordoned_by: cordon.map(|c| c.by),
                         epoch: core.node_epoch(&id).map(|e| e.to_string()),
                         id: id.0,
                         region,
@@ -134,6 +176,55 @@ impl Engine {
                 },
             )
             .collect()
+    }
+
+    /// Cordons a node (`drain`: and shows it drained once its running
+    /// parts end): it takes no new allocation; what runs on it goes on;
+    /// never-fit checks still count it. Answers the node.
+    pub async fn cordon_node(
+        &self,
+        principal: &Principal,
+        node: &str,
+        drain: bool,
+    ) -> Result<NodeView, Error> {
+        self.change_cordon(node, Some((principal.name.as_str(), drain)))
+            .await
+    }
+
+    /// Puts a cordoned node back into service. Answers the node.
+    pub async fn uncordon_node(&self, node: &str) -> Result<NodeView, Error> {
+        self.change_cordon(node, None).await
+    }
+
+    async fn change_cordon(
+        &self,
+        node: &str,
+        cordon: Option<(&str, bool)>,
+    ) -> Result<NodeView, Error> {
+        let id = NodeId(node.to_string());
+        if !self.lock().await.has_node(&id) {
+            return Err(Error::not_found("node", node));
+        }
+        let now = Utc::now();
+        self.shared
+            .store
+            .set_node_cordon(node, cordon.map(|(by, drain)| (by, now, drain)))
+            .await?;
+        {
+            let cordons = cordons_of(self.bounded(self.shared.store.node_cordons()).await?);
+            self.lock().await.set_cordons(cordons);
+        }
+        self.wake();
+        match cordon {
+            Some((by, true)) => tracing::info!(node, by, "node draining"),
+            Some((by, false)) => tracing::info!(node, by, "node cordoned"),
+            None => tracing::info!(node, "node uncordoned"),
+        }
+        self.nodes()
+            .await
+            .into_iter()
+            .find(|n| n.id == node)
+            .ok_or_else(|| Error::not_found("node", node))
     }
 
     fn check_region(&self, region: &str) -> Result<(), Error> {

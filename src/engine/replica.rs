@@ -187,6 +187,11 @@ impl Engine {
                 drop(core);
                 self.wake();
             }
+            Change::Cordon => {
+                let cordons = super::admin::cordons_of(store.node_cordons().await?);
+                self.lock().await.set_cordons(cordons);
+                self.wake();
+            }
             Change::Hold => {
                 let holds = super::admin::holds_of(store.queue_holds().await?);
                 self.lock().await.set_holds(holds);

@@ -1,7 +1,7 @@
 //! The capacity map: nodes with their GPU addresses and free resources, and
 //! the placement of a whole cluster onto the nodes of one zone.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -210,6 +210,9 @@ pub(crate) struct Capacity {
     /// [`Capacity::remove`], which keep the index.
     pub nodes: BTreeMap<NodeId, Node>,
     zones: HashMap<String, BTreeMap<String, BTreeSet<NodeId>>>,
+    /// Nodes an admin cordoned: they keep what they hold, and take nothing
+    /// new (placement never sees them).
+    cordoned: HashSet<NodeId>,
 }
 
 impl Capacity {
@@ -250,18 +253,29 @@ impl Capacity {
             .flat_map(|z| z.keys().map(String::as_str))
     }
 
-    /// The nodes of a zone, in id order.
+    /// The nodes of a zone that take new work (not cordoned), in id
+    /// order.
     pub fn zone_nodes<'a>(&'a self, region: &str, zone: &str) -> Vec<&'a Node> {
         self.zones
             .get(region)
             .and_then(|z| z.get(zone))
             .into_iter()
             .flatten()
+            .filter(|id| !self.cordoned.contains(*id))
             .filter_map(|id| self.nodes.get(id))
             .collect()
     }
 
-    /// A copy of one region's nodes.
+    /// Which nodes take no new work.
+    pub fn set_cordoned(&mut self, ids: HashSet<NodeId>) {
+        self.cordoned = ids;
+    }
+
+    pub fn is_cordoned(&self, id: &NodeId) -> bool {
+        self.cordoned.contains(id)
+    }
+
+    /// A copy of one region's nodes that take new work.
     pub fn region(&self, region: &str) -> Capacity {
         let mut out = Capacity::default();
         for zone in self.zones(region) {

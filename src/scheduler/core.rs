@@ -148,6 +148,8 @@ pub struct Scheduler {
     pub(super) fair: FairShare,
     /// Queues an admin held, per region.
     pub(super) holds: HashMap<String, RegionHolds>,
+    /// Nodes an admin cordoned or is draining.
+    pub(super) cordons: HashMap<NodeId, Cordon>,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     pub(super) running: HashMap<BatchKey, Allocation>,
     pub(super) leases: Leases,
@@ -184,6 +186,15 @@ pub struct Hold {
     pub since: DateTime<Utc>,
     /// The admin who held it.
     pub by: String,
+}
+
+/// A node an admin cordoned: it takes no new work. Draining is the same,
+/// and the node shows drained once its running parts have ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cordon {
+    pub since: DateTime<Utc>,
+    pub by: String,
+    pub drain: bool,
 }
 
 /// The holds of one region: all of it, or some projects' queues.
@@ -288,6 +299,33 @@ impl Scheduler {
         let old = std::mem::replace(&mut self.holds, next);
         self.dirty.extend(old.into_keys());
         self.dirty.extend(self.holds.keys().cloned());
+    }
+
+    /// Replaces every cordon. Every region is looked at again (an
+    /// uncordoned node may admit work).
+    pub fn set_cordons(&mut self, cordons: Vec<(NodeId, Cordon)>) {
+        self.cordons = cordons.into_iter().collect();
+        self.capacity
+            .set_cordoned(self.cordons.keys().cloned().collect());
+        self.dirty.extend(self.queues.keys().cloned());
+    }
+
+    pub fn cordon_of(&self, node: &NodeId) -> Option<&Cordon> {
+        self.cordons.get(node)
+    }
+
+    /// Whether a node is known: registered by an agent, or virtual.
+    pub fn has_node(&self, node: &NodeId) -> bool {
+        self.capacity.nodes.contains_key(node)
+    }
+
+    /// Parts of running clusters on `node`.
+    pub fn parts_on(&self, node: &NodeId) -> usize {
+        self.running
+            .values()
+            .flat_map(|a| &a.placements)
+            .filter(|p| &p.node == node)
+            .count()
     }
 
     /// The hold on `project`'s queue in `region`: the region's own first.

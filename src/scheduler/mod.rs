@@ -20,8 +20,8 @@ mod views;
 pub use crate::spec::PartRole;
 pub use capacity::{NodeId, NodeSpec, Placement};
 pub use core::{
-    Allocation, BatchKey, Decision, Hold, PendingBatch, PoolDecl, Scheduler, accelerator_label,
-    shape_text,
+    Allocation, BatchKey, Cordon, Decision, Hold, PendingBatch, PoolDecl, Scheduler,
+    accelerator_label, shape_text,
 };
 pub use fairshare::{Order, Policy as FairSharePolicy, Standing};
 pub use lease::LeaseError;

@@ -1033,3 +1033,60 @@ fn a_held_queue_allocates_nothing_but_still_expires_in_both_orders() {
         s.check_invariants().expect("invariants");
     }
 }
+
+#[test]
+fn a_cordoned_node_takes_nothing_new_but_keeps_what_it_holds() {
+    let mut s = Scheduler::new(vec![pool("a", 4, 2)], rules(100));
+    s.add_node(l4_node("n0", "a", 4));
+    s.add_node(l4_node("n1", "a", 4));
+    let c = || cluster(2, ProvisioningMode::Queue, 7200, Some(600));
+    s.submit(batch(1, "p", c(), t0()));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    let on = s.allocation(BatchKey(1)).expect("running").placements[0]
+        .node
+        .clone();
+    let other = NodeId(if on.0 == "n0" { "n1" } else { "n0" }.into());
+    let cordon = Cordon {
+        since: t0(),
+        by: "admin".into(),
+        drain: true,
+    };
+    s.set_cordons(vec![(on.clone(), cordon.clone()), (other.clone(), cordon)]);
+    assert_eq!(s.parts_on(&on), 3);
+    s.submit(batch(2, "p", c(), t0()));
+    assert!(allocated(&s.pass(t0())).is_empty());
+    // Never-fit still counts declared capacity; nothing estimated to start
+    // on cordoned nodes.
+    assert!(s.never_fits("p", "r", &c()).is_none());
+    assert_eq!(
+        s.pending_info(BatchKey(2), t0())
+            .expect("queued")
+            .estimated_start_time,
+        None
+    );
+    let row = &s.capacity_rows()[0];
+    assert_eq!(
+        (row.free_gpus, row.cordoned_gpus, row.allocated_gpus),
+        (0, 5, 3)
+    );
+    // The running cluster ends: its node is empty, and still cordoned.
+    s.forget(BatchKey(1), t0());
+    assert_eq!(s.parts_on(&on), 0);
+    assert!(allocated(&s.pass(t0())).is_empty());
+    // Uncordoned: the waiting batch goes there.
+    s.set_cordons(vec![(
+        on.clone(),
+        Cordon {
+            since: t0(),
+            by: "admin".into(),
+            drain: false,
+        },
+    )]);
+    let d = s.pass(t0());
+    assert_eq!(allocated(&d), vec![2]);
+    let Decision::Allocate(a) = &d[0] else {
+        unreachable!()
+    };
+    assert!(a.placements.iter().all(|p| p.node == other), "{a:?}");
+    s.check_invariants().expect("invariants");
+}

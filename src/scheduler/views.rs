@@ -162,7 +162,10 @@ pub struct CapacityRow {
     pub virtual_nodes: u64,
     pub total_gpus: u64,
     pub allocated_gpus: u64,
+    /// Free on nodes that take new work.
     pub free_gpus: u64,
+    /// Free on cordoned nodes: not offered.
+    pub cordoned_gpus: u64,
     pub total_local_ssd_gb: u64,
     pub free_local_ssd_gb: u64,
 }
@@ -404,13 +407,18 @@ impl Scheduler {
                     total_gpus: 0,
                     allocated_gpus: 0,
                     free_gpus: 0,
+                    cordoned_gpus: 0,
                     total_local_ssd_gb: 0,
                     free_local_ssd_gb: 0,
                 });
             row.nodes += 1;
             row.virtual_nodes += u64::from(s.is_virtual);
             row.total_gpus += s.gpu_addresses.len() as u64;
-            row.free_gpus += u64::from(n.free_gpus());
+            if self.capacity.is_cordoned(&s.id) {
+                row.cordoned_gpus += u64::from(n.free_gpus());
+            } else {
+                row.free_gpus += u64::from(n.free_gpus());
+            }
             row.allocated_gpus += (s.gpu_addresses.len() as u64) - u64::from(n.free_gpus());
             row.total_local_ssd_gb += s.local_ssd_gb;
             row.free_local_ssd_gb += n.free_ssd_gb;

@@ -36,20 +36,35 @@ pub(super) async fn register(
 }
 
 /// `POST /v1/nodes/{node}:METHOD`: the calls of a node's agent, each
-/// carrying the epoch its registration answered.
+/// carrying the epoch its registration answered; and an admin's cordon,
+/// drain and uncordon of the node (no body).
 #[utoipa::path(post, path = "/v1/nodes/{node}", tag = "agents",
-    description = "`{node}` is `NODE:heartbeat` ({epoch}), `NODE:poll` (Poll → Assignments), `NODE:report` (Report) or `NODE:output` (OutputUpload).",
+    description = "`{node}` is `NODE:heartbeat` ({epoch}), `NODE:poll` (Poll → Assignments), `NODE:report` (Report) or `NODE:output` (OutputUpload) for the node's agent; `NODE:cordon`, `NODE:drain` or `NODE:uncordon` (no body; admins) answer the node.",
     params(("node" = String, Path)),
     request_body(content = Object),
     responses((status = 200, description = "Lease, Assignments, {} or {nextOffset}"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
 pub(super) async fn node_method(
     AppState(app): AppState<App>,
     ApiPath(path): ApiPath<String>,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     format: Format,
-    JsonBody(body): JsonBody<serde_json::Value>,
+    request: axum::extract::Request,
 ) -> Result<Response, Error> {
     let (node, method) = path.split_once(':').unwrap_or((&path, ""));
     let engine = &app.engine;
+    // An admin's methods take no body.
+    let admin = match method {
+        "cordon" => Some(engine.cordon_node(&principal, node, false).await?),
+        "drain" => Some(engine.cordon_node(&principal, node, true).await?),
+        "uncordon" => Some(engine.uncordon_node(node).await?),
+        _ => None,
+    };
+    if let Some(view) = admin {
+        return Ok(format.respond(StatusCode::OK, &view));
+    }
+    let JsonBody(body) =
+        <JsonBody<serde_json::Value> as axum::extract::FromRequest<()>>::from_request(request, &())
+            .await?;
     let answer = match method {
         "heartbeat" => {
             let req: Heartbeat = parse(body)?;
@@ -69,7 +84,7 @@ pub(super) async fn node_method(
                 Code::NotFound,
                 "NO_SUCH_METHOD",
                 format!(
-                    "no method POST on node {}; use {node}:heartbeat, :poll, :report or :output",
+                    "no method POST on node {}; use {node}:heartbeat, :poll, :report or :output (agents), :cordon, :drain or :uncordon (admins)",
                     quote(&path)
                 ),
             ));

@@ -27,6 +27,13 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
         "/v1/runtimes" | "/v1/regions" => Access::Anyone,
         "/v1/nodes" => Access::Admin,
         "/v1/nodes:register" => Access::Agent(None),
+        "/v1/nodes/{node}"
+            if path.ends_with(":cordon")
+                || path.ends_with(":drain")
+                || path.ends_with(":uncordon") =>
+        {
+            Access::Admin
+        }
         "/v1/nodes/{node}" => Access::Agent(
             segments
                 .get(3)

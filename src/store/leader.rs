@@ -39,6 +39,8 @@ pub enum Change {
     Quota,
     /// An admin held or resumed a queue.
     Hold,
+    /// An admin cordoned, drained or uncordoned a node.
+    Cordon,
     /// The leader committed scheduler decisions.
     Decided,
     /// What some node must run changed otherwise (a cancel of a running
@@ -63,6 +65,7 @@ impl fmt::Display for Change {
             Change::Node { id } => write!(f, "node {id}"),
             Change::Quota => f.write_str("quota"),
             Change::Hold => f.write_str("hold"),
+            Change::Cordon => f.write_str("cordon"),
             Change::Decided => f.write_str("decided"),
             Change::Work => f.write_str("work"),
             Change::Output { seq } => write!(f, "output {seq}"),
@@ -92,6 +95,7 @@ impl Change {
             },
             "quota" => Change::Quota,
             "hold" => Change::Hold,
+            "cordon" => Change::Cordon,
             "decided" => Change::Decided,
             "work" => Change::Work,
             "output" => Change::Output {

@@ -44,7 +44,7 @@ pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use lifecycle::Applied;
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
-pub use schedule::QueueHold;
+pub use schedule::{NodeCordon, QueueHold};
 use sql::Sql;
 pub use usage::{CreatedBatch, HeldPart, ReleasedPart};
 

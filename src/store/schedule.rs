@@ -482,6 +482,67 @@ impl Store {
     }
 }
 
+/// A node an admin cordoned (and, with `drain`, is draining).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCordon {
+    pub node: String,
+    pub since: DateTime<Utc>,
+    pub by: String,
+    pub drain: bool,
+}
+
+impl Store {
+    pub async fn node_cordons(&self) -> Result<Vec<NodeCordon>, StoreError> {
+        let rows: Vec<(String, i64, String, i64)> = sqlx::query_as(
+            "select node_id, cordoned_at, cordoned_by, drain from node_cordons order by node_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(node, at, by, drain)| NodeCordon {
+                node,
+                since: from_micros(at),
+                by,
+                drain: drain != 0,
+            })
+            .collect())
+    }
+
+    /// Cordons a node (or marks it draining; a node already cordoned keeps
+    /// its first time and admin), or uncordons it (`cordon` None).
+    pub async fn set_node_cordon(
+        &self,
+        node: &str,
+        cordon: Option<(&str, DateTime<Utc>, bool)>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        match cordon {
+            Some((by, at, drain)) => {
+                sqlx::query(
+                    "insert into node_cordons (node_id, cordoned_at, cordoned_by, drain) \
+                     values ($1, $2, $3, $4) on conflict (node_id) do update set drain = excluded.drain",
+                )
+                .bind(node)
+                .bind(micros(at))
+                .bind(by)
+                .bind(i64::from(drain))
+                .execute(&mut *tx)
+                .await?;
+            }
+            None => {
+                sqlx::query("delete from node_cordons where node_id = $1")
+                    .bind(node)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        self.announce(&mut tx, &Change::Cordon).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
 fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
     let gpus: String = row.try_get("gpus")?;
     let role: String = row.try_get("role")?;
