@@ -41,6 +41,7 @@ struct Metrics {
     rejected: IntCounterVec,
     wait_seconds: HistogramVec,
     leases_lost: IntCounter,
+    requeues: IntCounter,
     pass_seconds: HistogramVec,
     decisions: IntCounterVec,
     last_pass: Gauge,
@@ -133,6 +134,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             WAIT_BUCKETS.to_vec(),
             &["region", "accelerator"],
         ),
+        requeues: IntCounter::new(
+            "flexq_batch_requeues_total",
+            "Batches sent back to the queue after an infrastructure failure (a lost node, an agent that stopped or restarted without them).",
+        )
+        .expect("valid metric"),
         leases_lost: IntCounter::new(
             "flexq_agent_leases_lost_total",
             "Nodes lost because their agent stopped heartbeating.",
@@ -231,6 +237,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.rejected.clone()),
         Box::new(m.wait_seconds.clone()),
         Box::new(m.leases_lost.clone()),
+        Box::new(m.requeues.clone()),
         Box::new(m.pass_seconds.clone()),
         Box::new(m.decisions.clone()),
         Box::new(m.last_pass.clone()),
@@ -367,13 +374,22 @@ pub fn record_rejected(reason: &str, by_scheduler: bool) {
     }
 }
 
-/// A node's lease lapsed, failing `batches` batches.
-pub fn record_lease_lost(batches: usize) {
+/// A node's lease lapsed, failing `failed` batches and sending
+/// `requeued` back to the queue.
+pub fn record_lease_lost(failed: usize, requeued: usize) {
     METRICS.leases_lost.inc();
     METRICS.decisions.with_label_values(&["lose_node"]).inc();
-    for _ in 0..batches {
+    for _ in 0..failed {
         record_transition(State::Failed);
     }
+    for _ in 0..requeued {
+        record_requeue();
+    }
+}
+
+/// A batch went back to the queue after an infrastructure failure.
+pub fn record_requeue() {
+    METRICS.requeues.inc();
 }
 
 /// This replica's scheduling role (one series: the old one is removed).

@@ -144,6 +144,10 @@ pub enum ReportEvent {
     },
     PartFailed {
         message: String,
+        /// The failure is the infrastructure's, not the batch's code (the
+        /// agent stopped): the batch may go back to the queue.
+        #[serde(default)]
+        infrastructure: bool,
     },
 }
 

@@ -142,6 +142,8 @@ pub async fn run_driver(
             }
             Some(ReportEvent::PartFailed {
                 message: format!("The Spark application could not run: {message}"),
+                // The application's failure may be its own code's.
+                infrastructure: false,
             })
         }
     };

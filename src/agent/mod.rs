@@ -259,7 +259,14 @@ async fn serve_session(ctx: &Arc<Ctx>, session: &CancellationToken) {
         );
         match ctx
             .client
-            .report(&ctx.epoch, &uuid, ReportEvent::PartFailed { message })
+            .report(
+                &ctx.epoch,
+                &uuid,
+                ReportEvent::PartFailed {
+                    message,
+                    infrastructure: true,
+                },
+            )
             .await
         {
             Ok(()) => tracing::warn!(%batch, "batch failed: the agent stopped"),

@@ -99,6 +99,9 @@ pub async fn run_driver(
                     "The driver could not start on node {}: {message}",
                     ctx.config.node_id
                 ),
+                // Its Spark master or driver process never started: the
+                // node's failure, not the batch's code.
+                infrastructure: true,
             }),
             None,
         ),
@@ -533,7 +536,12 @@ pub async fn run_executor(
         .join(format!("executor-{}", a.index));
     if let Err(message) = work(&ctx, &a, &master, &dir, &mut rx, &cancel).await {
         tracing::warn!(batch = %a.batch, executor = a.index, %message, "executor part failed");
-        let event = ReportEvent::PartFailed { message };
+        // An executor that stopped may have run the batch's code: not
+        // counted as the infrastructure's.
+        let event = ReportEvent::PartFailed {
+            message,
+            infrastructure: false,
+        };
         if let Err(e) = ctx
             .client
             .report_surely(&ctx.epoch, &a.uuid, event, &cancel)

@@ -30,6 +30,7 @@ impl Config {
                 .filter(|(_, p)| p.require_shielded_vm)
                 .map(|(name, _)| name.clone())
                 .collect(),
+            default_infrastructure_retries: self.provisioning.infrastructure_retries,
         }
     }
 

@@ -141,6 +141,12 @@ pub struct ProvisioningConfig {
     pub default_allocation_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub max_allocation_timeout: Duration,
+    /// How many times a batch goes back to the queue after a failure of the
+    /// infrastructure (its node lost, its agent restarted without it); 0
+    /// (the default) fails it, as the managed service does. A batch sets
+    /// its own with the label `flexq-infrastructure-retries`.
+    #[serde(default)]
+    pub infrastructure_retries: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -450,6 +456,16 @@ impl Config {
             }
         }
         let p = &self.provisioning;
+        if p.infrastructure_retries > crate::spec::MAX_INFRASTRUCTURE_RETRIES {
+            return Err(invalid(
+                "provisioning.infrastructure_retries",
+                format!(
+                    "{} is above the most accepted, {}",
+                    p.infrastructure_retries,
+                    crate::spec::MAX_INFRASTRUCTURE_RETRIES
+                ),
+            ));
+        }
         if p.max_allocation_timeout > ALLOCATION_TIMEOUT_CEILING {
             return Err(invalid(
                 "provisioning.max_allocation_timeout",

@@ -215,6 +215,9 @@ impl Engine {
                                 .as_ref(),
                         );
                         tracing::warn!(batch.id = %applied.batch_id, node, "batch failed: its agent restarted without it");
+                    } else if applied.requeued() {
+                        self.requeued(&mut core, &applied).await;
+                        tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure: its agent restarted without it");
                     }
                 }
                 Err(e) => {
@@ -405,7 +408,13 @@ impl Engine {
                 message,
                 exit_code,
             },
-            ReportEvent::PartFailed { message } => AgentEvent::PartFailed { message },
+            ReportEvent::PartFailed {
+                message,
+                infrastructure,
+            } => AgentEvent::PartFailed {
+                message,
+                infrastructure,
+            },
         };
         // Under the core's lock: a report and a lost-lease decision never
         // interleave, so a fenced agent cannot end a batch after its node was
@@ -432,6 +441,11 @@ impl Engine {
                     core.forget(BatchKey(applied.seq), chrono::Utc::now())
                         .as_ref(),
                 );
+                drop(core);
+                engine.wake();
+            } else if applied.requeued() {
+                engine.requeued(&mut core, &applied).await;
+                tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure");
                 drop(core);
                 engine.wake();
             }
@@ -537,6 +551,32 @@ impl Engine {
     }
 
     /// Logs and counts what a committed lifecycle decision did.
+    /// A batch an infrastructure failure sent back to the queue: its old
+    /// cluster leaves the core at once and, on a single process, the batch
+    /// is queued again (with replicas the leader hears `Requeued`).
+    async fn requeued(&self, core: &mut crate::scheduler::Scheduler, applied: &Applied) {
+        crate::metrics::record_requeue();
+        let key = BatchKey(applied.seq);
+        self.count_released(core.forget(key, Utc::now()).as_ref());
+        if self.replicated() {
+            return;
+        }
+        match self
+            .bounded(self.shared.store.queued_batches(key.0..=key.0))
+            .await
+        {
+            Ok(back) => back.into_iter().for_each(|b| core.submit(b)),
+            Err(e) => {
+                // The core misses a queued batch: rebuild it before the
+                // next pass.
+                tracing::error!(batch.seq = key.0, error = %e, "cannot queue a requeued batch again; rebuilding");
+                self.shared
+                    .stale
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+
     pub(super) fn record_lifecycle(&self, applied: &Applied, node: Option<&str>) {
         for to in applied.outcome.states() {
             match node {

@@ -3,6 +3,7 @@
 //! in one transaction, and only then lets anyone see them; the core's
 //! rebuild from the store.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::config::Config;
-use crate::scheduler::{Decision, Scheduler, lifecycle};
+use crate::scheduler::{BatchKey, Decision, PendingBatch, Scheduler, lifecycle};
 use crate::store::{Store, StoreError};
 
 impl Engine {
@@ -84,9 +85,25 @@ impl Engine {
                     decisions.len(),
                 );
                 let mut stale_core = false;
+                // Batches a lost node sent back to the queue (they had
+                // retries left) go into the core again.
+                let lost: Vec<BatchKey> = decisions
+                    .iter()
+                    .zip(&applied)
+                    .filter(|(_, ok)| **ok)
+                    .flat_map(|(d, _)| match d {
+                        Decision::LoseNode { failed, .. } => failed.clone(),
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                let requeued = requeued_of(&self.shared.store, &lost).await;
+                for b in &requeued {
+                    core.submit(b.clone());
+                }
+                let requeued: HashSet<BatchKey> = requeued.iter().map(|b| b.key).collect();
                 for (d, ok) in decisions.iter().zip(applied) {
                     if ok {
-                        log_decision(d, now);
+                        log_decision(d, now, &requeued);
                     } else if let Decision::LoseNode { node, .. } = d {
                         // The node registered again (on another replica)
                         // before this commit: it is not lost, and the
@@ -161,7 +178,27 @@ impl Engine {
     }
 }
 
-fn log_decision(d: &Decision, now: DateTime<Utc>) {
+/// Which of `keys` are queued in the store (an infrastructure failure sent
+/// them back), read under the core's lock, bounded; none when the store
+/// does not answer (they are read back at the next rebuild).
+async fn requeued_of(store: &Store, keys: &[BatchKey]) -> Vec<PendingBatch> {
+    let mut out = Vec::new();
+    for key in keys {
+        match tokio::time::timeout(DB_UNDER_LOCK, store.queued_batches(key.0..=key.0)).await {
+            Ok(Ok(back)) => out.extend(back),
+            Ok(Err(e)) => {
+                tracing::warn!(batch.seq = key.0, error = %e, "cannot read a requeued batch back")
+            }
+            Err(_) => tracing::warn!(
+                batch.seq = key.0,
+                "reading a requeued batch back did not answer"
+            ),
+        }
+    }
+    out
+}
+
+fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) {
     match d {
         Decision::Allocate(a) => {
             let gpus = a.gpus();
@@ -195,11 +232,17 @@ fn log_decision(d: &Decision, now: DateTime<Utc>) {
             released,
             ..
         } => {
-            tracing::warn!(node = %node, failed = failed.len(), "node lost: lease expired");
-            for id in failed_ids {
-                tracing::warn!(batch.id = %id, node = %node, "batch failed: node lost");
+            tracing::warn!(node = %node, batches = failed.len(), "node lost: lease expired");
+            let mut back = 0;
+            for (key, id) in failed.iter().zip(failed_ids) {
+                if requeued.contains(key) {
+                    back += 1;
+                    tracing::warn!(batch.id = %id, batch.seq = key.0, node = %node, "batch requeued after an infrastructure failure: node lost");
+                } else {
+                    tracing::warn!(batch.id = %id, batch.seq = key.0, node = %node, "batch failed: node lost");
+                }
             }
-            crate::metrics::record_lease_lost(failed.len());
+            crate::metrics::record_lease_lost(failed.len() - back, back);
             // A pass runs only on the replica that schedules.
             for cluster in released {
                 super::record_release(cluster);
@@ -266,7 +309,14 @@ pub(crate) async fn rebuild(
         store
             .commit_decisions(std::slice::from_ref(&lost), Utc::now(), fence)
             .await?;
-        log_decision(&lost, Utc::now());
+        let keys = match &lost {
+            Decision::LoseNode { failed, .. } => failed.clone(),
+            _ => Vec::new(),
+        };
+        // Read back with every queued batch below.
+        let requeued = requeued_of(store, &keys).await;
+        let requeued: HashSet<BatchKey> = requeued.iter().map(|b| b.key).collect();
+        log_decision(&lost, Utc::now(), &requeued);
     }
     for batch in store.queued_batches(..).await? {
         core.submit(batch);

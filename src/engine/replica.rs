@@ -165,6 +165,19 @@ impl Engine {
                 self.wake();
                 self.work_changed();
             }
+            Change::Requeued { seq } => {
+                // Its old cluster given back, the batch is queued again.
+                let back = self.bounded(store.queued_batches(seq..=seq)).await?;
+                let mut core = self.lock().await;
+                let released = core.forget(BatchKey(seq), Utc::now());
+                self.count_released(released.as_ref());
+                for b in back {
+                    core.submit(b);
+                }
+                drop(core);
+                self.wake();
+                self.work_changed();
+            }
             Change::Node { id } => {
                 if let Some((spec, epoch)) = store.active_node(&id).await? {
                     if !self

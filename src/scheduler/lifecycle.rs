@@ -27,6 +27,53 @@ pub enum Step {
     DriverStarted { node: String, rapids: String },
     /// The run ended; the driver's exit status when it is known.
     RunEnded { exit_code: Option<i32> },
+    /// The batch goes back to the queue after an infrastructure failure
+    /// (with a `To(Pending)` before it): its next attempt, queued as it was
+    /// at create, with a fresh allocation deadline and no run yet.
+    Requeue,
+}
+
+/// A batch's attempts: which one runs (1 for the first) and how many
+/// requeues after infrastructure failures it may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempts {
+    pub attempt: u32,
+    pub retries: u32,
+}
+
+impl Attempts {
+    fn can_retry(self) -> bool {
+        self.attempt <= self.retries
+    }
+}
+
+/// A failure of the infrastructure, not of the batch's code: the batch
+/// goes back to the queue while it has retries, else it fails. Never once
+/// it ended or while it is being cancelled.
+fn infrastructure_failure(state: State, message: &str, attempts: Attempts) -> Vec<Step> {
+    if state.is_terminal() {
+        return vec![Step::Release];
+    }
+    if state != State::Cancelling && attempts.can_retry() {
+        return vec![
+            Step::Release,
+            Step::To(
+                State::Pending,
+                format!(
+                    "Requeued after an infrastructure failure (attempt {} of {} next): {message}",
+                    attempts.attempt + 1,
+                    attempts.retries + 1
+                ),
+            ),
+            Step::Requeue,
+        ];
+    }
+    let to = if state == State::Cancelling {
+        State::Cancelled
+    } else {
+        State::Failed
+    };
+    vec![Step::Release, Step::To(to, message.to_string())]
 }
 
 /// What a decision does to one batch.
@@ -106,8 +153,13 @@ pub enum AgentEvent {
         exit_code: Option<i32>,
     },
     /// A part could not run (a worker died, a start failed): the whole
-    /// batch fails, a partial cluster must not go on.
-    PartFailed { message: String },
+    /// batch fails, a partial cluster must not go on. `infrastructure`:
+    /// the failure was not the batch's code (its agent stopped or
+    /// restarted): the batch may be requeued.
+    PartFailed {
+        message: String,
+        infrastructure: bool,
+    },
 }
 
 impl AgentEvent {
@@ -143,6 +195,7 @@ pub fn report(
     batch_id: &str,
     holding: Holding,
     event: &AgentEvent,
+    attempts: Attempts,
 ) -> Result<Outcome, Refused> {
     if holding == Holding::Nothing {
         return Err(Refused(format!(
@@ -186,7 +239,15 @@ pub fn report(
             };
             end(to, message, *exit_code)
         }
-        AgentEvent::PartFailed { message } => {
+        AgentEvent::PartFailed {
+            message,
+            infrastructure: true,
+        } => {
+            let mut steps = vec![Step::RunEnded { exit_code: None }];
+            steps.extend(infrastructure_failure(state, message, attempts));
+            steps
+        }
+        AgentEvent::PartFailed { message, .. } => {
             let to = if state == State::Cancelling {
                 State::Cancelled
             } else {
@@ -208,12 +269,13 @@ fn end(to: State, message: String, exit_code: Option<i32>) -> Vec<Step> {
 
 /// A lost node (its lease lapsed, or its cluster left the config): each
 /// batch that held a part of it gives its whole cluster back and, unless
-/// it already ended, fails with `message`.
-pub fn node_lost(state: Option<State>, message: &str) -> Outcome {
-    let mut steps = vec![Step::Release];
-    if state.is_some_and(|s| !s.is_terminal()) {
-        steps.push(Step::To(State::Failed, message.to_string()));
-    }
+/// it already ended, goes back to the queue while it has retries, or fails
+/// with `message`.
+pub fn node_lost(state: Option<State>, message: &str, attempts: Attempts) -> Outcome {
+    let steps = match state {
+        Some(s) => infrastructure_failure(s, message, attempts),
+        None => vec![Step::Release],
+    };
     Outcome { steps }
 }
 
@@ -247,7 +309,13 @@ pub fn lost_on_restart(
                 "The agent of node {node} restarted and no longer runs this batch's {} (its Spark processes were lost); the batch failed and its cluster was released.",
                 part.role.name()
             );
-            lost.push((part.uuid.to_string(), AgentEvent::PartFailed { message }));
+            lost.push((
+                part.uuid.to_string(),
+                AgentEvent::PartFailed {
+                    message,
+                    infrastructure: true,
+                },
+            ));
         }
     }
     lost
@@ -321,14 +389,32 @@ mod tests {
     #[test]
     fn only_the_driver_node_reports_driver_events() {
         let started = AgentEvent::DriverStarted { rapids: "x".into() };
-        let e = report(State::Pending, "n1", "b", Holding::Executors, &started).expect_err("no");
+        let e = report(
+            State::Pending,
+            "n1",
+            "b",
+            Holding::Executors,
+            &started,
+            NONE,
+        )
+        .expect_err("no");
         assert!(e.0.contains("does not run the driver"), "{e}");
-        let e = report(State::Pending, "n1", "b", Holding::Nothing, &started).expect_err("no");
+        let e =
+            report(State::Pending, "n1", "b", Holding::Nothing, &started, NONE).expect_err("no");
         assert!(e.0.contains("holds no part"), "{e}");
         let failed = AgentEvent::PartFailed {
             message: "worker died".into(),
+            infrastructure: false,
         };
-        let o = report(State::Running, "n1", "b", Holding::Executors, &failed).expect("any part");
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Executors,
+            &failed,
+            RETRY,
+        )
+        .expect("any part");
         assert_eq!(o.ended(), Some(State::Failed));
         assert!(o.steps.contains(&Step::Release));
     }
@@ -338,9 +424,9 @@ mod tests {
         let started = AgentEvent::DriverStarted {
             rapids: "enabled".into(),
         };
-        let o = report(State::Pending, "n1", "b", Holding::Driver, &started).expect("ok");
+        let o = report(State::Pending, "n1", "b", Holding::Driver, &started, NONE).expect("ok");
         assert_eq!(to(&o), [State::Running]);
-        let again = report(State::Running, "n1", "b", Holding::Driver, &started).expect("ok");
+        let again = report(State::Running, "n1", "b", Holding::Driver, &started, NONE).expect("ok");
         assert!(to(&again).is_empty());
     }
 
@@ -351,21 +437,103 @@ mod tests {
             message: "done".into(),
             exit_code: Some(0),
         };
-        let o = report(State::Cancelling, "n1", "b", Holding::Driver, &finished).expect("ok");
+        let o = report(
+            State::Cancelling,
+            "n1",
+            "b",
+            Holding::Driver,
+            &finished,
+            NONE,
+        )
+        .expect("ok");
         assert_eq!(o.ended(), Some(State::Cancelled));
-        let o = report(State::Running, "n1", "b", Holding::Driver, &finished).expect("ok");
+        let o = report(State::Running, "n1", "b", Holding::Driver, &finished, NONE).expect("ok");
         assert_eq!(o.ended(), Some(State::Succeeded));
         assert!(o.steps.contains(&Step::RunEnded { exit_code: Some(0) }));
     }
 
+    /// No retries: the first failure is the last.
+    const NONE: Attempts = Attempts {
+        attempt: 1,
+        retries: 0,
+    };
+    /// One retry left.
+    const RETRY: Attempts = Attempts {
+        attempt: 1,
+        retries: 1,
+    };
+
     #[test]
     fn a_lost_node_fails_only_batches_that_have_not_ended() {
         assert_eq!(
-            node_lost(Some(State::Running), "lost").ended(),
+            node_lost(Some(State::Running), "lost", NONE).ended(),
             Some(State::Failed)
         );
-        let ended = node_lost(Some(State::Succeeded), "lost");
+        let ended = node_lost(Some(State::Succeeded), "lost", RETRY);
         assert_eq!(ended.steps, [Step::Release]);
+    }
+
+    #[test]
+    fn an_infrastructure_failure_requeues_while_retries_last() {
+        let o = node_lost(Some(State::Running), "lost", RETRY);
+        assert_eq!(to(&o), [State::Pending]);
+        assert_eq!(o.ended(), None);
+        assert_eq!(o.steps.first(), Some(&Step::Release));
+        assert_eq!(o.steps.last(), Some(&Step::Requeue));
+        let Step::To(_, message) = &o.steps[1] else {
+            panic!("{o:?}")
+        };
+        assert!(
+            message.starts_with(
+                "Requeued after an infrastructure failure (attempt 2 of 2 next): lost"
+            ),
+            "{message}"
+        );
+        // The last retry used: it fails.
+        let spent = Attempts {
+            attempt: 2,
+            retries: 1,
+        };
+        assert_eq!(
+            node_lost(Some(State::Running), "lost", spent).ended(),
+            Some(State::Failed)
+        );
+        // Being cancelled: never requeued.
+        assert_eq!(
+            node_lost(Some(State::Cancelling), "lost", RETRY).ended(),
+            Some(State::Cancelled)
+        );
+        // An agent that restarted without the work: requeued; a part that
+        // failed of itself: not.
+        let restarted = AgentEvent::PartFailed {
+            message: "agent restarted".into(),
+            infrastructure: true,
+        };
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &restarted,
+            RETRY,
+        )
+        .expect("ok");
+        assert_eq!(to(&o), [State::Pending]);
+        assert!(o.steps.contains(&Step::Requeue));
+        let own = AgentEvent::PartFailed {
+            message: "executor exited".into(),
+            infrastructure: false,
+        };
+        let o = report(State::Running, "n1", "b", Holding::Driver, &own, RETRY).expect("ok");
+        assert_eq!(o.ended(), Some(State::Failed));
+        // The user's code failing is never requeued.
+        let failed = AgentEvent::Finished {
+            succeeded: false,
+            message: "exit 1".into(),
+            exit_code: Some(1),
+        };
+        let o = report(State::Running, "n1", "b", Holding::Driver, &failed, RETRY).expect("ok");
+        assert_eq!(o.ended(), Some(State::Failed));
     }
 
     #[test]

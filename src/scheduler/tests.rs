@@ -66,6 +66,7 @@ fn cluster(
         mode,
         allocation_timeout_s: timeout_s,
         ttl_s,
+        infrastructure_retries: 0,
         quota: vec![
             QuotaAmount {
                 metric,

@@ -135,6 +135,11 @@ pub struct ClusterRequest {
     pub ttl_s: Option<u64>,
     /// Every quota metric the cluster draws from, with its amount.
     pub quota: Vec<QuotaAmount>,
+    /// How many times the batch goes back to the queue after a failure of
+    /// the infrastructure, not of its own code
+    /// (docs/rules.md#requeue-after-an-infrastructure-failure).
+    #[serde(default)]
+    pub infrastructure_retries: u32,
 }
 
 impl ClusterRequest {
@@ -263,6 +268,8 @@ pub struct Policy {
     /// Projects under the organisation policy
     /// `constraints/compute.requireShieldedVm` (no GPU batches).
     pub shielded_vm_projects: BTreeSet<String>,
+    /// Requeues after infrastructure failures of a batch without the label.
+    pub default_infrastructure_retries: u32,
 }
 
 /// Checks a batch against every rule and builds its cluster request.
@@ -356,6 +363,7 @@ pub fn validate(
     let mode = props.provisioning_mode(uses_gpus, runtime, &mut v);
     let allocation_timeout_s = props.allocation_timeout(policy, &mut v);
     let ttl_s = check_ttl(batch, runtime, policy, &mut v);
+    let infrastructure_retries = infrastructure_retries(batch, policy, &mut v);
 
     if let Some(rejection) = v.into_rejection() {
         return Err(rejection);
@@ -382,7 +390,33 @@ pub fn validate(
         allocation_timeout_s,
         ttl_s,
         quota,
+        infrastructure_retries,
     })
+}
+
+/// The label that sets a batch's requeues after infrastructure failures.
+pub const RETRIES_LABEL: &str = "flexq-infrastructure-retries";
+
+/// The most requeues a batch may ask for.
+pub const MAX_INFRASTRUCTURE_RETRIES: u32 = 5;
+
+fn infrastructure_retries(batch: &Batch, policy: &Policy, v: &mut Violations) -> u32 {
+    let Some(value) = batch.labels.get(RETRIES_LABEL) else {
+        return policy.default_infrastructure_retries;
+    };
+    match value.parse::<u32>() {
+        Ok(n) if n <= MAX_INFRASTRUCTURE_RETRIES => n,
+        _ => {
+            v.invalid(
+                format!("labels[{RETRIES_LABEL}]"),
+                format!(
+                    "{} is not a number of retries; accepted: a whole number from 0 to {MAX_INFRASTRUCTURE_RETRIES}",
+                    quote(value)
+                ),
+            );
+            0
+        }
+    }
 }
 
 /// Lowercase letters, digits and dashes, starting with a letter or digit,

@@ -33,6 +33,9 @@ pub enum Change {
     Created { first_seq: i64, last_seq: i64 },
     /// A batch left the queue or gave back its cluster.
     Ended { seq: i64 },
+    /// A batch gave back its cluster and went back to the queue (an
+    /// infrastructure failure).
+    Requeued { seq: i64 },
     /// A node registered (again).
     Node { id: String },
     /// An admin changed a quota limit.
@@ -62,6 +65,7 @@ impl fmt::Display for Change {
                 last_seq,
             } => write!(f, "created {first_seq} {last_seq}"),
             Change::Ended { seq } => write!(f, "ended {seq}"),
+            Change::Requeued { seq } => write!(f, "requeued {seq}"),
             Change::Node { id } => write!(f, "node {id}"),
             Change::Quota => f.write_str("quota"),
             Change::Hold => f.write_str("hold"),
@@ -88,6 +92,9 @@ impl Change {
                 }
             }
             "ended" => Change::Ended {
+                seq: rest.parse().ok()?,
+            },
+            "requeued" => Change::Requeued {
                 seq: rest.parse().ok()?,
             },
             "node" if !rest.is_empty() => Change::Node {

@@ -6,11 +6,12 @@
 use chrono::{DateTime, Utc};
 use sqlx::AnyConnection;
 
-use super::rows::{from_micros, transition};
+use super::rows::{from_micros, micros, transition};
 use super::schedule::release;
 use super::{Change, Provisioning, RunInfo, Store, StoreError};
 use crate::api::State;
-use crate::scheduler::lifecycle::{self, AgentEvent, Holding, Outcome, Step};
+use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
+use crate::spec::{ClusterRequest, ProvisioningMode};
 
 /// A committed lifecycle decision, for the engine to log and count.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +26,13 @@ pub struct Applied {
     pub started_after: Option<std::time::Duration>,
     /// How long the driver ran (when this decision ended a started run).
     pub ran: Option<std::time::Duration>,
+}
+
+impl Applied {
+    /// The decision sent the batch back to the queue.
+    pub fn requeued(&self) -> bool {
+        self.outcome.steps.contains(&Step::Requeue)
+    }
 }
 
 pub(super) async fn run_info(conn: &mut AnyConnection, seq: i64) -> Result<RunInfo, StoreError> {
@@ -46,6 +54,55 @@ pub(super) async fn set_run_info(
         .map_err(|e| StoreError::Unavailable(format!("cannot encode run info: {e}")))?;
     sqlx::query("update batches set run_info = $1 where seq = $2")
         .bind(json)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Which attempt of batch `seq` runs, and the requeues it may have.
+pub(super) async fn attempts(conn: &mut AnyConnection, seq: i64) -> Result<Attempts, StoreError> {
+    let row: Option<(i64, String)> =
+        sqlx::query_as("select attempt, cluster from batches where seq = $1")
+            .bind(seq)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(match row {
+        Some((attempt, cluster)) => Attempts {
+            attempt: u32::try_from(attempt).unwrap_or(1),
+            retries: serde_json::from_str::<ClusterRequest>(&cluster)
+                .map(|c| c.infrastructure_retries)
+                .unwrap_or(0),
+        },
+        None => Attempts {
+            attempt: 1,
+            retries: 0,
+        },
+    })
+}
+
+/// Sends batch `seq` back to the queue for its next attempt: queued as at
+/// create (its queue time is its create time), a fresh allocation
+/// deadline, no cluster, no run, no output of the failed attempt.
+async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Result<(), StoreError> {
+    let cluster: String = sqlx::query_scalar("select cluster from batches where seq = $1")
+        .bind(seq)
+        .fetch_one(&mut *conn)
+        .await?;
+    let cluster: ClusterRequest = serde_json::from_str(&cluster)
+        .map_err(|e| StoreError::Unavailable(format!("stored cluster cannot be read: {e}")))?;
+    let deadline = (cluster.mode == ProvisioningMode::Queue)
+        .then(|| micros(now + chrono::Duration::seconds(cluster.allocation_timeout_s as i64)));
+    sqlx::query(
+        "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
+         allocate_time = null, zone = null, master_url = null, run_info = null where seq = $3",
+    )
+    .bind(Provisioning::Queued as i64)
+    .bind(deadline)
+    .bind(seq)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("delete from batch_output where batch_seq = $1")
         .bind(seq)
         .execute(&mut *conn)
         .await?;
@@ -98,6 +155,7 @@ pub(super) async fn write_steps(
                 run.start_time.get_or_insert(now);
                 set_run_info(conn, seq, &run).await?;
             }
+            Step::Requeue => requeue(conn, seq, now).await?,
             Step::RunEnded { exit_code } => {
                 let mut run = run_info(conn, seq).await?;
                 run.exit_code = exit_code.or(run.exit_code);
@@ -177,11 +235,14 @@ impl Store {
         } else {
             Holding::Executors
         };
-        let outcome = lifecycle::report(state, node, &batch_id, holding, event)
+        let attempts = attempts(&mut tx, seq).await?;
+        let outcome = lifecycle::report(state, node, &batch_id, holding, event, attempts)
             .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
         let applied = write_steps(&mut tx, seq, &batch_id, state, outcome, now).await?;
         let change = if applied.outcome.ended().is_some() {
             Change::Ended { seq }
+        } else if applied.requeued() {
+            Change::Requeued { seq }
         } else {
             Change::Work
         };

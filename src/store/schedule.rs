@@ -79,7 +79,8 @@ async fn lose_node(
             .fetch_optional(&mut *conn)
             .await?;
         let state = state.and_then(State::from_number);
-        let outcome = lifecycle::node_lost(state, message);
+        let attempts = super::lifecycle::attempts(conn, key.0).await?;
+        let outcome = lifecycle::node_lost(state, message, attempts);
         let from = state.unwrap_or(State::StateUnspecified);
         write_steps(conn, key.0, "", from, outcome, now).await?;
     }
@@ -237,11 +238,16 @@ impl Store {
     }
 
     /// The parts of a batch's cluster (active or not).
+    /// The parts of the batch's latest cluster (an earlier attempt's, given
+    /// back after an infrastructure failure, are history).
     pub async fn placements(&self, seq: i64) -> Result<Vec<Placement>, StoreError> {
         let rows = sqlx::query(
             "select node_id, role, gpus, cores, memory_mb, local_ssd_gb from allocations \
-             where batch_seq = $1 order by id",
+             where batch_seq = $1 \
+             and allocated_at = (select max(allocated_at) from allocations where batch_seq = $2) \
+             order by id",
         )
+        .bind(seq)
         .bind(seq)
         .fetch_all(&self.pool)
         .await?;

@@ -17,6 +17,7 @@ mod metrics;
 mod prometheus;
 mod queues;
 mod replicas;
+mod requeue;
 mod scheduler;
 mod simulate;
 mod spark;

@@ -1,0 +1,279 @@
+//! Requeue after an infrastructure failure, through the agent protocol
+//! (the server cannot tell this test from an agent): a batch whose node is
+//! lost goes back to the queue while it has retries, keeps its place, and
+//! its second attempt runs to the end; every attempt is in its state
+//! history. A failure of the batch's own code, a cancel, or a batch without
+//! retries is never requeued. (A fake agent: no GPU, no Spark here.)
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, assert_status, flex_with};
+
+fn node(id: &str) -> Value {
+    json!({
+        "nodeId": id, "region": "us-central1", "zone": "us-central1-b", "pool": "l4",
+        "gpuAddresses": (0..8).map(|i| i.to_string()).collect::<Vec<_>>(),
+        "cores": 96, "memoryMb": 393216, "localSsdGb": 3000
+    })
+}
+
+/// A batch of 3 GPUs with `retries` requeues (no label when None).
+fn batch(retries: Option<&str>) -> Value {
+    let mut b = flex_with("spark.executor.instances", "2");
+    if let Some(r) = retries {
+        b["labels"] = json!({"flexq-infrastructure-retries": r});
+    }
+    b
+}
+
+const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
+
+async fn register(s: &TestServer, id: &str) -> String {
+    let (st, reg) = s.post_json("/v1/nodes:register", &node(id)).await;
+    assert_eq!(st, 200, "{reg:#}");
+    reg["epoch"].as_str().expect("epoch").to_string()
+}
+
+/// Heartbeats `id` until batch `batch` satisfies `done`.
+async fn heartbeat_until(
+    s: &TestServer,
+    id: &str,
+    epoch: &str,
+    batch: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let t = Instant::now();
+    loop {
+        let (st, hb) = s
+            .post_json(
+                &format!("/v1/nodes/{id}:heartbeat"),
+                &json!({"epoch": epoch}),
+            )
+            .await;
+        assert_eq!(st, 200, "{hb:#}");
+        let (_, b) = s.get(&format!("{BATCHES}/{batch}")).await;
+        if done(&b) {
+            return b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{b:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits, without heartbeats, until batch `batch` satisfies `done`.
+async fn until(s: &TestServer, batch: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        let (_, b) = s.get(&format!("{BATCHES}/{batch}")).await;
+        if done(&b) {
+            return b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{b:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn report(s: &TestServer, node: &str, epoch: &str, uuid: &str, event: Value) {
+    let mut body = event;
+    body["epoch"] = json!(epoch);
+    body["uuid"] = json!(uuid);
+    let (st, r) = s
+        .post_json(&format!("/v1/nodes/{node}:report"), &body)
+        .await;
+    assert_eq!(st, 200, "{r:#}");
+}
+
+fn provisioned(b: &Value) -> bool {
+    b["flexq"]["provisioningState"] == "PROVISIONED"
+}
+
+fn history(b: &Value) -> Vec<String> {
+    b["stateHistory"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .map(|e| e["state"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_lost_node_requeues_the_batch_and_its_second_attempt_runs() {
+    let s = TestServer::start_for_agents(Duration::from_secs(1)).await;
+    let epoch = register(&s, "gpu-a").await;
+    let (st, _) = s.create("batchId=retried", &batch(Some("1"))).await;
+    assert_eq!(st, 200);
+    let b = heartbeat_until(&s, "gpu-a", &epoch, "retried", provisioned).await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    let deadline = b["flexq"]["allocationDeadline"].clone();
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
+    )
+    .await;
+
+    // The agent goes silent: the batch goes back to the queue, waiting.
+    let b = until(&s, "retried", |b| {
+        b["state"] == "PENDING" && b["flexq"]["provisioningState"] == "QUEUED"
+    })
+    .await;
+    let message = b["stateMessage"].as_str().expect("message");
+    assert!(
+        message.starts_with(
+            "Requeued after an infrastructure failure (attempt 2 of 2 next): Node gpu-a was lost"
+        ),
+        "{message}"
+    );
+    // Created, allocated, running, requeued.
+    assert_eq!(
+        history(&b),
+        ["PENDING", "PENDING", "RUNNING", "PENDING"],
+        "{b:#}"
+    );
+    assert_ne!(
+        b["flexq"]["allocationDeadline"], deadline,
+        "a fresh deadline"
+    );
+    assert!(
+        b["flexq"]["nodes"].as_array().is_none_or(|n| n.is_empty()),
+        "{b:#}"
+    );
+    assert!(s.scrape().await.contains("flexq_batch_requeues_total"));
+
+    // A node comes (back): the second attempt is allocated and runs.
+    let epoch = register(&s, "gpu-b").await;
+    let b = heartbeat_until(&s, "gpu-b", &epoch, "retried", provisioned).await;
+    assert!(
+        b["flexq"]["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .all(|p| p["node"] == "gpu-b"),
+        "{b:#}"
+    );
+    report(
+        &s,
+        "gpu-b",
+        &epoch,
+        &uuid,
+        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
+    )
+    .await;
+    report(
+        &s,
+        "gpu-b",
+        &epoch,
+        &uuid,
+        json!({"event": "FINISHED", "succeeded": true, "message": "done", "exitCode": 0}),
+    )
+    .await;
+    let b = until(&s, "retried", |b| b["state"] == "SUCCEEDED").await;
+    assert_eq!(
+        history(&b),
+        [
+            "PENDING",
+            "PENDING",
+            "RUNNING",
+            "PENDING",
+            "PENDING",
+            "RUNNING",
+            "SUCCEEDED"
+        ],
+        "{b:#}"
+    );
+}
+
+#[tokio::test]
+async fn without_retries_or_for_its_own_failure_a_batch_is_not_requeued() {
+    let s = TestServer::start_for_agents(Duration::from_secs(1)).await;
+    let epoch = register(&s, "gpu-a").await;
+    // No label, the default of 0: a lost node fails it, as before.
+    let (st, _) = s.create("batchId=no-retries", &batch(None)).await;
+    assert_eq!(st, 200);
+    heartbeat_until(&s, "gpu-a", &epoch, "no-retries", provisioned).await;
+    // Its own code failing is never requeued, retries or not.
+    let (st, _) = s.create("batchId=own-failure", &batch(Some("3"))).await;
+    assert_eq!(st, 200);
+    let b = heartbeat_until(&s, "gpu-a", &epoch, "own-failure", provisioned).await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
+    )
+    .await;
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "FINISHED", "succeeded": false, "message": "exit 1", "exitCode": 1}),
+    )
+    .await;
+    let b = until(&s, "own-failure", |b| b["state"] == "FAILED").await;
+    // Created, allocated, running, failed: no requeue.
+    assert_eq!(history(&b), ["PENDING", "PENDING", "RUNNING", "FAILED"]);
+    // An executor part failing of itself: not requeued either.
+    let (st, _) = s.create("batchId=part-failure", &batch(Some("3"))).await;
+    assert_eq!(st, 200);
+    let b = heartbeat_until(&s, "gpu-a", &epoch, "part-failure", provisioned).await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "PART_FAILED", "message": "executor exited"}),
+    )
+    .await;
+    assert_eq!(
+        until(&s, "part-failure", |b| b["state"] == "FAILED").await["state"],
+        "FAILED"
+    );
+    // The agent stopping (an infrastructure failure it reports) requeues
+    // a batch with retries.
+    let (st, _) = s.create("batchId=agent-stopped", &batch(Some("1"))).await;
+    assert_eq!(st, 200);
+    let b = heartbeat_until(&s, "gpu-a", &epoch, "agent-stopped", provisioned).await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "PART_FAILED", "message": "the agent was stopped", "infrastructure": true}),
+    )
+    .await;
+    let b = until(&s, "agent-stopped", |b| b["state"] == "PENDING").await;
+    assert!(
+        b["stateMessage"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Requeued after an infrastructure failure")),
+        "{b:#}"
+    );
+    // The node is lost: no-retries fails.
+    let b = until(&s, "no-retries", |b| b["state"] == "FAILED").await;
+    assert!(
+        b["stateMessage"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Node gpu-a was lost")),
+        "{b:#}"
+    );
+
+    // A label that makes no sense is named with what is accepted.
+    let (st, body) = s.create("batchId=bad-label", &batch(Some("many"))).await;
+    assert_status(st, &body, 400, "INVALID_ARGUMENT");
+    let text = body.to_string();
+    assert!(
+        text.contains("labels[flexq-infrastructure-retries]") && text.contains("0 to 5"),
+        "{body:#}"
+    );
+}
