@@ -111,6 +111,10 @@ enum Bench {
         /// Releases measured per depth.
         #[arg(long, default_value_t = 500)]
         releases: usize,
+        /// Only these parts: core, flood, end-to-end, expiry, restart
+        /// (comma-separated; all when absent).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
 }
 
@@ -168,8 +172,17 @@ async fn main() -> ExitCode {
             })
             .await
         }
-        Bench::Schedule { pending, releases } => {
-            schedule::run(schedule::ScheduleOptions { pending, releases }).await
+        Bench::Schedule {
+            pending,
+            releases,
+            only,
+        } => {
+            schedule::run(schedule::ScheduleOptions {
+                pending,
+                releases,
+                only,
+            })
+            .await
         }
     };
     match result {
