@@ -277,3 +277,78 @@ async fn without_retries_or_for_its_own_failure_a_batch_is_not_requeued() {
         "{body:#}"
     );
 }
+
+#[tokio::test]
+async fn an_agent_back_without_its_work_gets_the_batch_again_and_runs_it() {
+    // A long lease: only the agent's restart is the failure here.
+    let s = TestServer::start_for_agents(Duration::from_secs(30)).await;
+    let epoch = register(&s, "gpu-a").await;
+    let (st, _) = s.create("batchId=came-back", &batch(Some("2"))).await;
+    assert_eq!(st, 200);
+    let b = heartbeat_until(&s, "gpu-a", &epoch, "came-back", provisioned).await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
+    )
+    .await;
+
+    // The agent restarts and runs nothing: the batch goes back to the
+    // queue and, the node being free, is allocated to it again at once.
+    let (st, reg) = s
+        .post_json("/v1/nodes:register", &{
+            let mut n = node("gpu-a");
+            n["running"] = json!([]);
+            n
+        })
+        .await;
+    assert_eq!(st, 200, "{reg:#}");
+    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let b = heartbeat_until(&s, "gpu-a", &epoch, "came-back", provisioned).await;
+    let requeued: Vec<&str> = b["stateHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|e| e["stateMessage"].as_str())
+        .filter(|m| m.starts_with("Requeued after an infrastructure failure (attempt 2 of 3 next)"))
+        .collect();
+    assert_eq!(requeued.len(), 1, "{b:#}");
+    assert!(requeued[0].contains("restarted"), "{b:#}");
+
+    // The new agent polls: the batch is assigned again, and it runs.
+    let (st, answer) = s
+        .post_json(
+            "/v1/nodes/gpu-a:poll",
+            &json!({"epoch": epoch, "version": "", "waitFor": "2s"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{answer:#}");
+    assert!(
+        answer["assignments"]
+            .as_array()
+            .expect("assignments")
+            .iter()
+            .any(|a| a["uuid"] == uuid.as_str()),
+        "{answer:#}"
+    );
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
+    )
+    .await;
+    report(
+        &s,
+        "gpu-a",
+        &epoch,
+        &uuid,
+        json!({"event": "FINISHED", "succeeded": true, "message": "done", "exitCode": 0}),
+    )
+    .await;
+    until(&s, "came-back", |b| b["state"] == "SUCCEEDED").await;
+}
