@@ -449,3 +449,36 @@ async fn wait_streams_the_driver_output_and_the_end() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_hold_list_resume_through_the_cli() {
+    let s = TestServer::start().await;
+    let run = |args: &[&str]| tokio::task::block_in_place(|| flexq(&s, args));
+    let (ok, out, err) = run(&["queues", "hold", "--all-projects"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("us-central1") && out.contains("true"), "{out}");
+    // Every held queue, then this project's (held by the region's hold).
+    let (ok, out, err) = run(&["queues", "list", "--format", "json"]);
+    assert!(ok, "{err}");
+    let one: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(one[0]["held"], true, "{out}");
+    assert_eq!(one[0]["regionWide"], true, "{out}");
+    assert_eq!(one[0]["project"], "demo", "{out}");
+    let (ok, out, err) = run(&["queues", "resume", "--all-projects", "--format", "json"]);
+    assert!(ok, "{err}");
+    let resumed: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(resumed[0]["held"], false, "{out}");
+    // A region flexq does not serve is named, by the server.
+    let out = Command::new(flexq_bin())
+        .args(["queues", "hold", "--endpoint", &s.url("")])
+        .args(["--project", "demo", "--region", "mars-north1"])
+        .env_remove("FLEXQ_ENDPOINT")
+        .output()
+        .expect("run flexq");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("mars-north1") && err.contains("NOT_FOUND"),
+        "{err}"
+    );
+}
