@@ -31,18 +31,6 @@ async fn node(s: &ServerProcess, id: &str) -> Value {
         .unwrap_or_else(|| panic!("no node {id}: {nodes:#}"))
 }
 
-async fn until(s: &ServerProcess, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let t = Instant::now();
-    loop {
-        let b = s.batch(id).await;
-        if done(&b) {
-            return b;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "{id}: {b:#}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 fn provisioning(b: &Value) -> &str {
     b["flexq"]["provisioningState"].as_str().unwrap_or_default()
 }
@@ -83,7 +71,9 @@ async fn drain_waits_for_the_running_part_and_cordoned_nodes_take_nothing_new() 
     // The default config: two virtual nodes of 4 L4 GPUs in us-central1-a.
     let mut s = ServerProcess::start(dir.path()).await;
     assert_eq!(s.create("running", &flex_batch()).await, 200);
-    let running = until(&s, "running", |b| provisioning(b) == "PROVISIONED").await;
+    let running = s
+        .until("demo", "running", |b| provisioning(b) == "PROVISIONED")
+        .await;
     let busy = running["flexq"]["nodes"][0]["node"]
         .as_str()
         .expect("a node")
@@ -112,12 +102,13 @@ async fn drain_waits_for_the_running_part_and_cordoned_nodes_take_nothing_new() 
 
     // Nothing new lands on either; their free GPUs show apart.
     assert_eq!(s.create("waiting", &flex_batch()).await, 200);
-    let waiting = until(&s, "waiting", |b| {
-        b["flexq"]["notAdmittedReasons"]
-            .as_array()
-            .is_some_and(|r| !r.is_empty())
-    })
-    .await;
+    let waiting = s
+        .until("demo", "waiting", |b| {
+            b["flexq"]["notAdmittedReasons"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
+        })
+        .await;
     assert_eq!(provisioning(&waiting), "QUEUED", "{waiting:#}");
     let row = l4_row(&s).await;
     assert_eq!(row["freeGpus"], 0, "{row:#}");
@@ -150,7 +141,9 @@ async fn drain_waits_for_the_running_part_and_cordoned_nodes_take_nothing_new() 
     // Back into service: the waiting batch is allocated there.
     let (ok, out) = cli(&s, &["uncordon", &idle]);
     assert!(ok && out.contains("SCHEDULABLE"), "{out}");
-    let waiting = until(&s, "waiting", |b| provisioning(b) == "PROVISIONED").await;
+    let waiting = s
+        .until("demo", "waiting", |b| provisioning(b) == "PROVISIONED")
+        .await;
     assert_eq!(waiting["flexq"]["nodes"][0]["node"], idle.as_str());
 
     // An unknown node is named.

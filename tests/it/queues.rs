@@ -3,7 +3,7 @@
 //! its hold across a SIGKILL and restart, and allocates in order once
 //! resumed. A region's hold covers every project; bad input is named.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -45,28 +45,6 @@ async fn create(s: &ServerProcess, project: &str, id: &str, body: &Value) {
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
 }
 
-async fn batch(s: &ServerProcess, project: &str, id: &str) -> Value {
-    call(
-        s,
-        reqwest::Method::GET,
-        &format!("/v1/projects/{project}/locations/{REGION}/batches/{id}"),
-    )
-    .await
-    .1
-}
-
-async fn until(s: &ServerProcess, project: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let t = Instant::now();
-    loop {
-        let b = batch(s, project, id).await;
-        if done(&b) {
-            return b;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "{id}: {b:#}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 fn provisioning(b: &Value) -> &str {
     b["flexq"]["provisioningState"].as_str().unwrap_or_default()
 }
@@ -94,7 +72,9 @@ async fn a_held_queue_keeps_order_and_deadlines_and_resumes_in_order() {
     // Creates are accepted; nothing is allocated though the node is free.
     create(&s, "demo", "first", &flex_batch()).await;
     create(&s, "demo", "second", &flex_batch()).await;
-    let first = until(&s, "demo", "first", |b| !first_reason(b).is_empty()).await;
+    let first = s
+        .until("demo", "first", |b| !first_reason(b).is_empty())
+        .await;
     assert_eq!(provisioning(&first), "QUEUED");
     assert!(
         first_reason(&first)
@@ -115,14 +95,13 @@ async fn a_held_queue_keeps_order_and_deadlines_and_resumes_in_order() {
         ),
     )
     .await;
-    until(&s, "demo", "impatient", |b| b["state"] == "FAILED").await;
+    s.until("demo", "impatient", |b| b["state"] == "FAILED")
+        .await;
     // Another project's queue is not held.
     create(&s, "light", "elsewhere", &flex_batch()).await;
-    until(&s, "light", "elsewhere", |b| {
-        provisioning(b) == "PROVISIONED"
-    })
-    .await;
-    let op = batch(&s, "light", "elsewhere").await["operation"]
+    s.until("light", "elsewhere", |b| provisioning(b) == "PROVISIONED")
+        .await;
+    let op = s.batch_of("light", "elsewhere").await["operation"]
         .as_str()
         .expect("operation")
         .to_string();
@@ -139,7 +118,7 @@ async fn a_held_queue_keeps_order_and_deadlines_and_resumes_in_order() {
     assert_eq!(list.len(), 1, "{queues:#}");
     assert_eq!(list[0]["project"], "-");
     assert_eq!(list[0]["queuedBatches"], 2);
-    let first = batch(&s, "demo", "first").await;
+    let first = s.batch_of("demo", "first").await;
     assert!(
         first_reason(&first).starts_with("the region's queue is held"),
         "{first:#}"
@@ -159,7 +138,7 @@ async fn a_held_queue_keeps_order_and_deadlines_and_resumes_in_order() {
     s.kill9();
     let s = ServerProcess::start_with(dir.path(), Some(&config)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let first = batch(&s, "demo", "first").await;
+    let first = s.batch_of("demo", "first").await;
     assert_eq!(provisioning(&first), "QUEUED", "{first:#}");
     assert_eq!(first["flexq"]["allocationDeadline"], deadline);
     assert!(
@@ -170,8 +149,9 @@ async fn a_held_queue_keeps_order_and_deadlines_and_resumes_in_order() {
     // Resumed: the older batch goes first, the other waits behind it.
     let resumed = hold(&s, "-", "resume").await;
     assert_eq!(resumed["held"], false, "{resumed:#}");
-    until(&s, "demo", "first", |b| provisioning(b) == "PROVISIONED").await;
-    let second = batch(&s, "demo", "second").await;
+    s.until("demo", "first", |b| provisioning(b) == "PROVISIONED")
+        .await;
+    let second = s.batch_of("demo", "second").await;
     assert_eq!(provisioning(&second), "QUEUED", "{second:#}");
     assert_eq!(second["flexq"]["queuePosition"], 1);
     assert!(!first_reason(&second).contains("held"), "{second:#}");

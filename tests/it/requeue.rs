@@ -85,6 +85,34 @@ async fn report(s: &TestServer, node: &str, epoch: &str, uuid: &str, event: Valu
     assert_eq!(st, 200, "{r:#}");
 }
 
+/// The driver started on `node`.
+async fn started(s: &TestServer, node: &str, epoch: &str, uuid: &str) {
+    let event = json!({"event": "DRIVER_STARTED", "rapids": "enabled"});
+    report(s, node, epoch, uuid, event).await;
+}
+
+/// The driver ended on `node`, well or not.
+async fn finished(s: &TestServer, node: &str, epoch: &str, uuid: &str, succeeded: bool) {
+    let event = json!({"event": "FINISHED", "succeeded": succeeded, "message": "done", "exitCode": i32::from(!succeeded)});
+    report(s, node, epoch, uuid, event).await;
+}
+
+/// Creates batch `id` (with `retries`) and heartbeats `node` until it is
+/// allocated; answers the batch and its uuid.
+async fn allocated(
+    s: &TestServer,
+    node: &str,
+    epoch: &str,
+    id: &str,
+    retries: Option<&str>,
+) -> (Value, String) {
+    let (st, body) = s.create(&format!("batchId={id}"), &batch(retries)).await;
+    assert_eq!(st, 200, "{body:#}");
+    let b = heartbeat_until(s, node, epoch, id, provisioned).await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    (b, uuid)
+}
+
 fn provisioned(b: &Value) -> bool {
     b["flexq"]["provisioningState"] == "PROVISIONED"
 }
@@ -104,19 +132,9 @@ fn history(b: &Value) -> Vec<String> {
 async fn a_lost_node_requeues_the_batch_and_its_second_attempt_runs() {
     let s = TestServer::start_for_agents(Duration::from_secs(1)).await;
     let epoch = register(&s, "gpu-a").await;
-    let (st, _) = s.create("batchId=retried", &batch(Some("1"))).await;
-    assert_eq!(st, 200);
-    let b = heartbeat_until(&s, "gpu-a", &epoch, "retried", provisioned).await;
-    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    let (b, uuid) = allocated(&s, "gpu-a", &epoch, "retried", Some("1")).await;
     let deadline = b["flexq"]["allocationDeadline"].clone();
-    report(
-        &s,
-        "gpu-a",
-        &epoch,
-        &uuid,
-        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
-    )
-    .await;
+    started(&s, "gpu-a", &epoch, &uuid).await;
 
     // The agent goes silent: the batch goes back to the queue, waiting.
     let b = until(&s, "retried", |b| {
@@ -157,22 +175,8 @@ async fn a_lost_node_requeues_the_batch_and_its_second_attempt_runs() {
             .all(|p| p["node"] == "gpu-b"),
         "{b:#}"
     );
-    report(
-        &s,
-        "gpu-b",
-        &epoch,
-        &uuid,
-        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
-    )
-    .await;
-    report(
-        &s,
-        "gpu-b",
-        &epoch,
-        &uuid,
-        json!({"event": "FINISHED", "succeeded": true, "message": "done", "exitCode": 0}),
-    )
-    .await;
+    started(&s, "gpu-b", &epoch, &uuid).await;
+    finished(&s, "gpu-b", &epoch, &uuid, true).await;
     let b = until(&s, "retried", |b| b["state"] == "SUCCEEDED").await;
     assert_eq!(
         history(&b),
@@ -198,34 +202,14 @@ async fn without_retries_or_for_its_own_failure_a_batch_is_not_requeued() {
     assert_eq!(st, 200);
     heartbeat_until(&s, "gpu-a", &epoch, "no-retries", provisioned).await;
     // Its own code failing is never requeued, retries or not.
-    let (st, _) = s.create("batchId=own-failure", &batch(Some("3"))).await;
-    assert_eq!(st, 200);
-    let b = heartbeat_until(&s, "gpu-a", &epoch, "own-failure", provisioned).await;
-    let uuid = b["uuid"].as_str().expect("uuid").to_string();
-    report(
-        &s,
-        "gpu-a",
-        &epoch,
-        &uuid,
-        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
-    )
-    .await;
-    report(
-        &s,
-        "gpu-a",
-        &epoch,
-        &uuid,
-        json!({"event": "FINISHED", "succeeded": false, "message": "exit 1", "exitCode": 1}),
-    )
-    .await;
+    let (_, uuid) = allocated(&s, "gpu-a", &epoch, "own-failure", Some("3")).await;
+    started(&s, "gpu-a", &epoch, &uuid).await;
+    finished(&s, "gpu-a", &epoch, &uuid, false).await;
     let b = until(&s, "own-failure", |b| b["state"] == "FAILED").await;
     // Created, allocated, running, failed: no requeue.
     assert_eq!(history(&b), ["PENDING", "PENDING", "RUNNING", "FAILED"]);
     // An executor part failing of itself: not requeued either.
-    let (st, _) = s.create("batchId=part-failure", &batch(Some("3"))).await;
-    assert_eq!(st, 200);
-    let b = heartbeat_until(&s, "gpu-a", &epoch, "part-failure", provisioned).await;
-    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    let (_, uuid) = allocated(&s, "gpu-a", &epoch, "part-failure", Some("3")).await;
     report(
         &s,
         "gpu-a",
@@ -240,10 +224,7 @@ async fn without_retries_or_for_its_own_failure_a_batch_is_not_requeued() {
     );
     // The agent stopping (an infrastructure failure it reports) requeues
     // a batch with retries.
-    let (st, _) = s.create("batchId=agent-stopped", &batch(Some("1"))).await;
-    assert_eq!(st, 200);
-    let b = heartbeat_until(&s, "gpu-a", &epoch, "agent-stopped", provisioned).await;
-    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    let (_, uuid) = allocated(&s, "gpu-a", &epoch, "agent-stopped", Some("1")).await;
     report(
         &s,
         "gpu-a",
@@ -283,18 +264,8 @@ async fn an_agent_back_without_its_work_gets_the_batch_again_and_runs_it() {
     // A long lease: only the agent's restart is the failure here.
     let s = TestServer::start_for_agents(Duration::from_secs(30)).await;
     let epoch = register(&s, "gpu-a").await;
-    let (st, _) = s.create("batchId=came-back", &batch(Some("2"))).await;
-    assert_eq!(st, 200);
-    let b = heartbeat_until(&s, "gpu-a", &epoch, "came-back", provisioned).await;
-    let uuid = b["uuid"].as_str().expect("uuid").to_string();
-    report(
-        &s,
-        "gpu-a",
-        &epoch,
-        &uuid,
-        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
-    )
-    .await;
+    let (_, uuid) = allocated(&s, "gpu-a", &epoch, "came-back", Some("2")).await;
+    started(&s, "gpu-a", &epoch, &uuid).await;
 
     // The agent restarts and runs nothing: the batch goes back to the
     // queue and, the node being free, is allocated to it again at once.
@@ -334,21 +305,7 @@ async fn an_agent_back_without_its_work_gets_the_batch_again_and_runs_it() {
             .any(|a| a["uuid"] == uuid.as_str()),
         "{answer:#}"
     );
-    report(
-        &s,
-        "gpu-a",
-        &epoch,
-        &uuid,
-        json!({"event": "DRIVER_STARTED", "rapids": "enabled"}),
-    )
-    .await;
-    report(
-        &s,
-        "gpu-a",
-        &epoch,
-        &uuid,
-        json!({"event": "FINISHED", "succeeded": true, "message": "done", "exitCode": 0}),
-    )
-    .await;
+    started(&s, "gpu-a", &epoch, &uuid).await;
+    finished(&s, "gpu-a", &epoch, &uuid, true).await;
     until(&s, "came-back", |b| b["state"] == "SUCCEEDED").await;
 }

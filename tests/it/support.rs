@@ -403,6 +403,28 @@ impl ServerProcess {
         .await
     }
 
+    /// Batch `id` of `project` in us-central1.
+    pub async fn batch_of(&self, project: &str, id: &str) -> Value {
+        self.get(&format!(
+            "/v1/projects/{project}/locations/us-central1/batches/{id}"
+        ))
+        .await
+    }
+
+    /// Reads batch `id` of `project` until `done` holds; after 20 s fails
+    /// with the batch.
+    pub async fn until(&self, project: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let b = self.batch_of(project, id).await;
+            if done(&b) {
+                return b;
+            }
+            assert!(Instant::now() < deadline, "{project}/{id}: {b:#}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// Creates a batch with id `id`; returns the HTTP status.
     pub async fn create(&self, id: &str, body: &Value) -> u16 {
         reqwest::Client::new()
