@@ -81,6 +81,11 @@ pub struct Assignment {
     /// The batch's Spark master, once its driver's node started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master_url: Option<String>,
+    /// Which attempt of the batch this part belongs to (a batch requeued
+    /// after an infrastructure failure runs again as attempt 2, 3…): a
+    /// part of an earlier attempt is torn down, never reused.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
     /// The longest the batch may run, in seconds (its ttl).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
@@ -102,10 +107,19 @@ pub struct ClusterPart {
     pub role: String,
 }
 
+fn first_attempt() -> u32 {
+    1
+}
+
 impl Assignment {
     /// One part of one batch on a node.
-    pub fn key(&self) -> (String, String, u32) {
-        (self.uuid.clone(), self.role.clone(), self.index)
+    pub fn key(&self) -> (String, String, u32, u32) {
+        (
+            self.uuid.clone(),
+            self.role.clone(),
+            self.index,
+            self.attempt,
+        )
     }
 
     pub fn is_driver(&self) -> bool {

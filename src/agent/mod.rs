@@ -47,7 +47,7 @@ struct Stopping {
     task: JoinHandle<()>,
 }
 
-type PartKey = (String, String, u32);
+type PartKey = (String, String, u32, u32);
 
 /// Finds Spark: the configured home, $SPARK_HOME, or the pyspark package of
 /// the configured Python.
@@ -292,7 +292,7 @@ fn reconcile(
         .collect();
     for key in gone {
         if let Some(part) = parts.remove(&key) {
-            tracing::info!(batch_uuid = %key.0, role = %key.1, index = key.2, "assignment gone; tearing the part down");
+            tracing::info!(batch_uuid = %key.0, role = %key.1, index = key.2, attempt = key.3, "assignment gone; tearing the part down");
             part.cancel.cancel();
             stopping.push(Stopping {
                 gpus: part.assignment.borrow().gpus.clone(),
@@ -331,7 +331,7 @@ fn reconcile(
             }
             continue;
         }
-        tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, role = %a.role, index = a.index, gpus = ?a.gpus, "assignment received");
+        tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, role = %a.role, index = a.index, attempt = a.attempt, gpus = ?a.gpus, "assignment received");
         let (tx, rx) = watch::channel(a.clone());
         let cancel = session.child_token();
         // GPUs handed over from a part still stopping (its batch just

@@ -74,6 +74,10 @@ pub struct FlexqInfo {
     pub provisioning_mode: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation_deadline: Option<DateTime<Utc>>,
+    /// Which attempt runs, once an infrastructure failure requeued the
+    /// batch (2, 3…); absent for the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     /// 1-based position in its region's queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<usize>,

@@ -533,6 +533,7 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
             provisioning_state: r.provisioning.name().into(),
             provisioning_mode: r.cluster.mode.name().into(),
             allocation_deadline: r.deadline,
+            attempt: (r.attempt > 1).then_some(r.attempt),
             zone: r.zone.clone(),
             allocate_time: r.allocate_time,
             ..FlexqInfo::default()

@@ -339,6 +339,7 @@ impl Engine {
                 local_ssd_gb: part.local_ssd_gb,
                 action,
                 master_url: b.master_url,
+                attempt: b.attempt,
                 ttl_seconds: b.cluster.ttl_s,
                 job,
                 cluster,

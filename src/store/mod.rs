@@ -160,6 +160,8 @@ pub struct BatchRecord {
     pub allocate_time: Option<DateTime<Utc>>,
     /// The per-batch Spark master, once started.
     pub master_url: Option<String>,
+    /// Which attempt runs: 1, and one more after each requeue.
+    pub attempt: u32,
     /// What the agents reported about the run.
     pub run: RunInfo,
     pub history: Vec<StateHistory>,

@@ -232,6 +232,7 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         zone: None,
         allocate_time: None,
         master_url: None,
+        attempt: 1,
         run: super::RunInfo::default(),
         history: vec![StateHistory {
             state: State::Pending,

@@ -158,6 +158,7 @@ async fn a_lost_node_requeues_the_batch_and_its_second_attempt_runs() {
         b["flexq"]["allocationDeadline"], deadline,
         "a fresh deadline"
     );
+    assert_eq!(b["flexq"]["attempt"], 2, "{b:#}");
     assert!(
         b["flexq"]["nodes"].as_array().is_none_or(|n| n.is_empty()),
         "{b:#}"
@@ -233,13 +234,16 @@ async fn without_retries_or_for_its_own_failure_a_batch_is_not_requeued() {
         json!({"event": "PART_FAILED", "message": "the agent was stopped", "infrastructure": true}),
     )
     .await;
-    let b = until(&s, "agent-stopped", |b| b["state"] == "PENDING").await;
-    assert!(
+    // (It was PENDING already, allocated but not started: wait for the
+    // requeue itself.)
+    let b = until(&s, "agent-stopped", |b| {
         b["stateMessage"]
             .as_str()
-            .is_some_and(|m| m.starts_with("Requeued after an infrastructure failure")),
-        "{b:#}"
-    );
+            .is_some_and(|m| m.starts_with("Requeued after an infrastructure failure"))
+    })
+    .await;
+    assert_eq!(b["state"], "PENDING", "{b:#}");
+    assert_eq!(b["flexq"]["attempt"], 2, "{b:#}");
     // The node is lost: no-retries fails.
     let b = until(&s, "no-retries", |b| b["state"] == "FAILED").await;
     assert!(
