@@ -532,6 +532,70 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     assert_status(st, &body, 409, "ABORTED");
     all_gone(&uuid2, Duration::from_secs(30)).await;
 
+    // 5. A batch allowed one retry, whose driver's agent is SIGKILLed
+    //    while it runs: after the lease it goes back to the queue, and its
+    //    second attempt runs on the nodes left to the end.
+    let mut retried = gpu_batch("sleeps.py", &["15"], &[]);
+    retried["labels"] = json!({"flexq-infrastructure-retries": "1"});
+    let (st, body) = s.create("batchId=retried", &retried).await;
+    assert_eq!(st, 200, "{body:#}");
+    let b = until(
+        &s,
+        "retried",
+        "running",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "RUNNING",
+    )
+    .await;
+    let first_driver = b["flexq"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|p| p["role"] == "driver")
+        .and_then(|p| p["node"].as_str())
+        .expect("driver node")
+        .to_string();
+    let victim = agents
+        .iter_mut()
+        .find(|a| a.node == first_driver)
+        .expect("agent");
+    victim.kill();
+    let b = until(
+        &s,
+        "retried",
+        "requeued",
+        Duration::from_secs(30),
+        &agents,
+        |b| b["flexq"]["attempt"] == 2,
+    )
+    .await;
+    let requeued = b["stateHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|e| e["stateMessage"].as_str())
+        .find(|m| m.starts_with("Requeued after an infrastructure failure"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(requeued.contains(&first_driver), "{b:#}");
+    let b = until(
+        &s,
+        "retried",
+        "succeeded on its second attempt",
+        Duration::from_secs(240),
+        &agents,
+        |b| b["state"] == "SUCCEEDED",
+    )
+    .await;
+    assert_eq!(b["flexq"]["attempt"], 2, "{b:#}");
+    assert!(output(&s, "retried").await.contains("sleeps: done"));
+    let victim = agents
+        .iter_mut()
+        .find(|a| a.node == first_driver)
+        .expect("agent");
+    victim.restart();
+
     // Agents stop cleanly on SIGTERM.
     for a in &mut agents {
         assert!(a.terminate().success(), "agent {} exit status", a.node);
