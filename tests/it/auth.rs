@@ -594,6 +594,16 @@ async fn per_project_limits_are_enforced_and_named() {
             200
         );
     }
+    // On PostgreSQL the scheduler queues a create when it hears of it on
+    // the change stream (the count is the scheduler's view): wait until it
+    // has all three.
+    crate::support::until(
+        &s,
+        "/v1/projects/demo/locations/us-central1/batches/queued-2",
+        "queued in the scheduler",
+        |b| b["flexq"]["queuePosition"].is_number(),
+    )
+    .await;
     let (st, body) = s.create("batchId=queued-3", &flex_batch()).await;
     assert_eq!(st, 429, "{body}");
     assert!(
