@@ -278,6 +278,12 @@ impl Scheduler {
         self.fair.record_past(region, project, gpus, from, to);
     }
 
+    /// A project's place in a region's fair-share order at `now` (lower
+    /// first; ties go by project name).
+    pub(super) fn fair_key(&self, region: &str, project: &str, now: DateTime<Utc>) -> u64 {
+        share_key(self.fair.standing(region, project, now).share)
+    }
+
     /// How far back ended clusters still count in the fair-share order.
     pub fn usage_memory(&self) -> std::time::Duration {
         self.fair.memory()
@@ -710,12 +716,7 @@ impl Scheduler {
         let mut order: BTreeSet<(u64, String)> = projects
             .keys()
             .filter(|p| self.hold_of(region, p).is_none())
-            .map(|p| {
-                (
-                    share_key(self.fair.standing(region, p, now).share),
-                    p.clone(),
-                )
-            })
+            .map(|p| (self.fair_key(region, p, now), p.clone()))
             .collect();
         // Where each project's walk stands: its batches before it were
         // considered in this pass.
@@ -743,8 +744,7 @@ impl Scheduler {
             }
             if self.consider(queued.1, region, now, &mut walk, out) == Considered::Allocated {
                 order.remove(&(share, project.clone()));
-                let share = self.fair.standing(region, &project, now).share;
-                order.insert((share_key(share), project));
+                order.insert((self.fair_key(region, &project, now), project));
             }
         }
     }

@@ -23,7 +23,7 @@ pub use core::{
     Allocation, BatchKey, Cordon, Decision, Hold, PendingBatch, PoolDecl, Scheduler,
     accelerator_label, shape_text,
 };
-pub use fairshare::{Order, Policy as FairSharePolicy, Standing};
+pub use fairshare::{Order, Policy as FairSharePolicy};
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;

@@ -9,9 +9,18 @@ use serde::{Deserialize, Serialize};
 
 use super::capacity::{NodeId, NodeSpec, needs, plan_zone};
 use super::core::{BatchKey, PendingBatch, QueueKey, Scheduler, shape_text};
-use super::fairshare::{Order, Standing, share_key};
+use super::fairshare::{Order, share_key};
 use super::quota::{QuotaView, Shortfall};
 use crate::spec::{ClusterRequest, ProvisioningMode};
+
+/// A project ahead of a batch's own in fair-share order.
+struct ProjectAhead<'a> {
+    project: &'a str,
+    /// Its usage ÷ weight.
+    share: f64,
+    /// Its queued batches in the region.
+    queued: usize,
+}
 
 /// The most batches ahead of one for which an estimated start is given:
 /// deeper in the queue the estimate would cost too much and say little.
@@ -175,16 +184,18 @@ impl Scheduler {
     /// estimated start, as of `now`.
     pub fn pending_info(&self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingInfo> {
         let batch = self.pending.get(&key)?;
-        let (position, behind) = match self.fair.order() {
-            Order::Strict => {
+        // Fair share: the projects ahead of the batch's own, lowest first.
+        let before = match self.fair.order() {
+            Order::Strict => None,
+            Order::FairShare => Some(self.projects_before(batch, now)?),
+        };
+        let (position, behind) = match &before {
+            None => {
                 let queue = self.queues.get(&batch.region)?;
                 let position = queue.iter().position(|(_, k)| *k == key).map(|p| p + 1);
                 (position.unwrap_or(0), None)
             }
-            Order::FairShare => {
-                let (position, behind) = self.fair_position(batch, now)?;
-                (position, behind)
-            }
+            Some(before) => self.fair_position(batch, before, now)?,
         };
         let mut reasons: Vec<Blocker> = self
             .hold_of(&batch.region, &batch.project)
@@ -203,7 +214,7 @@ impl Scheduler {
         {
             None
         } else {
-            self.ahead(batch, now)
+            self.ahead(batch, before.as_deref())
                 .and_then(|ahead| self.estimate_in_order(batch, &ahead, now))
         };
         Some(PendingInfo {
@@ -213,101 +224,100 @@ impl Scheduler {
         })
     }
 
-    /// The batches ahead of `batch` in its region's order at `now`, first
-    /// first; None when more than [`ESTIMATE_DEPTH`] are (no estimate).
-    fn ahead(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Option<Vec<BatchKey>> {
+    /// The batches ahead of `batch` in its region's order, first first:
+    /// strict order, or the queues of the projects `before` it (fair
+    /// share) then its own project's. None when more than
+    /// [`ESTIMATE_DEPTH`] are (no estimate).
+    fn ahead(
+        &self,
+        batch: &PendingBatch,
+        before: Option<&[ProjectAhead<'_>]>,
+    ) -> Option<Vec<BatchKey>> {
         let mut out = Vec::new();
         let mut push = |k: BatchKey| {
             out.push(k);
             out.len() <= ESTIMATE_DEPTH
         };
         let own = (std::cmp::Reverse(batch.priority), batch.key);
-        match self.fair.order() {
-            Order::Strict => {
-                for (_, k) in self.queues.get(&batch.region)?.range(..own) {
-                    if !push(*k) {
-                        return None;
-                    }
-                }
-            }
-            Order::FairShare => {
+        let keys: Box<dyn Iterator<Item = &QueueKey>> = match before {
+            None => Box::new(self.queues.get(&batch.region)?.range(..own)),
+            Some(before) => {
                 let projects = self.project_queues.get(&batch.region)?;
-                let mine = share_key(self.fair.standing(&batch.region, &batch.project, now).share);
-                let mut before: Vec<(u64, &str)> = projects
-                    .keys()
-                    .map(|p| {
-                        let s = share_key(self.fair.standing(&batch.region, p, now).share);
-                        (s, p.as_str())
-                    })
-                    .filter(|k| *k < (mine, batch.project.as_str()))
-                    .collect();
-                before.sort_unstable();
-                before.push((mine, batch.project.as_str()));
-                for (_, p) in before {
-                    let queue = projects.get(p)?;
-                    let keys: Box<dyn Iterator<Item = &QueueKey>> = if p == batch.project {
-                        Box::new(queue.range(..own))
-                    } else {
-                        Box::new(queue.iter())
-                    };
-                    for (_, k) in keys {
-                        if !push(*k) {
-                            return None;
-                        }
-                    }
-                }
+                let own_queue = projects.get(&batch.project)?;
+                Box::new(
+                    before
+                        .iter()
+                        .filter_map(|p| projects.get(p.project))
+                        .flat_map(|q| q.iter())
+                        .chain(own_queue.range(..own)),
+                )
+            }
+        };
+        for (_, k) in keys {
+            if !push(*k) {
+                return None;
             }
         }
         Some(out)
     }
 
+    /// The projects with queued batches in `batch`'s region that come
+    /// before its own in fair-share order at `now`, lowest usage ÷ weight
+    /// first (the order `admit_fair` walks).
+    fn projects_before<'a>(
+        &'a self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Option<Vec<ProjectAhead<'a>>> {
+        let projects = self.project_queues.get(&batch.region)?;
+        let mine = (
+            self.fair_key(&batch.region, &batch.project, now),
+            batch.project.as_str(),
+        );
+        let mut before: Vec<ProjectAhead<'a>> = projects
+            .iter()
+            .map(|(p, q)| ProjectAhead {
+                project: p.as_str(),
+                share: self.fair.standing(&batch.region, p, now).share,
+                queued: q.len(),
+            })
+            .filter(|p| (share_key(p.share), p.project) < mine)
+            .collect();
+        before.sort_unstable_by(|a, b| {
+            (share_key(a.share), a.project).cmp(&(share_key(b.share), b.project))
+        });
+        Some(before)
+    }
+
     /// A batch's place in fair-share order: the batches of the projects
-    /// ahead of its own, then its own project's ahead of it. With the
+    /// `before` its own, then its own project's ahead of it. With the
     /// reason it waits on them, when any do.
     fn fair_position(
         &self,
         batch: &PendingBatch,
+        before: &[ProjectAhead<'_>],
         now: DateTime<Utc>,
     ) -> Option<(usize, Option<Blocker>)> {
-        let projects = self.project_queues.get(&batch.region)?;
-        let own = projects.get(&batch.project)?;
-        let yours = self.fair.standing(&batch.region, &batch.project, now).share;
-        let mine = (share_key(yours), batch.project.as_str());
-        let mut ahead: Vec<(u64, &str, f64, usize)> = projects
-            .iter()
-            .filter(|(p, _)| p.as_str() != batch.project)
-            .filter_map(|(p, q)| {
-                let share = self.fair.standing(&batch.region, p, now).share;
-                ((share_key(share), p.as_str()) < mine).then_some((
-                    share_key(share),
-                    p.as_str(),
-                    share,
-                    q.len(),
-                ))
-            })
-            .collect();
-        ahead.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        let before: usize = ahead.iter().map(|a| a.3).sum();
+        let own = self
+            .project_queues
+            .get(&batch.region)?
+            .get(&batch.project)?;
+        let batches: usize = before.iter().map(|p| p.queued).sum();
         let within = own
             .iter()
             .position(|(_, k)| *k == batch.key)
             .map_or(0, |p| p + 1);
-        let behind = (!ahead.is_empty()).then(|| Blocker::FairShare {
-            batches: before,
-            projects: ahead.len(),
-            ahead: ahead
+        let behind = (!before.is_empty()).then(|| Blocker::FairShare {
+            batches,
+            projects: before.len(),
+            ahead: before
                 .iter()
                 .take(3)
-                .map(|a| (a.1.to_string(), a.2))
+                .map(|p| (p.project.to_string(), p.share))
                 .collect(),
-            yours,
+            yours: self.fair.standing(&batch.region, &batch.project, now).share,
         });
-        Some((before + within, behind))
-    }
-
-    /// Where `project` stands in `region`'s fair-share order at `now`.
-    pub fn standing(&self, region: &str, project: &str, now: DateTime<Utc>) -> Standing {
-        self.fair.standing(region, project, now)
+        Some((batches + within, behind))
     }
 
     /// Whether a request could ever fit: the quota limit and the region's
@@ -541,7 +551,7 @@ impl Scheduler {
                 .project_queues
                 .get(region)?
                 .iter()
-                .min_by_key(|(p, _)| (share_key(self.fair.standing(region, p, now).share), *p))
+                .min_by_key(|(p, _)| (self.fair_key(region, p, now), *p))
                 .and_then(|(_, q)| q.first().map(|(_, k)| *k)),
         }
     }

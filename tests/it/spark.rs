@@ -221,6 +221,23 @@ async fn until(
     }
 }
 
+/// The node that runs batch `b`'s driver.
+fn driver_of(b: &Value) -> String {
+    b["flexq"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|p| p["role"] == "driver")
+        .and_then(|p| p["node"].as_str())
+        .expect("driver node")
+        .to_string()
+}
+
+/// The agent of `node`.
+fn agent_of<'a>(agents: &'a mut [Agent], node: &str) -> &'a mut Agent {
+    agents.iter_mut().find(|a| a.node == node).expect("agent")
+}
+
 async fn output(s: &TestServer, id: &str) -> String {
     let (st, out) = s.get(&format!("{BATCHES}/{id}/output")).await;
     assert_eq!(st, 200, "{out:#}");
@@ -469,23 +486,13 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     // 4. Killing the agent of long-2's driver: after its lease the batch
     //    fails saying the node was lost, the capacity returns, and a late
     //    report from the killed agent is refused.
-    let driver_node = b2["flexq"]["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|p| p["role"] == "driver")
-        .and_then(|p| p["node"].as_str())
-        .expect("driver node")
-        .to_string();
+    let driver_node = driver_of(&b2);
     let epoch = node(&s, &driver_node).await.expect("node")["epoch"]
         .as_str()
         .expect("epoch")
         .to_string();
     let uuid2 = b2["uuid"].as_str().expect("uuid").to_string();
-    let victim = agents
-        .iter_mut()
-        .find(|a| a.node == driver_node)
-        .expect("agent");
+    let victim = agent_of(&mut agents, &driver_node);
     victim.kill();
     let b2 = until(
         &s,
@@ -512,10 +519,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     assert_status(st, &body, 400, "FAILED_PRECONDITION");
     // The agent comes back: it stops what its killed predecessor left
     // running, registers with a new epoch, and the old epoch is fenced.
-    let victim = agents
-        .iter_mut()
-        .find(|a| a.node == driver_node)
-        .expect("agent");
+    let victim = agent_of(&mut agents, &driver_node);
     victim.restart();
     let back = Instant::now();
     let new_epoch = loop {
@@ -548,18 +552,8 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         |b| b["state"] == "RUNNING",
     )
     .await;
-    let first_driver = b["flexq"]["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|p| p["role"] == "driver")
-        .and_then(|p| p["node"].as_str())
-        .expect("driver node")
-        .to_string();
-    let victim = agents
-        .iter_mut()
-        .find(|a| a.node == first_driver)
-        .expect("agent");
+    let first_driver = driver_of(&b);
+    let victim = agent_of(&mut agents, &first_driver);
     victim.kill();
     let b = until(
         &s,
@@ -590,10 +584,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     .await;
     assert_eq!(b["flexq"]["attempt"], 2, "{b:#}");
     assert!(output(&s, "retried").await.contains("sleeps: done"));
-    let victim = agents
-        .iter_mut()
-        .find(|a| a.node == first_driver)
-        .expect("agent");
+    let victim = agent_of(&mut agents, &first_driver);
     victim.restart();
 
     // Agents stop cleanly on SIGTERM.
