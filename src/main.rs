@@ -40,7 +40,8 @@ enum Command {
     },
     /// Create or upgrade the database schema, then exit.
     Migrate(local::ConfigArg),
-    /// Show or check the effective configuration.
+    /// Show or check the effective configuration; show what a reload
+    /// would change on a running server, or reload it.
     Config {
         #[command(subcommand)]
         action: local::ConfigAction,
@@ -72,7 +73,7 @@ async fn main() -> ExitCode {
         Command::Agent(args) => local::agent(args).await,
         Command::Auth { action } => Ok(local::auth(action)),
         Command::Migrate(arg) => local::migrate(arg).await,
-        Command::Config { action } => Ok(local::config(action)),
+        Command::Config { action } => local::config(action).await,
         Command::Batches(args) => batches::run(args).await.map_err(Into::into),
         Command::Regions(args) => admin::run_regions(args).await.map(ok).map_err(Into::into),
         Command::Nodes(args) => admin::run_nodes(args).await.map(ok).map_err(Into::into),

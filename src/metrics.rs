@@ -59,6 +59,10 @@ struct Metrics {
     leader_term: prometheus::IntGauge,
     leader_changes: IntCounter,
     fenced: IntCounter,
+    config_generation: prometheus::IntGauge,
+    config_reloads: IntCounterVec,
+    config_last_reload_ok: prometheus::IntGauge,
+    config_file_differs: prometheus::IntGauge,
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -93,6 +97,26 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         leader_changes: IntCounter::new(
             "flexq_scheduler_leader_takeovers_total",
             "Times this replica took the leader lease and rebuilt the scheduler from the database.",
+        )
+        .expect("valid metric"),
+        config_generation: prometheus::IntGauge::new(
+            "flexq_config_generation",
+            "The generation of the config in force on this replica (every replica applies the latest).",
+        )
+        .expect("valid metric"),
+        config_reloads: counter_vec(
+            "flexq_config_reloads_total",
+            "Config reloads on this replica (SIGHUP or POST /v1/config:reload), by result: ok, invalid (the file was refused and the config in force stayed), failed.",
+            &["result"],
+        ),
+        config_last_reload_ok: prometheus::IntGauge::new(
+            "flexq_config_last_reload_successful",
+            "1 when the last config reload on this replica put its config in force (or none was tried), 0 when it was refused.",
+        )
+        .expect("valid metric"),
+        config_file_differs: prometheus::IntGauge::new(
+            "flexq_config_file_differs",
+            "1 when this replica's own config file differs from the generation in force (another replica loaded a different one).",
         )
         .expect("valid metric"),
         fenced: IntCounter::new(
@@ -230,6 +254,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.leader_term.clone()),
         Box::new(m.leader_changes.clone()),
         Box::new(m.fenced.clone()),
+        Box::new(m.config_generation.clone()),
+        Box::new(m.config_reloads.clone()),
+        Box::new(m.config_last_reload_ok.clone()),
+        Box::new(m.config_file_differs.clone()),
         Box::new(m.transitions.clone()),
         Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
@@ -255,6 +283,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     ];
     for c in collectors {
         m.registry.register(c).expect("metric registered once");
+    }
+    m.config_last_reload_ok.set(1);
+    for result in ["ok", "invalid", "failed"] {
+        m.config_reloads.with_label_values(&[result]);
     }
     for reason in REJECT_REASONS {
         m.rejected.with_label_values(&[reason]);
@@ -390,6 +422,22 @@ pub fn record_lease_lost(failed: usize, requeued: usize) {
 /// A batch went back to the queue after an infrastructure failure.
 pub fn record_requeue() {
     METRICS.requeues.inc();
+}
+
+/// The config generation in force on this replica.
+pub fn set_config_generation(generation: i64) {
+    METRICS.config_generation.set(generation);
+}
+
+/// A reload ended: `ok`, `invalid` or `failed`.
+pub fn record_config_reload(result: &str) {
+    METRICS.config_reloads.with_label_values(&[result]).inc();
+    METRICS.config_last_reload_ok.set(i64::from(result == "ok"));
+}
+
+/// Whether this replica's own config file differs from the one in force.
+pub fn set_config_file_differs(differs: bool) {
+    METRICS.config_file_differs.set(i64::from(differs));
 }
 
 /// This replica's scheduling role (one series: the old one is removed).

@@ -323,10 +323,14 @@ async fn start_scheduler(
     store: &Store,
 ) -> Result<(flexq::engine::Engine, CancellationToken), CliError> {
     let shutdown = CancellationToken::new();
-    let service =
-        flexq::engine::Engine::start(config.clone().into(), store.clone(), shutdown.clone())
-            .await
-            .map_err(err)?;
+    let service = flexq::engine::Engine::start(
+        config.clone().into(),
+        flexq::engine::ConfigSource::Given,
+        store.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(err)?;
     Ok((service, shutdown))
 }
 

@@ -616,9 +616,10 @@ pub(crate) async fn serve_in_process(
 ) -> Result<(flexq::server::App, std::net::SocketAddr, CancellationToken), CliError> {
     let transport = |e: &dyn std::fmt::Display| CliError::Transport(e.to_string());
     let shutdown = CancellationToken::new();
-    let app = flexq::server::App::open(config, shutdown.clone())
-        .await
-        .map_err(|e| transport(&e))?;
+    let app =
+        flexq::server::App::open(config, flexq::engine::ConfigSource::Given, shutdown.clone())
+            .await
+            .map_err(|e| transport(&e))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| transport(&e))?;

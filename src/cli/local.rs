@@ -1,5 +1,6 @@
 //! The commands that run here rather than call a server: `serve`, `agent`,
-//! `migrate`, `config print|check` and `auth new-token`.
+//! `migrate`, `config print|check` and `auth new-token` (and `config
+//! diff|reload`, which ask the server).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,7 +34,11 @@ pub async fn serve(arg: ConfigArg) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     crate::telemetry::init(config.log.format, &config.log.filter);
-    crate::server::serve(config).await?;
+    let source = crate::engine::ConfigSource::Layers {
+        file: arg.config.clone(),
+        env: true,
+    };
+    crate::server::serve(config, source).await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -60,21 +65,35 @@ pub enum ConfigAction {
     Print(ConfigArg),
     /// Check the configuration; exit non-zero naming the bad key.
     Check(ConfigArg),
+    /// What `flexq config reload` would change on a running server: the
+    /// server reads its config file again and compares (admins).
+    Diff(super::admin::ConfigRemoteArgs),
+    /// Have a running server read its config file again and put it in
+    /// force, as SIGHUP does (admins).
+    Reload(super::admin::ConfigRemoteArgs),
 }
 
-/// `flexq config print|check`.
-pub fn config(action: ConfigAction) -> ExitCode {
+/// `flexq config print|check|diff|reload`.
+pub async fn config(action: ConfigAction) -> anyhow::Result<ExitCode> {
     match action {
+        ConfigAction::Diff(args) => {
+            super::admin::run_config(args, false).await?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        ConfigAction::Reload(args) => {
+            super::admin::run_config(args, true).await?;
+            return Ok(ExitCode::SUCCESS);
+        }
         ConfigAction::Print(arg) => match arg.load() {
             Ok(c) => print!("{}", c.to_toml()),
-            Err(code) => return code,
+            Err(code) => return Ok(code),
         },
         ConfigAction::Check(arg) => match arg.load() {
             Ok(_) => eprintln!("configuration is valid"),
-            Err(code) => return code,
+            Err(code) => return Ok(code),
         },
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, Args)]

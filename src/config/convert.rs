@@ -3,7 +3,7 @@
 //! config; it converts into their types here, once per load.
 
 use super::{Config, PoolConfig, QueueOrder};
-use crate::scheduler::{FairSharePolicy, NodeId, NodeSpec, Order, PoolDecl};
+use crate::scheduler::{FairSharePolicy, Layout, NodeId, NodeSpec, Order, PoolDecl};
 use crate::spec::Policy;
 
 impl Config {
@@ -48,6 +48,17 @@ impl Config {
                 .iter()
                 .filter_map(|(name, p)| Some((name.clone(), p.weight?)))
                 .collect(),
+        }
+    }
+
+    /// What the core is shaped by: pools, virtual nodes, quota rules and
+    /// queue order.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            pools: self.pool_decls(),
+            virtual_nodes: self.virtual_nodes(),
+            rules: self.quotas.clone(),
+            fair: self.fair_share(),
         }
     }
 

@@ -161,7 +161,7 @@ pub struct BatchesConfig {
 }
 
 /// Per-project limits, so no project can crowd out the others.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Creates, deletes and cancels per minute, per project and region.
@@ -311,6 +311,13 @@ pub enum ConfigError {
     Parse(#[from] Box<figment::Error>),
     #[error("config key `{key}`: {message}")]
     Invalid { key: String, message: String },
+}
+
+impl ConfigError {
+    /// A stored config (another replica's generation) that cannot be read.
+    pub fn unreadable(e: impl std::fmt::Display) -> ConfigError {
+        invalid("(the stored config)", e.to_string())
+    }
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -646,6 +653,136 @@ impl Config {
     }
 }
 
+/// Sections a reload cannot change: they are read at start only (the
+/// listeners, the database, logging). Every other section is live.
+pub const RESTART_ONLY: &[&str] = &["server", "database", "log"];
+
+/// One key a reload changes: its dotted name and its values before and
+/// after (as JSON text; none where the key is absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyChange {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
+impl Config {
+    /// The live sections (all but [`RESTART_ONLY`]) as JSON: what every
+    /// replica applies, and what the config's digest is of.
+    pub fn live_value(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(map) = value.as_object_mut() {
+            for section in RESTART_ONLY {
+                map.remove(*section);
+            }
+        }
+        value
+    }
+
+    /// The SHA-256 of [`Config::live_value`], in hex (keys sorted, so equal
+    /// configs have equal digests).
+    pub fn digest(&self) -> String {
+        use sha2::Digest;
+        let text = self.live_value().to_string();
+        sha2::Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// `live` (another config's [`Config::live_value`]) with this config's
+    /// restart-only sections, checked as a whole.
+    pub fn with_live(&self, live: &serde_json::Value) -> Result<Config, ConfigError> {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let (Some(map), Some(sections)) = (value.as_object_mut(), live.as_object()) {
+            map.retain(|k, _| RESTART_ONLY.contains(&k.as_str()));
+            for (k, v) in sections {
+                if !RESTART_ONLY.contains(&k.as_str()) {
+                    map.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let config: Config = serde_path_to_error::deserialize(value)
+            .map_err(|e| invalid(e.path().to_string(), e.inner().to_string()))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// What replacing `self` by `next` changes, key by key in name order:
+    /// the live keys, then the restart-only ones (which a reload leaves as
+    /// they are until the next start).
+    pub fn changes(&self, next: &Config) -> (Vec<KeyChange>, Vec<KeyChange>) {
+        let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
+        flatten(
+            "",
+            &serde_json::to_value(self).unwrap_or_default(),
+            &mut old,
+        );
+        flatten(
+            "",
+            &serde_json::to_value(next).unwrap_or_default(),
+            &mut new,
+        );
+        let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+        let (mut live, mut restart) = (Vec::new(), Vec::new());
+        for key in keys {
+            let (from, to) = (old.get(key), new.get(key));
+            if from == to {
+                continue;
+            }
+            let secret = key == "database.url";
+            let show = |v: Option<&String>| {
+                v.map(|v| {
+                    if secret {
+                        "\"(redacted)\"".to_string()
+                    } else {
+                        v.clone()
+                    }
+                })
+            };
+            let change = KeyChange {
+                key: key.clone(),
+                from: show(from),
+                to: show(to),
+            };
+            let section = key.split(['.', '[']).next().unwrap_or_default();
+            if RESTART_ONLY.contains(&section) {
+                restart.push(change);
+            } else {
+                live.push(change);
+            }
+        }
+        (live, restart)
+    }
+}
+
+/// Leaves of a JSON value as dotted keys (`regions.r.zones.z…`, arrays as
+/// `quotas[0].limit`), each with its value as JSON text.
+fn flatten(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        serde_json::Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        serde_json::Value::Array(items) if !items.is_empty() => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&format!("{prefix}[{i}]"), v, out);
+            }
+        }
+        leaf => {
+            out.insert(prefix.to_string(), leaf.to_string());
+        }
+    }
+}
+
 /// Hides a password in `scheme://user:password@host/...`.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -808,6 +945,63 @@ mod tests {
         assert_eq!(policy.half_life, Duration::from_secs(7 * 86400));
         assert_eq!(policy.weight("a"), 2.5);
         assert_eq!(policy.weight("b"), 1.0);
+    }
+
+    #[test]
+    fn a_reload_keeps_restart_only_sections_and_names_every_changed_key() {
+        let in_force = Config::with_overlay(
+            "[server]\nrequest_timeout = \"30s\"\n[database]\nurl = \"postgres://u:secret@db/x\"\n",
+        )
+        .expect("valid");
+        let file = Config::with_overlay(
+            "[server]\nrequest_timeout = \"40s\"\n[provisioning]\ndefault_allocation_timeout = \"30m\"\n[projects.team-a]\nweight = 2\n[[quotas]]\nproject = \"*\"\nregion = \"*\"\nmetric = \"PREEMPTIBLE_NVIDIA_L4_GPUS\"\nlimit = 3\n",
+        )
+        .expect("valid");
+        let next = in_force.with_live(&file.live_value()).expect("applies");
+        assert_eq!(next.server.request_timeout, Duration::from_secs(30));
+        assert_eq!(next.database.url, in_force.database.url);
+        assert_eq!(
+            next.provisioning.default_allocation_timeout,
+            Duration::from_secs(1800)
+        );
+        assert_eq!(
+            next.digest(),
+            file.digest(),
+            "the digest is of live keys only"
+        );
+        assert_ne!(next.digest(), in_force.digest());
+        let (live, _) = in_force.changes(&next);
+        let keys: Vec<&str> = live.iter().map(|c| c.key.as_str()).collect();
+        assert!(
+            keys.contains(&"provisioning.default_allocation_timeout"),
+            "{keys:?}"
+        );
+        assert!(keys.contains(&"projects.team-a.weight"), "{keys:?}");
+        assert!(keys.iter().any(|k| k.starts_with("quotas[")), "{keys:?}");
+        let timeout = live
+            .iter()
+            .find(|c| c.key == "provisioning.default_allocation_timeout")
+            .expect("changed");
+        assert_eq!(
+            (timeout.from.as_deref(), timeout.to.as_deref()),
+            (Some("\"1h\""), Some("\"30m\""))
+        );
+        let (_, restart) = in_force.changes(&file);
+        let keys: Vec<&str> = restart.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(keys, vec!["database.url", "server.request_timeout"]);
+        assert!(
+            restart.iter().all(|c| !format!("{c:?}").contains("secret")),
+            "{restart:?}"
+        );
+        // A stored generation that breaks a rule is refused naming the key.
+        let mut live = file.live_value();
+        live["provisioning"]["default_allocation_timeout"] = "5h".into();
+        let e = in_force.with_live(&live).expect_err("above the ceiling");
+        assert!(
+            e.to_string()
+                .contains("provisioning.default_allocation_timeout"),
+            "{e}"
+        );
     }
 
     #[test]

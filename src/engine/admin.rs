@@ -33,7 +33,10 @@ pub struct NodeView {
     /// nodes); an int64, so a string in proto3 JSON.
     pub epoch: Option<String>,
     /// `SCHEDULABLE`, `CORDONED`, `DRAINING` (cordoned, running parts
-    /// left) or `DRAINED` (cordoned for a drain, nothing left on it).
+    /// left) or `DRAINED` (cordoned for a drain, nothing left on it);
+    /// `RETIRING` or `RETIRED` when a config reload no longer declares it
+    /// (its pool gone or shrunk): it takes no new work, with or without
+    /// running parts left.
     pub state: &'static str,
     /// Parts of running clusters on it.
     pub running_parts: usize,
@@ -70,9 +73,11 @@ pub struct QueueView {
     pub queued_batches: usize,
 }
 
-/// What a node's cordon and running parts make of it.
-fn node_state(cordon: Option<&Cordon>, running_parts: usize) -> &'static str {
+/// What a node's cordon, retirement and running parts make of it.
+fn node_state(cordon: Option<&Cordon>, retired: bool, running_parts: usize) -> &'static str {
     match cordon {
+        None if retired && running_parts > 0 => "RETIRING",
+        None if retired => "RETIRED",
         None => "SCHEDULABLE",
         Some(c) if !c.drain => "CORDONED",
         Some(_) if running_parts > 0 => "DRAINING",
@@ -122,6 +127,8 @@ pub struct Readiness {
     pub database: Backend,
     /// With several replicas: who holds the leader lease, if it is live.
     pub leader: Option<String>,
+    /// The config generation in force and the last reload.
+    pub config: super::ConfigStatus,
 }
 
 impl Engine {
@@ -153,7 +160,7 @@ impl Engine {
                     let cordon = core.cordon_of(&id).cloned();
                     let running_parts = core.parts_on(&id);
                     NodeView {
-                        state: node_state(cordon.as_ref(), running_parts),
+                        state: node_state(cordon.as_ref(), core.is_retired(&id), running_parts),
                         running_parts,
                         cordoned_since: cordon.as_ref().map(|c| c.since),
                         cordoned_by: cordon.map(|c| c.by),
@@ -228,7 +235,7 @@ impl Engine {
     }
 
     fn check_region(&self, region: &str) -> Result<(), Error> {
-        if self.shared.config.regions.contains_key(region) {
+        if self.config().regions.contains_key(region) {
             Ok(())
         } else {
             Err(Error::not_found("region", region))
@@ -410,6 +417,7 @@ impl Engine {
             role: self.role(),
             database: self.shared.store.backend(),
             leader: None,
+            config: self.config_status(),
         };
         let checked = if self.replicated() {
             self.shared.store.lease_holder().await.map(|lease| {

@@ -121,7 +121,7 @@ impl Engine {
                 });
             }
         }
-        let cluster = match spec::validate(&batch, &project, &region, &self.shared.policy) {
+        let cluster = match spec::validate(&batch, &project, &region, &self.live().policy) {
             Ok(cluster) if id_violations.is_empty() => cluster,
             Ok(_) => {
                 return Err(Rejection {
@@ -139,16 +139,7 @@ impl Engine {
                 return Err(rejection.into());
             }
         };
-        let validate_only = match validate_only.as_deref() {
-            None | Some("false") => false,
-            Some("true") => true,
-            Some(other) => {
-                return Err(Error::invalid_field(
-                    "validate_only",
-                    format!("{} is not a boolean; accepted: true, false", quote(other)),
-                ));
-            }
-        };
+        let validate_only = parse_validate_only(validate_only.as_deref())?;
         {
             let core = self.lock().await;
             if validate_only {
@@ -156,7 +147,7 @@ impl Engine {
                 return Ok(CreateAnswer::Verdict(verdict_json(&verdict, &cluster)));
             }
             let queued = core.pending_of(&project);
-            let max = self.shared.config.limits.max_pending_per_project;
+            let max = self.config().limits.max_pending_per_project;
             if queued as u64 >= max {
                 return Err(Error::new(
                     Code::ResourceExhausted,
@@ -704,4 +695,16 @@ fn fingerprint(project: &str, region: &str, filter: &str) -> u64 {
         h = h.wrapping_mul(0x100000001b3);
     }
     h
+}
+
+/// A request's `validateOnly`: absent is false.
+pub(super) fn parse_validate_only(text: Option<&str>) -> Result<bool, Error> {
+    match text {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Error::invalid_field(
+            "validate_only",
+            format!("{} is not a boolean; accepted: true, false", quote(other)),
+        )),
+    }
 }

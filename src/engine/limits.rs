@@ -84,6 +84,6 @@ impl Engine {
     /// Counts a call to a project's region against its rate limit
     /// (`read`: a get or list; else a create, delete or cancel).
     pub(super) fn rate_limit(&self, project: &str, region: &str, read: bool) -> Result<(), Error> {
-        self.shared.limits.check(project, region, read)
+        self.live().limits.check(project, region, read)
     }
 }

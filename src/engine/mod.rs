@@ -24,6 +24,7 @@
 
 mod admin;
 mod batches;
+mod config;
 mod error;
 mod limits;
 mod nodes;
@@ -34,6 +35,7 @@ mod usage;
 
 pub use admin::{NodeView, QueueView, QuotaChange, Readiness};
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
+pub use config::{ConfigSource, ConfigStatus, Reloaded};
 pub use error::Error;
 pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
@@ -43,6 +45,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use tokio::sync::{Mutex, MutexGuard, Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -127,9 +130,10 @@ pub(crate) struct Shared {
     /// it; agents' polls do not).
     output: watch::Sender<u64>,
     pub(crate) store: Store,
-    pub(crate) config: Arc<Config>,
-    /// What the batch rules read of the config, converted once.
-    pub(crate) policy: crate::spec::Policy,
+    /// The config in force, swapped whole by a reload ([`config`]).
+    pub(crate) live: ArcSwap<Live>,
+    /// Reloads of the config: one at a time, and how the last went.
+    pub(crate) reloads: config::Reloads,
     /// Taken under the core's lock, given up without it.
     role: watch::Sender<ReplicaRole>,
     /// This replica's name in the leader lease.
@@ -147,8 +151,19 @@ pub(crate) struct Shared {
     /// Fired when this replica no longer takes part in leader election
     /// (at once on SQLite): after shutdown, its lease is given up.
     pub(crate) election_done: CancellationToken,
-    /// Per-project API rate limits.
-    limits: limits::RateLimits,
+}
+
+/// The config in force and what is derived from it, swapped whole: a use
+/// case loads it once and sees one config throughout.
+pub(crate) struct Live {
+    pub config: Arc<Config>,
+    /// What the batch rules read of the config, converted once.
+    pub policy: crate::spec::Policy,
+    /// Per-project API rate limits (kept across a reload that leaves
+    /// `[limits]` as it was).
+    pub limits: Arc<limits::RateLimits>,
+    /// The config's generation: a number every replica shares.
+    pub generation: i64,
 }
 
 /// A handle on the running scheduler; cheap to clone.
@@ -160,7 +175,11 @@ pub struct Engine {
 impl Engine {
     /// Opens the store of `config` (running migrations), and starts the
     /// engine, which stops when `shutdown` fires.
-    pub async fn open(config: Config, shutdown: CancellationToken) -> Result<Engine, StoreError> {
+    pub async fn open(
+        config: Config,
+        source: ConfigSource,
+        shutdown: CancellationToken,
+    ) -> Result<Engine, StoreError> {
         crate::metrics::init(&config);
         let store = Store::open(&StoreOptions {
             url: config.database_url(),
@@ -171,12 +190,18 @@ impl Engine {
             })),
         })
         .await?;
-        Engine::start(Arc::new(config), store, shutdown).await
+        Engine::start(Arc::new(config), source, store, shutdown).await
     }
 
-    /// The config in force.
-    pub fn config(&self) -> &Arc<Config> {
-        &self.shared.config
+    /// The config in force (a reload may replace it: hold on to this one
+    /// for one consistent view).
+    pub fn config(&self) -> Arc<Config> {
+        self.shared.live.load().config.clone()
+    }
+
+    /// The config in force and what is derived from it.
+    pub(crate) fn live(&self) -> Arc<Live> {
+        self.shared.live.load_full()
     }
 
     /// The store, for tools and benchmarks that read it directly (front
@@ -218,6 +243,7 @@ impl Engine {
     /// the first pass, before any admission.
     pub async fn start(
         config: Arc<Config>,
+        source: ConfigSource,
         store: Store,
         shutdown: CancellationToken,
     ) -> Result<Engine, StoreError> {
@@ -227,21 +253,29 @@ impl Engine {
         } else {
             ReplicaRole::Single
         };
+        let replica_id = config
+            .database
+            .replica_id
+            .clone()
+            .unwrap_or_else(replica::default_replica_id);
+        // The config this replica loaded is the one in force for every
+        // replica from now on (`config::publish`).
+        let status = config::publish(&store, &config, &replica_id).await?;
         let started = Instant::now();
-        let core = passes::rebuild(&config, &store, role.decides().then_some(None)).await?;
+        let core = passes::rebuild(&config, &store, role.decides().then_some(None), None).await?;
         tracing::info!(
             pending = core.pending_count(),
             allocated = core.running_keys().len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "scheduler state rebuilt from the store"
         );
-        let replica_id = config
-            .database
-            .replica_id
-            .clone()
-            .unwrap_or_else(replica::default_replica_id);
         crate::metrics::set_role(&replica_id, role.name(), 0);
-        let limits = limits::RateLimits::new(&config.limits);
+        let live = Live {
+            limits: Arc::new(limits::RateLimits::new(&config.limits)),
+            policy: config.policy(),
+            config,
+            generation: status.generation,
+        };
         let service = Engine {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
@@ -249,15 +283,14 @@ impl Engine {
                 changes: watch::channel(0).0,
                 output: watch::channel(0).0,
                 store,
-                policy: config.policy(),
-                config,
+                live: ArcSwap::from_pointee(live),
+                reloads: config::Reloads::new(source, status),
                 role: watch::channel(role).0,
                 replica_id,
                 mirror: Notify::new(),
                 election_done: CancellationToken::new(),
                 stale: AtomicBool::new(false),
                 held_term: AtomicI64::new(0),
-                limits,
                 shutdown: shutdown.clone(),
             }),
         };
@@ -273,7 +306,7 @@ impl Engine {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = every.tick() => idle.shared.limits.shrink(),
+                    _ = every.tick() => idle.live().limits.shrink(),
                 }
             }
         });

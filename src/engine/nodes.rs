@@ -43,9 +43,8 @@ impl Engine {
         principal: &Principal,
         req: RegisterNode,
     ) -> Result<NodeRegistration, Error> {
-        let pool = self
-            .shared
-            .config
+        let config = self.config();
+        let pool = config
             .regions
             .get(&req.region)
             .and_then(|r| r.zones.get(&req.zone))
@@ -156,16 +155,17 @@ impl Engine {
             is_virtual: false,
         };
         let now = Utc::now();
-        let expires = now
-            + chrono::Duration::from_std(self.shared.config.agents.lease_duration)
-                .unwrap_or_default();
+        let expires =
+            now + chrono::Duration::from_std(config.agents.lease_duration).unwrap_or_default();
         // Under the core's lock: a registration and a lease-expiry decision
         // never interleave.
         let mut core = self.lock().await;
         let known = core.is_node_of_pool(&spec.id, &spec.zone, &spec.pool);
         let registered =
             (core.nodes_in_pool(&spec.zone, &spec.pool) as u32).saturating_sub(u32::from(known));
-        if registered + pool.virtual_nodes >= pool.max_nodes {
+        // A node already known always comes back (a reload that shrank its
+        // pool retired it: it stays unschedulable).
+        if !known && registered + pool.virtual_nodes >= pool.max_nodes {
             return Err(Error::new(
                 Code::ResourceExhausted,
                 "POOL_FULL",
@@ -235,7 +235,7 @@ impl Engine {
     }
 
     fn lease_answer(&self, node: &str, epoch: u64, expires: DateTime<Utc>) -> Lease {
-        let lease = self.shared.config.agents.lease_duration;
+        let lease = self.config().agents.lease_duration;
         Lease {
             node_id: node.to_string(),
             // int64 travels as a string in proto3 JSON.
@@ -274,8 +274,7 @@ impl Engine {
     /// Renews a node's lease.
     pub async fn heartbeat(&self, node: &str, epoch: u64) -> Result<Lease, Error> {
         let expires = Utc::now()
-            + chrono::Duration::from_std(self.shared.config.agents.lease_duration)
-                .unwrap_or_default();
+            + chrono::Duration::from_std(self.config().agents.lease_duration).unwrap_or_default();
         if self.replicated() {
             // Checked against the database; the announcement renews the lease
             // in every replica's core, the leader's (and this one's) included.
@@ -360,8 +359,7 @@ impl Engine {
     pub async fn poll(&self, node: &str, req: Poll) -> Result<Assignments, Error> {
         let epoch = parse_epoch_str(&req.epoch)?;
         let longest = self
-            .shared
-            .config
+            .config()
             .server
             .request_timeout
             .saturating_sub(std::time::Duration::from_secs(5))
@@ -480,7 +478,7 @@ impl Engine {
                 &req.uuid,
                 offset,
                 req.data.as_bytes(),
-                self.shared.config.agents.max_output_bytes,
+                self.config().agents.max_output_bytes,
             )
             .await?;
         self.output_written();
@@ -509,8 +507,7 @@ impl Engine {
         let wait = match &wait {
             None => std::time::Duration::ZERO,
             Some(text) => wait_for(text)?.min(
-                self.shared
-                    .config
+                self.config()
                     .server
                     .request_timeout
                     .saturating_sub(std::time::Duration::from_secs(5)),

@@ -161,7 +161,7 @@ impl Engine {
     pub(super) async fn rebuild_after_void(&self, core: &mut Scheduler, fence: Option<i64>) {
         let fresh = tokio::time::timeout(
             DB_UNDER_LOCK,
-            rebuild(&self.shared.config, &self.shared.store, Some(fence)),
+            rebuild(&self.config(), &self.shared.store, Some(fence), Some(core)),
         )
         .await
         .unwrap_or_else(|_| Err(StoreError::Unavailable("the rebuild did not answer".into())));
@@ -258,29 +258,18 @@ pub(crate) async fn rebuild(
     config: &Config,
     store: &Store,
     decides: Option<Option<i64>>,
+    old: Option<&Scheduler>,
 ) -> Result<Scheduler, StoreError> {
-    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
-    core.set_fair_share(config.fair_share());
+    let mut core = Scheduler::with_layout(config.layout());
     // Past usage orders the queues in fair share: the same order on every
     // replica and after every restart, because it is read from the store.
     if config.scheduling.order == crate::config::QueueOrder::FairShare {
-        let memory =
-            chrono::Duration::from_std(core.usage_memory()).unwrap_or(chrono::Duration::MAX);
-        let since = Utc::now()
-            .checked_sub_signed(memory)
-            .unwrap_or(DateTime::<Utc>::MIN_UTC);
-        for part in store.released_since(since).await? {
-            core.record_past_usage(
-                &part.region,
-                &part.project,
-                part.gpus,
-                part.allocated_at,
-                part.released_at,
-            );
-        }
+        read_past_usage(&mut core, store).await?;
     }
-    for node in config.virtual_nodes() {
-        core.add_node(node);
+    // Virtual nodes a reload retired may still hold clusters: they stay
+    // until those end, as in the core this one replaces.
+    if let Some(old) = old {
+        core.keep_virtual_nodes(old.virtual_node_specs());
     }
     for (project, region, metric, limit) in store.quota_overrides().await? {
         core.set_quota_limit(&project, &region, metric, limit);
@@ -321,5 +310,25 @@ pub(crate) async fn rebuild(
     for batch in store.queued_batches(..).await? {
         core.submit(batch);
     }
+    core.settle();
     Ok(core)
+}
+
+/// Records in `core` the usage of the clusters that ended within its
+/// memory (ten half-lives), read from the store.
+pub(crate) async fn read_past_usage(core: &mut Scheduler, store: &Store) -> Result<(), StoreError> {
+    let memory = chrono::Duration::from_std(core.usage_memory()).unwrap_or(chrono::Duration::MAX);
+    let since = Utc::now()
+        .checked_sub_signed(memory)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    for part in store.released_since(since).await? {
+        core.record_past_usage(
+            &part.region,
+            &part.project,
+            part.gpus,
+            part.allocated_at,
+            part.released_at,
+        );
+    }
+    Ok(())
 }

@@ -76,7 +76,8 @@ impl Engine {
     /// The caller of a request, from its `Authorization` value
     /// (`Bearer TOKEN`); anonymous when no principals are configured.
     fn identify(&self, authorization: Option<&str>) -> Result<Principal, Error> {
-        let principals = &self.shared.config.principals;
+        let config = self.config();
+        let principals = &config.principals;
         if principals.is_empty() {
             return Ok(Principal::anonymous());
         }
@@ -111,7 +112,7 @@ impl Engine {
         need: &Access,
         region: Option<&str>,
     ) -> Result<Principal, Error> {
-        if *need == Access::Nobody && !self.shared.config.principals.is_empty() {
+        if *need == Access::Nobody && !self.config().principals.is_empty() {
             return Ok(Principal::nobody());
         }
         let principal = self.identify(authorization)?;

@@ -74,7 +74,7 @@ impl Engine {
         let shared = &self.shared;
         let fresh = tokio::time::timeout(
             DB_UNDER_LOCK,
-            rebuild(&shared.config, &shared.store, Some(Some(term))),
+            rebuild(&self.config(), &shared.store, Some(Some(term)), Some(&core)),
         )
         .await
         .unwrap_or_else(|_| {
@@ -140,8 +140,8 @@ impl Engine {
 
     async fn try_apply(&self, change: Change) -> Result<(), crate::store::StoreError> {
         let store = &self.shared.store;
-        let lease = chrono::Duration::from_std(self.shared.config.agents.lease_duration)
-            .unwrap_or_default();
+        let lease =
+            chrono::Duration::from_std(self.config().agents.lease_duration).unwrap_or_default();
         match change {
             Change::Created {
                 first_seq,
@@ -205,6 +205,7 @@ impl Engine {
                 self.lock().await.set_cordons(cordons);
                 self.wake();
             }
+            Change::Config { .. } => self.adopt_config().await?,
             Change::Hold => {
                 let holds = super::admin::holds_of(store.queue_holds().await?);
                 self.lock().await.set_holds(holds);
@@ -234,6 +235,9 @@ impl Engine {
     /// After a gap in the announcements: rebuild the core from the
     /// database (a leader's as a leader, fenced by its term).
     async fn resync(&self) {
+        if let Err(e) = self.adopt_config().await {
+            tracing::warn!(error = %e, "cannot read the config generation in force");
+        }
         match self.role() {
             ReplicaRole::Leader { term } => self.take_lead(term).await,
             _ => self.refresh_mirror(),
@@ -243,7 +247,8 @@ impl Engine {
 
 /// Takes or renews the leader lease, every `leader_renew`.
 async fn lead(service: Engine, shutdown: CancellationToken) {
-    let db = &service.shared.config.database;
+    let config = service.config();
+    let db = &config.database;
     let (lease, every) = (db.leader_lease, db.leader_renew);
     let me = service.shared.replica_id.clone();
     let store = service.shared.store.clone();
@@ -402,9 +407,12 @@ async fn refresh_mirror(service: Engine, shutdown: CancellationToken) {
                 continue;
             }
             let shared = &service.shared;
-            let fresh =
-                tokio::time::timeout(DB_UNDER_LOCK, rebuild(&shared.config, &shared.store, None))
-                    .await;
+            let config = service.config();
+            let fresh = tokio::time::timeout(
+                DB_UNDER_LOCK,
+                rebuild(&config, &shared.store, None, Some(&core)),
+            )
+            .await;
             match fresh {
                 Ok(Ok(fresh)) => *core = fresh,
                 Ok(Err(e)) => tracing::warn!(error = %e, "cannot refresh the scheduler mirror"),

@@ -210,9 +210,9 @@ pub(crate) struct Capacity {
     /// [`Capacity::remove`], which keep the index.
     pub nodes: BTreeMap<NodeId, Node>,
     zones: HashMap<String, BTreeMap<String, BTreeSet<NodeId>>>,
-    /// Nodes an admin cordoned: they keep what they hold, and take nothing
-    /// new (placement never sees them).
-    cordoned: HashSet<NodeId>,
+    /// Nodes that take nothing new (placement never sees them) but keep
+    /// what they hold: cordoned by an admin, or retired by the config.
+    unschedulable: HashSet<NodeId>,
 }
 
 impl Capacity {
@@ -253,26 +253,25 @@ impl Capacity {
             .flat_map(|z| z.keys().map(String::as_str))
     }
 
-    /// The nodes of a zone that take new work (not cordoned), in id
-    /// order.
+    /// The nodes of a zone that take new work, in id order.
     pub fn zone_nodes<'a>(&'a self, region: &str, zone: &str) -> Vec<&'a Node> {
         self.zones
             .get(region)
             .and_then(|z| z.get(zone))
             .into_iter()
             .flatten()
-            .filter(|id| !self.cordoned.contains(*id))
+            .filter(|id| !self.unschedulable.contains(*id))
             .filter_map(|id| self.nodes.get(id))
             .collect()
     }
 
     /// Which nodes take no new work.
-    pub fn set_cordoned(&mut self, ids: HashSet<NodeId>) {
-        self.cordoned = ids;
+    pub fn set_unschedulable(&mut self, ids: HashSet<NodeId>) {
+        self.unschedulable = ids;
     }
 
-    pub fn is_cordoned(&self, id: &NodeId) -> bool {
-        self.cordoned.contains(id)
+    pub fn is_unschedulable(&self, id: &NodeId) -> bool {
+        self.unschedulable.contains(id)
     }
 
     /// A copy of one region's nodes that take new work.

@@ -150,6 +150,10 @@ pub struct Scheduler {
     pub(super) holds: HashMap<String, RegionHolds>,
     /// Nodes an admin cordoned or is draining.
     pub(super) cordons: HashMap<NodeId, Cordon>,
+    /// What the config declares of nodes, once a layout is set
+    /// (`layout.rs`): they and the retired nodes it implies.
+    pub(super) layout: Option<super::layout::Declared>,
+    pub(super) retired: HashSet<NodeId>,
     deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     pub(super) running: HashMap<BatchKey, Allocation>,
     pub(super) leases: Leases,
@@ -158,7 +162,7 @@ pub struct Scheduler {
     pub(super) held_back: HashSet<BatchKey>,
     /// Regions whose queue, capacity or quota changed since the last pass:
     /// only they can admit anything new, so only they are scanned.
-    dirty: BTreeSet<String>,
+    pub(super) dirty: BTreeSet<String>,
     /// Per region: how many queued batches of each shape, and of default
     /// mode. A pass stops scanning a region once every shape present has
     /// failed and no default-mode batch awaits its verdict.
@@ -236,23 +240,8 @@ struct Reservation {
 
 impl Scheduler {
     pub fn new(pools: Vec<PoolDecl>, rules: Vec<QuotaRule>) -> Scheduler {
-        // Every pool at its maximum node count, all free: what never-fit
-        // checks compare with. Built once; pools come from the config.
-        let mut declared: HashMap<String, BTreeMap<String, Vec<Node>>> = HashMap::new();
-        for p in &pools {
-            let zone = declared
-                .entry(p.region.clone())
-                .or_default()
-                .entry(p.zone.clone())
-                .or_default();
-            zone.extend((0..p.max_nodes).map(|i| {
-                let mut spec = p.node.clone();
-                spec.id = NodeId(format!("{}#{i}", spec.id));
-                Node::new(spec)
-            }));
-        }
         Scheduler {
-            declared,
+            declared: super::layout::declared_of(&pools),
             ledger: Ledger::new(rules),
             ..Scheduler::default()
         }
@@ -263,6 +252,13 @@ impl Scheduler {
     pub fn set_fair_share(&mut self, policy: Policy) {
         self.dirty.extend(self.queues.keys().cloned());
         self.fair.set_policy(policy);
+    }
+
+    /// Forgets the recorded usage of ended clusters, before it is read
+    /// again from the store under a new half-life.
+    pub fn clear_past_usage(&mut self) {
+        self.fair.clear_history();
+        self.dirty.extend(self.queues.keys().cloned());
     }
 
     /// A cluster that ended before this core was built: its usage counts
@@ -311,8 +307,7 @@ impl Scheduler {
     /// uncordoned node may admit work).
     pub fn set_cordons(&mut self, cordons: Vec<(NodeId, Cordon)>) {
         self.cordons = cordons.into_iter().collect();
-        self.capacity
-            .set_cordoned(self.cordons.keys().cloned().collect());
+        self.refresh_unschedulable();
         self.dirty.extend(self.queues.keys().cloned());
     }
 
@@ -490,6 +485,10 @@ impl Scheduler {
         let a = self.running.remove(&key)?;
         self.dirty.insert(a.region.clone());
         self.capacity.give_back(&a.placements);
+        if a.placements.iter().any(|p| self.retired.contains(&p.node)) {
+            // A retired node may now be empty: a virtual one leaves.
+            self.settle();
+        }
         self.ledger.refund(&a.project, &a.region, &a.quota);
         self.fair
             .release(&a.region, &a.project, a.gpus(), a.allocated_at, now);

@@ -118,6 +118,16 @@ impl FairShare {
         self.policy = policy;
     }
 
+    /// Forgets the usage of ended clusters (what running clusters hold
+    /// stays), to record it again under a new half-life.
+    pub fn clear_history(&mut self) {
+        for u in self.usage.values_mut() {
+            u.history = 0.0;
+            u.at = None;
+        }
+        self.usage.retain(|_, u| u.held > 0);
+    }
+
     pub fn order(&self) -> Order {
         self.policy.order
     }

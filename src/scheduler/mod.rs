@@ -11,6 +11,7 @@
 mod capacity;
 mod core;
 mod fairshare;
+mod layout;
 mod lease;
 pub mod lifecycle;
 mod quota;
@@ -24,6 +25,7 @@ pub use core::{
     accelerator_label, shape_text,
 };
 pub use fairshare::{Order, Policy as FairSharePolicy};
+pub use layout::{Layout, Settled};
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;

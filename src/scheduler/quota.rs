@@ -84,6 +84,11 @@ impl Ledger {
         }
     }
 
+    /// Replaces the config's rules; admins' overrides and usage stay.
+    pub fn set_rules(&mut self, rules: Vec<QuotaRule>) {
+        self.rules = rules;
+    }
+
     pub fn limit(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
         if let Some(l) = self
             .overrides

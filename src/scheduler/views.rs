@@ -173,7 +173,8 @@ pub struct CapacityRow {
     pub allocated_gpus: u64,
     /// Free on nodes that take new work.
     pub free_gpus: u64,
-    /// Free on cordoned nodes: not offered.
+    /// Free on nodes that take no new work (cordoned by an admin, or
+    /// retired by a config reload): not offered.
     pub cordoned_gpus: u64,
     pub total_local_ssd_gb: u64,
     pub free_local_ssd_gb: u64,
@@ -424,7 +425,7 @@ impl Scheduler {
             row.nodes += 1;
             row.virtual_nodes += u64::from(s.is_virtual);
             row.total_gpus += s.gpu_addresses.len() as u64;
-            if self.capacity.is_cordoned(&s.id) {
+            if self.capacity.is_unschedulable(&s.id) {
                 row.cordoned_gpus += u64::from(n.free_gpus());
             } else {
                 row.free_gpus += u64::from(n.free_gpus());

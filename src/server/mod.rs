@@ -32,7 +32,7 @@ use crate::engine::Principal;
 
 use crate::api::Code;
 use crate::config::Config;
-use crate::engine::{Engine, Error, ReplicaRole};
+use crate::engine::{ConfigSource, Engine, Error, ReplicaRole};
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -45,8 +45,12 @@ pub struct App {
 impl App {
     /// Opens the store of `config` (running migrations) and starts the
     /// engine, which stops when `shutdown` fires.
-    pub async fn open(config: Config, shutdown: CancellationToken) -> anyhow::Result<App> {
-        let engine = Engine::open(config, shutdown).await?;
+    pub async fn open(
+        config: Config,
+        source: ConfigSource,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<App> {
+        let engine = Engine::open(config, source, shutdown).await?;
         let config = engine.config().clone();
         Ok(App { config, engine })
     }
@@ -106,6 +110,10 @@ fn rest(app: App) -> Router {
             axum::routing::post(admin::resume_queue),
         )
         .route("/v1/queues", get(admin::held_queues))
+        .route(
+            "/v1/config:reload",
+            axum::routing::post(admin::reload_config),
+        )
         .route("/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -198,6 +206,7 @@ async fn readyz(AppState(app): AppState<App>) -> Response {
                 "replica": ready.replica,
                 "role": ready.role.name(),
                 "database": ready.database.name(),
+                "config": ready.config,
             });
             if let ReplicaRole::Leader { term } = ready.role {
                 answer["term"] = term.into();
@@ -343,8 +352,32 @@ pub fn cancel_on_signals(token: CancellationToken) {
     });
 }
 
-/// Serves with `config` until SIGINT/SIGTERM.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
+/// Reloads the config on every SIGHUP (as `POST /v1/config:reload` does;
+/// the reload logs and counts how it went).
+#[cfg(unix)]
+fn reload_on_sighup(
+    mut hangups: tokio::signal::unix::Signal,
+    engine: Engine,
+    token: CancellationToken,
+) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                got = hangups.recv() => if got.is_none() { return },
+            }
+            tracing::info!("SIGHUP received: reloading the config");
+            let _ = engine.reload_config(None, "SIGHUP").await;
+        }
+    });
+}
+
+/// Serves with `config` (read from `source`) until SIGINT/SIGTERM;
+/// reloads it on SIGHUP.
+pub async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
+    // Taken first: SIGHUP's default is to end the process.
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let bind = config.server.bind;
     let listener = TcpListener::bind(bind)
         .await
@@ -363,7 +396,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             "bearer tokens required"
         );
     }
-    let app = App::open(config, token.clone()).await?;
+    let app = App::open(config, source, token.clone()).await?;
+    #[cfg(unix)]
+    reload_on_sighup(hangups, app.engine.clone(), token.clone());
     tokio::spawn(run_metrics(metrics_listener, app.clone(), token.clone()));
     run(listener, app, token).await
 }

@@ -51,6 +51,7 @@ pub struct ErrorStatus {
         super::admin::hold_queue,
         super::admin::resume_queue,
         super::admin::held_queues,
+        super::admin::reload_config,
         super::runtimes,
         super::healthz,
         super::readyz,

@@ -44,6 +44,8 @@ pub enum Change {
     Hold,
     /// An admin cordoned, drained or uncordoned a node.
     Cordon,
+    /// A replica put a new config generation in force.
+    Config { generation: i64 },
     /// The leader committed scheduler decisions.
     Decided,
     /// What some node must run changed otherwise (a cancel of a running
@@ -70,6 +72,7 @@ impl fmt::Display for Change {
             Change::Quota => f.write_str("quota"),
             Change::Hold => f.write_str("hold"),
             Change::Cordon => f.write_str("cordon"),
+            Change::Config { generation } => write!(f, "config {generation}"),
             Change::Decided => f.write_str("decided"),
             Change::Work => f.write_str("work"),
             Change::Output { seq } => write!(f, "output {seq}"),
@@ -103,6 +106,9 @@ impl Change {
             "quota" => Change::Quota,
             "hold" => Change::Hold,
             "cordon" => Change::Cordon,
+            "config" => Change::Config {
+                generation: rest.parse().ok()?,
+            },
             "decided" => Change::Decided,
             "work" => Change::Work,
             "output" => Change::Output {

@@ -15,6 +15,7 @@
 //! any number of replicas. Creates on PostgreSQL are the exception (see
 //! [`Store::begin_create`]): the unique indexes order them.
 
+mod config;
 pub mod filter;
 pub mod leader;
 mod lifecycle;
@@ -39,6 +40,7 @@ use uuid::Uuid;
 use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
+pub use config::ConfigGeneration;
 pub use filter::Filter;
 pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use lifecycle::Applied;

@@ -155,6 +155,7 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Kind)> {
             Kind::AdminOnly,
         ),
         (Method::GET, "/v1/queues", None, Kind::AdminOnly),
+        (Method::POST, "/v1/config:reload", None, Kind::AdminOnly),
         (
             Method::POST,
             "/v1/nodes/virtual%2Fus-central1-a%2Fl4%2F0:cordon",

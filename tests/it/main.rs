@@ -16,6 +16,7 @@ mod kubernetes;
 mod metrics;
 mod prometheus;
 mod queues;
+mod reload;
 mod replicas;
 mod requeue;
 mod scheduler;

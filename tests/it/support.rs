@@ -55,7 +55,9 @@ impl TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let shutdown = CancellationToken::new();
-        let app = App::open(config, shutdown.clone()).await.expect("open app");
+        let app = App::open(config, flexq::engine::ConfigSource::Given, shutdown.clone())
+            .await
+            .expect("open app");
         let metrics = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let metrics_addr = metrics.local_addr().expect("addr");
         tokio::spawn(run_metrics(metrics, app.clone(), shutdown.clone()));

@@ -1,0 +1,383 @@
+//! Live config: `POST /v1/config:reload` and SIGHUP on a real `flexq
+//! serve`. A reload under load (creates, allocations and cancels running)
+//! fails no request and loses nothing; an invalid file is refused naming
+//! its key and the config in force stays; a pool shrunk under a running
+//! cluster lets it finish and takes nothing new.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{ServerProcess, flex_batch, flexq_bin};
+
+const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
+
+async fn post(s: &ServerProcess, path: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", s.endpoint))
+        .send()
+        .await
+        .expect("post");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn reload(s: &ServerProcess) -> (u16, Value) {
+    post(s, "/v1/config:reload").await
+}
+
+async fn config_status(s: &ServerProcess) -> Value {
+    s.get("/readyz").await["config"].clone()
+}
+
+/// A config layer: the default allocation timeout, `nodes` virtual L4
+/// nodes in us-central1-a, and a weight for one project.
+fn layer(timeout_min: u32, nodes: u32, weight: u32) -> String {
+    format!(
+        "[provisioning]\ndefault_allocation_timeout = \"{timeout_min}m\"\n\
+         [regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = {nodes}\n\
+         [projects.team-w]\nweight = {weight}\n"
+    )
+}
+
+/// A flex batch that does not set its allocation timeout (it gets the
+/// config's default) and has two executors: 3 L4 GPUs.
+pub(crate) fn default_timeout_batch() -> Value {
+    let mut b = flex_batch();
+    let props = b["runtimeConfig"]["properties"]
+        .as_object_mut()
+        .expect("properties");
+    props.retain(|k, _| !k.ends_with("allocationTimeout"));
+    props.insert("spark.executor.instances".into(), "2".into());
+    b
+}
+
+/// The allocation timeout a batch got: its deadline less its create time.
+pub(crate) fn timeout_of(b: &Value) -> i64 {
+    let at = |k: &Value| {
+        chrono::DateTime::parse_from_rfc3339(k.as_str().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{k}: {e}: {b:#}"))
+    };
+    (at(&b["flexq"]["allocationDeadline"]) - at(&b["createTime"])).num_seconds()
+}
+
+async fn create_default(s: &ServerProcess, id: &str) -> Value {
+    assert_eq!(s.create(id, &default_timeout_batch()).await, 200);
+    s.batch(id).await
+}
+
+fn state(b: &Value) -> &str {
+    b["state"].as_str().unwrap_or_default()
+}
+
+/// Allocated (on virtual nodes nothing runs it: it stays PENDING).
+fn allocated(b: &Value) -> bool {
+    b["flexq"]["provisioningState"] == "PROVISIONED"
+}
+
+async fn nodes(s: &ServerProcess) -> Vec<Value> {
+    s.get("/v1/nodes").await["nodes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("config file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_load_fails_no_request_and_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    write(&file, &layer(30, 2, 1));
+    let s = Arc::new(ServerProcess::start_with(dir.path(), Some(&file)).await);
+    let first = config_status(&s).await["generation"]
+        .as_i64()
+        .expect("generation");
+    let done = Arc::new(AtomicBool::new(false));
+    // Creates from three clients at once.
+    let mut creators = Vec::new();
+    for w in 0..3 {
+        let s = s.clone();
+        creators.push(tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for i in 0..60 {
+                let st = s.create(&format!("load-{w}-{i}"), &flex_batch()).await;
+                if st != 200 {
+                    failed.push((format!("load-{w}-{i}"), st));
+                }
+            }
+            failed
+        }));
+    }
+    // Allocations keep happening: what runs is cancelled, the next starts.
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    let canceller = {
+        let (s, done, cancelled) = (s.clone(), done.clone(), cancelled.clone());
+        tokio::spawn(async move {
+            let mut odd = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let page = s
+                    .get(&format!(
+                        "{BATCHES}?filter=state%20%3D%20PENDING&pageSize=1000"
+                    ))
+                    .await;
+                let batches = page["batches"].as_array().cloned().unwrap_or_default();
+                for b in batches.iter().filter(|b| allocated(b)) {
+                    let op = b["operation"].as_str().unwrap_or_default().to_string();
+                    let (st, body) = post(&s, &format!("/v1/{op}:cancel")).await;
+                    match st {
+                        200 => {
+                            cancelled.fetch_add(1, Ordering::SeqCst);
+                        }
+                        // Cancelled already by the previous round.
+                        400 if body["error"]["status"] == "FAILED_PRECONDITION" => {}
+                        _ => odd.push((st, body)),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            odd
+        })
+    };
+    // Reloads meanwhile, each with a different config.
+    let mut generations = vec![first];
+    for i in 1..=12u32 {
+        write(&file, &layer(30 + i, 2 + i % 2, i));
+        let (st, body) = reload(&s).await;
+        assert_eq!(st, 200, "reload {i}: {body:#}");
+        let generation = body["generation"].as_i64().expect("generation");
+        assert!(
+            generation > *generations.last().expect("one"),
+            "reload {i}: {body:#}"
+        );
+        generations.push(generation);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    for c in creators {
+        let failed = c.await.expect("creator");
+        assert!(failed.is_empty(), "creates failed: {failed:?}");
+    }
+    done.store(true, Ordering::SeqCst);
+    let odd = canceller.await.expect("canceller");
+    assert!(odd.is_empty(), "cancels answered oddly: {odd:?}");
+    assert!(
+        cancelled.load(Ordering::SeqCst) >= 4,
+        "allocations kept happening during the reloads: only {} cancelled",
+        cancelled.load(Ordering::SeqCst)
+    );
+    // Nothing lost: every batch is there, in a state it may be in.
+    let mut all = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = s
+            .get(&format!("{BATCHES}?pageSize=1000&pageToken={token}"))
+            .await;
+        all.extend(page["batches"].as_array().cloned().unwrap_or_default());
+        match page["nextPageToken"].as_str() {
+            Some(t) if !t.is_empty() => token = t.to_string(),
+            _ => break,
+        }
+    }
+    assert_eq!(all.len(), 180);
+    for b in &all {
+        assert!(
+            ["PENDING", "RUNNING", "CANCELLING", "CANCELLED"].contains(&state(b)),
+            "{b:#}"
+        );
+    }
+    // The last file is in force: its default timeout, its nodes.
+    let status = config_status(&s).await;
+    assert_eq!(status["generation"], *generations.last().expect("one"));
+    assert_eq!(status["lastReload"]["ok"], true, "{status:#}");
+    assert_eq!(timeout_of(&create_default(&s, "after-load").await), 42 * 60);
+}
+
+#[tokio::test]
+async fn an_invalid_file_is_refused_naming_the_key_and_the_config_in_force_stays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    write(&file, &layer(20, 0, 1));
+    let s = ServerProcess::start_with(dir.path(), Some(&file)).await;
+    let first = config_status(&s).await;
+    for (text, key, says) in [
+        (
+            "[provisioning]\ndefault_allocation_timeout = \"3h\"\n",
+            "provisioning.default_allocation_timeout",
+            "above provisioning.max_allocation_timeout",
+        ),
+        (
+            "[provisioning]\ndefault_alocation_timeout = \"10m\"\n",
+            "default_alocation_timeout",
+            "unknown field",
+        ),
+        (
+            "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 9\n",
+            "regions.us-central1.zones.us-central1-a.node_pools.l4.virtual_nodes",
+            "above max_nodes (8)",
+        ),
+        ("[provisioning\n", "", "TOML"),
+    ] {
+        write(&file, text);
+        let (st, body) = reload(&s).await;
+        assert_eq!(st, 400, "{text}: {body:#}");
+        assert_eq!(body["error"]["status"], "FAILED_PRECONDITION", "{body:#}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(key) && message.contains(says),
+            "{text}: {message}"
+        );
+        assert!(
+            message.contains(&format!(
+                "generation {} stays in force",
+                first["generation"]
+            )),
+            "{message}"
+        );
+        let status = config_status(&s).await;
+        assert_eq!(status["generation"], first["generation"], "{status:#}");
+        assert_eq!(status["lastReload"]["ok"], false, "{status:#}");
+    }
+    // The config in force is still the first file's.
+    assert_eq!(timeout_of(&create_default(&s, "still-20m").await), 20 * 60);
+    let metrics = reqwest::get(format!("{}/metrics", s.metrics_endpoint))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("flexq_config_last_reload_successful 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("flexq_config_reloads_total{result=\"invalid\"} 4"));
+    // Bad input to the endpoint itself is named.
+    let (st, body) = post(&s, "/v1/config:reload?validateOnly=maybe").await;
+    assert_eq!(st, 400, "{body:#}");
+    assert!(body.to_string().contains("validate_only"), "{body:#}");
+
+    // `flexq config diff` shows what a reload would change, changing
+    // nothing; then SIGHUP puts it in force.
+    write(
+        &file,
+        &format!("{}[server]\nrequest_timeout = \"40s\"\n", layer(25, 0, 1)),
+    );
+    let out = Command::new(flexq_bin())
+        .args(["config", "diff", "--endpoint", &s.endpoint])
+        .output()
+        .expect("flexq config diff");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("provisioning.default_allocation_timeout") && text.contains("\"25m\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("restart-only") && text.contains("server.request_timeout"),
+        "{text}"
+    );
+    assert_eq!(config_status(&s).await["generation"], first["generation"]);
+    let pid = nix::unistd::Pid::from_raw(s.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    let t = Instant::now();
+    let status = loop {
+        let status = config_status(&s).await;
+        if status["lastReload"]["ok"] == true {
+            break status;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{status:#}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!(
+        status["generation"].as_i64(),
+        first["generation"].as_i64().map(|g| g + 1),
+        "{status:#}"
+    );
+    assert_eq!(timeout_of(&create_default(&s, "now-25m").await), 25 * 60);
+    // The restart-only key is not in force: requests still time out at 30s
+    // (nothing to see here but that the server still answers), and the
+    // batch created before the reload kept its deadline.
+    assert_eq!(timeout_of(&s.batch("still-20m").await), 20 * 60);
+}
+
+#[tokio::test]
+async fn a_pool_shrunk_under_a_running_cluster_lets_it_finish_and_takes_nothing_new() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    write(&file, &layer(30, 2, 1));
+    let s = ServerProcess::start_with(dir.path(), Some(&file)).await;
+    create_default(&s, "runs-on").await;
+    let running = s.until("demo", "runs-on", allocated).await;
+    let busy: Vec<String> = nodes(&s)
+        .await
+        .iter()
+        .filter(|n| n["runningParts"].as_u64() > Some(0))
+        .map(|n| n["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(!busy.is_empty(), "{running:#}");
+    // No virtual node declared any more.
+    write(&file, &layer(30, 0, 1));
+    let (st, body) = reload(&s).await;
+    assert_eq!(st, 200, "{body:#}");
+    assert_eq!(body["retiredNodes"], serde_json::json!(busy), "{body:#}");
+    assert_eq!(
+        body["removedNodes"].as_array().map(Vec::len),
+        Some(2 - busy.len()),
+        "{body:#}"
+    );
+    let left = nodes(&s).await;
+    assert_eq!(left.len(), busy.len(), "{left:#?}");
+    assert!(left.iter().all(|n| n["state"] == "RETIRING"), "{left:#?}");
+    // The running cluster runs on; a new batch finds no capacity.
+    create_default(&s, "waits").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(allocated(&s.batch("runs-on").await));
+    let waiting = s.batch("waits").await;
+    assert!(!allocated(&waiting), "{waiting:#}");
+    let regions = s.get("/v1/regions").await;
+    let row = regions["capacity"]
+        .as_array()
+        .expect("capacity")
+        .iter()
+        .find(|r| r["zone"] == "us-central1-a" && r["accelerator"] == "l4")
+        .cloned()
+        .expect("l4 row");
+    // Its free GPUs are not offered: counted apart, with cordoned ones.
+    let free_on_busy = 4 * busy.len() as u64 - 3;
+    assert_eq!(row["freeGpus"], 0, "{row:#}");
+    assert_eq!(row["cordonedGpus"], free_on_busy, "{row:#}");
+    // It ends: the node leaves with it.
+    let op = running["operation"].as_str().expect("op").to_string();
+    assert_eq!(post(&s, &format!("/v1/{op}:cancel")).await.0, 200);
+    s.until("demo", "runs-on", |b| state(b) == "CANCELLED")
+        .await;
+    let t = Instant::now();
+    while !nodes(&s).await.is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{:#?}",
+            nodes(&s).await
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(!allocated(&s.batch("waits").await));
+    // Declared again: the waiting batch starts.
+    write(&file, &layer(30, 1, 1));
+    let (st, body) = reload(&s).await;
+    assert_eq!(st, 200, "{body:#}");
+    assert_eq!(
+        body["addedNodes"].as_array().map(Vec::len),
+        Some(1),
+        "{body:#}"
+    );
+    s.until("demo", "waits", allocated).await;
+}
