@@ -307,9 +307,7 @@ pub(crate) async fn rebuild(
         let requeued: HashSet<BatchKey> = requeued.iter().map(|b| b.key).collect();
         log_decision(&lost, Utc::now(), &requeued);
     }
-    for batch in store.queued_batches(..).await? {
-        core.submit(batch);
-    }
+    store.each_queued_batch(.., |batch| core.submit(batch)).await?;
     core.settle();
     Ok(core)
 }
