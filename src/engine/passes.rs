@@ -307,7 +307,9 @@ pub(crate) async fn rebuild(
         let requeued: HashSet<BatchKey> = requeued.iter().map(|b| b.key).collect();
         log_decision(&lost, Utc::now(), &requeued);
     }
-    store.each_queued_batch(.., |batch| core.submit(batch)).await?;
+    store
+        .each_queued_batch(.., |batch| core.submit(batch))
+        .await?;
     core.settle();
     Ok(core)
 }

@@ -194,7 +194,7 @@ impl Store {
         mut f: impl FnMut(PendingBatch),
     ) -> Result<usize, StoreError> {
         use std::ops::Bound;
-        let mut after = match seqs.start_bound() {
+        let after = match seqs.start_bound() {
             Bound::Included(s) => s.saturating_sub(1),
             Bound::Excluded(s) => *s,
             Bound::Unbounded => i64::MIN,
@@ -210,29 +210,42 @@ impl Store {
         let query = match self.backend {
             Backend::Sqlite => format!(
                 "select json_group_array(json_array(seq, batch_id, project, region, priority, \
-                 create_time, deadline, json(cluster))) from ({rows})"
+                 create_time, deadline, json(cluster))), max(seq), count(*) from ({rows})"
             ),
             Backend::Postgres => format!(
                 "select coalesce(json_agg(json_build_array(seq, batch_id, project, region, \
-                 priority, create_time, deadline, cluster::json))::text, '[]') from ({rows}) q"
+                 priority, create_time, deadline, cluster::json))::text, '[]'), max(seq), count(*) \
+                 from ({rows}) q"
             ),
         };
+        // The next chunk is read while this one is decoded.
+        let fetch = |after: i64| {
+            let (pool, query) = (self.pool.clone(), query.clone());
+            tokio::spawn(async move {
+                sqlx::query_as::<_, (String, Option<i64>, i64)>(&query)
+                    .bind(after)
+                    .bind(last)
+                    .bind(QUEUE_CHUNK as i64)
+                    .fetch_one(&pool)
+                    .await
+            })
+        };
+        let mut next = Some(fetch(after));
         let mut count = 0;
-        loop {
-            let chunk: String = sqlx::query_scalar(&query)
-                .bind(after)
-                .bind(last)
-                .bind(QUEUE_CHUNK as i64)
-                .fetch_one(&self.pool)
-                .await?;
+        while let Some(reading) = next.take() {
+            let (chunk, max, n) = reading.await.map_err(|e| {
+                StoreError::Unavailable(format!("reading the queue stopped: {e}"))
+            })??;
+            if let (Some(max), true) = (max, n as usize == QUEUE_CHUNK) {
+                next = Some(fetch(max));
+            }
             let chunk: Vec<QueuedRow> = serde_json::from_str(&chunk).map_err(|e| {
                 StoreError::Unavailable(format!("queued batches cannot be read: {e}"))
             })?;
-            let n = chunk.len();
+            count += chunk.len();
             for QueuedRow(seq, batch_id, project, region, priority, created, deadline, cluster) in
                 chunk
             {
-                after = after.max(seq);
                 f(PendingBatch {
                     key: BatchKey(seq),
                     batch_id,
@@ -244,11 +257,8 @@ impl Store {
                     cluster,
                 });
             }
-            count += n;
-            if n < QUEUE_CHUNK {
-                return Ok(count);
-            }
         }
+        Ok(count)
     }
 
     /// Every cluster holding capacity now.
