@@ -311,12 +311,15 @@ pub enum ConfigError {
     Parse(#[from] Box<figment::Error>),
     #[error("config key `{key}`: {message}")]
     Invalid { key: String, message: String },
+    /// Not a key's fault: the config could not be read at all.
+    #[error("{0}")]
+    Unreadable(String),
 }
 
 impl ConfigError {
-    /// A stored config (another replica's generation) that cannot be read.
-    pub fn unreadable(e: impl std::fmt::Display) -> ConfigError {
-        invalid("(the stored config)", e.to_string())
+    /// A config that cannot be read at all (`what` says which).
+    pub fn unreadable(what: &str, e: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Unreadable(format!("{what} cannot be read: {e}"))
     }
 }
 

@@ -41,7 +41,16 @@ pub enum ConfigSource {
 }
 
 impl ConfigSource {
-    fn load(&self) -> Option<Result<Config, ConfigError>> {
+    /// Reads the config again, off the runtime's threads (files are read
+    /// blocking). None when there is nothing to read.
+    async fn load(&self) -> Option<Result<Config, ConfigError>> {
+        let source = self.clone();
+        tokio::task::spawn_blocking(move || source.load_now())
+            .await
+            .unwrap_or_else(|e| Some(Err(ConfigError::unreadable("the config file", e))))
+    }
+
+    fn load_now(&self) -> Option<Result<Config, ConfigError>> {
         match self {
             ConfigSource::Layers { file, env: true } => Some(Config::load(file.as_deref())),
             ConfigSource::Layers { file, env: false } => {
@@ -188,7 +197,7 @@ impl Engine {
                 "a config reload is already running on this replica; try again when it has ended",
             ));
         };
-        let Some(read) = reloads.source.load() else {
+        let Some(read) = reloads.source.load().await else {
             return Err(Error::new(
                 Code::FailedPrecondition,
                 "NO_CONFIG_SOURCE",
@@ -379,7 +388,7 @@ impl Engine {
             return Ok(());
         }
         let next = serde_json::from_str(&latest.live)
-            .map_err(ConfigError::unreadable)
+            .map_err(|e| ConfigError::unreadable("the stored config generation", e))
             .and_then(|live| self.config().with_live(&live));
         let next = match next {
             Ok(next) => next,
@@ -395,7 +404,7 @@ impl Engine {
                 return Ok(());
             }
         };
-        let differs = match self.shared.reloads.source.load() {
+        let differs = match self.shared.reloads.source.load().await {
             None => None,
             Some(Ok(file)) if file.digest() == latest.digest => None,
             Some(Ok(_)) => Some(format!(

@@ -381,3 +381,42 @@ async fn a_pool_shrunk_under_a_running_cluster_lets_it_finish_and_takes_nothing_
     );
     s.until("demo", "waits", allocated).await;
 }
+
+/// Writes `text` into the FIFO at `path` once a reader opens it (in a
+/// thread: opening a FIFO for writing waits for its reader).
+fn feed(path: &Path, text: String) -> std::thread::JoinHandle<()> {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || std::fs::write(path, text).expect("feed the FIFO"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_while_another_runs_is_refused_and_the_first_completes() {
+    // The config file is a FIFO: a reload reading it waits until the test
+    // writes, so the first reload is provably still running when the
+    // second arrives.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("flexq.toml");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let start = feed(&fifo, layer(20, 0, 1));
+    let s = Arc::new(ServerProcess::start_with(dir.path(), Some(&fifo)).await);
+    start.join().expect("fed");
+    let before = config_status(&s).await["generation"].clone();
+    let first = {
+        let s = s.clone();
+        tokio::spawn(async move { reload(&s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!first.is_finished(), "the first reload waits for its file");
+    let (st, body) = reload(&s).await;
+    assert_eq!(st, 409, "{body:#}");
+    assert_eq!(body["error"]["status"], "ABORTED", "{body:#}");
+    assert!(body.to_string().contains("RELOAD_RUNNING"), "{body:#}");
+    // The server answers meanwhile, on the config in force.
+    assert_eq!(timeout_of(&create_default(&s, "during").await), 20 * 60);
+    feed(&fifo, layer(35, 0, 1)).join().expect("fed");
+    let (st, body) = first.await.expect("first reload");
+    assert_eq!(st, 200, "{body:#}");
+    assert_ne!(body["generation"], before, "{body:#}");
+    assert_eq!(timeout_of(&create_default(&s, "after").await), 35 * 60);
+}
