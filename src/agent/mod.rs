@@ -86,6 +86,7 @@ fn parse_seconds(text: &str) -> Option<Duration> {
     text.strip_suffix('s')?
         .parse::<f64>()
         .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 86400.0)
         .map(Duration::from_secs_f64)
 }
 
@@ -180,7 +181,9 @@ async fn register(
     }
 }
 
-async fn heartbeat(ctx: Arc<Ctx>, interval: Duration, session: CancellationToken) {
+/// Heartbeats every `interval`, and then as each answer says: an operator
+/// may change the lease by a config reload.
+async fn heartbeat(ctx: Arc<Ctx>, mut interval: Duration, session: CancellationToken) {
     let mut wait = interval;
     loop {
         tokio::select! {
@@ -188,7 +191,18 @@ async fn heartbeat(ctx: Arc<Ctx>, interval: Duration, session: CancellationToken
             _ = tokio::time::sleep(wait) => {}
         }
         match ctx.client.heartbeat(&ctx.epoch).await {
-            Ok(_) => wait = interval,
+            Ok(lease) => {
+                if let Some(every) = parse_seconds(&lease.heartbeat_interval) {
+                    if every != interval {
+                        tracing::info!(
+                            every_s = every.as_secs(),
+                            "the server changed the heartbeat interval"
+                        );
+                        interval = every;
+                    }
+                }
+                wait = interval;
+            }
             Err(CallError::LeaseLost(e)) => {
                 tracing::warn!(error = %e, "heartbeat refused");
                 session.cancel();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{ServerProcess, flex_batch, flexq_bin};
+use crate::support::{ServerProcess, fake_gpu_script, flex_batch, flexq_bin, spawn_agent};
 
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
 
@@ -419,4 +419,69 @@ async fn a_reload_while_another_runs_is_refused_and_the_first_completes() {
     assert_eq!(st, 200, "{body:#}");
     assert_ne!(body["generation"], before, "{body:#}");
     assert_eq!(timeout_of(&create_default(&s, "after").await), 35 * 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_follows_a_lease_a_reload_shortened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    let lease = |d: &str| format!("{}[agents]\nlease_duration = \"{d}\"\n", layer(30, 0, 1));
+    write(&file, &lease("9s"));
+    let s = ServerProcess::start_with(dir.path(), Some(&file)).await;
+    let work = dir.path().join("agent");
+    std::fs::create_dir_all(&work).expect("agent dir");
+    let config = work.join("agent.toml");
+    write(
+        &config,
+        &format!(
+            "server = \"{endpoint}\"\nnode_id = \"gpu-lease\"\nregion = \"us-central1\"\n\
+             zone = \"us-central1-a\"\npool = \"l4\"\ncores = 8\nmemory_mb = 65536\n\
+             local_ssd_gb = 1500\ngpu_discovery_script = \"{script}\"\n\
+             work_dir = \"{work}\"\n",
+            endpoint = s.endpoint,
+            script = fake_gpu_script(&work).display(),
+            work = work.join("work").display(),
+        ),
+    );
+    let mut agent = spawn_agent(&config, &work.join("agent.log"));
+    let epoch = |list: Vec<Value>| {
+        list.iter()
+            .find(|n| n["id"] == "gpu-lease")
+            .map(|n| n["epoch"].clone())
+    };
+    let t = Instant::now();
+    let first = loop {
+        if let Some(e) = epoch(nodes(&s).await) {
+            break e;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the agent never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The agent heartbeats every 3 s; with a 2 s lease it must heartbeat
+    // every second from its next heartbeat on, or its node is lost (and
+    // registers again with a new epoch).
+    write(&file, &lease("2s"));
+    let (st, body) = reload(&s).await;
+    assert_eq!(st, 200, "{body:#}");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(7) {
+        let now = epoch(nodes(&s).await);
+        assert_eq!(
+            now.as_ref(),
+            Some(&first),
+            "the node was lost after {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let log = std::fs::read_to_string(work.join("agent.log")).unwrap_or_default();
+    assert!(
+        log.contains("the server changed the heartbeat interval"),
+        "{log}"
+    );
 }
