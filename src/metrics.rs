@@ -63,6 +63,9 @@ struct Metrics {
     config_reloads: IntCounterVec,
     config_last_reload_ok: prometheus::IntGauge,
     config_file_differs: prometheus::IntGauge,
+    watchers: prometheus::IntGauge,
+    watch_events: IntCounterVec,
+    watchers_dropped: IntCounterVec,
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -119,6 +122,21 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "1 when this replica's own config file differs from the generation in force (another replica loaded a different one).",
         )
         .expect("valid metric"),
+        watchers: prometheus::IntGauge::new(
+            "flexq_watchers",
+            "Event-stream watchers (GET .../batches:watch) this replica serves now.",
+        )
+        .expect("valid metric"),
+        watch_events: counter_vec(
+            "flexq_watch_events_total",
+            "Events sent to watchers, by kind: batch, deleted, position.",
+            &["kind"],
+        ),
+        watchers_dropped: counter_vec(
+            "flexq_watchers_dropped_total",
+            "Watches ended by the server, by reason: stalled (the watcher stopped reading for limits.watch_stall), refused (over limits.max_watchers).",
+            &["reason"],
+        ),
         fenced: IntCounter::new(
             "flexq_scheduler_fenced_commits_total",
             "Scheduler commits refused because another replica had taken the leader lease.",
@@ -258,6 +276,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.config_reloads.clone()),
         Box::new(m.config_last_reload_ok.clone()),
         Box::new(m.config_file_differs.clone()),
+        Box::new(m.watchers.clone()),
+        Box::new(m.watch_events.clone()),
+        Box::new(m.watchers_dropped.clone()),
         Box::new(m.transitions.clone()),
         Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
@@ -285,6 +306,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         m.registry.register(c).expect("metric registered once");
     }
     m.config_last_reload_ok.set(1);
+    for reason in ["stalled", "refused"] {
+        m.watchers_dropped.with_label_values(&[reason]);
+    }
     for result in ["ok", "invalid", "failed"] {
         m.config_reloads.with_label_values(&[result]);
     }
@@ -422,6 +446,21 @@ pub fn record_lease_lost(failed: usize, requeued: usize) {
 /// A batch went back to the queue after an infrastructure failure.
 pub fn record_requeue() {
     METRICS.requeues.inc();
+}
+
+/// Watchers served now.
+pub fn set_watchers(n: usize) {
+    METRICS.watchers.set(n as i64);
+}
+
+/// An event sent to a watcher.
+pub fn record_watch_event(kind: &str) {
+    METRICS.watch_events.with_label_values(&[kind]).inc();
+}
+
+/// A watch the server ended (`stalled`) or refused (`refused`).
+pub fn record_watcher_dropped(reason: &str) {
+    METRICS.watchers_dropped.with_label_values(&[reason]).inc();
 }
 
 /// The config generation in force on this replica.

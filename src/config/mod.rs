@@ -171,6 +171,22 @@ pub struct LimitsConfig {
     pub reads_per_minute: u32,
     /// Batches of one project waiting in the queue at once (all regions).
     pub max_pending_per_project: u64,
+    /// Event-stream watchers (`...batches:watch`) served at once by this
+    /// replica; beyond, a watch is refused RESOURCE_EXHAUSTED.
+    #[serde(default = "default_max_watchers")]
+    pub max_watchers: usize,
+    /// A watcher that has not read what it was sent for this long is
+    /// dropped (its events are not buffered without bound).
+    #[serde(default = "default_watch_stall", with = "humantime_serde")]
+    pub watch_stall: Duration,
+}
+
+fn default_max_watchers() -> usize {
+    1000
+}
+
+fn default_watch_stall() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// How each region's queue is ordered (docs/rules.md#fair-share-order).
@@ -404,6 +420,16 @@ impl Config {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
             }
+        }
+        let stall = self.limits.watch_stall;
+        if stall < Duration::from_secs(1) || stall > Duration::from_secs(3600) {
+            return Err(invalid(
+                "limits.watch_stall",
+                format!(
+                    "{} is out of range: from 1s to 1h",
+                    humantime::format_duration(stall)
+                ),
+            ));
         }
         for (i, p) in self.principals.iter().enumerate() {
             let key = |k: &str| format!("principals[{i}].{k}");

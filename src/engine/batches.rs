@@ -491,7 +491,7 @@ impl Engine {
     }
 }
 
-fn not_found_as(e: StoreError, what: &str, name: &str) -> Error {
+pub(super) fn not_found_as(e: StoreError, what: &str, name: &str) -> Error {
     match e {
         StoreError::NotFound => Error::not_found(what, name),
         other => other.into(),

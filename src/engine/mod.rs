@@ -31,6 +31,7 @@ mod nodes;
 mod passes;
 mod principal;
 mod replica;
+mod stream;
 mod usage;
 
 pub use admin::{NodeView, QueueView, QuotaChange, Readiness};
@@ -40,6 +41,7 @@ pub use error::Error;
 pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
 pub use principal::{Access, Principal, token_hash};
+pub use stream::{Watch, WatchEvent, WatchRequest};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -151,6 +153,10 @@ pub(crate) struct Shared {
     /// Fired when this replica no longer takes part in leader election
     /// (at once on SQLite): after shutdown, its lease is given up.
     pub(crate) election_done: CancellationToken,
+    /// Event-stream watchers served now, and the event log's head they
+    /// wait on ([`stream`]).
+    watchers: std::sync::atomic::AtomicUsize,
+    event_head: watch::Sender<crate::store::Cursor>,
 }
 
 /// The config in force and what is derived from it, swapped whole: a use
@@ -292,8 +298,11 @@ impl Engine {
                 stale: AtomicBool::new(false),
                 held_term: AtomicI64::new(0),
                 shutdown: shutdown.clone(),
+                watchers: std::sync::atomic::AtomicUsize::new(0),
+                event_head: watch::channel(crate::store::Cursor::default()).0,
             }),
         };
+        service.event_tail();
         if replicated {
             replica::start(service.clone(), shutdown.clone());
         } else {

@@ -178,3 +178,84 @@ pub(super) async fn post_operation(
     app.engine.cancel(&name).await?;
     Ok(format.respond(StatusCode::OK, &serde_json::json!({})))
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WatchParams {
+    batch_id: Option<String>,
+    last_event_id: Option<String>,
+    #[serde(rename = "$alt")]
+    _alt: Option<String>,
+}
+
+/// `GET /v1/projects/{project}/locations/{region}/batches:watch`: the
+/// event stream, as Server-Sent Events (project `-`: every project, for
+/// admins).
+#[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches:watch", tag = "batches",
+    params(("project" = String, Path, description = "A project, or - for every project (admins)"), ("region" = String, Path), ("batchId" = Option<String>, Query, description = "Only this batch"), ("lastEventId" = Option<String>, Query, description = "Resume after this event (the Last-Event-ID header wins)")),
+    responses((status = 200, description = "text/event-stream: ready, batch, deleted and position events", content_type = "text/event-stream"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn watch(
+    AppState(app): AppState<App>,
+    ApiPath((project, region)): ApiPath<(String, String)>,
+    ApiQuery(params): ApiQuery<WatchParams>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, Error> {
+    use crate::engine::WatchEvent;
+    use axum::response::IntoResponse;
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let header = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| {
+                    Error::invalid_field("Last-Event-ID", "is not text: an event id of this flexq")
+                })?
+                .to_string(),
+        ),
+    };
+    let watch = app
+        .engine
+        .watch(crate::engine::WatchRequest {
+            project,
+            region,
+            batch_id: params.batch_id,
+            last_event_id: header.or(params.last_event_id),
+        })
+        .await?;
+    let events = futures_util::stream::unfold(watch.events, |mut rx| async move {
+        let event = rx.recv().await?;
+        let sse = match event {
+            WatchEvent::Ready { cursor } => Event::default()
+                .event("ready")
+                .id(cursor.to_string())
+                .json_data(serde_json::json!({ "cursor": cursor.to_string() })),
+            WatchEvent::Batch {
+                cursor,
+                changes,
+                batch,
+            } => Event::default()
+                .event("batch")
+                .id(cursor.to_string())
+                .json_data(serde_json::json!({ "changes": changes, "batch": batch })),
+            WatchEvent::Deleted { cursor, name, at } => Event::default()
+                .event("deleted")
+                .id(cursor.to_string())
+                .json_data(serde_json::json!({ "name": name, "deleteTime": at })),
+            WatchEvent::Position {
+                name,
+                queue_position,
+                estimated_start_time,
+            } => Event::default()
+                .event("position")
+                .json_data(serde_json::json!({
+                    "name": name,
+                    "queuePosition": queue_position,
+                    "estimatedStartTime": estimated_start_time,
+                })),
+        };
+        Some((sse, rx))
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}

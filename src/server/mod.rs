@@ -72,6 +72,7 @@ fn rest(app: App) -> Router {
     let batches = "/v1/projects/{project}/locations/{region}/batches";
     Router::new()
         .route(batches, get(batches::list).post(batches::create))
+        .route(&format!("{batches}:watch"), get(batches::watch))
         .route(
             &format!("{batches}/{{batch}}"),
             get(batches::get).delete(batches::delete),

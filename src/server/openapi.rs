@@ -52,6 +52,7 @@ pub struct ErrorStatus {
         super::admin::resume_queue,
         super::admin::held_queues,
         super::admin::reload_config,
+        super::batches::watch,
         super::runtimes,
         super::healthz,
         super::readyz,

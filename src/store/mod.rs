@@ -16,6 +16,7 @@
 //! [`Store::begin_create`]): the unique indexes order them.
 
 mod config;
+mod events;
 pub mod filter;
 pub mod leader;
 mod lifecycle;
@@ -41,6 +42,7 @@ use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
 pub use config::ConfigGeneration;
+pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
 pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use lifecycle::Applied;

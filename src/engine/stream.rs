@@ -1,0 +1,381 @@
+//! The event stream (`GET .../batches:watch`, docs/api.md#the-event-stream):
+//! what happens to the batches of a project's region (admins: project `-`,
+//! every project), or of one batch, as it happens.
+//!
+//! Events come from the store's durable log ([`crate::store::EventRow`]),
+//! so a watcher that reconnects with the id of the last event it saw
+//! (`Last-Event-ID`) gets everything after it, from any replica. A watch
+//! is a task that pages through the log after its cursor and sends each
+//! batch that changed as it is now (the events of one page are collapsed
+//! per batch: a client that resumes from any id it saw still ends with
+//! every batch's latest state), then waits for the log's head to move
+//! ([`Engine::event_tail`] polls it once for every watcher). Queue
+//! positions change without an event of their own: every
+//! [`POSITION_EVERY`] the watch sends the positions of the queued batches
+//! it has seen that moved (at most [`POSITIONS_KEPT`]).
+//!
+//! Memory per watch is bounded: a channel of [`BUFFERED`] events, and the
+//! positions kept. A watcher that does not read for `limits.watch_stall`
+//! is dropped; more than `limits.max_watchers` at once are refused.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+
+use super::{Engine, Error};
+use crate::api::{Batch, BatchName, Code, State};
+use crate::scheduler::BatchKey;
+use crate::store::{Cursor, EventKind, EventRow, EventScope};
+
+/// Events a watch holds for its watcher.
+const BUFFERED: usize = 64;
+/// Events read from the log at once.
+const PAGE: usize = 256;
+/// How often queue positions are looked at.
+pub const POSITION_EVERY: Duration = Duration::from_secs(2);
+/// Queued batches whose position a watch follows.
+pub const POSITIONS_KEPT: usize = 100;
+/// How often the log's head is read for every watcher.
+const TAIL_EVERY: Duration = Duration::from_millis(100);
+
+/// What a watch asks for.
+#[derive(Debug, Clone)]
+pub struct WatchRequest {
+    /// A project, or `-` for every project of the region (admins).
+    pub project: String,
+    pub region: String,
+    /// Only this batch.
+    pub batch_id: Option<String>,
+    /// Resume after this event (the `id` of the last one seen).
+    pub last_event_id: Option<String>,
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone)]
+pub enum WatchEvent {
+    /// The watch started without `Last-Event-ID`: events follow from this
+    /// cursor (a client reads what it needs first, then applies events).
+    Ready { cursor: Cursor },
+    /// A batch changed (its state, an allocation, its output): as it is
+    /// now, with what changed.
+    Batch {
+        cursor: Cursor,
+        changes: Vec<&'static str>,
+        batch: Box<Batch>,
+    },
+    Deleted {
+        cursor: Cursor,
+        name: String,
+        at: DateTime<Utc>,
+    },
+    /// A queued batch's place in the queue moved.
+    Position {
+        name: String,
+        queue_position: usize,
+        estimated_start_time: Option<DateTime<Utc>>,
+    },
+}
+
+/// A running watch: its events, until the receiver is dropped or the
+/// watch ends.
+pub struct Watch {
+    pub events: mpsc::Receiver<WatchEvent>,
+}
+
+/// Counts a watcher while it lives.
+struct Watcher(Engine);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let left = self.0.shared.watchers.fetch_sub(1, Ordering::SeqCst) - 1;
+        crate::metrics::set_watchers(left);
+    }
+}
+
+impl Engine {
+    /// Starts a watch (the caller's right to read the project's batches
+    /// was checked by admission).
+    pub async fn watch(&self, req: WatchRequest) -> Result<Watch, Error> {
+        if !self.config().regions.contains_key(&req.region) {
+            return Err(Error::invalid_field(
+                "region",
+                format!(
+                    "{} is not a region flexq serves; served: {}",
+                    crate::api::quote(&req.region),
+                    self.config()
+                        .regions
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let scope =
+            match &req.batch_id {
+                Some(id) => {
+                    let name = BatchName::new(&req.project, &req.region, id);
+                    let record =
+                        self.shared.store.get(&name).await.map_err(|e| {
+                            super::batches::not_found_as(e, "batch", &name.to_string())
+                        })?;
+                    EventScope::Batch(record.seq)
+                }
+                None if req.project == "-" => EventScope::Region(req.region.clone()),
+                None => EventScope::Project {
+                    project: req.project.clone(),
+                    region: req.region.clone(),
+                },
+            };
+        let head = self.shared.store.event_head().await?;
+        let start = match &req.last_event_id {
+            None => None,
+            Some(text) => {
+                let cursor = Cursor::parse(text).filter(|c| *c <= head).ok_or_else(|| {
+                    Error::invalid_field(
+                        "Last-Event-ID",
+                        format!(
+                            "{} is not an event id of this flexq: an id of an event it sent, like {head}",
+                            crate::api::quote(text)
+                        ),
+                    )
+                })?;
+                Some(cursor)
+            }
+        };
+        let max = self.config().limits.max_watchers;
+        let now = self.shared.watchers.fetch_add(1, Ordering::SeqCst) + 1;
+        let guard = Watcher(self.clone());
+        if now > max {
+            drop(guard);
+            crate::metrics::record_watcher_dropped("refused");
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                "TOO_MANY_WATCHERS",
+                format!("this replica serves {max} watchers at once (limits.max_watchers); try again later"),
+            )
+            .with_meta("limit", "limits.max_watchers"));
+        }
+        crate::metrics::set_watchers(now);
+        let (tx, events) = mpsc::channel(BUFFERED);
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let _counted = guard;
+            let stall = engine.config().limits.watch_stall;
+            let cursor = match start {
+                Some(c) => c,
+                None => {
+                    if !send(&tx, WatchEvent::Ready { cursor: head }, stall).await {
+                        return;
+                    }
+                    head
+                }
+            };
+            engine.run_watch(scope, cursor, tx, stall).await;
+        });
+        Ok(Watch { events })
+    }
+
+    async fn run_watch(
+        &self,
+        scope: EventScope,
+        mut cursor: Cursor,
+        tx: mpsc::Sender<WatchEvent>,
+        stall: Duration,
+    ) {
+        let mut heads = self.shared.event_head.subscribe();
+        let mut positions: BTreeMap<i64, (BatchName, Option<usize>)> = BTreeMap::new();
+        let mut tick = tokio::time::interval(POSITION_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shutdown = self.shared.shutdown.clone();
+        loop {
+            match self.shared.store.events_after(&scope, cursor, PAGE).await {
+                Ok(page) if !page.is_empty() => {
+                    let full = page.len() == PAGE;
+                    cursor = page.last().map_or(cursor, |e| e.cursor);
+                    for event in self.events_of(page, &mut positions).await {
+                        if !send(&tx, event, stall).await {
+                            return;
+                        }
+                    }
+                    if full {
+                        continue;
+                    }
+                }
+                Ok(_) => {}
+                // The database is away (a failover): the watch goes on and
+                // reads again at the next head or tick.
+                Err(e) => tracing::warn!(error = %e, "a watch cannot read the event log"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+                changed = heads.changed() => if changed.is_err() { return },
+                _ = tick.tick() => {
+                    for event in self.moved_positions(&mut positions).await {
+                        if !send(&tx, event, stall).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A page of the log as watch events: one per batch, as it is now, at
+    /// the cursor of its last event in the page, in cursor order.
+    async fn events_of(
+        &self,
+        page: Vec<EventRow>,
+        positions: &mut BTreeMap<i64, (BatchName, Option<usize>)>,
+    ) -> Vec<WatchEvent> {
+        let mut per_batch: HashMap<i64, (Cursor, Vec<&'static str>, EventRow)> = HashMap::new();
+        for e in page {
+            let what = match e.kind {
+                EventKind::State => "state",
+                EventKind::Output => "output",
+                EventKind::Deleted => "deleted",
+            };
+            let entry = per_batch
+                .entry(e.seq)
+                .or_insert_with(|| (e.cursor, Vec::new(), e.clone()));
+            entry.0 = e.cursor;
+            if !entry.1.contains(&what) {
+                entry.1.push(what);
+            }
+            entry.2 = e;
+        }
+        let mut batches: Vec<_> = per_batch.into_values().collect();
+        batches.sort_by_key(|(c, _, _)| *c);
+        let mut out = Vec::with_capacity(batches.len());
+        for (cursor, changes, last) in batches {
+            let name = BatchName::new(&last.project, &last.region, &last.batch_id);
+            let batch = if last.kind == EventKind::Deleted {
+                None
+            } else {
+                self.get(&name).await.ok()
+            };
+            match batch {
+                Some(batch) => {
+                    let queued = batch.state == Some(State::Pending)
+                        && batch
+                            .flexq
+                            .as_ref()
+                            .is_some_and(|f| f.queue_position.is_some());
+                    if queued {
+                        let position = batch.flexq.as_ref().and_then(|f| f.queue_position);
+                        if positions.len() < POSITIONS_KEPT || positions.contains_key(&last.seq) {
+                            positions.insert(last.seq, (name, position));
+                        }
+                    } else {
+                        positions.remove(&last.seq);
+                    }
+                    out.push(WatchEvent::Batch {
+                        cursor,
+                        changes,
+                        batch: Box::new(batch),
+                    });
+                }
+                None => {
+                    positions.remove(&last.seq);
+                    out.push(WatchEvent::Deleted {
+                        cursor,
+                        name: name.to_string(),
+                        at: last.at,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The followed queued batches whose position moved since it was last
+    /// sent; those no longer queued are forgotten.
+    async fn moved_positions(
+        &self,
+        positions: &mut BTreeMap<i64, (BatchName, Option<usize>)>,
+    ) -> Vec<WatchEvent> {
+        if positions.is_empty() {
+            return Vec::new();
+        }
+        let now = Utc::now();
+        let core = self.lock().await;
+        let mut out = Vec::new();
+        positions.retain(|seq, (name, sent)| {
+            let Some(info) = core.pending_info(BatchKey(*seq), now) else {
+                return false;
+            };
+            if *sent != Some(info.queue_position) {
+                *sent = Some(info.queue_position);
+                out.push(WatchEvent::Position {
+                    name: name.to_string(),
+                    queue_position: info.queue_position,
+                    estimated_start_time: info.estimated_start_time,
+                });
+            }
+            true
+        });
+        out
+    }
+
+    /// Reads the log's head for every watcher, every [`TAIL_EVERY`], and
+    /// wakes them when it moved.
+    pub(super) fn event_tail(&self) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let shutdown = engine.shared.shutdown.clone();
+            let mut every = tokio::time::interval(TAIL_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                if engine.shared.watchers.load(Ordering::SeqCst) == 0 {
+                    continue;
+                }
+                match engine.shared.store.event_head().await {
+                    Ok(head) => {
+                        engine.shared.event_head.send_if_modified(|h| {
+                            let moved = head > *h;
+                            if moved {
+                                *h = head;
+                            }
+                            moved
+                        });
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot read the event log's head"),
+                }
+            }
+        });
+    }
+}
+
+/// Sends `event`, or gives up when the watcher has not taken anything for
+/// `stall` (it is dropped) or is gone. False: the watch ends.
+async fn send(tx: &mpsc::Sender<WatchEvent>, event: WatchEvent, stall: Duration) -> bool {
+    let kind = match &event {
+        WatchEvent::Ready { .. } => "ready",
+        WatchEvent::Batch { .. } => "batch",
+        WatchEvent::Deleted { .. } => "deleted",
+        WatchEvent::Position { .. } => "position",
+    };
+    match tokio::time::timeout(stall, tx.send(event)).await {
+        Ok(Ok(())) => {
+            crate::metrics::record_watch_event(kind);
+            true
+        }
+        Ok(Err(_)) => false,
+        Err(_) => {
+            tracing::info!(
+                stall_s = stall.as_secs(),
+                "watcher dropped: it stopped reading"
+            );
+            crate::metrics::record_watcher_dropped("stalled");
+            false
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The event log the watch stream serves: a row per state-history entry,
+//! per stored chunk of driver output and per deleted batch, written by
+//! triggers in the transaction that writes them (the migrations
+//! `*_events.sql`), so no write path can forget one.
+//!
+//! A reader pages through it after a [`Cursor`]. On SQLite writers are
+//! serialized and ids grow in commit order. On PostgreSQL replicas commit
+//! creates in parallel, so an id can become visible after a greater one:
+//! readers take only events of transactions older than every transaction
+//! still running (`tx` below the snapshot's xmin) and page by `(tx, id)`,
+//! an order in which nothing can appear behind a cursor once it is read.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::rows::from_micros;
+use super::{Backend, Store, StoreError};
+
+/// A position in the event log, and the id of an event in the watch
+/// stream (`{tx}-{id}`; `tx` is 0 on SQLite).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Cursor {
+    pub tx: u64,
+    pub id: i64,
+}
+
+impl Cursor {
+    /// Reads `{tx}-{id}`; None when it is not one.
+    pub fn parse(text: &str) -> Option<Cursor> {
+        let (tx, id) = text.split_once('-')?;
+        let id: i64 = id.parse().ok()?;
+        (id >= 0).then_some(Cursor {
+            tx: tx.parse().ok()?,
+            id,
+        })
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.tx, self.id)
+    }
+}
+
+/// What happened to a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A state-history entry: a change of state, an allocation, a requeue.
+    State,
+    /// Driver output was stored.
+    Output,
+    Deleted,
+}
+
+/// One event of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRow {
+    pub cursor: Cursor,
+    pub kind: EventKind,
+    pub seq: i64,
+    pub batch_id: String,
+    pub project: String,
+    pub region: String,
+    pub at: DateTime<Utc>,
+}
+
+/// Which events a reader wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventScope {
+    /// One project's batches in a region.
+    Project { project: String, region: String },
+    /// Every project's batches in a region.
+    Region(String),
+    /// One batch.
+    Batch(i64),
+}
+
+impl Store {
+    /// The newest event a reader may take now (the start when there is
+    /// none).
+    pub async fn event_head(&self) -> Result<Cursor, StoreError> {
+        let sql = match self.backend {
+            Backend::Sqlite => "select '0', coalesce(max(id), 0) from events",
+            Backend::Postgres => {
+                "select coalesce((select tx::text from events e where e.tx < pg_snapshot_xmin(pg_current_snapshot()) \
+                 order by tx desc, id desc limit 1), '0'), \
+                 coalesce((select id from events e where e.tx < pg_snapshot_xmin(pg_current_snapshot()) \
+                 order by tx desc, id desc limit 1), 0)"
+            }
+        };
+        let (tx, id): (String, i64) = sqlx::query_as(sql).fetch_one(&self.pool).await?;
+        Ok(Cursor {
+            tx: tx.parse().unwrap_or_default(),
+            id,
+        })
+    }
+
+    /// Up to `limit` events of `scope` after `after`, in log order.
+    pub async fn events_after(
+        &self,
+        scope: &EventScope,
+        after: Cursor,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let (position, order) = match self.backend {
+            Backend::Sqlite => ("id > $1 and $2 = $2", "id"),
+            Backend::Postgres => (
+                "(tx, id) > ($2::xid8, $1) and tx < pg_snapshot_xmin(pg_current_snapshot())",
+                "tx, id",
+            ),
+        };
+        let filter = match scope {
+            EventScope::Project { .. } => "project = $4 and region = $5",
+            EventScope::Region(_) => "region = $5 and $4 = $4",
+            EventScope::Batch(_) => "batch_seq = $6 and $4 = $4 and $5 = $5",
+        };
+        let tx_text = match self.backend {
+            Backend::Sqlite => "'0'",
+            Backend::Postgres => "tx::text",
+        };
+        let sql = format!(
+            "select {tx_text} as tx, id, kind, batch_seq, batch_id, project, region, at from events \
+             where {position} and {filter} and $6 = $6 order by {order} limit $3"
+        );
+        let (project, region, seq) = match scope {
+            EventScope::Project { project, region } => (project.as_str(), region.as_str(), 0),
+            EventScope::Region(region) => ("", region.as_str(), 0),
+            EventScope::Batch(seq) => ("", "", *seq),
+        };
+        let rows = sqlx::query(&sql)
+            .bind(after.id)
+            .bind(after.tx.to_string())
+            .bind(limit as i64)
+            .bind(project)
+            .bind(region)
+            .bind(seq)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let tx: String = row.try_get("tx")?;
+                Ok(EventRow {
+                    cursor: Cursor {
+                        tx: tx.parse().unwrap_or_default(),
+                        id: row.try_get("id")?,
+                    },
+                    kind: match row.try_get::<i64, _>("kind")? {
+                        2 => EventKind::Output,
+                        3 => EventKind::Deleted,
+                        _ => EventKind::State,
+                    },
+                    seq: row.try_get("batch_seq")?,
+                    batch_id: row.try_get("batch_id")?,
+                    project: row.try_get("project")?,
+                    region: row.try_get("region")?,
+                    at: from_micros(row.try_get("at")?),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cursor;
+
+    #[test]
+    fn a_cursor_reads_back_what_it_writes_and_nothing_else() {
+        let c = Cursor { tx: 812, id: 99 };
+        assert_eq!(Cursor::parse(&c.to_string()), Some(c));
+        for bad in ["", "12", "a-1", "1-b", "1--2", "-1", "1-", "1-2-3"] {
+            assert_eq!(Cursor::parse(bad), None, "{bad}");
+        }
+        assert!(Cursor { tx: 1, id: 0 } > Cursor { tx: 0, id: 50 });
+    }
+}
