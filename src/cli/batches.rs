@@ -449,6 +449,8 @@ pub async fn delete(client: &Client, batch_id: &str) -> Result<(), CliError> {
 /// SUCCEEDED.
 pub async fn wait(client: &Client, batch_id: &str) -> Result<bool, CliError> {
     use std::io::Write;
+    // Opened before the first read: a change after it is in the stream.
+    let mut changes = Changes::open(client, batch_id).await;
     let mut last: Option<(State, String)> = None;
     let mut offset = 0u64;
     loop {
@@ -494,7 +496,55 @@ pub async fn wait(client: &Client, batch_id: &str) -> Result<bool, CliError> {
                 return Ok(false);
             }
             _ if batch.runtime_info.is_some() => {}
-            _ => tokio::time::sleep(POLL).await,
+            _ => changes.next().await,
+        }
+    }
+}
+
+/// A batch's event stream (`batches:watch?batchId=`): `wait` reads the
+/// batch again when it changes rather than every [`POLL`]. Without one
+/// (an older server, a dropped stream), it polls.
+struct Changes {
+    stream: Option<reqwest::Response>,
+    text: String,
+}
+
+impl Changes {
+    async fn open(client: &Client, batch_id: &str) -> Changes {
+        let path = format!("{}:watch?batchId={batch_id}", client.batches_path());
+        Changes {
+            stream: client.open_events(&path).await,
+            text: String::new(),
+        }
+    }
+
+    /// Returns once the batch changed (an event about it), or after at most
+    /// 30 s; [`POLL`] when there is no stream.
+    async fn next(&mut self) {
+        let Some(stream) = self.stream.as_mut() else {
+            tokio::time::sleep(POLL).await;
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            // Whole events end with a blank line.
+            while let Some(end) = self.text.find("\n\n") {
+                let event: String = self.text.drain(..end + 2).collect();
+                if event
+                    .lines()
+                    .any(|l| l == "event: batch" || l == "event: deleted")
+                {
+                    return;
+                }
+            }
+            match tokio::time::timeout_at(deadline, stream.chunk()).await {
+                Err(_) => return,
+                Ok(Ok(Some(bytes))) => self.text.push_str(&String::from_utf8_lossy(&bytes)),
+                Ok(_) => {
+                    self.stream = None;
+                    return;
+                }
+            }
         }
     }
 }

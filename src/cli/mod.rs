@@ -158,6 +158,26 @@ impl Client {
         )
     }
 
+    /// Opens a server-sent event stream (no overall timeout: it lasts);
+    /// None when the server answers otherwise.
+    pub async fn open_events(&self, path_and_query: &str) -> Option<reqwest::Response> {
+        let url = format!(
+            "{}{}",
+            self.target.endpoint.trim_end_matches('/'),
+            path_and_query
+        );
+        let mut req = self
+            .http
+            .get(&url)
+            .header("accept", "text/event-stream")
+            .timeout(Duration::from_secs(365 * 24 * 3600));
+        if let Some(token) = &self.target.token {
+            req = req.bearer_auth(token);
+        }
+        let resp = req.send().await.ok()?;
+        resp.status().is_success().then_some(resp)
+    }
+
     pub async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
         method: Method,

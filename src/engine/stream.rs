@@ -134,16 +134,21 @@ impl Engine {
         let start = match &req.last_event_id {
             None => None,
             Some(text) => {
-                let cursor = Cursor::parse(text).filter(|c| *c <= head).ok_or_else(|| {
-                    Error::invalid_field(
+                let parsed = Cursor::parse(text).filter(|c| *c <= head);
+                let known = match parsed {
+                    Some(c) => self.shared.store.is_event(c).await?,
+                    None => false,
+                };
+                if !known {
+                    return Err(Error::invalid_field(
                         "Last-Event-ID",
                         format!(
-                            "{} is not an event id of this flexq: an id of an event it sent, like {head}",
+                            "{} is not an event id of this flexq: the id of an event it sent, like {head}",
                             crate::api::quote(text)
                         ),
-                    )
-                })?;
-                Some(cursor)
+                    ));
+                }
+                parsed
             }
         };
         let max = self.config().limits.max_watchers;

@@ -95,6 +95,23 @@ impl Store {
         })
     }
 
+    /// Whether `cursor` is an event of this log (or its start).
+    pub async fn is_event(&self, cursor: Cursor) -> Result<bool, StoreError> {
+        if cursor == Cursor::default() {
+            return Ok(true);
+        }
+        let sql = match self.backend {
+            Backend::Sqlite => "select count(*) from events where id = $1 and $2 = '0'",
+            Backend::Postgres => "select count(*) from events where id = $1 and tx = $2::xid8",
+        };
+        let n: i64 = sqlx::query_scalar(sql)
+            .bind(cursor.id)
+            .bind(cursor.tx.to_string())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n > 0)
+    }
+
     /// Up to `limit` events of `scope` after `after`, in log order.
     pub async fn events_after(
         &self,

@@ -25,3 +25,4 @@ mod spark;
 mod support;
 mod tls;
 mod usage;
+mod watch;
