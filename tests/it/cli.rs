@@ -485,19 +485,27 @@ async fn queues_hold_list_resume_through_the_cli() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_hears_a_change_on_the_event_stream_at_once() {
-    let s = TestServer::start().await;
+    // A server process of its own: its metrics are its own.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = crate::support::ServerProcess::start(dir.path()).await;
     assert_eq!(
-        s.create("batchId=waited-on", &crate::support::flex_batch())
-            .await
-            .0,
+        s.create("waited-on", &crate::support::flex_batch()).await,
         200
     );
+    let scrape = || async {
+        reqwest::get(format!("{}/metrics", s.metrics_endpoint))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text")
+    };
     // `wait` follows the queued batch; it is cancelled from elsewhere.
     let waiter = std::process::Command::new(flexq_bin())
         .args(["batches", "wait", "waited-on"])
         .args([
             "--endpoint",
-            &s.url(""),
+            &s.endpoint,
             "--project",
             "demo",
             "--region",
@@ -509,19 +517,22 @@ async fn wait_hears_a_change_on_the_event_stream_at_once() {
         .expect("flexq batches wait");
     // It watches the batch's event stream.
     let t = std::time::Instant::now();
-    while !s.scrape().await.contains("flexq_watchers 1") {
+    while !scrape().await.contains("flexq_watchers 1") {
         assert!(
             t.elapsed() < std::time::Duration::from_secs(10),
             "wait never watched"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let (_, b) = s
-        .get("/v1/projects/demo/locations/us-central1/batches/waited-on")
-        .await;
+    let b = s.batch("waited-on").await;
     let op = b["operation"].as_str().expect("op").to_string();
     let cancelled = std::time::Instant::now();
-    assert_eq!(s.post(&format!("/v1/{op}:cancel")).await.0, 200);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/{op}:cancel", s.endpoint))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(r.status(), 200);
     let out = tokio::task::block_in_place(|| waiter.wait_with_output()).expect("wait ends");
     let heard = cancelled.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{TestServer, flex_batch, flex_with};
+use crate::support::{ServerProcess, TestServer, flex_batch, flex_with};
 
 /// One server-sent event.
 #[derive(Debug, Clone)]
@@ -270,13 +270,27 @@ async fn one_batch_or_every_project_and_the_ids_that_are_not_ours() {
 
 #[tokio::test]
 async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dropped() {
-    let s = TestServer::start_with(|c| {
-        crate::support::no_virtual_nodes(c);
-        c.limits.max_watchers = 2;
-        c.limits.watch_stall = Duration::from_secs(1);
-    })
-    .await;
-    let url = watch_url(&s, "");
+    // A server process of its own: its metrics are its own.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    crate::support::virtual_l4_config(&file, 0);
+    let mut text = std::fs::read_to_string(&file).expect("config");
+    text.push_str("[limits]\nmax_watchers = 2\nwatch_stall = \"1s\"\n");
+    std::fs::write(&file, text).expect("config");
+    let s = ServerProcess::start_with(dir.path(), Some(&file)).await;
+    let scrape = || async {
+        reqwest::get(format!("{}/metrics", s.metrics_endpoint))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text")
+    };
+    let url = format!(
+        "{}/v1/projects/demo/locations/us-central1/batches:watch",
+        s.endpoint
+    );
+    let addr = s.endpoint.trim_start_matches("http://").to_string();
     // The first watcher reads everything it is sent.
     let mut first = Sse::open(&url, None).await;
     let reader = tokio::spawn(async move {
@@ -287,22 +301,21 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
         n
     });
     // The second watcher sends its request and never reads a byte.
-    let mut stalled = tokio::net::TcpStream::connect(s.addr)
+    let mut stalled = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
     stalled
         .write_all(
             format!(
-                "GET /v1/projects/demo/locations/us-central1/batches:watch HTTP/1.1\r\nhost: {}\r\n\r\n",
-                s.addr
+                "GET /v1/projects/demo/locations/us-central1/batches:watch HTTP/1.1\r\nhost: {addr}\r\n\r\n"
             )
             .as_bytes(),
         )
         .await
         .expect("request");
     let t = Instant::now();
-    while !s.scrape().await.contains("flexq_watchers 2") {
-        assert!(t.elapsed() < Duration::from_secs(5), "{}", s.scrape().await);
+    while !scrape().await.contains("flexq_watchers 2") {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", scrape().await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (status, body) = Sse::try_open(&url, None).await;
@@ -315,12 +328,12 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
     for i in 0..800 {
         let mut b = flex_with("spark.executor.instances", "2");
         b["runtimeConfig"]["properties"]["spark.flexq.padding"] = json!(label);
-        assert_eq!(s.create(&format!("batchId=big-{i}"), &b).await.0, 200);
+        assert_eq!(s.create(&format!("big-{i}"), &b).await, 200);
     }
     // The stalled watcher is dropped; the one that reads is not.
     let t = Instant::now();
     loop {
-        let text = s.scrape().await;
+        let text = scrape().await;
         if text.contains("flexq_watchers 1")
             && text.contains("flexq_watchers_dropped_total{reason=\"stalled\"} 1")
         {
