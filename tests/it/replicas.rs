@@ -1126,3 +1126,90 @@ async fn a_reload_on_one_replica_puts_one_config_generation_in_force_on_every_re
     assert_eq!(again["generation"], generation, "{again:#}");
     assert!(config(&r0).await.get("fileDiffers").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_follower_goes_on_across_a_leader_failover() {
+    use crate::watch::Sse;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = fresh_postgres_database().await;
+    let config = config_file(dir.path());
+    let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
+    let t = Instant::now();
+    while leader(std::slice::from_ref(&r0)).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r1 = Replica::start("r1", &url, &config, dir.path()).await;
+    let batches = format!(
+        "{}/v1/projects/demo/locations/us-central1/batches",
+        r1.endpoint
+    );
+    let mut sse = Sse::open(&format!("{batches}:watch"), None).await;
+    assert_eq!(
+        sse.next(Duration::from_secs(5)).await.expect("ready").event,
+        "ready"
+    );
+    let http = reqwest::Client::new();
+    let create = |id: &'static str| {
+        let (http, batches) = (http.clone(), batches.clone());
+        async move {
+            let r = http
+                .post(format!("{batches}?batchId={id}"))
+                .json(&gpu_batch(2, "600s"))
+                .send()
+                .await
+                .expect("create");
+            assert_eq!(r.status(), 200, "{id}");
+        }
+    };
+    // Until the watch shows batch `id` with `provisioning` (and `state`).
+    async fn until(sse: &mut Sse, id: &str, provisioning: &str, state: &str) {
+        let t = Instant::now();
+        loop {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{id} never {provisioning}/{state}"
+            );
+            let Some(e) = sse.next(Duration::from_secs(20)).await else {
+                panic!("the watch ended waiting for {id}");
+            };
+            let b = &e.data["batch"];
+            if e.event == "batch"
+                && b["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with(&format!("/{id}")))
+                && b["flexq"]["provisioningState"] == provisioning
+                && b["state"] == state
+            {
+                return;
+            }
+        }
+    }
+    create("before-failover").await;
+    until(&mut sse, "before-failover", "PROVISIONED", "PENDING").await;
+    // The leader dies; r1 takes over. The same stream goes on.
+    r0.kill9();
+    let t = Instant::now();
+    while leader(std::slice::from_ref(&r1)).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(20), "r1 never leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    create("after-failover").await;
+    until(&mut sse, "after-failover", "PROVISIONED", "PENDING").await;
+    let b: Value = http
+        .get(format!("{batches}/before-failover"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let op = b["operation"].as_str().expect("op");
+    let r = http
+        .post(format!("{}/v1/{op}:cancel", r1.endpoint))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(r.status(), 200);
+    until(&mut sse, "before-failover", "RELEASED", "CANCELLED").await;
+}
