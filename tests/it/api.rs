@@ -466,7 +466,10 @@ async fn the_openapi_document_describes_every_route() {
             "/v1/projects/{project}/regions/{region}/queue:resume",
         ),
         ("get", "/v1/queues"),
-        ("get", "/v1/projects/{project}/locations/{region}/batches:watch"),
+        (
+            "get",
+            "/v1/projects/{project}/locations/{region}/batches:watch",
+        ),
         ("post", "/v1/config:reload"),
         ("get", "/v1/runtimes"),
         ("get", "/v1/regions"),

@@ -99,8 +99,11 @@ fn reasons(b: &Value) -> String {
 
 /// The order of the two queued batches, as positions and reasons say.
 pub async fn light_goes_first(s: &str) {
-    let light = get(s, "light", "light-1").await;
-    let heavy = get(s, "heavy", "heavy-2").await;
+    // On PostgreSQL the scheduler learns of a create through the change
+    // stream: wait until both are queued in it.
+    let queued = |b: &Value| b["flexq"]["queuePosition"].is_number();
+    let light = until(s, "light", "light-1", "queued", queued).await;
+    let heavy = until(s, "heavy", "heavy-2", "queued", queued).await;
     assert_eq!(light["flexq"]["queuePosition"], 1, "{light:#}");
     assert_eq!(heavy["flexq"]["queuePosition"], 2, "{heavy:#}");
     let why = reasons(&heavy);
@@ -137,7 +140,10 @@ pub async fn heavy_then_light(s: &str) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     // heavy-2 is older, but "other" has used nothing.
     create(s, "other", "other-1").await;
-    let queued = get(s, "other", "other-1").await;
+    let queued = until(s, "other", "other-1", "queued", |b| {
+        b["flexq"]["queuePosition"].is_number()
+    })
+    .await;
     assert_eq!(queued["flexq"]["queuePosition"], 1, "{queued:#}");
     cancel(s, "heavy", "heavy-1").await;
     provisioned(s, "other", "other-1").await;
