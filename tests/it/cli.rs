@@ -492,14 +492,6 @@ async fn wait_hears_a_change_on_the_event_stream_at_once() {
         s.create("waited-on", &crate::support::flex_batch()).await,
         200
     );
-    let scrape = || async {
-        reqwest::get(format!("{}/metrics", s.metrics_endpoint))
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("text")
-    };
     // `wait` follows the queued batch; it is cancelled from elsewhere.
     let waiter = std::process::Command::new(flexq_bin())
         .args(["batches", "wait", "waited-on"])
@@ -517,7 +509,7 @@ async fn wait_hears_a_change_on_the_event_stream_at_once() {
         .expect("flexq batches wait");
     // It watches the batch's event stream.
     let t = std::time::Instant::now();
-    while !scrape().await.contains("flexq_watchers 1") {
+    while !s.scrape().await.contains("flexq_watchers 1") {
         assert!(
             t.elapsed() < std::time::Duration::from_secs(10),
             "wait never watched"

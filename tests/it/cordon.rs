@@ -10,16 +10,6 @@ use serde_json::Value;
 
 use crate::support::{ServerProcess, flex_batch, flex_with, flexq_bin};
 
-async fn post(s: &ServerProcess, path: &str) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{}{path}", s.endpoint))
-        .send()
-        .await
-        .expect("post");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 async fn node(s: &ServerProcess, id: &str) -> Value {
     let nodes = s.get("/v1/nodes").await;
     nodes["nodes"]
@@ -88,11 +78,9 @@ async fn drain_waits_for_the_running_part_and_cordoned_nodes_take_nothing_new() 
     // (a virtual node's id holds slashes: one encoded path segment).
     let (ok, out) = cli(&s, &["drain", &busy]);
     assert!(ok && out.contains("DRAINING"), "{out}");
-    let (status, view) = post(
-        &s,
-        &format!("/v1/nodes/{}:cordon", idle.replace('/', "%2F")),
-    )
-    .await;
+    let (status, view) = s
+        .post(&format!("/v1/nodes/{}:cordon", idle.replace('/', "%2F")))
+        .await;
     assert_eq!(status, 200, "{view:#}");
     assert_eq!(view["state"], "CORDONED");
     assert_eq!(view["cordonedBy"], "anonymous");
@@ -123,7 +111,7 @@ async fn drain_waits_for_the_running_part_and_cordoned_nodes_take_nothing_new() 
         .as_str()
         .expect("operation")
         .to_string();
-    assert_eq!(post(&s, &format!("/v1/{op}:cancel")).await.0, 200);
+    assert_eq!(s.post(&format!("/v1/{op}:cancel")).await.0, 200);
     let t = Instant::now();
     while node(&s, &busy).await["state"] != "DRAINED" {
         assert!(t.elapsed() < Duration::from_secs(10), "never drained");
@@ -147,7 +135,7 @@ async fn drain_waits_for_the_running_part_and_cordoned_nodes_take_nothing_new() 
     assert_eq!(waiting["flexq"]["nodes"][0]["node"], idle.as_str());
 
     // An unknown node is named.
-    let (status, body) = post(&s, "/v1/nodes/no-such-node:cordon").await;
+    let (status, body) = s.post("/v1/nodes/no-such-node:cordon").await;
     assert_eq!(status, 404, "{body:#}");
     assert!(
         body["error"]["message"]

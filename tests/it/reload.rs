@@ -16,18 +16,8 @@ use crate::support::{ServerProcess, fake_gpu_script, flex_batch, flexq_bin, spaw
 
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
 
-async fn post(s: &ServerProcess, path: &str) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{}{path}", s.endpoint))
-        .send()
-        .await
-        .expect("post");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 async fn reload(s: &ServerProcess) -> (u16, Value) {
-    post(s, "/v1/config:reload").await
+    s.post("/v1/config:reload").await
 }
 
 async fn config_status(s: &ServerProcess) -> Value {
@@ -130,7 +120,7 @@ async fn a_reload_under_load_fails_no_request_and_loses_nothing() {
                 let batches = page["batches"].as_array().cloned().unwrap_or_default();
                 for b in batches.iter().filter(|b| allocated(b)) {
                     let op = b["operation"].as_str().unwrap_or_default().to_string();
-                    let (st, body) = post(&s, &format!("/v1/{op}:cancel")).await;
+                    let (st, body) = s.post(&format!("/v1/{op}:cancel")).await;
                     match st {
                         200 => {
                             cancelled.fetch_add(1, Ordering::SeqCst);
@@ -245,19 +235,14 @@ async fn an_invalid_file_is_refused_naming_the_key_and_the_config_in_force_stays
     }
     // The config in force is still the first file's.
     assert_eq!(timeout_of(&create_default(&s, "still-20m").await), 20 * 60);
-    let metrics = reqwest::get(format!("{}/metrics", s.metrics_endpoint))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
+    let metrics = s.scrape().await;
     assert!(
         metrics.contains("flexq_config_last_reload_successful 0"),
         "{metrics}"
     );
     assert!(metrics.contains("flexq_config_reloads_total{result=\"invalid\"} 4"));
     // Bad input to the endpoint itself is named.
-    let (st, body) = post(&s, "/v1/config:reload?validateOnly=maybe").await;
+    let (st, body) = s.post("/v1/config:reload?validateOnly=maybe").await;
     assert_eq!(st, 400, "{body:#}");
     assert!(body.to_string().contains("validate_only"), "{body:#}");
 
@@ -357,7 +342,7 @@ async fn a_pool_shrunk_under_a_running_cluster_lets_it_finish_and_takes_nothing_
     assert_eq!(row["cordonedGpus"], free_on_busy, "{row:#}");
     // It ends: the node leaves with it.
     let op = running["operation"].as_str().expect("op").to_string();
-    assert_eq!(post(&s, &format!("/v1/{op}:cancel")).await.0, 200);
+    assert_eq!(s.post(&format!("/v1/{op}:cancel")).await.0, 200);
     s.until("demo", "runs-on", |b| state(b) == "CANCELLED")
         .await;
     let t = Instant::now();

@@ -442,6 +442,29 @@ impl ServerProcess {
             .as_u16()
     }
 
+    /// POSTs to `path` without a body; the status and the JSON answer
+    /// (null when there is none).
+    pub async fn post(&self, path: &str) -> (u16, Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}{path}", self.endpoint))
+            .send()
+            .await
+            .expect("post");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The text of this server's `/metrics` (its own process: its own
+    /// metrics).
+    pub async fn scrape(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.metrics_endpoint))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text")
+    }
+
     pub fn kill9(&mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reap");

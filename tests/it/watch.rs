@@ -280,14 +280,6 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
     text.push_str("[limits]\nmax_watchers = 2\nwatch_stall = \"1s\"\n");
     std::fs::write(&file, text).expect("config");
     let s = ServerProcess::start_with(dir.path(), Some(&file)).await;
-    let scrape = || async {
-        reqwest::get(format!("{}/metrics", s.metrics_endpoint))
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("text")
-    };
     let url = format!(
         "{}/v1/projects/demo/locations/us-central1/batches:watch",
         s.endpoint
@@ -316,8 +308,8 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
         .await
         .expect("request");
     let t = Instant::now();
-    while !scrape().await.contains("flexq_watchers 2") {
-        assert!(t.elapsed() < Duration::from_secs(5), "{}", scrape().await);
+    while !s.scrape().await.contains("flexq_watchers 2") {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", s.scrape().await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (status, body) = Sse::try_open(&url, None).await;
@@ -335,7 +327,7 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
     // The stalled watcher is dropped; the one that reads is not.
     let t = Instant::now();
     loop {
-        let text = scrape().await;
+        let text = s.scrape().await;
         if text.contains("flexq_watchers 1")
             && text.contains("flexq_watchers_dropped_total{reason=\"stalled\"} 1")
         {
