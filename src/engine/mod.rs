@@ -156,7 +156,7 @@ pub(crate) struct Shared {
     /// Event-stream watchers served now, and the event log's head they
     /// wait on ([`stream`]).
     watchers: std::sync::atomic::AtomicUsize,
-    event_head: watch::Sender<crate::store::Cursor>,
+    event_head: watch::Sender<std::sync::Arc<stream::Moved>>,
 }
 
 /// The config in force and what is derived from it, swapped whole: a use
@@ -299,7 +299,7 @@ impl Engine {
                 held_term: AtomicI64::new(0),
                 shutdown: shutdown.clone(),
                 watchers: std::sync::atomic::AtomicUsize::new(0),
-                event_head: watch::channel(crate::store::Cursor::default()).0,
+                event_head: watch::channel(std::sync::Arc::default()).0,
             }),
         };
         service.event_tail();

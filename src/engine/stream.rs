@@ -8,8 +8,10 @@
 //! is a task that pages through the log after its cursor and sends each
 //! batch that changed as it is now (the events of one page are collapsed
 //! per batch: a client that resumes from any id it saw still ends with
-//! every batch's latest state), then waits for the log's head to move
-//! ([`Engine::event_tail`] polls it once for every watcher). Queue
+//! every batch's latest state), then waits for the log to move: one task
+//! ([`Engine::event_tail`]) reads the log's new events once for every
+//! watcher and says which events they were ([`Moved`]); a watch reads the
+//! log again only when one of them is in its scope. Queue
 //! positions change without an event of their own: every
 //! [`POSITION_EVERY`] the watch sends the positions of the queued batches
 //! it has seen that moved (at most [`POSITIONS_KEPT`]).
@@ -19,6 +21,7 @@
 //! is dropped; more than `limits.max_watchers` at once are refused.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -38,8 +41,18 @@ const PAGE: usize = 256;
 pub const POSITION_EVERY: Duration = Duration::from_secs(2);
 /// Queued batches whose position a watch follows.
 pub const POSITIONS_KEPT: usize = 100;
-/// How often the log's head is read for every watcher.
+/// How often the log's new events are read for every watcher.
 const TAIL_EVERY: Duration = Duration::from_millis(100);
+/// New events read at once by the tail.
+const TAIL_PAGE: usize = 2048;
+
+/// What the log's tail read last: its events after `from` up to `to`.
+#[derive(Debug, Default)]
+pub(crate) struct Moved {
+    from: Cursor,
+    to: Cursor,
+    events: Vec<EventRow>,
+}
 
 /// What a watch asks for.
 #[derive(Debug, Clone)]
@@ -191,35 +204,59 @@ impl Engine {
         tx: mpsc::Sender<WatchEvent>,
         stall: Duration,
     ) {
-        let mut heads = self.shared.event_head.subscribe();
+        let mut moves = self.shared.event_head.subscribe();
         let mut positions: BTreeMap<i64, (BatchName, Option<usize>)> = BTreeMap::new();
         let mut tick = tokio::time::interval(POSITION_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let shutdown = self.shared.shutdown.clone();
+        let mut read = true;
+        let mut failed = false;
         loop {
-            match self.shared.store.events_after(&scope, cursor, PAGE).await {
-                Ok(page) if !page.is_empty() => {
-                    let full = page.len() == PAGE;
-                    cursor = page.last().map_or(cursor, |e| e.cursor);
-                    for event in self.events_of(page, &mut positions).await {
-                        if !send(&tx, event, stall).await {
-                            return;
+            if read {
+                failed = false;
+                match self.shared.store.events_after(&scope, cursor, PAGE).await {
+                    Ok(page) if !page.is_empty() => {
+                        let full = page.len() == PAGE;
+                        cursor = page.last().map_or(cursor, |e| e.cursor);
+                        for event in self.events_of(page, &mut positions).await {
+                            if !send(&tx, event, stall).await {
+                                return;
+                            }
+                        }
+                        if full {
+                            continue;
                         }
                     }
-                    if full {
-                        continue;
+                    Ok(_) => {}
+                    // The database is away (a failover): the watch goes on
+                    // and reads again at the next move or tick.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a watch cannot read the event log");
+                        failed = true;
                     }
                 }
-                Ok(_) => {}
-                // The database is away (a failover): the watch goes on and
-                // reads again at the next head or tick.
-                Err(e) => tracing::warn!(error = %e, "a watch cannot read the event log"),
             }
+            read = false;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tx.closed() => return,
-                changed = heads.changed() => if changed.is_err() { return },
+                changed = moves.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let moved = moves.borrow_and_update().clone();
+                    if moved.from > cursor || moved.events.iter().any(|e| e.cursor > cursor && scope.holds(e)) {
+                        // Something of this watch's, or it cannot tell
+                        // (it is behind what the tail read): read.
+                        read = true;
+                    } else if moved.to > cursor {
+                        // Nothing of its own up to there.
+                        cursor = moved.to;
+                    }
+                }
                 _ = tick.tick() => {
+                    // A read that failed is tried again.
+                    read = failed;
                     for event in self.moved_positions(&mut positions).await {
                         if !send(&tx, event, stall).await {
                             return;
@@ -326,33 +363,58 @@ impl Engine {
         out
     }
 
-    /// Reads the log's head for every watcher, every [`TAIL_EVERY`], and
-    /// wakes them when it moved.
+    /// Reads the log's new events once for every watcher, every
+    /// [`TAIL_EVERY`] while there are watchers, and tells them which.
     pub(super) fn event_tail(&self) {
         let engine = self.clone();
         tokio::spawn(async move {
             let shutdown = engine.shared.shutdown.clone();
             let mut every = tokio::time::interval(TAIL_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last: Option<Cursor> = None;
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = every.tick() => {}
                 }
                 if engine.shared.watchers.load(Ordering::SeqCst) == 0 {
+                    last = None;
                     continue;
                 }
-                match engine.shared.store.event_head().await {
-                    Ok(head) => {
-                        engine.shared.event_head.send_if_modified(|h| {
-                            let moved = head > *h;
-                            if moved {
-                                *h = head;
-                            }
-                            moved
-                        });
+                let store = &engine.shared.store;
+                let from = match last {
+                    Some(c) => c,
+                    None => match store.event_head().await {
+                        Ok(head) => head,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "cannot read the event log's head");
+                            continue;
+                        }
+                    },
+                };
+                if last.is_none() {
+                    // Starting here: a watcher behind this point reads
+                    // for itself (it sees `from` beyond its cursor).
+                    let _ = engine.shared.event_head.send(Arc::new(Moved {
+                        from,
+                        to: from,
+                        events: Vec::new(),
+                    }));
+                    last = Some(from);
+                }
+                match store.events_after(&EventScope::All, from, TAIL_PAGE).await {
+                    Ok(events) => {
+                        let to = events.last().map_or(from, |e| e.cursor);
+                        last = Some(to);
+                        if !events.is_empty() {
+                            let _ =
+                                engine
+                                    .shared
+                                    .event_head
+                                    .send(Arc::new(Moved { from, to, events }));
+                        }
                     }
-                    Err(e) => tracing::debug!(error = %e, "cannot read the event log's head"),
+                    Err(e) => tracing::debug!(error = %e, "cannot read the event log"),
                 }
             }
         });

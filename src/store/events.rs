@@ -73,6 +73,22 @@ pub enum EventScope {
     Region(String),
     /// One batch.
     Batch(i64),
+    /// Everything (the engine's one reader of the log's new events).
+    All,
+}
+
+impl EventScope {
+    /// Whether `event` is in this scope.
+    pub fn holds(&self, event: &EventRow) -> bool {
+        match self {
+            EventScope::Project { project, region } => {
+                event.project == *project && event.region == *region
+            }
+            EventScope::Region(region) => event.region == *region,
+            EventScope::Batch(seq) => event.seq == *seq,
+            EventScope::All => true,
+        }
+    }
 }
 
 impl Store {
@@ -130,6 +146,7 @@ impl Store {
             EventScope::Project { .. } => "project = $4 and region = $5",
             EventScope::Region(_) => "region = $5 and $4 = $4",
             EventScope::Batch(_) => "batch_seq = $6 and $4 = $4 and $5 = $5",
+            EventScope::All => "$4 = $4 and $5 = $5",
         };
         let tx_text = match self.backend {
             Backend::Sqlite => "'0'",
@@ -143,6 +160,7 @@ impl Store {
             EventScope::Project { project, region } => (project.as_str(), region.as_str(), 0),
             EventScope::Region(region) => ("", region.as_str(), 0),
             EventScope::Batch(seq) => ("", "", *seq),
+            EventScope::All => ("", "", 0),
         };
         let rows = sqlx::query(&sql)
             .bind(after.id)
