@@ -117,35 +117,43 @@ pub struct Reloaded {
     pub removed_nodes: Vec<String>,
 }
 
-/// Reloads on this replica: one at a time, and how the config stands.
+/// Reloads on this replica: one at a time, how the last went, and
+/// whether this replica's own file is the config in force (which
+/// generation is in force is [`Live::stored`]'s).
 pub(crate) struct Reloads {
     source: ConfigSource,
     running: tokio::sync::Mutex<()>,
-    status: std::sync::Mutex<ConfigStatus>,
+    state: std::sync::Mutex<ReloadState>,
+}
+
+#[derive(Default)]
+struct ReloadState {
+    last_reload: Option<LastReload>,
+    file_differs: Option<String>,
 }
 
 impl Reloads {
-    pub(crate) fn new(source: ConfigSource, status: ConfigStatus) -> Reloads {
+    pub(crate) fn new(source: ConfigSource) -> Reloads {
         Reloads {
             source,
             running: tokio::sync::Mutex::new(()),
-            status: std::sync::Mutex::new(status),
+            state: std::sync::Mutex::new(ReloadState::default()),
         }
     }
 
-    fn update(&self, change: impl FnOnce(&mut ConfigStatus)) {
-        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        change(&mut status);
+    fn update(&self, change: impl FnOnce(&mut ReloadState)) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        change(&mut state);
     }
 }
 
 /// Publishes the config this replica loaded at start: it is the one in
-/// force from now on, for every replica. Answers how the config stands.
+/// force from now on, for every replica. Answers its generation.
 pub(crate) async fn publish(
     store: &Store,
     config: &Config,
     replica: &str,
-) -> Result<ConfigStatus, StoreError> {
+) -> Result<ConfigGeneration, StoreError> {
     let live = config.live_value().to_string();
     let (generation, new) = store
         .publish_config(&config.digest(), &live, Utc::now(), replica, "start")
@@ -158,26 +166,28 @@ pub(crate) async fn publish(
         );
     }
     crate::metrics::set_config_generation(generation.generation);
-    Ok(ConfigStatus {
-        generation: generation.generation,
-        digest: generation.digest,
-        loaded_at: generation.loaded_at,
-        loaded_by: generation.loaded_by,
-        how: generation.how,
-        last_reload: None,
-        file_differs: None,
-    })
+    Ok(generation)
 }
 
 impl Engine {
     /// How the config stands on this replica.
     pub fn config_status(&self) -> ConfigStatus {
-        self.shared
+        let stored = self.live().stored.clone();
+        let state = self
+            .shared
             .reloads
-            .status
+            .state
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .unwrap_or_else(|e| e.into_inner());
+        ConfigStatus {
+            generation: stored.generation,
+            digest: stored.digest,
+            loaded_at: stored.loaded_at,
+            loaded_by: stored.loaded_by,
+            how: stored.how,
+            last_reload: state.last_reload.clone(),
+            file_differs: state.file_differs.clone(),
+        }
     }
 
     /// Reads the config again and puts it in force (`validateOnly`
@@ -211,7 +221,7 @@ impl Engine {
             Err(e) => {
                 let message = format!(
                     "the config was not reloaded, generation {} stays in force: {e}",
-                    self.live().generation
+                    self.live().stored.generation
                 );
                 if !validate_only {
                     tracing::error!(requested_by = how, error = %e, "config reload refused");
@@ -227,7 +237,7 @@ impl Engine {
         };
         let (changes, _) = in_force.changes(&next);
         let (_, pending_restart) = in_force.changes(&file);
-        let previous = self.live().generation;
+        let previous = self.live().stored.generation;
         let mut answer = Reloaded {
             validate_only,
             generation: previous,
@@ -262,24 +272,14 @@ impl Engine {
                 return Err(e.into());
             }
         };
-        match self.apply_config(next, &generation, None).await {
-            Ok(settled) => {
-                answer.generation = self.live().generation;
-                answer.retired_nodes = ids(settled.retired);
-                answer.restored_nodes = ids(settled.restored);
-                answer.added_nodes = ids(settled.added);
-                answer.removed_nodes = ids(settled.removed);
-            }
-            Err(e) => {
-                crate::metrics::record_config_reload("failed");
-                self.record_reload(Some(format!("the config could not be applied: {e}")));
-                return Err(e);
-            }
-        }
         // This replica's file is the config in force now (if it was
         // already, no new generation was made and nothing else changed).
-        self.shared.reloads.update(|s| s.file_differs = None);
-        crate::metrics::set_config_file_differs(false);
+        let settled = self.apply_config(next, generation, None).await;
+        answer.generation = self.live().stored.generation;
+        answer.retired_nodes = ids(settled.retired);
+        answer.restored_nodes = ids(settled.restored);
+        answer.added_nodes = ids(settled.added);
+        answer.removed_nodes = ids(settled.removed);
         crate::metrics::record_config_reload("ok");
         self.record_reload(None);
         tracing::info!(
@@ -305,19 +305,24 @@ impl Engine {
 
     /// Puts `next` in force as `stored`'s generation, in place: the core's
     /// layout under its lock, then the rules, limits and principals at
-    /// once, and the status with why this replica's own file differs, if
-    /// it does. Nothing when a generation as new is already in force.
+    /// once; and says why this replica's own file differs from it, if it
+    /// does (None: it is this replica's file). The core's layout is not
+    /// changed again when a generation as new is already in force.
     async fn apply_config(
         &self,
         next: Config,
-        stored: &ConfigGeneration,
+        stored: ConfigGeneration,
         file_differs: Option<String>,
-    ) -> Result<crate::scheduler::Settled, Error> {
+    ) -> crate::scheduler::Settled {
+        crate::metrics::set_config_file_differs(file_differs.is_some());
+        self.shared
+            .reloads
+            .update(|s| s.file_differs = file_differs);
         let generation = stored.generation;
         let mut core = self.lock().await;
         let old = self.live();
-        if generation <= old.generation {
-            return Ok(Default::default());
+        if generation <= old.stored.generation {
+            return Default::default();
         }
         let settled = core.reconfigure(next.layout());
         let reread = next.scheduling.order == QueueOrder::FairShare
@@ -346,19 +351,10 @@ impl Engine {
             policy: next.policy(),
             limits,
             config: Arc::new(next),
-            generation,
+            stored,
         }));
         drop(core);
         crate::metrics::set_config_generation(generation);
-        crate::metrics::set_config_file_differs(file_differs.is_some());
-        self.shared.reloads.update(|s| {
-            s.generation = generation;
-            s.digest = stored.digest.clone();
-            s.loaded_at = stored.loaded_at;
-            s.loaded_by = stored.loaded_by.clone();
-            s.how = stored.how.clone();
-            s.file_differs = file_differs;
-        });
         for (what, nodes) in [
             ("retired", &settled.retired),
             ("restored", &settled.restored),
@@ -371,7 +367,7 @@ impl Engine {
         }
         self.wake();
         self.work_changed();
-        Ok(settled)
+        settled
     }
 
     /// Another replica published a config generation (or this one missed
@@ -384,7 +380,7 @@ impl Engine {
         let Some(latest) = self.shared.store.latest_config().await? else {
             return Ok(());
         };
-        if latest.generation <= self.live().generation {
+        if latest.generation <= self.live().stored.generation {
             return Ok(());
         }
         let next = serde_json::from_str(&latest.live)
@@ -413,14 +409,12 @@ impl Engine {
             )),
             Some(Err(e)) => Some(format!("this replica's config file cannot be read: {e}")),
         };
-        if let Err(e) = self.apply_config(next, &latest, differs.clone()).await {
-            tracing::error!(generation = latest.generation, error = %e, "cannot apply a config generation");
-            return Ok(());
-        }
-        tracing::info!(generation = latest.generation, by = %latest.loaded_by, "config generation applied");
         if let Some(why) = &differs {
             tracing::warn!(generation = latest.generation, "{why}");
         }
+        let (generation, by) = (latest.generation, latest.loaded_by.clone());
+        self.apply_config(next, latest, differs).await;
+        tracing::info!(generation, by = %by, "config generation applied");
         Ok(())
     }
 }

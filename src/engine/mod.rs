@@ -153,10 +153,10 @@ pub(crate) struct Shared {
     /// Fired when this replica no longer takes part in leader election
     /// (at once on SQLite): after shutdown, its lease is given up.
     pub(crate) election_done: CancellationToken,
-    /// Event-stream watchers served now, and the event log's head they
-    /// wait on ([`stream`]).
+    /// Event-stream watchers served now, and what the event log's tail
+    /// read last, which they wait on ([`stream`]).
     watchers: std::sync::atomic::AtomicUsize,
-    event_head: watch::Sender<std::sync::Arc<stream::Moved>>,
+    event_moves: watch::Sender<std::sync::Arc<stream::Moved>>,
 }
 
 /// The config in force and what is derived from it, swapped whole: a use
@@ -168,8 +168,9 @@ pub(crate) struct Live {
     /// Per-project API rate limits (kept across a reload that leaves
     /// `[limits]` as it was).
     pub limits: Arc<limits::RateLimits>,
-    /// The config's generation: a number every replica shares.
-    pub generation: i64,
+    /// The config's generation (a number every replica shares), and who
+    /// loaded it when.
+    pub stored: crate::store::ConfigGeneration,
 }
 
 /// A handle on the running scheduler; cheap to clone.
@@ -266,7 +267,7 @@ impl Engine {
             .unwrap_or_else(replica::default_replica_id);
         // The config this replica loaded is the one in force for every
         // replica from now on (`config::publish`).
-        let status = config::publish(&store, &config, &replica_id).await?;
+        let stored = config::publish(&store, &config, &replica_id).await?;
         let started = Instant::now();
         let core = passes::rebuild(&config, &store, role.decides().then_some(None), None).await?;
         tracing::info!(
@@ -280,7 +281,7 @@ impl Engine {
             limits: Arc::new(limits::RateLimits::new(&config.limits)),
             policy: config.policy(),
             config,
-            generation: status.generation,
+            stored,
         };
         let service = Engine {
             shared: Arc::new(Shared {
@@ -290,7 +291,7 @@ impl Engine {
                 output: watch::channel(0).0,
                 store,
                 live: ArcSwap::from_pointee(live),
-                reloads: config::Reloads::new(source, status),
+                reloads: config::Reloads::new(source),
                 role: watch::channel(role).0,
                 replica_id,
                 mirror: Notify::new(),
@@ -299,7 +300,7 @@ impl Engine {
                 held_term: AtomicI64::new(0),
                 shutdown: shutdown.clone(),
                 watchers: std::sync::atomic::AtomicUsize::new(0),
-                event_head: watch::channel(std::sync::Arc::default()).0,
+                event_moves: watch::channel(std::sync::Arc::default()).0,
             }),
         };
         service.event_tail();

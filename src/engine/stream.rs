@@ -204,7 +204,7 @@ impl Engine {
         tx: mpsc::Sender<WatchEvent>,
         stall: Duration,
     ) {
-        let mut moves = self.shared.event_head.subscribe();
+        let mut moves = self.shared.event_moves.subscribe();
         let mut positions: BTreeMap<i64, (BatchName, Option<usize>)> = BTreeMap::new();
         let mut tick = tokio::time::interval(POSITION_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -274,7 +274,8 @@ impl Engine {
         page: Vec<EventRow>,
         positions: &mut BTreeMap<i64, (BatchName, Option<usize>)>,
     ) -> Vec<WatchEvent> {
-        let mut per_batch: HashMap<i64, (Cursor, Vec<&'static str>, EventRow)> = HashMap::new();
+        // Per batch: what changed, and its last event in the page.
+        let mut per_batch: HashMap<i64, (Vec<&'static str>, EventRow)> = HashMap::new();
         for e in page {
             let what = match e.kind {
                 EventKind::State => "state",
@@ -283,17 +284,17 @@ impl Engine {
             };
             let entry = per_batch
                 .entry(e.seq)
-                .or_insert_with(|| (e.cursor, Vec::new(), e.clone()));
-            entry.0 = e.cursor;
-            if !entry.1.contains(&what) {
-                entry.1.push(what);
+                .or_insert_with(|| (Vec::new(), e.clone()));
+            if !entry.0.contains(&what) {
+                entry.0.push(what);
             }
-            entry.2 = e;
+            entry.1 = e;
         }
         let mut batches: Vec<_> = per_batch.into_values().collect();
-        batches.sort_by_key(|(c, _, _)| *c);
+        batches.sort_by_key(|(_, last)| last.cursor);
         let mut out = Vec::with_capacity(batches.len());
-        for (cursor, changes, last) in batches {
+        for (changes, last) in batches {
+            let cursor = last.cursor;
             let name = BatchName::new(&last.project, &last.region, &last.batch_id);
             let batch = if last.kind == EventKind::Deleted {
                 None
@@ -395,7 +396,7 @@ impl Engine {
                 if last.is_none() {
                     // Starting here: a watcher behind this point reads
                     // for itself (it sees `from` beyond its cursor).
-                    let _ = engine.shared.event_head.send(Arc::new(Moved {
+                    let _ = engine.shared.event_moves.send(Arc::new(Moved {
                         from,
                         to: from,
                         events: Vec::new(),
@@ -407,11 +408,11 @@ impl Engine {
                         let to = events.last().map_or(from, |e| e.cursor);
                         last = Some(to);
                         if !events.is_empty() {
-                            let _ =
-                                engine
-                                    .shared
-                                    .event_head
-                                    .send(Arc::new(Moved { from, to, events }));
+                            let _ = engine.shared.event_moves.send(Arc::new(Moved {
+                                from,
+                                to,
+                                events,
+                            }));
                         }
                     }
                     Err(e) => tracing::debug!(error = %e, "cannot read the event log"),

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::rows::from_micros;
+use super::sql::Sql;
 use super::{Backend, Store, StoreError};
 
 /// A position in the event log, and the id of an event in the watch
@@ -96,19 +97,17 @@ impl Store {
     /// none).
     pub async fn event_head(&self) -> Result<Cursor, StoreError> {
         let sql = match self.backend {
-            Backend::Sqlite => "select '0', coalesce(max(id), 0) from events",
+            Backend::Sqlite => "select '0', id from events order by id desc limit 1",
             Backend::Postgres => {
-                "select coalesce((select tx::text from events e where e.tx < pg_snapshot_xmin(pg_current_snapshot()) \
-                 order by tx desc, id desc limit 1), '0'), \
-                 coalesce((select id from events e where e.tx < pg_snapshot_xmin(pg_current_snapshot()) \
-                 order by tx desc, id desc limit 1), 0)"
+                "select tx::text, id from events where tx < pg_snapshot_xmin(pg_current_snapshot()) \
+                 order by tx desc, id desc limit 1"
             }
         };
-        let (tx, id): (String, i64) = sqlx::query_as(sql).fetch_one(&self.pool).await?;
-        Ok(Cursor {
+        let head: Option<(String, i64)> = sqlx::query_as(sql).fetch_optional(&self.pool).await?;
+        Ok(head.map_or_else(Cursor::default, |(tx, id)| Cursor {
             tx: tx.parse().unwrap_or_default(),
             id,
-        })
+        }))
     }
 
     /// Whether `cursor` is an event of this log (or its start).
@@ -135,42 +134,50 @@ impl Store {
         after: Cursor,
         limit: usize,
     ) -> Result<Vec<EventRow>, StoreError> {
-        let (position, order) = match self.backend {
-            Backend::Sqlite => ("id > $1 and $2 = $2", "id"),
-            Backend::Postgres => (
-                "(tx, id) > ($2::xid8, $1) and tx < pg_snapshot_xmin(pg_current_snapshot())",
-                "tx, id",
-            ),
-        };
-        let filter = match scope {
-            EventScope::Project { .. } => "project = $4 and region = $5",
-            EventScope::Region(_) => "region = $5 and $4 = $4",
-            EventScope::Batch(_) => "batch_seq = $6 and $4 = $4 and $5 = $5",
-            EventScope::All => "$4 = $4 and $5 = $5",
-        };
         let tx_text = match self.backend {
             Backend::Sqlite => "'0'",
             Backend::Postgres => "tx::text",
         };
-        let sql = format!(
-            "select {tx_text} as tx, id, kind, batch_seq, batch_id, project, region, at from events \
-             where {position} and {filter} and $6 = $6 order by {order} limit $3"
+        let mut q = Sql::new(
+            self.backend,
+            format!(
+                "select {tx_text} as tx, id, kind, batch_seq, batch_id, project, region, at \
+                 from events where "
+            ),
         );
-        let (project, region, seq) = match scope {
-            EventScope::Project { project, region } => (project.as_str(), region.as_str(), 0),
-            EventScope::Region(region) => ("", region.as_str(), 0),
-            EventScope::Batch(seq) => ("", "", *seq),
-            EventScope::All => ("", "", 0),
-        };
-        let rows = sqlx::query(&sql)
-            .bind(after.id)
-            .bind(after.tx.to_string())
-            .bind(limit as i64)
-            .bind(project)
-            .bind(region)
-            .bind(seq)
-            .fetch_all(&self.pool)
-            .await?;
+        match self.backend {
+            Backend::Sqlite => {
+                q.push("id > ").bind(after.id);
+            }
+            Backend::Postgres => {
+                q.push("(tx, id) > (")
+                    .bind(after.tx.to_string())
+                    .push("::xid8, ")
+                    .bind(after.id)
+                    .push(") and tx < pg_snapshot_xmin(pg_current_snapshot())");
+            }
+        }
+        match scope {
+            EventScope::Project { project, region } => {
+                q.push(" and project = ")
+                    .bind(project.as_str())
+                    .push(" and region = ")
+                    .bind(region.as_str());
+            }
+            EventScope::Region(region) => {
+                q.push(" and region = ").bind(region.as_str());
+            }
+            EventScope::Batch(seq) => {
+                q.push(" and batch_seq = ").bind(*seq);
+            }
+            EventScope::All => {}
+        }
+        q.push(match self.backend {
+            Backend::Sqlite => " order by id limit ",
+            Backend::Postgres => " order by tx, id limit ",
+        })
+        .bind(limit as i64);
+        let rows = q.fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
                 let tx: String = row.try_get("tx")?;
