@@ -113,6 +113,15 @@ impl Drop for Replica {
     }
 }
 
+/// Waits until `r` says it leads; fails after `within`.
+async fn leads_within(r: &Replica, within: Duration) {
+    let t = Instant::now();
+    while leader(std::slice::from_ref(r)).await.is_none() {
+        assert!(t.elapsed() < within, "{} never leads", r.name);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The replica among `replicas` that says it leads, if one does.
 async fn leader(replicas: &[Replica]) -> Option<usize> {
     for (i, r) in replicas.iter().enumerate() {
@@ -698,11 +707,7 @@ async fn a_leader_cut_off_from_the_database_is_replaced_and_comes_back_as_a_foll
     let config = config_file(dir.path());
     let proxy = Proxy::start(&url).await;
     let r0 = Replica::start("r0", &proxy.url, &config, dir.path()).await;
-    let t = Instant::now();
-    while leader(std::slice::from_ref(&r0)).await.is_none() {
-        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leads_within(&r0, Duration::from_secs(10)).await;
     let others = [
         Replica::start("r1", &url, &config, dir.path()).await,
         Replica::start("r2", &url, &config, dir.path()).await,
@@ -908,11 +913,7 @@ async fn a_release_is_counted_once_across_replicas() {
     let url = fresh_postgres_database().await;
     let config = config_file(dir.path());
     let r0 = Replica::start("r0", &url, &config, dir.path()).await;
-    let t = Instant::now();
-    while leader(std::slice::from_ref(&r0)).await.is_none() {
-        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leads_within(&r0, Duration::from_secs(10)).await;
     let r1 = Replica::start("r1", &url, &config, dir.path()).await;
     let http = reqwest::Client::new();
     let batch = format!(
@@ -1003,21 +1004,13 @@ async fn the_fair_share_order_is_the_same_after_a_failover() {
     let url = fresh_postgres_database().await;
     let config = crate::fairshare::config(dir.path());
     let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
-    let t = Instant::now();
-    while leader(std::slice::from_ref(&r0)).await.is_none() {
-        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leads_within(&r0, Duration::from_secs(10)).await;
     let r1 = Replica::start("r1", &url, &config, dir.path()).await;
     crate::fairshare::heavy_then_light(&r0.endpoint).await;
     // The leader dies; r1 takes over and rebuilds its core, usage
     // included, from the database.
     r0.kill9();
-    let t = Instant::now();
-    while leader(std::slice::from_ref(&r1)).await.is_none() {
-        assert!(t.elapsed() < Duration::from_secs(20), "r1 never leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leads_within(&r1, Duration::from_secs(20)).await;
     crate::fairshare::light_goes_first(&r1.endpoint).await;
     crate::fairshare::light_gets_the_node(&r1.endpoint).await;
 }
@@ -1134,11 +1127,7 @@ async fn a_watch_on_a_follower_goes_on_across_a_leader_failover() {
     let url = fresh_postgres_database().await;
     let config = config_file(dir.path());
     let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
-    let t = Instant::now();
-    while leader(std::slice::from_ref(&r0)).await.is_none() {
-        assert!(t.elapsed() < Duration::from_secs(10), "r0 never leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leads_within(&r0, Duration::from_secs(10)).await;
     let r1 = Replica::start("r1", &url, &config, dir.path()).await;
     let batches = format!(
         "{}/v1/projects/demo/locations/us-central1/batches",
@@ -1189,11 +1178,7 @@ async fn a_watch_on_a_follower_goes_on_across_a_leader_failover() {
     until(&mut sse, "before-failover", "PROVISIONED", "PENDING").await;
     // The leader dies; r1 takes over. The same stream goes on.
     r0.kill9();
-    let t = Instant::now();
-    while leader(std::slice::from_ref(&r1)).await.is_none() {
-        assert!(t.elapsed() < Duration::from_secs(20), "r1 never leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leads_within(&r1, Duration::from_secs(20)).await;
     create("after-failover").await;
     until(&mut sse, "after-failover", "PROVISIONED", "PENDING").await;
     let b: Value = http
