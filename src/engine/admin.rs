@@ -73,6 +73,57 @@ pub struct QueueView {
     pub queued_batches: usize,
 }
 
+/// A queued batch as a page of its region's queue shows it.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntry {
+    /// `projects/P/locations/R/batches/ID`.
+    pub name: String,
+    pub project: String,
+    /// 1-based, in the whole region's order (docs/api.md, "The capacity
+    /// queue").
+    pub queue_position: usize,
+    pub priority: i32,
+    /// "1 l4 driver + 7 executors of l4 (4 cores, 1 GPU, 375 GB local SSD)".
+    pub shape: String,
+    /// GPUs of the whole cluster.
+    pub gpus: u64,
+    /// The GPU type (`cpu` without one).
+    pub accelerator: String,
+    /// When it joined the queue (its create, or its requeue).
+    pub queue_time: chrono::DateTime<Utc>,
+    /// Past it the batch fails (none in default mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocation_deadline: Option<chrono::DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimated_start_time: Option<chrono::DateTime<Utc>>,
+    pub not_admitted_reasons: Vec<String>,
+}
+
+/// A page of a region's queue, in its order.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntries {
+    pub entries: Vec<QueueEntry>,
+    /// Empty on the last page.
+    pub next_page_token: String,
+    /// Batches queued in the scope (the project's, or with `-` the
+    /// region's).
+    pub total_size: usize,
+}
+
+/// A project's quotas, in an admin's view of every project's.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectQuotas {
+    pub project: String,
+    pub quotas: Vec<QuotaView>,
+}
+
+/// Queue pages: 50 entries unless asked, never more than 500.
+const QUEUE_PAGE_SIZE: u32 = 50;
+const MAX_QUEUE_PAGE_SIZE: u32 = 500;
+
 /// What a node's cordon, retirement and running parts make of it.
 fn node_state(cordon: Option<&Cordon>, retired: bool, running_parts: usize) -> &'static str {
     match cordon {
@@ -248,6 +299,21 @@ impl Engine {
         Ok(self.lock().await.quotas(project, region))
     }
 
+    /// Every project's quotas in a region: those with quota in use, a
+    /// limit of their own, or queued batches.
+    pub async fn every_projects_quotas(&self, region: &str) -> Result<Vec<ProjectQuotas>, Error> {
+        self.check_region(region)?;
+        let core = self.lock().await;
+        Ok(core
+            .quota_projects(region)
+            .into_iter()
+            .map(|project| ProjectQuotas {
+                quotas: core.quotas(&project, region),
+                project,
+            })
+            .collect())
+    }
+
     /// Changes a project's quota limit. A lowered limit never revokes
     /// running work; it only blocks new admissions. Answers the project's
     /// quotas after the change.
@@ -259,6 +325,12 @@ impl Engine {
             limit,
         } = change;
         self.check_region(&region)?;
+        if project == "-" {
+            return Err(Error::invalid_field(
+                "project",
+                "\"-\" stands for every project, and a limit is set for one; accepted: a project id",
+            ));
+        }
         let metric_given = metric;
         let metric = QuotaMetric::parse(&metric_given).ok_or_else(|| {
             Error::invalid_field(
@@ -384,6 +456,69 @@ impl Engine {
                 "-" => core.queued_in(region, None),
                 p => core.queued_in(region, Some(p)),
             },
+        })
+    }
+
+    /// A page of a region's queue in its order (project `-`: every
+    /// project's batches; a project: its own, with their places in the
+    /// region's order). `page_size`: 1 to 500 (more is lowered to 500;
+    /// absent or 0: 50). The token is the place the next page starts at:
+    /// the queue moves while one pages, so a page shows the order as it
+    /// is when it is read.
+    pub async fn queue_entries(
+        &self,
+        project: &str,
+        region: &str,
+        page_size: Option<&str>,
+        page_token: Option<&str>,
+    ) -> Result<QueueEntries, Error> {
+        self.check_region(region)?;
+        let take =
+            super::batches::page_size_of(page_size, QUEUE_PAGE_SIZE, MAX_QUEUE_PAGE_SIZE)? as usize;
+        // Bound to the queue it pages (a list's token has another fingerprint).
+        let fingerprint = "\0queue";
+        let skip = match page_token {
+            None | Some("") => 0,
+            Some(token) => {
+                let at = super::batches::decode_token(token, project, region, fingerprint)?;
+                usize::try_from(at).map_err(|_| {
+                    Error::invalid_field(
+                        "page_token",
+                        format!("{} is not a page token of this queue", quote(token)),
+                    )
+                })?
+            }
+        };
+        let scope = (project != "-").then_some(project);
+        let now = Utc::now();
+        let core = self.lock().await;
+        let (total_size, page) = core.queue_page(region, scope, skip, take, now);
+        let next = skip + page.len();
+        let next_page_token = if page.len() == take && next < total_size {
+            super::batches::encode_token(next as i64, project, region, fingerprint)
+        } else {
+            String::new()
+        };
+        let entries = page
+            .into_iter()
+            .map(|(b, info)| QueueEntry {
+                name: crate::api::BatchName::new(&b.project, &b.region, &b.batch_id).to_string(),
+                project: b.project.clone(),
+                queue_position: info.queue_position,
+                priority: b.priority,
+                shape: crate::scheduler::shape_text(&b.cluster),
+                gpus: b.cluster.total_gpus(),
+                accelerator: crate::scheduler::accelerator_label(&b.cluster).to_string(),
+                queue_time: b.queued_at,
+                allocation_deadline: b.deadline,
+                estimated_start_time: info.estimated_start_time,
+                not_admitted_reasons: info.reasons,
+            })
+            .collect();
+        Ok(QueueEntries {
+            entries,
+            next_page_token,
+            total_size,
         })
     }
 

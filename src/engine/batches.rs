@@ -319,22 +319,7 @@ impl Engine {
             filter,
             order_by,
         } = req;
-        let page_size = match page_size.as_deref().map(str::trim) {
-            None | Some("") | Some("0") => DEFAULT_PAGE_SIZE,
-            Some(raw) => match raw.parse::<i64>() {
-                // AIP-158: a page size above the maximum is coerced to it.
-                Ok(n) if n > 0 => n.min(i64::from(MAX_PAGE_SIZE)) as u32,
-                _ => {
-                    return Err(Error::invalid_field(
-                        "page_size",
-                        format!(
-                            "{} is not a page size; accepted: 1 to {MAX_PAGE_SIZE} (0 or absent: {DEFAULT_PAGE_SIZE})",
-                            quote(raw)
-                        ),
-                    ));
-                }
-            },
-        };
+        let page_size = page_size_of(page_size.as_deref(), DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
         if let Some(order) = order_by.as_deref() {
             let normal = order
                 .split_whitespace()
@@ -647,17 +632,40 @@ pub fn operation(r: &BatchRecord) -> Operation {
     }
 }
 
+/// A requested page size: absent, empty or 0 is `default`; above `max`
+/// it is lowered to `max` (AIP-158); anything else is an error naming it.
+pub(super) fn page_size_of(raw: Option<&str>, default: u32, max: u32) -> Result<u32, Error> {
+    match raw.map(str::trim) {
+        None | Some("") | Some("0") => Ok(default),
+        Some(raw) => match raw.parse::<i64>() {
+            Ok(n) if n > 0 => Ok(n.min(i64::from(max)) as u32),
+            _ => Err(Error::invalid_field(
+                "page_size",
+                format!(
+                    "{} is not a page size; accepted: 1 to {max} (0 or absent: {default})",
+                    quote(raw)
+                ),
+            )),
+        },
+    }
+}
+
 /// Page tokens are opaque to clients: a version, the keyset position and a
 /// fingerprint of the query they continue, so a token cannot be replayed
 /// against another filter or collection.
-fn encode_token(before_seq: i64, project: &str, region: &str, filter: &str) -> String {
+pub(super) fn encode_token(before_seq: i64, project: &str, region: &str, filter: &str) -> String {
     URL_SAFE_NO_PAD.encode(format!(
         "v1:{before_seq}:{:016x}",
         fingerprint(project, region, filter)
     ))
 }
 
-fn decode_token(token: &str, project: &str, region: &str, filter: &str) -> Result<i64, Error> {
+pub(super) fn decode_token(
+    token: &str,
+    project: &str,
+    region: &str,
+    filter: &str,
+) -> Result<i64, Error> {
     let invalid = || {
         Error::invalid_field(
             "page_token",

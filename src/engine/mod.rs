@@ -34,7 +34,9 @@ mod replica;
 mod stream;
 mod usage;
 
-pub use admin::{NodeView, QueueView, QuotaChange, Readiness};
+pub use admin::{
+    NodeView, ProjectQuotas, QueueEntries, QueueEntry, QueueView, QuotaChange, Readiness,
+};
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use config::{ConfigSource, ConfigStatus, Reloaded};
 pub use error::Error;

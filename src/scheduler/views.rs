@@ -2,7 +2,7 @@
 //! and when it may start, validate-only verdicts, never-fit checks, quota
 //! and capacity views, and the invariant check the tests use.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -402,6 +402,23 @@ impl Scheduler {
         self.ledger.view(project, region)
     }
 
+    /// The projects of `region` with quota in use, a limit of their own
+    /// (a rule naming them, an admin's override) or queued batches, in
+    /// name order: whose quotas an admin's view lists.
+    pub fn quota_projects(&self, region: &str) -> Vec<String> {
+        let mut projects: BTreeSet<String> = self
+            .ledger
+            .pairs()
+            .into_iter()
+            .filter(|(_, r)| r == region)
+            .map(|(p, _)| p)
+            .collect();
+        if let Some(queued) = self.project_queues.get(region) {
+            projects.extend(queued.keys().cloned());
+        }
+        projects.into_iter().collect()
+    }
+
     /// Total, allocated and free GPUs and SSD per region, zone and type.
     pub fn capacity_rows(&self) -> Vec<CapacityRow> {
         let mut rows: BTreeMap<(String, String, String), CapacityRow> = BTreeMap::new();
@@ -542,6 +559,50 @@ impl Scheduler {
         metric: crate::spec::QuotaMetric,
     ) -> u64 {
         self.ledger.limit(project, region, metric)
+    }
+
+    /// A page of a region's queue in its order at `now`: the `take`
+    /// batches after the first `skip` of `project`'s (or of every
+    /// project's), each with what a get shows of it (its position is in
+    /// the whole region's order); and how many wait in that scope. Walks
+    /// the order only as far as the page, so a page deep in a queue of
+    /// 100k costs what its position costs, not the queue.
+    pub fn queue_page(
+        &self,
+        region: &str,
+        project: Option<&str>,
+        skip: usize,
+        take: usize,
+        now: DateTime<Utc>,
+    ) -> (usize, Vec<(&PendingBatch, PendingInfo)>) {
+        let total = self.queued_in(region, project);
+        let keys: Box<dyn Iterator<Item = &QueueKey>> = match (self.fair.order(), project) {
+            (_, Some(p)) => match self.project_queues.get(region).and_then(|q| q.get(p)) {
+                Some(q) => Box::new(q.iter()),
+                None => return (total, Vec::new()),
+            },
+            (Order::Strict, None) => match self.queues.get(region) {
+                Some(q) => Box::new(q.iter()),
+                None => return (total, Vec::new()),
+            },
+            (Order::FairShare, None) => {
+                let Some(projects) = self.project_queues.get(region) else {
+                    return (total, Vec::new());
+                };
+                let mut order: Vec<(u64, &str, &BTreeSet<QueueKey>)> = projects
+                    .iter()
+                    .map(|(p, q)| (self.fair_key(region, p, now), p.as_str(), q))
+                    .collect();
+                order.sort_unstable_by_key(|&(share, p, _)| (share, p));
+                Box::new(order.into_iter().flat_map(|(_, _, q)| q.iter()))
+            }
+        };
+        let page = keys
+            .skip(skip)
+            .take(take)
+            .filter_map(|(_, k)| Some((&**self.pending.get(k)?, self.pending_info(*k, now)?)))
+            .collect();
+        (total, page)
     }
 
     /// The first batch of a region's queue in its order at `now`.

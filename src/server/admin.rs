@@ -27,15 +27,24 @@ pub(super) async fn nodes(AppState(app): AppState<App>, format: Format) -> Respo
 }
 
 /// `GET /v1/projects/{project}/regions/{region}/quotas`, shaped like
-/// Compute Engine's region quotas.
+/// Compute Engine's region quotas; project `-` (admins): every project
+/// with quota in use, a limit of its own or queued batches, as
+/// `{"projects": [{"project", "quotas"}]}`.
 #[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/quotas", tag = "quotas",
-    params(("project" = String, Path), ("region" = String, Path)),
+    params(("project" = String, Path, description = "A project, or - for every project's (admins)"), ("region" = String, Path)),
     responses((status = 200, description = "The project's quota limits and usage in the region"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
 pub(super) async fn get_quotas(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
     format: Format,
 ) -> Result<Response, Error> {
+    if project == "-" {
+        let projects = app.engine.every_projects_quotas(&region).await?;
+        return Ok(format.respond(
+            StatusCode::OK,
+            &serde_json::json!({ "project": project, "region": region, "projects": projects }),
+        ));
+    }
     let quotas = app.engine.quotas(&project, &region).await?;
     Ok(format.respond(
         StatusCode::OK,
@@ -126,6 +135,44 @@ pub(super) async fn get_queue(
 ) -> Result<Response, Error> {
     let queue = app.engine.queue(&project, &region).await?;
     Ok(format.respond(StatusCode::OK, &queue))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct QueuePageParams {
+    page_size: Option<String>,
+    page_token: Option<String>,
+    #[serde(rename = "$alt")]
+    _alt: Option<String>,
+    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
+    _pretty: Option<String>,
+}
+
+/// `GET /v1/projects/{project}/regions/{region}/queue/entries`: a page of
+/// the queue in its order, each batch with its position, shape, wait,
+/// deadline, estimated start and why it waits (project `-`: the region's
+/// queue, admins).
+#[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/queue/entries", tag = "queues",
+    params(("project" = String, Path, description = "A project, or - for the region's whole queue (admins)"), ("region" = String, Path),
+        ("pageSize" = Option<i32>, Query, description = "1 to 500; 0 or absent: 50; more is lowered to 500"),
+        ("pageToken" = Option<String>, Query, description = "nextPageToken of the page before")),
+    responses((status = 200, body = crate::engine::QueueEntries), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn queue_entries(
+    AppState(app): AppState<App>,
+    ApiPath((project, region)): ApiPath<(String, String)>,
+    ApiQuery(params): ApiQuery<QueuePageParams>,
+    format: Format,
+) -> Result<Response, Error> {
+    let page = app
+        .engine
+        .queue_entries(
+            &project,
+            &region,
+            params.page_size.as_deref(),
+            params.page_token.as_deref(),
+        )
+        .await?;
+    Ok(format.respond(StatusCode::OK, &page))
 }
 
 /// `POST /v1/projects/{project}/regions/{region}/queue:hold` (admins):

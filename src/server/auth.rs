@@ -24,7 +24,10 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
     let read = method == Method::GET || method == Method::HEAD;
     match route {
         "/healthz" | "/readyz" | "/openapi.json" => Access::Nobody,
-        "/v1/runtimes" | "/v1/regions" => Access::Anyone,
+        // The console's files; what it shows comes from the API, with the
+        // caller's token.
+        "/console" | "/console/" | "/console/{file}" => Access::Nobody,
+        "/v1/runtimes" | "/v1/regions" | "/v1/principal" => Access::Anyone,
         "/v1/nodes" => Access::Admin,
         "/v1/nodes:register" => Access::Agent(None),
         "/v1/nodes/{node}"
@@ -78,6 +81,26 @@ pub(super) async fn enforce(
     };
     req.extensions_mut().insert(principal);
     next.run(req).await
+}
+
+/// `GET /v1/principal`: who the caller is — name, role, projects, and
+/// whether it is the anonymous admin of a server without principals —
+/// so a client (the console) can show what it may do.
+#[utoipa::path(get, path = "/v1/principal", tag = "auth",
+    responses((status = 200, description = "The caller: name, role (submitter, admin, agent), projects, anonymous"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+pub(super) async fn principal(
+    axum::Extension(p): axum::Extension<crate::engine::Principal>,
+    format: super::extract::Format,
+) -> Response {
+    format.respond(
+        axum::http::StatusCode::OK,
+        &serde_json::json!({
+            "name": p.name,
+            "role": p.role,
+            "projects": p.projects,
+            "anonymous": p.anonymous,
+        }),
+    )
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 pub mod auth;
 mod batches;
+mod console;
 mod error;
 mod extract;
 pub mod openapi;
@@ -115,6 +116,14 @@ fn rest(app: App) -> Router {
             "/v1/config:reload",
             axum::routing::post(admin::reload_config),
         )
+        .route(
+            "/v1/projects/{project}/regions/{region}/queue/entries",
+            get(admin::queue_entries),
+        )
+        .route("/v1/principal", get(auth::principal))
+        .route("/console", get(console::redirect))
+        .route("/console/", get(console::index))
+        .route("/console/{file}", get(console::file))
         .route("/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

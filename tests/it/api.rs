@@ -460,6 +460,10 @@ async fn the_openapi_document_describes_every_route() {
         ("patch", "/v1/projects/{project}/regions/{region}/quotas"),
         ("get", "/v1/projects/{project}/regions/{region}/usage"),
         ("get", "/v1/projects/{project}/regions/{region}/queue"),
+        (
+            "get",
+            "/v1/projects/{project}/regions/{region}/queue/entries",
+        ),
         ("post", "/v1/projects/{project}/regions/{region}/queue:hold"),
         (
             "post",
@@ -473,6 +477,7 @@ async fn the_openapi_document_describes_every_route() {
         ("post", "/v1/config:reload"),
         ("get", "/v1/runtimes"),
         ("get", "/v1/regions"),
+        ("get", "/v1/principal"),
         ("get", "/v1/nodes"),
         ("post", "/v1/nodes:register"),
         ("post", "/v1/nodes/{node}"),

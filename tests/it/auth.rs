@@ -76,6 +76,15 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Kind)> {
         (Method::GET, "/readyz", None, Kind::Health),
         (Method::GET, "/v1/runtimes", None, Kind::Catalog),
         (Method::GET, "/v1/regions", None, Kind::Catalog),
+        (Method::GET, "/v1/principal", None, Kind::Catalog),
+        (Method::GET, "/console/", None, Kind::Health),
+        (Method::GET, "/console/app.js", None, Kind::Health),
+        (
+            Method::GET,
+            "/v1/projects/{P}/regions/us-central1/queue/entries",
+            None,
+            Kind::ProjectRead,
+        ),
         (
             Method::GET,
             "/v1/projects/{P}/locations/us-central1/batches",

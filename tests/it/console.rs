@@ -1,0 +1,678 @@
+//! The web console: its queue API (paged, in the region's order), and the
+//! console itself in a real browser — Debian's Chromium, headless, driven
+//! through its ChromeDriver over WebDriver (`scripts/test` installs both).
+//! A screenshot of each page is kept in `target/test-artifacts/console/`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::elements::Element;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, assert_status, flex_batch, flex_with, no_virtual_nodes, until};
+
+const REGION: &str = "us-central1";
+
+fn entries_url(s: &TestServer, project: &str, query: &str) -> String {
+    s.url(&format!(
+        "/v1/projects/{project}/regions/{REGION}/queue/entries?{query}"
+    ))
+}
+
+async fn get_json(s: &TestServer, url: &str) -> (u16, Value) {
+    let r = s.http.get(url).send().await.expect("get");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json"))
+}
+
+/// Every page of a queue, following the tokens.
+async fn all_pages(s: &TestServer, project: &str, size: usize) -> (Vec<Value>, usize) {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let (st, page) = get_json(
+            s,
+            &entries_url(s, project, &format!("pageSize={size}&pageToken={token}")),
+        )
+        .await;
+        assert_eq!(st, 200, "{page:#}");
+        let entries = page["entries"].as_array().expect("entries");
+        assert!(entries.len() <= size, "{} > {size}", entries.len());
+        out.extend(entries.iter().cloned());
+        pages += 1;
+        token = page["nextPageToken"].as_str().expect("token").to_string();
+        if token.is_empty() {
+            return (out, pages);
+        }
+        assert!(pages < 100, "the pages never end");
+    }
+}
+
+#[tokio::test]
+async fn the_queue_pages_in_the_regions_order_with_each_batchs_place_and_reasons() {
+    let s = TestServer::start_with(no_virtual_nodes).await;
+    // Two projects, 35 batches each: fair share with equal (no) usage puts
+    // project "alpha" first, then "demo".
+    for (project, n) in [("demo", 35), ("alpha", 35)] {
+        for i in 0..n {
+            let r = s
+                .http
+                .post(s.url(&format!(
+                    "/v1/projects/{project}/locations/{REGION}/batches?batchId={project}-{i:03}"
+                )))
+                .json(&flex_batch())
+                .send()
+                .await
+                .expect("create");
+            assert_eq!(r.status().as_u16(), 200);
+        }
+    }
+    // The core learns of creates through the change stream on PostgreSQL.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (all, pages) = loop {
+        let (all, pages) = all_pages(&s, "-", 20).await;
+        if all.len() == 70 || Instant::now() > deadline {
+            break (all, pages);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(all.len(), 70);
+    assert_eq!(pages, 4, "70 entries, 20 a page");
+    let positions: Vec<u64> = all
+        .iter()
+        .map(|e| e["queuePosition"].as_u64().expect("position"))
+        .collect();
+    assert_eq!(positions, (1..=70).collect::<Vec<u64>>());
+    let names: Vec<&str> = all
+        .iter()
+        .map(|e| e["name"].as_str().expect("name"))
+        .collect();
+    assert!(names[0].ends_with("/batches/alpha-000"), "{names:?}");
+    assert!(names[35].ends_with("/batches/demo-000"), "{names:?}");
+    let first = &all[0];
+    assert_eq!(first["project"], "alpha");
+    assert_eq!(first["gpus"], 3);
+    assert_eq!(first["accelerator"], "l4");
+    assert!(
+        first["shape"]
+            .as_str()
+            .expect("shape")
+            .contains("2 executors of l4"),
+        "{first:#}"
+    );
+    assert!(first["allocationDeadline"].is_string(), "{first:#}");
+    assert!(
+        !first["notAdmittedReasons"]
+            .as_array()
+            .expect("reasons")
+            .is_empty(),
+        "{first:#}"
+    );
+    // A page says what a get of the batch says.
+    for e in [&all[0], &all[36], &all[69]] {
+        let (_, b) = s
+            .get(
+                &e["name"]
+                    .as_str()
+                    .expect("name")
+                    .replacen("projects", "/v1/projects", 1),
+            )
+            .await;
+        assert_eq!(b["flexq"]["queuePosition"], e["queuePosition"], "{b:#}");
+        assert_eq!(b["flexq"]["notAdmittedReasons"], e["notAdmittedReasons"]);
+    }
+
+    // One project's page: its batches, with their places in the region.
+    let (demo, _) = all_pages(&s, "demo", 50).await;
+    assert_eq!(demo.len(), 35);
+    assert!(demo.iter().all(|e| e["project"] == "demo"));
+    assert_eq!(demo[0]["queuePosition"], 36);
+    let (_, page) = get_json(&s, &entries_url(&s, "demo", "")).await;
+    assert_eq!(page["totalSize"], 35);
+
+    // Sizes: more than 500 is lowered; bad ones are named.
+    let (st, page) = get_json(&s, &entries_url(&s, "-", "pageSize=100000")).await;
+    assert_eq!(st, 200);
+    assert_eq!(page["entries"].as_array().expect("entries").len(), 70);
+    for bad in ["-1", "lots"] {
+        let (st, body) = get_json(&s, &entries_url(&s, "-", &format!("pageSize={bad}"))).await;
+        assert_status(st, &body, 400, "INVALID_ARGUMENT");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("page_size") && message.contains(bad),
+            "{message}"
+        );
+    }
+    // A token of another queue, or none of ours, is refused by name.
+    let (_, page) = get_json(&s, &entries_url(&s, "demo", "pageSize=5")).await;
+    let token = page["nextPageToken"].as_str().expect("token");
+    assert!(!token.is_empty());
+    for (project, token) in [("alpha", token), ("-", "bm90LWEtdG9rZW4")] {
+        let (st, body) =
+            get_json(&s, &entries_url(&s, project, &format!("pageToken={token}"))).await;
+        assert_status(st, &body, 400, "INVALID_ARGUMENT");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .expect("message")
+                .contains("page_token"),
+            "{body:#}"
+        );
+    }
+    let (st, body) = get_json(
+        &s,
+        &s.url("/v1/projects/demo/regions/nowhere/queue/entries"),
+    )
+    .await;
+    assert_status(st, &body, 404, "NOT_FOUND");
+
+    // Admins' view of every project's quotas lists both.
+    let (st, q) = get_json(
+        &s,
+        &s.url(&format!("/v1/projects/-/regions/{REGION}/quotas")),
+    )
+    .await;
+    assert_eq!(st, 200, "{q:#}");
+    let projects: Vec<&str> = q["projects"]
+        .as_array()
+        .expect("projects")
+        .iter()
+        .map(|p| p["project"].as_str().expect("project"))
+        .collect();
+    assert!(
+        projects.contains(&"alpha") && projects.contains(&"demo"),
+        "{q:#}"
+    );
+    // And "-" is not a project whose limit can be set.
+    let r = s
+        .http
+        .patch(s.url(&format!("/v1/projects/-/regions/{REGION}/quotas")))
+        .json(&json!({"metric": "NVIDIA_L4_GPUS", "limit": 8}))
+        .send()
+        .await
+        .expect("patch");
+    let st = r.status().as_u16();
+    let body: Value = r.json().await.expect("json");
+    assert_status(st, &body, 400, "INVALID_ARGUMENT");
+}
+
+#[tokio::test]
+async fn the_console_files_are_served_from_the_binary_with_their_headers() {
+    let s = TestServer::start().await;
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let r = no_redirects
+        .get(s.url("/console"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status().as_u16(), 308);
+    // Relative, so that a path prefix in front of flexq stays.
+    assert_eq!(r.headers()["location"], "console/");
+    let r = s.http.get(s.url("/console/")).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .expect("type")
+            .starts_with("text/html")
+    );
+    assert!(
+        r.headers()["content-security-policy"]
+            .to_str()
+            .expect("csp")
+            .contains("script-src 'self'")
+    );
+    let etag = r.headers()["etag"].clone();
+    let page = r.text().await.expect("text");
+    // Nothing from elsewhere, and no address from the root.
+    for absolute in ["http://", "https://", "src=\"/", "href=\"/"] {
+        assert!(!page.contains(absolute), "{absolute} in {page}");
+    }
+    let r = s
+        .http
+        .get(s.url("/console/"))
+        .header("if-none-match", etag)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status().as_u16(), 304);
+    let r = s
+        .http
+        .get(s.url("/console/app.js"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .expect("type")
+            .starts_with("text/javascript")
+    );
+    let (st, body) = s.get("/console/secrets.txt").await;
+    assert_status(st, &body, 404, "NOT_FOUND");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("app.js")
+    );
+}
+
+// ------------------------------------------------------------ the browser
+
+/// Debian's Chromium, headless, through a ChromeDriver of its own.
+struct Browser {
+    client: Client,
+    driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+
+impl Browser {
+    async fn open() -> Browser {
+        // The WebDriver client's TLS (unused: the driver is plain HTTP on
+        // loopback) needs a process-wide provider; flexq's is ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+            l.local_addr().expect("addr").port()
+        };
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (scripts/test installs Debian's chromium-driver)");
+        let profile = tempfile::tempdir().expect("profile");
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({"args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--no-first-run", "--disable-background-networking", "--disable-sync",
+                "--window-size=1300,900",
+                format!("--user-data-dir={}", profile.path().display()),
+            ]}),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + WAIT;
+        let client = loop {
+            match ClientBuilder::rustls()
+                .expect("rustls")
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("chromedriver on {url}: {e}"),
+            }
+        };
+        Browser {
+            client,
+            driver,
+            _profile: profile,
+        }
+    }
+
+    async fn goto(&self, url: &str) {
+        self.client.goto(url).await.expect("goto");
+    }
+
+    async fn element(&self, css: &str) -> Element {
+        self.client
+            .wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css}: {e}"))
+    }
+
+    /// The text of `css` once it contains `want`.
+    async fn text_with(&self, css: &str, want: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        let mut last = String::from("(no such element)");
+        while Instant::now() < deadline {
+            if let Ok(e) = self.client.find(Locator::Css(css)).await {
+                if let Ok(t) = e.text().await {
+                    if t.contains(want) {
+                        return t;
+                    }
+                    last = t;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{css} never showed {want:?}; it shows {last:?}");
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.client.execute(script, vec![]).await.expect("script")
+    }
+
+    /// Marks the page's window: the mark survives anything but a reload.
+    async fn mark(&self) {
+        self.js("window.flexqTestMark = 'kept'; return true").await;
+    }
+
+    async fn assert_not_reloaded(&self) {
+        assert_eq!(
+            self.js("return window.flexqTestMark ?? null").await,
+            json!("kept"),
+            "the page was reloaded"
+        );
+    }
+
+    /// Saves a screenshot as a test artifact.
+    async fn shot(&self, name: &str) {
+        let png = self.client.screenshot().await.expect("screenshot");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts/console");
+        std::fs::create_dir_all(&dir).expect("artifact dir");
+        std::fs::write(dir.join(format!("{name}.png")), png).expect("screenshot file");
+    }
+
+    async fn close(mut self) {
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+    }
+}
+
+#[tokio::test]
+async fn a_queued_batch_shows_why_and_a_cancel_and_the_next_allocation_show_live() {
+    // The default config: two virtual L4 nodes of 4 GPUs in us-central1-a.
+    let s = TestServer::start_with(|_| {}).await;
+    let (st, body) = s.create("batchId=first", &flex_batch()).await;
+    assert_eq!(st, 200, "{body:#}");
+    let path = |id: &str| format!("/v1/projects/demo/locations/{REGION}/batches/{id}");
+    until(&s, &path("first"), "first allocated", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    // 8 GPUs in one zone; 5 are free.
+    let (st, body) = s
+        .create(
+            "batchId=second",
+            &flex_with("spark.executor.instances", "7"),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+
+    let b = Browser::open().await;
+    let console = s.url("/console/");
+    b.goto(&format!("{console}#/queue?region={REGION}")).await;
+    let row = b
+        .text_with("tr[data-batch='second']", "has room for 5")
+        .await;
+    assert!(row.contains("8 l4"), "{row}");
+    b.text_with("#queue-range", "1–1 of 1").await;
+    b.shot("queue").await;
+
+    b.goto(&format!("{console}#/capacity")).await;
+    b.element("#capacity .node").await;
+    let allocated = b
+        .js("return document.querySelectorAll('#capacity .cells .gpu.allocated').length")
+        .await;
+    assert_eq!(allocated, json!(3));
+    let free = b
+        .js("return document.querySelectorAll('#capacity .cells .gpu.free').length")
+        .await;
+    assert_eq!(free, json!(5));
+    b.shot("capacity").await;
+
+    // The queued batch's page, in this window.
+    b.goto(&format!("{console}#/batch/demo/{REGION}/second"))
+        .await;
+    b.text_with("#reasons", "has room for 5").await;
+    b.text_with("#batch-state", "PENDING").await;
+    b.element("#nodes-none").await;
+    b.mark().await;
+    b.shot("batch-queued").await;
+    let queued_window = b.client.window().await.expect("window");
+
+    // The running one's, in another: Cancel (and confirm).
+    let other = b.client.new_window(true).await.expect("new window");
+    b.client
+        .switch_to_window(other.handle)
+        .await
+        .expect("switch");
+    b.goto(&format!("{console}#/batch/demo/{REGION}/first"))
+        .await;
+    b.mark().await;
+    b.element("#cancel").await.click().await.expect("click");
+    b.text_with("#cancel", "again").await;
+    b.element("#cancel").await.click().await.expect("click");
+    b.text_with("#batch-state", "CANCELLED").await;
+    b.text_with("#timeline", "CANCELLED").await;
+    b.assert_not_reloaded().await;
+    assert!(
+        b.client.find(Locator::Css("#cancel")).await.is_err(),
+        "a cancelled batch offers Cancel"
+    );
+    b.shot("batch-cancelled").await;
+
+    // Back to the queued one: its allocation arrived without a reload.
+    b.client
+        .switch_to_window(queued_window)
+        .await
+        .expect("switch");
+    let nodes = b.text_with("#nodes", "executor 6").await;
+    b.assert_not_reloaded().await;
+    let (_, second) = s.get(&path("second")).await;
+    assert_eq!(
+        second["flexq"]["provisioningState"], "PROVISIONED",
+        "{second:#}"
+    );
+    for part in second["flexq"]["nodes"].as_array().expect("nodes") {
+        assert!(
+            nodes.contains(part["node"].as_str().expect("node")),
+            "{nodes}"
+        );
+    }
+    assert!(b.client.find(Locator::Css("#reasons")).await.is_err());
+    b.shot("batch-allocated").await;
+
+    b.goto(&format!("{console}#/quotas?region={REGION}")).await;
+    b.text_with(
+        "tr[data-project='demo'][data-metric='PREEMPTIBLE_NVIDIA_L4_GPUS']",
+        "8 / 24",
+    )
+    .await;
+    b.shot("quotas").await;
+    b.goto(&format!("{console}#/usage?region={REGION}")).await;
+    let usage = b.text_with("#usage tr[data-project='demo']", "l4").await;
+    assert!(usage.contains("demo"), "{usage}");
+    b.shot("usage").await;
+    b.close().await;
+}
+
+const BOB: &str = "token-bob";
+
+#[tokio::test]
+async fn the_console_signs_in_with_a_token_and_shows_what_its_principal_may_see() {
+    let s = TestServer::start_with(|c| {
+        no_virtual_nodes(c);
+        c.principals = [
+            (
+                "bob@example.com",
+                "submitter",
+                vec!["demo".to_string()],
+                BOB,
+            ),
+            ("root@example.com", "admin", vec![], "token-root"),
+        ]
+        .into_iter()
+        .map(
+            |(name, role, projects, token)| flexq::config::PrincipalConfig {
+                name: name.into(),
+                role: serde_json::from_value(json!(role)).expect("role"),
+                projects,
+                node: None,
+                token_sha256: flexq::engine::token_hash(token),
+            },
+        )
+        .collect();
+    })
+    .await;
+    let r = s
+        .http
+        .post(format!("{}?batchId=waiting", s.batches()))
+        .bearer_auth(BOB)
+        .json(&flex_batch())
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status().as_u16(), 200);
+
+    let b = Browser::open().await;
+    let console = s.url("/console/");
+    b.goto(&format!("{console}#/queue?region={REGION}")).await;
+    // A wrong token is refused by the server, and said so.
+    b.element("#signin-token")
+        .await
+        .send_keys("not-a-token")
+        .await
+        .expect("keys");
+    b.element("#signin button")
+        .await
+        .click()
+        .await
+        .expect("click");
+    b.text_with("#signin-why", "not valid").await;
+    b.element("#signin-token")
+        .await
+        .send_keys(BOB)
+        .await
+        .expect("keys");
+    b.element("#signin button")
+        .await
+        .click()
+        .await
+        .expect("click");
+    b.text_with("#principal", "bob@example.com (submitter)")
+        .await;
+    b.text_with("tr[data-batch='waiting']", "demo").await;
+    // A submitter's queue is its projects', not every project's.
+    let options = b
+        .js("return [...document.querySelectorAll('#project option')].map(o => o.value)")
+        .await;
+    assert_eq!(options, json!(["demo"]));
+    // The token is kept for the tab's session only.
+    assert_eq!(b.js("return localStorage.length").await, json!(0));
+    assert_eq!(
+        b.js("return sessionStorage.getItem('flexq.token')").await,
+        json!(BOB)
+    );
+    b.shot("signed-in-queue").await;
+    // Its own batch can be cancelled from its page.
+    b.element("tr[data-batch='waiting'] a")
+        .await
+        .click()
+        .await
+        .expect("click");
+    b.element("#cancel").await;
+    b.element("#signout").await.click().await.expect("click");
+    b.element("#signin-token").await;
+    assert_eq!(
+        b.js("return sessionStorage.getItem('flexq.token')").await,
+        Value::Null
+    );
+    b.shot("signin").await;
+    b.close().await;
+}
+
+/// A reverse proxy serving flexq under `/flexq/`, streaming both ways (as
+/// nginx or an ingress would).
+async fn prefix_proxy(upstream: String) -> std::net::SocketAddr {
+    use axum::body::Body;
+    use axum::extract::{Request, State};
+    use axum::response::{IntoResponse, Response};
+    async fn forward(State(upstream): State<String>, req: Request) -> Response {
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let Some(rest) = path.strip_prefix("/flexq") else {
+            return (axum::http::StatusCode::NOT_FOUND, "not under /flexq").into_response();
+        };
+        // A proxy passes redirects on; it does not follow them.
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client");
+        let mut out = client.request(req.method().clone(), format!("{upstream}{rest}"));
+        for (k, v) in req.headers() {
+            if k != axum::http::header::HOST {
+                out = out.header(k, v);
+            }
+        }
+        let body = axum::body::to_bytes(req.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let resp = match out.body(body).send().await {
+            Ok(r) => r,
+            Err(e) => return (axum::http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+        };
+        let mut builder = Response::builder().status(resp.status());
+        for (k, v) in resp.headers() {
+            builder = builder.header(k, v);
+        }
+        builder
+            .body(Body::from_stream(resp.bytes_stream()))
+            .expect("response")
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = axum::Router::new().fallback(forward).with_state(upstream);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test]
+async fn the_console_works_live_behind_a_path_prefix() {
+    let s = TestServer::start().await;
+    let (st, _) = s.create("batchId=early", &flex_batch()).await;
+    assert_eq!(st, 200);
+    let proxy = prefix_proxy(format!("http://{}", s.addr)).await;
+
+    let b = Browser::open().await;
+    // Without the slash: the console's relative redirect keeps the prefix.
+    b.goto(&format!("http://{proxy}/flexq/console")).await;
+    b.element("#capacity").await;
+    b.goto(&format!(
+        "http://{proxy}/flexq/console/#/queue?region={REGION}"
+    ))
+    .await;
+    b.element("tr[data-batch='early']").await;
+    b.mark().await;
+    // A batch created now appears through the proxied event stream.
+    let (st, _) = s.create("batchId=later", &flex_batch()).await;
+    assert_eq!(st, 200);
+    let row = b.text_with("tr[data-batch='later']", "demo").await;
+    assert!(row.starts_with('2'), "{row}");
+    b.assert_not_reloaded().await;
+    let url = b.client.current_url().await.expect("url");
+    assert!(url.path().starts_with("/flexq/console/"), "{url}");
+    b.shot("behind-a-prefix").await;
+    b.close().await;
+}
