@@ -275,7 +275,31 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
         let _ = scrape.record(t.elapsed().as_micros().max(1) as u64);
         bytes = text.len();
     }
+    // A page of one region's queue as the console reads it (50 entries,
+    // each with its position, reasons and estimate): the first, one in the
+    // middle, the last.
+    let region = region_of(0);
+    let depth = core.queued_in(&region, None);
+    let mut pages = Vec::new();
+    for skip in [0, depth / 2, depth.saturating_sub(50)] {
+        let mut h = histogram();
+        for _ in 0..10 {
+            let t = Instant::now();
+            let (_, page) = core.queue_page(&region, None, skip, 50, now);
+            std::hint::black_box(page.len());
+            let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+        }
+        pages.push(format!(
+            "from {skip}: p50 {:.1} ms max {:.1} ms",
+            ms(&h, 0.5),
+            h.max() as f64 / 1000.0
+        ));
+    }
     println!("\n[core] {n} pending, {nodes} nodes");
+    println!(
+        "  a queue page of {region} ({depth} queued), 50 entries: {}",
+        pages.join("; ")
+    );
     println!(
         "  /metrics scrape (snapshot + encoding, {} KiB): p50 {:.1} ms  max {:.1} ms",
         bytes / 1024,

@@ -124,6 +124,44 @@ fn batch(key: i64, project: &str, c: ClusterRequest, at: DateTime<Utc>) -> Pendi
     }
 }
 
+/// The snapshot's queued-batch series, the plain way: each pending batch
+/// on its own, its reason from the ledger's shortfall.
+#[allow(clippy::type_complexity)]
+fn pending_counted_one_by_one(
+    s: &Scheduler,
+    now: DateTime<Utc>,
+) -> (
+    BTreeMap<(String, String, &'static str), u64>,
+    BTreeMap<String, f64>,
+) {
+    let mut pending = BTreeMap::new();
+    let mut fraction: BTreeMap<String, f64> = BTreeMap::new();
+    for b in s.pending.values() {
+        let reason = if s
+            .ledger
+            .shortfall(&b.project, &b.region, &b.cluster.quota)
+            .is_some()
+        {
+            "quota"
+        } else if s.held_back.contains(&b.key) {
+            "reservation"
+        } else {
+            "capacity"
+        };
+        let accelerator = accelerator_label(&b.cluster).to_string();
+        *pending
+            .entry((b.region.clone(), accelerator, reason))
+            .or_default() += 1;
+        if let Some(deadline) = b.deadline {
+            let total = (deadline - b.queued_at).num_milliseconds().max(1) as f64;
+            let waited = (now - b.queued_at).num_milliseconds().max(0) as f64;
+            let f = fraction.entry(b.region.clone()).or_default();
+            *f = f.max(waited / total);
+        }
+    }
+    (pending, fraction)
+}
+
 fn allocated(d: &[Decision]) -> Vec<i64> {
     d.iter()
         .filter_map(|d| match d {
@@ -615,6 +653,12 @@ impl Harness {
             }
         }
         self.s.check_invariants().map_err(TestCaseError::fail)?;
+        // The scrape's queue series, kept cheap by walking queue by queue,
+        // are what counting batch by batch gives.
+        let snapshot = self.s.snapshot(self.now);
+        let (pending, fraction) = pending_counted_one_by_one(&self.s, self.now);
+        prop_assert_eq!(snapshot.pending, pending);
+        prop_assert_eq!(snapshot.wait_fraction, fraction);
         Ok(())
     }
 
