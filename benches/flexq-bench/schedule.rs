@@ -191,6 +191,7 @@ pub async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     if part("core") {
         for &n in &opts.pending {
             core_pass(n, opts.releases)?;
+            queue_pages(n)?;
         }
     }
     if part("flood") {
@@ -236,6 +237,63 @@ pub(crate) fn queued_core(
     core
 }
 
+/// A page of a queue of `n` batches in one region, of ten projects in
+/// fair-share order, as the console reads it: 50 entries, each with its
+/// position, reasons and estimated start, from the head, the middle and
+/// the end; the region's, and one project's.
+fn queue_pages(n: usize) -> Result<(), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(7, dir.path())?;
+    let policy = config.policy();
+    let now = Utc::now();
+    let region = region_of(0);
+    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+    core.set_fair_share(config.fair_share());
+    for node in config.virtual_nodes() {
+        core.add_node(node);
+    }
+    for i in 0..n {
+        core.submit(PendingBatch {
+            key: BatchKey(i as i64 + 1),
+            batch_id: format!("b-{i:07}"),
+            project: format!("p{}", i % 10),
+            region: region.clone(),
+            priority: 0,
+            queued_at: now,
+            deadline: Some(now + chrono::Duration::seconds(7200)),
+            cluster: cluster_of(&policy, i, 7200)?,
+        });
+    }
+    core.pass(now);
+    let mut lines = Vec::new();
+    for scope in [None, Some("p3")] {
+        let depth = core.queued_in(&region, scope);
+        let mut pages = Vec::new();
+        for skip in [0, depth / 2, depth.saturating_sub(50)] {
+            let mut h = histogram();
+            for _ in 0..10 {
+                let t = Instant::now();
+                let (_, page) = core.queue_page(&region, scope, skip, 50, now);
+                std::hint::black_box(page.len());
+                let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+            }
+            pages.push(format!(
+                "from {skip}: p50 {:.1} ms, max {:.1}",
+                ms(&h, 0.5),
+                h.max() as f64 / 1000.0
+            ));
+        }
+        lines.push(format!(
+            "  {} ({depth} queued): {}",
+            scope.map_or("the region's".to_string(), |p| format!("project {p}'s")),
+            pages.join("; ")
+        ));
+    }
+    println!("\n[queue page] {n} queued in {region}, 50 entries a page");
+    println!("{}", lines.join("\n"));
+    Ok(())
+}
+
 /// Part 1: the core alone.
 fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let dir = tempfile::tempdir().map_err(err)?;
@@ -275,31 +333,8 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
         let _ = scrape.record(t.elapsed().as_micros().max(1) as u64);
         bytes = text.len();
     }
-    // A page of one region's queue as the console reads it (50 entries,
-    // each with its position, reasons and estimate): the first, one in the
-    // middle, the last.
-    let region = region_of(0);
-    let depth = core.queued_in(&region, None);
-    let mut pages = Vec::new();
-    for skip in [0, depth / 2, depth.saturating_sub(50)] {
-        let mut h = histogram();
-        for _ in 0..10 {
-            let t = Instant::now();
-            let (_, page) = core.queue_page(&region, None, skip, 50, now);
-            std::hint::black_box(page.len());
-            let _ = h.record(t.elapsed().as_micros().max(1) as u64);
-        }
-        pages.push(format!(
-            "from {skip}: p50 {:.1} ms max {:.1} ms",
-            ms(&h, 0.5),
-            h.max() as f64 / 1000.0
-        ));
-    }
     println!("\n[core] {n} pending, {nodes} nodes");
-    println!(
-        "  a queue page of {region} ({depth} queued), 50 entries: {}",
-        pages.join("; ")
-    );
+
     println!(
         "  /metrics scrape (snapshot + encoding, {} KiB): p50 {:.1} ms  max {:.1} ms",
         bytes / 1024,

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -34,69 +34,54 @@ pub struct Snapshot {
 impl Scheduler {
     pub fn snapshot(&self, now: DateTime<Utc>) -> Snapshot {
         let mut s = Snapshot::default();
-        // A scrape with 100k queued batches must not hash or allocate per
-        // batch: it walks the queues a (region, project) at a time, works
-        // out what is free of the project's quota once, and counts into a
-        // few local slots that are added to the series per queue.
+        // Borrowed keys while walking every pending batch: a scrape with
+        // 100k of them must not allocate per batch.
         let mut pending: FxHashMap<(&str, &'static str, &'static str), u64> = FxHashMap::default();
-        let mut seen: Vec<(&str, &str)> = Vec::new();
-        for (region, projects) in &self.project_queues {
-            let mut fraction: Option<f64> = None;
-            for (project, queue) in projects {
-                if queue.is_empty() {
-                    continue;
-                }
-                seen.push((project, region));
-                let room = QuotaMetric::ALL.map(|m| {
+        let mut fraction: FxHashMap<&str, f64> = FxHashMap::default();
+        let mut seen: FxHashSet<(&str, &str)> = FxHashSet::default();
+        // What is free per (project, region) and metric, computed once per
+        // pair rather than once per batch.
+        let mut free: FxHashMap<(&str, &str), [u64; QuotaMetric::ALL.len()]> = FxHashMap::default();
+        for b in self.pending.values() {
+            // Pending batches are visited in hash order; a fast hasher for
+            // these scrape-local maps keeps a 100k-batch scrape cheap.
+            let room = free.entry((&b.project, &b.region)).or_insert_with(|| {
+                QuotaMetric::ALL.map(|m| {
                     self.ledger
-                        .limit(project, region, m)
-                        .saturating_sub(self.ledger.usage(project, region, m))
-                });
-                // (accelerator, reason) → batches, for this queue.
-                let mut counts: Vec<(&'static str, &'static str, u64)> = Vec::new();
-                for (_, key) in queue {
-                    let Some(b) = self.pending.get(key) else {
-                        continue;
-                    };
-                    let short = b.cluster.quota.iter().any(|q| {
-                        QuotaMetric::ALL
-                            .iter()
-                            .position(|m| *m == q.metric)
-                            .is_some_and(|i| q.amount > room[i])
-                    });
-                    let reason = if short {
-                        "quota"
-                    } else if self.held_back.contains(key) {
-                        "reservation"
-                    } else {
-                        "capacity"
-                    };
-                    let accelerator = super::accelerator_label(&b.cluster);
-                    match counts
-                        .iter_mut()
-                        .find(|(a, r, _)| *a == accelerator && *r == reason)
-                    {
-                        Some(c) => c.2 += 1,
-                        None => counts.push((accelerator, reason, 1)),
-                    }
-                    if let Some(deadline) = b.deadline {
-                        let total = (deadline - b.queued_at).num_milliseconds().max(1) as f64;
-                        let waited = (now - b.queued_at).num_milliseconds().max(0) as f64;
-                        let f = fraction.get_or_insert(0.0);
-                        *f = f.max(waited / total);
-                    }
-                }
-                for (accelerator, reason, n) in counts {
-                    *pending.entry((region, accelerator, reason)).or_default() += n;
-                }
+                        .limit(&b.project, &b.region, m)
+                        .saturating_sub(self.ledger.usage(&b.project, &b.region, m))
+                })
+            });
+            let short = b.cluster.quota.iter().any(|q| {
+                QuotaMetric::ALL
+                    .iter()
+                    .position(|m| *m == q.metric)
+                    .is_some_and(|i| q.amount > room[i])
+            });
+            let reason = if short {
+                "quota"
+            } else if self.held_back.contains(&b.key) {
+                "reservation"
+            } else {
+                "capacity"
+            };
+            let accelerator = super::accelerator_label(&b.cluster);
+            *pending.entry((&b.region, accelerator, reason)).or_default() += 1;
+            if let Some(deadline) = b.deadline {
+                let total = (deadline - b.queued_at).num_milliseconds().max(1) as f64;
+                let waited = (now - b.queued_at).num_milliseconds().max(0) as f64;
+                let f = fraction.entry(&b.region).or_default();
+                *f = f.max(waited / total);
             }
-            if let Some(f) = fraction {
-                s.wait_fraction.insert(region.clone(), f);
-            }
+            seen.insert((&b.project, &b.region));
         }
         s.pending = pending
             .into_iter()
             .map(|((r, a, why), n)| ((r.to_string(), a.to_string(), why), n))
+            .collect();
+        s.wait_fraction = fraction
+            .into_iter()
+            .map(|(r, f)| (r.to_string(), f))
             .collect();
         let mut pairs: BTreeSet<(String, String)> = self.ledger.pairs();
         pairs.extend(
