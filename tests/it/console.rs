@@ -676,3 +676,94 @@ async fn the_console_works_live_behind_a_path_prefix() {
     b.shot("behind-a-prefix").await;
     b.close().await;
 }
+
+#[tokio::test]
+async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
+    // Capacity from an agent that this test plays over the agent protocol
+    // (a fake agent: no Spark, no GPU): it registers, takes the driver's
+    // part, reports it started and uploads what the driver "prints".
+    let s = TestServer::start_for_agents(Duration::from_secs(30)).await;
+    let node = json!({
+        "nodeId": "gpu-host-1", "region": REGION, "zone": "us-central1-b", "pool": "l4",
+        "gpuAddresses": (0..8).map(|i| i.to_string()).collect::<Vec<_>>(),
+        "cores": 96, "memoryMb": 393216, "localSsdGb": 3000
+    });
+    let (st, reg) = s.post_json("/v1/nodes:register", &node).await;
+    assert_eq!(st, 200, "{reg:#}");
+    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let (st, _) = s
+        .create("batchId=talks", &flex_with("spark.executor.instances", "4"))
+        .await;
+    assert_eq!(st, 200);
+    let deadline = Instant::now() + WAIT;
+    let uuid = loop {
+        let (_, answer) = s
+            .post_json(
+                "/v1/nodes/gpu-host-1:poll",
+                &json!({"epoch": epoch, "version": "", "waitFor": "1s"}),
+            )
+            .await;
+        let driver = answer["assignments"]
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["role"] == "driver").cloned());
+        if let Some(d) = driver {
+            break d["uuid"].as_str().expect("uuid").to_string();
+        }
+        assert!(Instant::now() < deadline, "no assignment: {answer:#}");
+    };
+    let report = |event: Value| {
+        let mut body = event;
+        body["epoch"] = json!(epoch);
+        body["uuid"] = json!(uuid);
+        body
+    };
+    for event in [
+        json!({"event": "MASTER_READY", "masterUrl": "spark://127.0.0.1:7077"}),
+        json!({"event": "DRIVER_STARTED", "rapids": "enabled (/opt/rapids.jar)"}),
+    ] {
+        let (st, body) = s
+            .post_json("/v1/nodes/gpu-host-1:report", &report(event))
+            .await;
+        assert_eq!(st, 200, "{body:#}");
+    }
+
+    let b = Browser::open().await;
+    b.goto(&s.url(&format!("/console/#/batch/demo/{REGION}/talks")))
+        .await;
+    b.text_with("#batch-state", "RUNNING").await;
+    b.text_with("#output-note", "No driver output yet").await;
+    b.mark().await;
+    let upload = |offset: usize, data: &str| json!({"epoch": epoch, "uuid": uuid, "offset": offset.to_string(), "data": data});
+    let first = "stage 1 of 2 done\n";
+    let (st, _) = s
+        .post_json("/v1/nodes/gpu-host-1:output", &upload(0, first))
+        .await;
+    assert_eq!(st, 200);
+    b.text_with("#output", "stage 1 of 2 done").await;
+    // What the driver prints is shown as text, never as markup.
+    let second = "<b>rows</b>: 42\n";
+    let (st, _) = s
+        .post_json("/v1/nodes/gpu-host-1:output", &upload(first.len(), second))
+        .await;
+    assert_eq!(st, 200);
+    b.text_with("#output", "<b>rows</b>: 42").await;
+    assert_eq!(
+        b.js("return document.querySelectorAll('#output b').length")
+            .await,
+        json!(0)
+    );
+    b.shot("batch-running").await;
+    let (st, _) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &report(json!({"event": "FINISHED", "succeeded": true, "message": "The driver finished successfully (exit status 0).", "exitCode": 0})),
+        )
+        .await;
+    assert_eq!(st, 200);
+    b.text_with("#batch-state", "SUCCEEDED").await;
+    b.text_with("#output-note", "complete").await;
+    b.text_with("#timeline", "SUCCEEDED").await;
+    b.assert_not_reloaded().await;
+    b.shot("batch-succeeded").await;
+    b.close().await;
+}
