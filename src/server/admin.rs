@@ -10,12 +10,17 @@ use super::App;
 use super::extract::{ApiPath, ApiQuery, Format, JsonBody};
 use crate::engine::{Error, QuotaChange};
 
-/// `GET /v1/regions`: GPUs and local SSD per region, zone and GPU type.
+/// `GET /v1/regions`: the configured regions, and GPUs and local SSD per
+/// region, zone and GPU type (a region without nodes has no rows).
 #[utoipa::path(get, path = "/v1/regions", tag = "capacity",
-    responses((status = 200, description = "GPUs and local SSD total / allocated / free per region, zone and GPU type"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "regions: the configured regions; capacity: GPUs and local SSD total / allocated / free per region, zone and GPU type"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
 pub(super) async fn regions(AppState(app): AppState<App>, format: Format) -> Response {
     let rows = app.engine.capacity().await;
-    format.respond(StatusCode::OK, &serde_json::json!({ "capacity": rows }))
+    let regions: Vec<String> = app.engine.config().regions.keys().cloned().collect();
+    format.respond(
+        StatusCode::OK,
+        &serde_json::json!({ "regions": regions, "capacity": rows }),
+    )
 }
 
 /// `GET /v1/nodes`: every node, virtual ones marked, with what is free.

@@ -433,13 +433,15 @@ function show(ctx, main, ...view) {
   if (ctx.alive()) main.replaceChildren(...view);
 }
 
-/** The regions with capacity, for the region pickers. */
+/** The configured regions, for the region pickers: those with nodes
+ * first, so a page without a region shows one with capacity. */
 let regionsCache = null;
 
 async function regions() {
   if (!regionsCache) {
     const cap = await api("v1/regions");
-    regionsCache = [...new Set(cap.capacity.map((r) => r.region))].sort();
+    const busy = new Set(cap.capacity.map((r) => r.region));
+    regionsCache = [...cap.regions].sort((a, b) => busy.has(b) - busy.has(a) || a.localeCompare(b));
   }
   return regionsCache;
 }
@@ -466,8 +468,13 @@ async function regionOf(r) {
   return { all, region: r.params.get("region") || all[0] || "" };
 }
 
-function projectOptions() {
-  return isAdmin() ? [["-", "every project"]] : me.projects.map((p) => [p, p]);
+/** The projects a page may be narrowed to: an admin's "every project"
+ * and those with quota or queued batches in `region`; a submitter's own. */
+async function projectOptions(region, current) {
+  if (!isAdmin()) return me.projects.map((p) => [p, p]);
+  const known = (await api(`v1/projects/-/regions/${enc(region)}/quotas`)).projects.map((p) => p.project);
+  if (current && current !== "-" && !known.includes(current)) known.push(current);
+  return [["-", "every project"], ...known.sort().map((p) => [p, p])];
 }
 
 // ---------------------------------------------------------------- capacity
@@ -603,7 +610,7 @@ function zoneView(region, zone, rows, nodes) {
 
 async function queuePage(main, r, ctx) {
   const { all, region } = await regionOf(r);
-  const options = projectOptions();
+  const options = await projectOptions(region, r.params.get("project"));
   const project = r.params.get("project") || (options[0] && options[0][0]);
   if (!project) {
     show(ctx, main, h("h1", null, "Queue"), h("p", { class: "muted" }, "You may see no project's batches."));
