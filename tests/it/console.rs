@@ -688,6 +688,34 @@ async fn the_console_works_live_behind_a_path_prefix() {
     let url = b.client.current_url().await.expect("url");
     assert!(url.path().starts_with("/flexq/console/"), "{url}");
     b.shot("behind-a-prefix").await;
+
+    // A long queue comes 50 rows a page, never whole.
+    for i in 0..58 {
+        let (st, _) = s
+            .create(&format!("batchId=more-{i:02}"), &flex_batch())
+            .await;
+        assert_eq!(st, 200);
+    }
+    b.text_with("#queue-range", "1–50 of 60").await;
+    let rows = b
+        .js("return document.querySelectorAll('#queue tbody tr').length")
+        .await;
+    assert_eq!(rows, json!(50));
+    b.element("#queue-next").await.click().await.expect("next");
+    b.text_with("#queue-range", "51–60 of 60").await;
+    let first = b.text_with("#queue tbody tr", "demo").await;
+    assert!(first.starts_with("51"), "{first}");
+    let rows = b
+        .js("return document.querySelectorAll('#queue tbody tr').length")
+        .await;
+    assert_eq!(rows, json!(10));
+    b.element("#queue-prev")
+        .await
+        .click()
+        .await
+        .expect("previous");
+    b.text_with("#queue-range", "1–50 of 60").await;
+    b.assert_not_reloaded().await;
     b.close().await;
 }
 
