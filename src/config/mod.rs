@@ -459,6 +459,17 @@ impl Config {
                 }
                 _ => {}
             }
+            // In a path, "-" stands for every project (admins); "*" is a
+            // quota rule's wildcard. Neither is a project to give.
+            if let Some(wild) = p.projects.iter().find(|q| *q == "-" || *q == "*") {
+                return Err(invalid(
+                    key("projects"),
+                    format!(
+                        "{} is not a project id (\"-\" means every project, for admins); accepted: project ids, or role = \"admin\" for every project",
+                        crate::api::quote(wild)
+                    ),
+                ));
+            }
         }
         if self.principals.is_empty() && !self.server.bind.ip().is_loopback() {
             return Err(invalid(
@@ -1068,5 +1079,14 @@ mod principal_tests {
         assert!(e.to_string().contains("principals[0].token_sha256"), "{e}");
         c.principals[0].token_sha256 = "a".repeat(64);
         c.check().expect("valid with a principal on 0.0.0.0");
+        for wild in ["-", "*"] {
+            c.principals[0].projects = vec!["demo".into(), wild.into()];
+            let e = c.check().expect_err("every project is not a submitter's");
+            let text = e.to_string();
+            assert!(
+                text.contains("principals[0].projects") && text.contains(&format!("\"{wild}\"")),
+                "{text}"
+            );
+        }
     }
 }

@@ -59,6 +59,7 @@ pub(crate) struct Moved {
 pub struct WatchRequest {
     /// A project, or `-` for every project of the region (admins).
     pub project: String,
+    /// A region, or with project `-` (and no batch) `-` for every region.
     pub region: String,
     /// Only this batch.
     pub batch_id: Option<String>,
@@ -112,7 +113,14 @@ impl Engine {
     /// Starts a watch (the caller's right to read the project's batches
     /// was checked by admission).
     pub async fn watch(&self, req: WatchRequest) -> Result<Watch, Error> {
-        if !self.config().regions.contains_key(&req.region) {
+        let every_region = req.region == "-";
+        if every_region && (req.project != "-" || req.batch_id.is_some()) {
+            return Err(Error::invalid_field(
+                "region",
+                "\"-\" (every region) is for project \"-\" (every project, admins) without batchId; accepted: a region flexq serves",
+            ));
+        }
+        if !every_region && !self.config().regions.contains_key(&req.region) {
             return Err(Error::invalid_field(
                 "region",
                 format!(
@@ -137,6 +145,7 @@ impl Engine {
                         })?;
                     EventScope::Batch(record.seq)
                 }
+                None if every_region => EventScope::All,
                 None if req.project == "-" => EventScope::Region(req.region.clone()),
                 None => EventScope::Project {
                     project: req.project.clone(),

@@ -1301,3 +1301,71 @@ fn a_reload_changes_quota_rules_and_weights_in_place_keeping_queue_and_usage() {
     assert_eq!(allocated(&s.pass(t0())), vec![2, 4]);
     s.check_invariants().expect("invariants");
 }
+
+#[test]
+fn a_queue_page_gives_each_batch_the_place_and_reasons_a_get_gives_it() {
+    for order in [Order::Strict, Order::FairShare] {
+        let mut s = Scheduler::new(vec![pool("a", 4, 1)], rules(100));
+        s.set_fair_share(FairSharePolicy {
+            order,
+            ..FairSharePolicy::default()
+        });
+        s.add_node(l4_node("n0", "a", 4));
+        // "heavy" holds the node, so it comes last in fair share.
+        s.submit(batch(
+            1,
+            "heavy",
+            cluster(2, ProvisioningMode::Queue, 7200, Some(3600)),
+            t0(),
+        ));
+        assert_eq!(allocated(&s.pass(t0())), vec![1]);
+        let projects = ["heavy", "light", "other"];
+        for key in 2..40 {
+            let mut b = batch(
+                key,
+                projects[key as usize % 3],
+                cluster(2, ProvisioningMode::Queue, 7200, Some(600)),
+                t0() + Duration::seconds(key),
+            );
+            b.priority = (key % 4 == 0) as i32;
+            s.submit(b);
+        }
+        s.pass(t0());
+        let now = t0() + Duration::seconds(60);
+        for scope in [None, Some("heavy"), Some("light")] {
+            let total = s.queued_in("r", scope);
+            let mut walked = Vec::new();
+            for page in 0.. {
+                let (n, entries) = s.queue_page("r", scope, page * 7, 7, now);
+                assert_eq!(n, total);
+                if entries.is_empty() {
+                    break;
+                }
+                for (b, info) in entries {
+                    if let Some(p) = scope {
+                        assert_eq!(b.project, p);
+                    }
+                    assert_eq!(
+                        Some(info),
+                        s.pending_info(b.key, now),
+                        "{order:?} {scope:?} batch {}",
+                        b.key.0
+                    );
+                    walked.push(b.key);
+                }
+            }
+            assert_eq!(walked.len(), total, "{order:?} {scope:?}");
+            let positions: Vec<usize> = walked
+                .iter()
+                .map(|k| s.pending_info(*k, now).expect("queued").queue_position)
+                .collect();
+            assert!(
+                positions.windows(2).all(|w| w[0] < w[1]),
+                "{order:?} {scope:?}: {positions:?}"
+            );
+            if scope.is_none() {
+                assert_eq!(positions, (1..=total).collect::<Vec<_>>());
+            }
+        }
+    }
+}

@@ -22,6 +22,17 @@ struct ProjectAhead<'a> {
     queued: usize,
 }
 
+/// Where a batch stands, when the caller knows it from its own walk.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    Unknown,
+    /// Its 1-based position in the region's order.
+    Region(usize),
+    /// Its 1-based place among its own project's queued batches (fair
+    /// share: the projects before its own come first).
+    InProject(usize),
+}
+
 /// The most batches ahead of one for which an estimated start is given:
 /// deeper in the queue the estimate would cost too much and say little.
 pub const ESTIMATE_DEPTH: usize = 500;
@@ -184,19 +195,40 @@ impl Scheduler {
     /// Queue position (1-based) in the region's order, reasons and an
     /// estimated start, as of `now`.
     pub fn pending_info(&self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingInfo> {
+        self.pending_info_at(key, Place::Unknown, now)
+    }
+
+    /// [`Self::pending_info`], told the batch's place when the caller
+    /// walked the queue to it, so that it is not searched for again.
+    fn pending_info_at(
+        &self,
+        key: BatchKey,
+        place: Place,
+        now: DateTime<Utc>,
+    ) -> Option<PendingInfo> {
         let batch = self.pending.get(&key)?;
         // Fair share: the projects ahead of the batch's own, lowest first.
         let before = match self.fair.order() {
             Order::Strict => None,
             Order::FairShare => Some(self.projects_before(batch, now)?),
         };
-        let (position, behind) = match &before {
-            None => {
+        let (position, behind) = match (&before, place) {
+            (_, Place::Region(position)) => (
+                position,
+                before
+                    .as_deref()
+                    .and_then(|b| self.fair_position(batch, b, Some(0), now))
+                    .and_then(|(_, behind)| behind),
+            ),
+            (None, _) => {
                 let queue = self.queues.get(&batch.region)?;
                 let position = queue.iter().position(|(_, k)| *k == key).map(|p| p + 1);
                 (position.unwrap_or(0), None)
             }
-            Some(before) => self.fair_position(batch, before, now)?,
+            (Some(before), Place::InProject(within)) => {
+                self.fair_position(batch, before, Some(within), now)?
+            }
+            (Some(before), Place::Unknown) => self.fair_position(batch, before, None, now)?,
         };
         let mut reasons: Vec<Blocker> = self
             .hold_of(&batch.region, &batch.project)
@@ -297,17 +329,20 @@ impl Scheduler {
         &self,
         batch: &PendingBatch,
         before: &[ProjectAhead<'_>],
+        within: Option<usize>,
         now: DateTime<Utc>,
     ) -> Option<(usize, Option<Blocker>)> {
-        let own = self
-            .project_queues
-            .get(&batch.region)?
-            .get(&batch.project)?;
         let batches: usize = before.iter().map(|p| p.queued).sum();
-        let within = own
-            .iter()
-            .position(|(_, k)| *k == batch.key)
-            .map_or(0, |p| p + 1);
+        let within = match within {
+            Some(n) => n,
+            None => self
+                .project_queues
+                .get(&batch.region)?
+                .get(&batch.project)?
+                .iter()
+                .position(|(_, k)| *k == batch.key)
+                .map_or(0, |p| p + 1),
+        };
         let behind = (!before.is_empty()).then(|| Blocker::FairShare {
             batches,
             projects: before.len(),
@@ -564,9 +599,10 @@ impl Scheduler {
     /// A page of a region's queue in its order at `now`: the `take`
     /// batches after the first `skip` of `project`'s (or of every
     /// project's), each with what a get shows of it (its position is in
-    /// the whole region's order); and how many wait in that scope. Walks
-    /// the order only as far as the page, so a page deep in a queue of
-    /// 100k costs what its position costs, not the queue.
+    /// the whole region's order); and how many wait in that scope. Each
+    /// batch's place comes from the walk itself; the walk goes only as far
+    /// as the page, except for one project's page in strict order, which
+    /// counts the other projects' batches ahead in one walk of the region.
     pub fn queue_page(
         &self,
         region: &str,
@@ -576,31 +612,66 @@ impl Scheduler {
         now: DateTime<Utc>,
     ) -> (usize, Vec<(&PendingBatch, PendingInfo)>) {
         let total = self.queued_in(region, project);
-        let keys: Box<dyn Iterator<Item = &QueueKey>> = match (self.fair.order(), project) {
-            (_, Some(p)) => match self.project_queues.get(region).and_then(|q| q.get(p)) {
-                Some(q) => Box::new(q.iter()),
-                None => return (total, Vec::new()),
-            },
-            (Order::Strict, None) => match self.queues.get(region) {
-                Some(q) => Box::new(q.iter()),
-                None => return (total, Vec::new()),
-            },
+        let placed: Vec<(BatchKey, Place)> = match (self.fair.order(), project) {
+            (Order::FairShare, Some(p)) => self
+                .project_queues
+                .get(region)
+                .and_then(|q| q.get(p))
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .skip(skip)
+                .take(take)
+                .map(|(i, (_, k))| (*k, Place::InProject(i + 1)))
+                .collect(),
+            (Order::Strict, Some(p)) => self
+                .queues
+                .get(region)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .filter(|(_, (_, k))| self.pending.get(k).is_some_and(|b| b.project == p))
+                .skip(skip)
+                .take(take)
+                .map(|(i, (_, k))| (*k, Place::Region(i + 1)))
+                .collect(),
+            (Order::Strict, None) => self
+                .queues
+                .get(region)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .skip(skip)
+                .take(take)
+                .map(|(i, (_, k))| (*k, Place::Region(i + 1)))
+                .collect(),
             (Order::FairShare, None) => {
-                let Some(projects) = self.project_queues.get(region) else {
-                    return (total, Vec::new());
-                };
-                let mut order: Vec<(u64, &str, &BTreeSet<QueueKey>)> = projects
-                    .iter()
+                let mut order: Vec<(u64, &str, &BTreeSet<QueueKey>)> = self
+                    .project_queues
+                    .get(region)
+                    .into_iter()
+                    .flatten()
                     .map(|(p, q)| (self.fair_key(region, p, now), p.as_str(), q))
                     .collect();
                 order.sort_unstable_by_key(|&(share, p, _)| (share, p));
-                Box::new(order.into_iter().flat_map(|(_, _, q)| q.iter()))
+                order
+                    .into_iter()
+                    .flat_map(|(_, _, q)| q.iter())
+                    .enumerate()
+                    .skip(skip)
+                    .take(take)
+                    .map(|(i, (_, k))| (*k, Place::Region(i + 1)))
+                    .collect()
             }
         };
-        let page = keys
-            .skip(skip)
-            .take(take)
-            .filter_map(|(_, k)| Some((&**self.pending.get(k)?, self.pending_info(*k, now)?)))
+        let page = placed
+            .into_iter()
+            .filter_map(|(k, place)| {
+                Some((
+                    &**self.pending.get(&k)?,
+                    self.pending_info_at(k, place, now)?,
+                ))
+            })
             .collect();
         (total, page)
     }

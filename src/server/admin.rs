@@ -97,6 +97,8 @@ pub(super) struct UsageParams {
     end_time: Option<String>,
     #[serde(rename = "$alt")]
     _alt: Option<String>,
+    #[serde(rename = "$fields", alias = "fields")]
+    _fields: Option<String>,
     #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
     _pretty: Option<String>,
 }
@@ -149,6 +151,8 @@ pub(super) struct QueuePageParams {
     page_token: Option<String>,
     #[serde(rename = "$alt")]
     _alt: Option<String>,
+    #[serde(rename = "$fields", alias = "fields")]
+    _fields: Option<String>,
     #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
     _pretty: Option<String>,
 }
@@ -159,7 +163,7 @@ pub(super) struct QueuePageParams {
 /// queue, admins).
 #[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/queue/entries", tag = "queues",
     params(("project" = String, Path, description = "A project, or - for the region's whole queue (admins)"), ("region" = String, Path),
-        ("pageSize" = Option<i32>, Query, description = "1 to 500; 0 or absent: 50; more is lowered to 500"),
+        ("pageSize" = Option<i32>, Query, description = "1 to 100; 0 or absent: 50; more is lowered to 100"),
         ("pageToken" = Option<String>, Query, description = "nextPageToken of the page before")),
     responses((status = 200, body = crate::engine::QueueEntries), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
 pub(super) async fn queue_entries(
@@ -224,6 +228,8 @@ pub(super) struct ReloadParams {
     validate_only: Option<String>,
     #[serde(rename = "$alt")]
     _alt: Option<String>,
+    #[serde(rename = "$fields", alias = "fields")]
+    _fields: Option<String>,
     #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
     _pretty: Option<String>,
 }

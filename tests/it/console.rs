@@ -53,9 +53,9 @@ async fn all_pages(s: &TestServer, project: &str, size: usize) -> (Vec<Value>, u
 #[tokio::test]
 async fn the_queue_pages_in_the_regions_order_with_each_batchs_place_and_reasons() {
     let s = TestServer::start_with(no_virtual_nodes).await;
-    // Two projects, 35 batches each: fair share with equal (no) usage puts
+    // Two projects, 60 batches each: fair share with equal (no) usage puts
     // project "alpha" first, then "demo".
-    for (project, n) in [("demo", 35), ("alpha", 35)] {
+    for (project, n) in [("demo", 60), ("alpha", 60)] {
         for i in 0..n {
             let r = s
                 .http
@@ -73,24 +73,24 @@ async fn the_queue_pages_in_the_regions_order_with_each_batchs_place_and_reasons
     let deadline = Instant::now() + Duration::from_secs(20);
     let (all, pages) = loop {
         let (all, pages) = all_pages(&s, "-", 20).await;
-        if all.len() == 70 || Instant::now() > deadline {
+        if all.len() == 120 || Instant::now() > deadline {
             break (all, pages);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(all.len(), 70);
-    assert_eq!(pages, 4, "70 entries, 20 a page");
+    assert_eq!(all.len(), 120);
+    assert_eq!(pages, 6, "120 entries, 20 a page");
     let positions: Vec<u64> = all
         .iter()
         .map(|e| e["queuePosition"].as_u64().expect("position"))
         .collect();
-    assert_eq!(positions, (1..=70).collect::<Vec<u64>>());
+    assert_eq!(positions, (1..=120).collect::<Vec<u64>>());
     let names: Vec<&str> = all
         .iter()
         .map(|e| e["name"].as_str().expect("name"))
         .collect();
     assert!(names[0].ends_with("/batches/alpha-000"), "{names:?}");
-    assert!(names[35].ends_with("/batches/demo-000"), "{names:?}");
+    assert!(names[60].ends_with("/batches/demo-000"), "{names:?}");
     let first = &all[0];
     assert_eq!(first["project"], "alpha");
     assert_eq!(first["gpus"], 3);
@@ -111,7 +111,7 @@ async fn the_queue_pages_in_the_regions_order_with_each_batchs_place_and_reasons
         "{first:#}"
     );
     // A page says what a get of the batch says.
-    for e in [&all[0], &all[36], &all[69]] {
+    for e in [&all[0], &all[61], &all[119]] {
         let (_, b) = s
             .get(
                 &e["name"]
@@ -126,16 +126,16 @@ async fn the_queue_pages_in_the_regions_order_with_each_batchs_place_and_reasons
 
     // One project's page: its batches, with their places in the region.
     let (demo, _) = all_pages(&s, "demo", 50).await;
-    assert_eq!(demo.len(), 35);
+    assert_eq!(demo.len(), 60);
     assert!(demo.iter().all(|e| e["project"] == "demo"));
-    assert_eq!(demo[0]["queuePosition"], 36);
+    assert_eq!(demo[0]["queuePosition"], 61);
     let (_, page) = get_json(&s, &entries_url(&s, "demo", "")).await;
-    assert_eq!(page["totalSize"], 35);
+    assert_eq!(page["totalSize"], 60);
 
-    // Sizes: more than 500 is lowered; bad ones are named.
+    // Sizes: more than 100 is lowered; bad ones are named.
     let (st, page) = get_json(&s, &entries_url(&s, "-", "pageSize=100000")).await;
     assert_eq!(st, 200);
-    assert_eq!(page["entries"].as_array().expect("entries").len(), 70);
+    assert_eq!(page["entries"].as_array().expect("entries").len(), 100);
     for bad in ["-1", "lots"] {
         let (st, body) = get_json(&s, &entries_url(&s, "-", &format!("pageSize={bad}"))).await;
         assert_status(st, &body, 400, "INVALID_ARGUMENT");
@@ -167,6 +167,16 @@ async fn the_queue_pages_in_the_regions_order_with_each_batchs_place_and_reasons
     )
     .await;
     assert_status(st, &body, 404, "NOT_FOUND");
+    // Every region's stream is every project's: not one project's.
+    let (st, body) = get_json(&s, &s.url("/v1/projects/demo/locations/-/batches:watch")).await;
+    assert_status(st, &body, 400, "INVALID_ARGUMENT");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("region"),
+        "{body:#}"
+    );
 
     // Admins' view of every project's quotas lists both.
     let (st, q) = get_json(
@@ -505,6 +515,31 @@ async fn a_queued_batch_shows_why_and_a_cancel_and_the_next_allocation_show_live
     let usage = b.text_with("#usage tr[data-project='demo']", "l4").await;
     assert!(usage.contains("demo"), "{usage}");
     b.shot("usage").await;
+
+    // The capacity page follows every region on one stream (an admin's
+    // `-` project and region): a cancel elsewhere frees its GPUs on it.
+    b.goto(&format!("{console}#/capacity")).await;
+    b.element("#live.on").await;
+    b.mark().await;
+    let (st, body) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            second["operation"].as_str().expect("operation")
+        ))
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let allocated = b
+            .js("return document.querySelectorAll('#capacity .cells .gpu.allocated').length")
+            .await;
+        if allocated == json!(0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {allocated} allocated");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.assert_not_reloaded().await;
     b.close().await;
 }
 

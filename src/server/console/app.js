@@ -36,29 +36,50 @@ function h(tag, attrs, ...children) {
 const enc = encodeURIComponent;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-/** Calls `fn` at once, then at most once every `ms` while calls come. */
+/** Calls `fn` (which may return a promise) at once, then, while calls
+ * keep coming, once more at most every `ms` after the last run ended. */
 function throttle(fn, ms) {
-  let timer = null;
+  let busy = false;
   let again = false;
-  const tick = () => {
-    if (again) {
-      again = false;
-      fn();
-      timer = setTimeout(tick, ms);
-    } else {
-      timer = null;
+  let stopped = false;
+  let timer = null;
+  const run = async () => {
+    busy = true;
+    try {
+      await fn();
+    } catch {
+      // The page shows its own errors; a refresh that failed is retried
+      // at the next call.
     }
+    timer = setTimeout(() => {
+      timer = null;
+      busy = false;
+      if (again && !stopped) {
+        again = false;
+        run();
+      }
+    }, ms);
   };
   const call = () => {
-    if (timer) {
-      again = true;
-      return;
-    }
-    fn();
-    timer = setTimeout(tick, ms);
+    if (stopped) return;
+    if (busy) again = true;
+    else run();
   };
-  call.cancel = () => clearTimeout(timer);
+  call.cancel = () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
   return call;
+}
+
+/** Wraps an async `load(fresh)` so that only the latest call's answer is
+ * shown: `fresh()` tells a call whether a later one has started since. */
+function latest(load) {
+  let seq = 0;
+  return (...args) => {
+    const mine = ++seq;
+    return load(() => mine === seq, ...args);
+  };
 }
 
 /** "1h 02m", "3m 05s", "42s". */
@@ -147,7 +168,10 @@ async function api(path, { method = "GET", body } = {}) {
   }
   if (!res.ok) {
     const err = new ApiError(res.status, data, text);
-    if (res.status === 401) signedOut(err.message);
+    if (res.status === 401) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      signedOut(err.message);
+    }
     throw err;
   }
   return data;
@@ -189,7 +213,11 @@ class Watch {
         for (;;) {
           const { value, done } = await reader.read();
           if (done) break;
-          buffer = (buffer + value).replace(/\r\n?/g, "\n");
+          // Line ends may be CRLF, CR or LF; a CR at the end of a chunk
+          // waits for the next one (it may be half of a CRLF).
+          buffer += value;
+          const held = buffer.endsWith("\r") ? "\r" : "";
+          buffer = buffer.slice(0, buffer.length - held.length).replace(/\r\n?/g, "\n") + held;
           let end;
           while ((end = buffer.indexOf("\n\n")) >= 0) {
             this.dispatch(buffer.slice(0, end));
@@ -199,6 +227,7 @@ class Watch {
       } catch (e) {
         if (this.stopped) return;
         if (e instanceof ApiError && e.status === 401) {
+          sessionStorage.removeItem(TOKEN_KEY);
           signedOut(e.message);
           return;
         }
@@ -282,29 +311,39 @@ function signedOut(why) {
   const input = h("input", {
     id: "signin-token",
     type: "password",
-    autocomplete: "off",
+    // Not a login the browser should offer to remember.
+    autocomplete: "new-password",
     placeholder: "Bearer token",
-    required: true,
   });
   const message = h("p", { class: "muted", id: "signin-why" }, why ?? "");
+  const submit = async () => {
+    const token = input.value.trim();
+    // A header carries visible ASCII only; anything else would make
+    // every call fail before it reaches the server.
+    if (!/^[\x21-\x7e]+$/.test(token)) {
+      message.textContent = "A token is printable ASCII without spaces (flexq auth new-token prints one).";
+      return;
+    }
+    sessionStorage.setItem(TOKEN_KEY, token);
+    signInShown = false;
+    try {
+      await start();
+    } catch (e) {
+      if (!signInShown) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        signedOut(e.message);
+      }
+    }
+  };
+  input.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter") submit();
+  });
   const form = h(
-    "form",
-    {
-      id: "signin",
-      onsubmit: async (ev) => {
-        ev.preventDefault();
-        sessionStorage.setItem(TOKEN_KEY, input.value.trim());
-        signInShown = false;
-        try {
-          await start();
-        } catch (e) {
-          message.textContent = e.message;
-        }
-      },
-    },
+    "div",
+    { id: "signin" },
     h("label", { for: "signin-token" }, "The token flexq's config gives you (auth.principals):"),
     input,
-    h("button", { type: "submit" }, "Sign in"),
+    h("button", { type: "button", onclick: submit }, "Sign in"),
     message,
   );
   document
@@ -408,7 +447,12 @@ const pages = {
 async function render() {
   if (!me) return;
   leave();
-  const r = route();
+  let r;
+  try {
+    r = route();
+  } catch {
+    r = { page: "not a page", parts: [], params: new URLSearchParams() };
+  }
   for (const a of document.querySelectorAll("#nav a")) {
     a.classList.toggle("active", a.dataset.page === r.page);
   }
@@ -480,22 +524,26 @@ async function projectOptions(region, current) {
 // ---------------------------------------------------------------- capacity
 
 async function capacityPage(main, r, ctx) {
-  const draw = async () => {
+  const draw = latest(async (fresh) => {
     const [cap, nodes] = await Promise.all([
       api("v1/regions"),
       isAdmin() ? api("v1/nodes") : Promise.resolve(null),
     ]);
-    show(ctx, main, capacityView(cap.capacity, nodes && nodes.nodes));
-  };
+    if (fresh()) show(ctx, main, capacityView(cap.capacity, nodes && nodes.nodes));
+  });
   await draw();
-  const again = ctx.throttled(() => draw().catch(() => {}), 1000);
-  for (const region of await regions()) {
-    for (const p of scopes()) {
-      ctx.watch(`v1/projects/${enc(p)}/locations/${enc(region)}/batches:watch`, again);
-    }
+  const again = ctx.throttled(draw, 1000);
+  if (isAdmin()) {
+    // One stream for every region and project: a browser holds only six
+    // HTTP/1.1 connections to a server.
+    ctx.watch("v1/projects/-/locations/-/batches:watch", again);
+    // Nodes join, leave and are cordoned without a batch event.
+    ctx.every(10000, again);
+  } else {
+    // A submitter's stream would show only its own projects' batches,
+    // not the others' that take and free GPUs too.
+    ctx.every(5000, again);
   }
-  // Nodes join, leave and are cordoned without a batch event.
-  ctx.every(10000, again);
 }
 
 function cells(allocated, free, cordoned) {
@@ -627,35 +675,48 @@ async function queuePage(main, r, ctx) {
   const range = h("span", { class: "muted", id: "queue-range" });
   let nextToken = "";
 
-  const load = async () => {
+  // Only the latest read is shown: a refresh from the stream and a click
+  // on Next may be in flight at once.
+  const load = latest(async (fresh) => {
+    const page = at;
+    const token = tokens[page];
+    prev.disabled = true;
+    next.disabled = true;
     const base = `v1/projects/${enc(project)}/regions/${enc(region)}`;
-    const [page, queue] = await Promise.all([
-      api(`${base}/queue/entries?pageSize=${QUEUE_PAGE}&pageToken=${enc(tokens[at])}`),
-      api(`${base}/queue`),
-    ]);
-    if (!ctx.alive()) return;
-    nextToken = page.nextPageToken;
-    const first = at * QUEUE_PAGE;
-    range.textContent = page.entries.length
-      ? `${number(first + 1)}–${number(first + page.entries.length)} of ${number(page.totalSize)}`
-      : `${number(page.totalSize)} queued`;
-    prev.disabled = at === 0;
-    next.disabled = !nextToken;
-    status.replaceChildren(
-      queue.held
-        ? h(
-            "span",
-            { class: "banner" },
-            `Held by ${queue.heldBy} since ${when(queue.heldSince)}${queue.regionWide ? " (the whole region)" : ""}: nothing here is allocated until an admin resumes it.`,
-          )
-        : `${number(page.totalSize)} batches wait, in the order they will be allocated.`,
-    );
-    table.replaceChildren(queueTable(page.entries, region));
-  };
-  const go = async (n) => {
+    try {
+      const [entries, queue] = await Promise.all([
+        api(`${base}/queue/entries?pageSize=${QUEUE_PAGE}&pageToken=${enc(token)}`),
+        api(`${base}/queue`),
+      ]);
+      if (!fresh() || !ctx.alive()) return;
+      nextToken = entries.nextPageToken;
+      const first = page * QUEUE_PAGE;
+      range.textContent = entries.entries.length
+        ? `${number(first + 1)}–${number(first + entries.entries.length)} of ${number(entries.totalSize)}`
+        : `${number(entries.totalSize)} queued`;
+      status.replaceChildren(
+        queue.held
+          ? h(
+              "span",
+              { class: "banner" },
+              `Held by ${queue.heldBy} since ${when(queue.heldSince)}${queue.regionWide ? " (the whole region)" : ""}: nothing here is allocated until an admin resumes it.`,
+            )
+          : `${number(entries.totalSize)} batches wait, in the order they will be allocated.`,
+      );
+      table.replaceChildren(queueTable(entries.entries, region));
+    } catch (e) {
+      if (fresh() && ctx.alive()) status.replaceChildren(h("span", { class: "error" }, e.message));
+    } finally {
+      if (fresh()) {
+        prev.disabled = at === 0;
+        next.disabled = !nextToken;
+      }
+    }
+  });
+  const go = (n) => {
     if (n > at) tokens[n] = nextToken;
     at = n;
-    await load();
+    return load();
   };
 
   show(
@@ -673,7 +734,7 @@ async function queuePage(main, r, ctx) {
     h("div", { class: "pager" }, prev, next, range),
   );
   await load();
-  const again = ctx.throttled(() => load().catch(() => {}), 1000);
+  const again = ctx.throttled(load, 1000);
   ctx.watch(`v1/projects/${enc(project)}/locations/${enc(region)}/batches:watch`, again);
 }
 
@@ -743,32 +804,63 @@ async function batchPage(main, r, ctx) {
   let offset = "0";
   let outputDone = false;
   let reading = null;
+  let again = false;
+  // A requeued batch runs again from its first byte of output.
+  const attemptOf = (b) => (b.flexq && b.flexq.attempt) || 1;
+  let attempt = attemptOf(batch);
+  const restartOutput = () => {
+    output.replaceChildren();
+    offset = "0";
+    outputDone = false;
+  };
 
-  // Reads the driver's output from where it stopped, until none is left.
+  // Reads the driver's output from where it stopped until none is left;
+  // a call while a read is on its way reads once more after it.
   const pull = () => {
-    reading ??= (async () => {
+    if (reading) {
+      again = true;
+      return reading;
+    }
+    reading = (async () => {
       try {
-        while (!outputDone && ctx.alive()) {
-          const o = await api(`${base}/output?offset=${offset}`);
-          if (o.data) {
-            output.append(o.data);
-            output.scrollTop = output.scrollHeight;
+        do {
+          again = false;
+          while (!outputDone && ctx.alive()) {
+            const o = await api(`${base}/output?offset=${offset}`);
+            if (Number(o.totalBytes) < Number(offset)) {
+              restartOutput();
+              continue;
+            }
+            if (o.data) {
+              output.append(o.data);
+              output.scrollTop = output.scrollHeight;
+            }
+            outputNote.textContent =
+              Number(o.totalBytes) === 0
+                ? o.done
+                  ? "The driver wrote nothing."
+                  : "No driver output yet."
+                : `${number(o.totalBytes)} bytes${o.truncated ? " (the rest was not kept: a batch's stored output is bounded)" : ""}${o.done ? ", complete" : ""}`;
+            outputDone = o.done;
+            if (o.nextOffset === offset) break;
+            offset = o.nextOffset;
           }
-          outputNote.textContent =
-            Number(o.totalBytes) === 0
-              ? o.done
-                ? "The driver wrote nothing."
-                : "No driver output yet."
-              : `${number(o.totalBytes)} bytes${o.truncated ? " (the start was cut: the output is bounded)" : ""}${o.done ? ", complete" : ""}`;
-          outputDone = o.done;
-          if (o.nextOffset === offset) break;
-          offset = o.nextOffset;
-        }
+        } while (again && !outputDone && ctx.alive());
       } finally {
         reading = null;
       }
     })();
     return reading;
+  };
+  // A newer batch than a read in flight: events count, and a read's answer
+  // is shown only if no event came while it was on its way.
+  let events = 0;
+  const take = (b) => {
+    if (attemptOf(b) !== attempt) {
+      attempt = attemptOf(b);
+      restartOutput();
+    }
+    batch = b;
   };
 
   // One Cancel control for the page's life: repaints move it, so a first
@@ -791,7 +883,8 @@ async function batchPage(main, r, ctx) {
   const stream = `v1/projects/${enc(project)}/locations/${enc(region)}/batches:watch?batchId=${enc(id)}`;
   ctx.watch(stream, (event, data) => {
     if (event === "batch") {
-      batch = data.batch;
+      events += 1;
+      take(data.batch);
       paint();
       if (data.changes.includes("output") || batch.state !== "PENDING") pull().catch(() => {});
     } else if (event === "position" && batch.flexq) {
@@ -802,9 +895,11 @@ async function batchPage(main, r, ctx) {
       deleted = data.deleteTime;
       paint();
     } else if (event === "ready") {
+      const seen = events;
       api(base)
         .then((b) => {
-          batch = b;
+          if (seen !== events || !ctx.alive()) return;
+          take(b);
           paint();
         })
         .catch(() => {});
@@ -961,7 +1056,7 @@ function cancelControl(project, current) {
 async function quotasPage(main, r, ctx) {
   const { all, region } = await regionOf(r);
   const table = h("div", { id: "quotas" });
-  const load = async () => {
+  const load = latest(async (fresh) => {
     let rows;
     if (isAdmin()) {
       rows = (await api(`v1/projects/-/regions/${enc(region)}/quotas`)).projects;
@@ -973,8 +1068,8 @@ async function quotasPage(main, r, ctx) {
         })),
       );
     }
-    if (ctx.alive()) table.replaceChildren(quotaTable(rows));
-  };
+    if (fresh() && ctx.alive()) table.replaceChildren(quotaTable(rows));
+  });
   show(
     ctx,
     main,
@@ -984,8 +1079,12 @@ async function quotasPage(main, r, ctx) {
     table,
   );
   await load();
-  const again = ctx.throttled(() => load().catch(() => {}), 2000);
-  for (const p of scopes()) ctx.watch(`v1/projects/${enc(p)}/locations/${enc(region)}/batches:watch`, again);
+  const again = ctx.throttled(load, 2000);
+  const [scope, ...more] = scopes();
+  // One stream a page (a browser holds six HTTP/1.1 connections to a
+  // server); a submitter of several projects polls instead.
+  if (scope && !more.length) ctx.watch(`v1/projects/${enc(scope)}/locations/${enc(region)}/batches:watch`, again);
+  else ctx.every(5000, again);
 }
 
 function quotaTable(projects) {
@@ -1027,17 +1126,17 @@ const WINDOWS = [
 
 async function usagePage(main, r, ctx) {
   const { all, region } = await regionOf(r);
-  const days = r.params.get("days") || "7";
+  const days = WINDOWS.some(([d]) => d === r.params.get("days")) ? r.params.get("days") : "7";
   const table = h("div", { id: "usage" });
-  const load = async () => {
+  const load = latest(async (fresh) => {
     const end = new Date();
     const start = new Date(end.getTime() - Number(days) * 86400000);
     const q = `startTime=${enc(start.toISOString())}&endTime=${enc(end.toISOString())}`;
     const reports = await Promise.all(
       scopes().map((p) => api(`v1/projects/${enc(p)}/regions/${enc(region)}/usage?${q}`)),
     );
-    if (ctx.alive()) table.replaceChildren(usageTable(reports.flatMap((x) => x.rows)));
-  };
+    if (fresh() && ctx.alive()) table.replaceChildren(usageTable(reports.flatMap((x) => x.rows)));
+  });
   show(
     ctx,
     main,
@@ -1052,8 +1151,9 @@ async function usagePage(main, r, ctx) {
     table,
   );
   await load();
-  const again = ctx.throttled(() => load().catch(() => {}), 5000);
-  for (const p of scopes()) ctx.watch(`v1/projects/${enc(p)}/locations/${enc(region)}/batches:watch`, again);
+  const again = ctx.throttled(load, 5000);
+  const [scope, ...more] = scopes();
+  if (scope && !more.length) ctx.watch(`v1/projects/${enc(scope)}/locations/${enc(region)}/batches:watch`, again);
   // Running clusters add GPU-hours without an event.
   ctx.every(30000, again);
 }
