@@ -349,3 +349,72 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The first `batch` event's id on a new watch of `query`.
+async fn first_event_id(s: &TestServer, query: &str) -> String {
+    let mut sse = Sse::open(&watch_url(s, query), Some("0-0")).await;
+    loop {
+        let e = sse.next(Duration::from_secs(10)).await.expect("an event");
+        if e.event == "batch" {
+            return e.id.expect("an id");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_log_forgets_events_past_its_retention_and_a_resume_from_one_says_so() {
+    let s = TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        c.limits.event_retention = Duration::from_secs(10);
+    })
+    .await;
+    let (st, _) = s.create("batchId=old-one", &flex_batch()).await;
+    assert_eq!(st, 200);
+    let old = first_event_id(&s, "?batchId=old-one").await;
+    // Resumable while it is kept.
+    let (st, _) = Sse::try_open(&watch_url(&s, ""), Some(&old)).await;
+    assert_eq!(st, 200);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let (st, _) = s.create("batchId=new-one", &flex_batch()).await;
+    assert_eq!(st, 200);
+    let new = first_event_id(&s, "?batchId=new-one").await;
+    // The pruner runs every quarter of the retention here.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        match Sse::try_open(&watch_url(&s, ""), Some(&old)).await {
+            (400, Err(body)) => break body,
+            (200, Ok(_)) => {}
+            (st, other) => panic!("{st}: {:?}", other.err()),
+        }
+        assert!(Instant::now() < deadline, "{old} is still kept");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(body["error"]["status"], "INVALID_ARGUMENT", "{body:#}");
+    assert_eq!(
+        body["error"]["details"][0]["reason"], "EVENT_EXPIRED",
+        "{body:#}"
+    );
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("limits.event_retention") && message.contains(&old),
+        "{message}"
+    );
+    // The newer event is kept, and a watch goes on from it.
+    let (st, sse) = Sse::try_open(&watch_url(&s, ""), Some(&new)).await;
+    assert_eq!(st, 200, "{:?}", sse.err());
+    // An id that was never ours is still told apart.
+    let (st, Err(body)) = Sse::try_open(&watch_url(&s, ""), Some("0-99999999")).await else {
+        panic!("a foreign id was accepted");
+    };
+    assert_eq!(st, 400);
+    assert_ne!(
+        body["error"]["details"][0]["reason"], "EVENT_EXPIRED",
+        "{body:#}"
+    );
+    // The batches themselves are untouched.
+    let (st, b) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/old-one")
+        .await;
+    assert_eq!((st, b["state"].as_str()), (200, Some("PENDING")));
+    assert!(s.scrape().await.contains("flexq_events_pruned_total"));
+}
