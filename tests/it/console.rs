@@ -366,6 +366,20 @@ impl Browser {
         panic!("{css} never showed {want:?}; it shows {last:?}");
     }
 
+    /// Types `token` into the sign-in form and sends it.
+    async fn sign_in(&self, token: &str) {
+        self.element("#signin-token")
+            .await
+            .send_keys(token)
+            .await
+            .expect("keys");
+        self.element("#signin button")
+            .await
+            .click()
+            .await
+            .expect("click");
+    }
+
     async fn js(&self, script: &str) -> Value {
         self.client.execute(script, vec![]).await.expect("script")
     }
@@ -585,27 +599,9 @@ async fn the_console_signs_in_with_a_token_and_shows_what_its_principal_may_see(
     let console = s.url("/console/");
     b.goto(&format!("{console}#/queue")).await;
     // A wrong token is refused by the server, and said so.
-    b.element("#signin-token")
-        .await
-        .send_keys("not-a-token")
-        .await
-        .expect("keys");
-    b.element("#signin button")
-        .await
-        .click()
-        .await
-        .expect("click");
+    b.sign_in("not-a-token").await;
     b.text_with("#signin-why", "not valid").await;
-    b.element("#signin-token")
-        .await
-        .send_keys(BOB)
-        .await
-        .expect("keys");
-    b.element("#signin button")
-        .await
-        .click()
-        .await
-        .expect("click");
+    b.sign_in(BOB).await;
     b.text_with("#principal", "bob@example.com (submitter)")
         .await;
     // With no node anywhere, the page starts on the first region by name;
