@@ -335,8 +335,15 @@ impl Browser {
         }
     }
 
+    /// Opens `url` and records the page's uncaught errors and unhandled
+    /// promise rejections from then on (checked by [`Self::close`]).
     async fn goto(&self, url: &str) {
         self.client.goto(url).await.expect("goto");
+        self.js("if (!window.flexqErrors) { window.flexqErrors = []; \
+             addEventListener('error', e => flexqErrors.push(String(e.message))); \
+             addEventListener('unhandledrejection', e => flexqErrors.push(String(e.reason))); } \
+             return true")
+            .await;
     }
 
     async fn element(&self, css: &str) -> Element {
@@ -406,7 +413,11 @@ impl Browser {
         std::fs::write(dir.join(format!("{name}.png")), png).expect("screenshot file");
     }
 
+    /// Ends the session; fails the test if the page met an error it did
+    /// not handle.
     async fn close(mut self) {
+        let errors = self.js("return window.flexqErrors ?? []").await;
+        assert_eq!(errors, json!([]), "the console's script failed");
         let _ = self.client.clone().close().await;
         let _ = self.driver.kill();
         let _ = self.driver.wait();
