@@ -168,6 +168,9 @@ pub struct Scheduler {
     /// failed and no default-mode batch awaits its verdict.
     shapes: HashMap<String, HashMap<ShapeKey, ShapeStats>>,
     defaults: HashMap<String, usize>,
+    /// The queued batches counted as a scrape reports them
+    /// (`snapshot.rs`), kept as they come and go.
+    pub(super) tally: super::snapshot::QueuedTally,
 }
 
 type ShapeKey = (PartNeed, PartNeed, u32);
@@ -417,6 +420,7 @@ impl Scheduler {
             .pending_by_project
             .entry(batch.project.clone())
             .or_default() += 1;
+        self.tally.add(&batch);
         self.pending.insert(batch.key, Box::new(batch));
     }
 
@@ -439,6 +443,7 @@ impl Scheduler {
     pub fn forget(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<Allocation> {
         self.held_back.remove(&key);
         if let Some(b) = self.pending.remove(&key) {
+            self.tally.remove(&b);
             self.dirty.insert(b.region.clone());
             if let Some(n) = self.pending_by_project.get_mut(&b.project) {
                 *n -= 1;

@@ -1,15 +1,16 @@
 //! What the metrics show of the scheduler, computed at scrape time from
-//! its state (never kept up to date all over the code).
+//! its state, and the one tally kept for it as batches come and go (the
+//! queued batches by kind: a scrape must not walk 100k of them).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use chrono::{DateTime, Utc};
 
-use super::core::Scheduler;
+use super::core::{BatchKey, PendingBatch, Scheduler};
 use super::views::CapacityRow;
-use crate::spec::QuotaMetric;
+use crate::spec::{QuotaAmount, QuotaMetric};
 
 /// Plain numbers; `metrics` turns them into series.
 #[derive(Debug, Clone, Default)]
@@ -31,58 +32,154 @@ pub struct Snapshot {
     pub virtual_nodes: u64,
 }
 
+/// The queued batches counted the way a scrape reports them, kept as
+/// batches come and go ([`QueuedTally::add`] in `submit`,
+/// [`QueuedTally::remove`] in `forget`), so that a scrape costs what the
+/// kinds of batches cost, not their number.
+#[derive(Debug, Default)]
+pub(super) struct QueuedTally {
+    /// region → project → (GPU type, quota the cluster asks) → batches:
+    /// every batch of a class is short of quota, or not, alike.
+    classes: HashMap<String, HashMap<String, HashMap<Class, u64>>>,
+    /// region → allocation timeout (ms) → when its batches were queued: of
+    /// batches with one timeout, the first queued has waited the largest
+    /// fraction of it.
+    waits: HashMap<String, BTreeMap<i64, Queued>>,
+}
+
+type Class = (&'static str, Vec<QuotaAmount>);
+
+/// Batches by when they were queued, first first.
+type Queued = BTreeSet<(DateTime<Utc>, BatchKey)>;
+
+fn class_of(b: &PendingBatch) -> Class {
+    (
+        super::accelerator_label(&b.cluster),
+        b.cluster.quota.clone(),
+    )
+}
+
+/// The allocation timeout a deadline stands for, in ms (at least 1).
+fn timeout_ms(b: &PendingBatch) -> Option<i64> {
+    b.deadline
+        .map(|d| (d - b.queued_at).num_milliseconds().max(1))
+}
+
+impl QueuedTally {
+    pub(super) fn add(&mut self, b: &PendingBatch) {
+        *self
+            .classes
+            .entry(b.region.clone())
+            .or_default()
+            .entry(b.project.clone())
+            .or_default()
+            .entry(class_of(b))
+            .or_default() += 1;
+        if let Some(t) = timeout_ms(b) {
+            self.waits
+                .entry(b.region.clone())
+                .or_default()
+                .entry(t)
+                .or_default()
+                .insert((b.queued_at, b.key));
+        }
+    }
+
+    pub(super) fn remove(&mut self, b: &PendingBatch) {
+        if let Some(projects) = self.classes.get_mut(&b.region) {
+            if let Some(classes) = projects.get_mut(&b.project) {
+                let class = class_of(b);
+                if let Some(n) = classes.get_mut(&class) {
+                    *n -= 1;
+                    if *n == 0 {
+                        classes.remove(&class);
+                    }
+                }
+                if classes.is_empty() {
+                    projects.remove(&b.project);
+                }
+            }
+            if projects.is_empty() {
+                self.classes.remove(&b.region);
+            }
+        }
+        if let (Some(t), Some(by_timeout)) = (timeout_ms(b), self.waits.get_mut(&b.region)) {
+            if let Some(queued) = by_timeout.get_mut(&t) {
+                queued.remove(&(b.queued_at, b.key));
+                if queued.is_empty() {
+                    by_timeout.remove(&t);
+                }
+            }
+            if by_timeout.is_empty() {
+                self.waits.remove(&b.region);
+            }
+        }
+    }
+}
+
 impl Scheduler {
+    /// Whether a project is short, in a region, of any quota `asked` needs.
+    fn short_of(&self, project: &str, region: &str, asked: &[QuotaAmount]) -> bool {
+        asked.iter().any(|q| {
+            q.amount
+                > self
+                    .ledger
+                    .limit(project, region, q.metric)
+                    .saturating_sub(self.ledger.usage(project, region, q.metric))
+        })
+    }
+
     pub fn snapshot(&self, now: DateTime<Utc>) -> Snapshot {
         let mut s = Snapshot::default();
-        // Borrowed keys while walking every pending batch: a scrape with
-        // 100k of them must not allocate per batch.
+        // Queued batches by reason, from the tally: a class is short of
+        // quota or not as a whole; of the others, those the last pass held
+        // back for a reservation are told apart one by one (few).
         let mut pending: FxHashMap<(&str, &'static str, &'static str), u64> = FxHashMap::default();
-        let mut fraction: FxHashMap<&str, f64> = FxHashMap::default();
-        let mut seen: FxHashSet<(&str, &str)> = FxHashSet::default();
-        // What is free per (project, region) and metric, computed once per
-        // pair rather than once per batch.
-        let mut free: FxHashMap<(&str, &str), [u64; QuotaMetric::ALL.len()]> = FxHashMap::default();
-        for b in self.pending.values() {
-            // Pending batches are visited in hash order; a fast hasher for
-            // these scrape-local maps keeps a 100k-batch scrape cheap.
-            let room = free.entry((&b.project, &b.region)).or_insert_with(|| {
-                QuotaMetric::ALL.map(|m| {
-                    self.ledger
-                        .limit(&b.project, &b.region, m)
-                        .saturating_sub(self.ledger.usage(&b.project, &b.region, m))
-                })
-            });
-            let short = b.cluster.quota.iter().any(|q| {
-                QuotaMetric::ALL
-                    .iter()
-                    .position(|m| *m == q.metric)
-                    .is_some_and(|i| q.amount > room[i])
-            });
-            let reason = if short {
-                "quota"
-            } else if self.held_back.contains(&b.key) {
-                "reservation"
-            } else {
-                "capacity"
-            };
-            let accelerator = super::accelerator_label(&b.cluster);
-            *pending.entry((&b.region, accelerator, reason)).or_default() += 1;
-            if let Some(deadline) = b.deadline {
-                let total = (deadline - b.queued_at).num_milliseconds().max(1) as f64;
-                let waited = (now - b.queued_at).num_milliseconds().max(0) as f64;
-                let f = fraction.entry(&b.region).or_default();
-                *f = f.max(waited / total);
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for (region, projects) in &self.tally.classes {
+            for (project, classes) in projects {
+                seen.push((project, region));
+                for ((accelerator, asked), n) in classes {
+                    let reason = if self.short_of(project, region, asked) {
+                        "quota"
+                    } else {
+                        "capacity"
+                    };
+                    *pending.entry((region, accelerator, reason)).or_default() += n;
+                }
             }
-            seen.insert((&b.project, &b.region));
+        }
+        for key in &self.held_back {
+            let Some(b) = self.pending.get(key) else {
+                continue;
+            };
+            if self.short_of(&b.project, &b.region, &b.cluster.quota) {
+                continue;
+            }
+            let accelerator = super::accelerator_label(&b.cluster);
+            if let Some(n) = pending.get_mut(&(b.region.as_str(), accelerator, "capacity")) {
+                *n -= 1;
+            }
+            *pending
+                .entry((&b.region, accelerator, "reservation"))
+                .or_default() += 1;
         }
         s.pending = pending
             .into_iter()
+            .filter(|(_, n)| *n > 0)
             .map(|((r, a, why), n)| ((r.to_string(), a.to_string(), why), n))
             .collect();
-        s.wait_fraction = fraction
-            .into_iter()
-            .map(|(r, f)| (r.to_string(), f))
-            .collect();
+        for (region, by_timeout) in &self.tally.waits {
+            let longest = by_timeout
+                .iter()
+                .filter_map(|(total, queued)| {
+                    let (first, _) = queued.first()?;
+                    let waited = (now - *first).num_milliseconds().max(0) as f64;
+                    Some(waited / *total as f64)
+                })
+                .fold(0.0, f64::max);
+            s.wait_fraction.insert(region.clone(), longest);
+        }
         let mut pairs: BTreeSet<(String, String)> = self.ledger.pairs();
         pairs.extend(
             seen.into_iter()

@@ -113,7 +113,7 @@ pub struct NodeShape {
 }
 
 /// How much of one quota metric the whole cluster needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct QuotaAmount {
     pub metric: QuotaMetric,
     pub amount: u64,
