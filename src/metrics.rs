@@ -66,7 +66,6 @@ struct Metrics {
     watchers: prometheus::IntGauge,
     watch_events: IntCounterVec,
     watchers_dropped: IntCounterVec,
-    events_pruned: IntCounter,
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -138,11 +137,6 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Watches ended by the server, by reason: stalled (the watcher stopped reading for limits.watch_stall), refused (over limits.max_watchers).",
             &["reason"],
         ),
-        events_pruned: IntCounter::new(
-            "flexq_events_pruned_total",
-            "Events deleted from the event log for being older than limits.event_retention.",
-        )
-        .expect("valid metric"),
         fenced: IntCounter::new(
             "flexq_scheduler_fenced_commits_total",
             "Scheduler commits refused because another replica had taken the leader lease.",
@@ -285,7 +279,6 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.watchers.clone()),
         Box::new(m.watch_events.clone()),
         Box::new(m.watchers_dropped.clone()),
-        Box::new(m.events_pruned.clone()),
         Box::new(m.transitions.clone()),
         Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
@@ -468,11 +461,6 @@ pub fn record_watch_event(kind: &str) {
 /// A watch the server ended (`stalled`) or refused (`refused`).
 pub fn record_watcher_dropped(reason: &str) {
     METRICS.watchers_dropped.with_label_values(&[reason]).inc();
-}
-
-/// Events the log's retention deleted.
-pub fn record_events_pruned(n: u64) {
-    METRICS.events_pruned.inc_by(n);
 }
 
 /// The config generation in force on this replica.

@@ -179,10 +179,6 @@ pub struct LimitsConfig {
     /// dropped (its events are not buffered without bound).
     #[serde(default = "default_watch_stall", with = "humantime_serde")]
     pub watch_stall: Duration,
-    /// How long the event log keeps an event: a watch resumes from an id
-    /// at most this old (an older one is refused, naming this key).
-    #[serde(default = "default_event_retention", with = "humantime_serde")]
-    pub event_retention: Duration,
 }
 
 fn default_max_watchers() -> usize {
@@ -191,10 +187,6 @@ fn default_max_watchers() -> usize {
 
 fn default_watch_stall() -> Duration {
     Duration::from_secs(30)
-}
-
-fn default_event_retention() -> Duration {
-    Duration::from_secs(24 * 3600)
 }
 
 /// How each region's queue is ordered (docs/rules.md#fair-share-order).
@@ -428,16 +420,6 @@ impl Config {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
             }
-        }
-        let retention = self.limits.event_retention;
-        if retention < Duration::from_secs(10) || retention > Duration::from_secs(365 * 24 * 3600) {
-            return Err(invalid(
-                "limits.event_retention",
-                format!(
-                    "{} is out of range: from 10s (the watch tail reads the log every 100 ms) to 365d",
-                    humantime::format_duration(retention)
-                ),
-            ));
         }
         let stall = self.limits.watch_stall;
         if stall < Duration::from_secs(1) || stall > Duration::from_secs(3600) {
@@ -1075,19 +1057,6 @@ mod tests {
 #[cfg(test)]
 mod principal_tests {
     use super::*;
-
-    #[test]
-    fn the_event_retention_is_bounded() {
-        let mut c = Config::load_without_env(None).expect("default");
-        assert_eq!(c.limits.event_retention, Duration::from_secs(24 * 3600));
-        for bad in [Duration::from_secs(1), Duration::from_secs(400 * 24 * 3600)] {
-            c.limits.event_retention = bad;
-            let e = c.check().expect_err("out of range");
-            assert!(e.to_string().contains("limits.event_retention"), "{e}");
-        }
-        c.limits.event_retention = Duration::from_secs(10);
-        c.check().expect("10s is the least");
-    }
 
     #[test]
     fn principals_are_checked_and_no_tokens_means_loopback_only() {

@@ -93,12 +93,6 @@ impl Error {
         self
     }
 
-    /// The same error with a more precise ErrorInfo reason.
-    pub fn with_reason(mut self, reason: &'static str) -> Error {
-        self.reason = reason;
-        self
-    }
-
     pub fn with_violations(mut self, violations: Vec<FieldViolation>) -> Error {
         self.violations = violations;
         self

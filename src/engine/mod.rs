@@ -306,7 +306,6 @@ impl Engine {
             }),
         };
         service.event_tail();
-        service.event_pruner();
         if replicated {
             replica::start(service.clone(), shutdown.clone());
         } else {

@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use super::{Engine, Error};
 use crate::api::{Batch, BatchName, Code, State};
 use crate::scheduler::BatchKey;
-use crate::store::{Cursor, EventKind, EventRow, EventScope, Standing};
+use crate::store::{Cursor, EventKind, EventRow, EventScope};
 
 /// Events a watch holds for its watcher.
 const BUFFERED: usize = 64;
@@ -53,10 +53,6 @@ pub(crate) struct Moved {
     to: Cursor,
     events: Vec<EventRow>,
 }
-
-/// Events deleted per statement when the log is pruned: short
-/// transactions, so writers are not held up.
-const PRUNE_CHUNK: usize = 5000;
 
 /// What a watch asks for.
 #[derive(Debug, Clone)]
@@ -161,33 +157,18 @@ impl Engine {
             None => None,
             Some(text) => {
                 let parsed = Cursor::parse(text).filter(|c| *c <= head);
-                let standing = match parsed {
-                    Some(c) => self.shared.store.cursor_standing(c).await?,
-                    None => Standing::Foreign,
+                let known = match parsed {
+                    Some(c) => self.shared.store.is_event(c).await?,
+                    None => false,
                 };
-                match standing {
-                    Standing::Kept => {}
-                    Standing::Pruned => {
-                        let retention = self.config().limits.event_retention;
-                        return Err(Error::invalid_field(
-                            "Last-Event-ID",
-                            format!(
-                                "{} is older than the event log keeps (limits.event_retention = {}); watch again without it and read what you show afresh",
-                                crate::api::quote(text),
-                                humantime::format_duration(retention)
-                            ),
-                        )
-                        .with_reason("EVENT_EXPIRED"));
-                    }
-                    Standing::Foreign => {
-                        return Err(Error::invalid_field(
-                            "Last-Event-ID",
-                            format!(
-                                "{} is not an event id of this flexq: the id of an event it sent, like {head}",
-                                crate::api::quote(text)
-                            ),
-                        ));
-                    }
+                if !known {
+                    return Err(Error::invalid_field(
+                        "Last-Event-ID",
+                        format!(
+                            "{} is not an event id of this flexq: the id of an event it sent, like {head}",
+                            crate::api::quote(text)
+                        ),
+                    ));
                 }
                 parsed
             }
@@ -390,48 +371,6 @@ impl Engine {
             true
         });
         out
-    }
-
-    /// Deletes the events older than `limits.event_retention` while this
-    /// replica decides (single, or the leader), a chunk at a time, every
-    /// minute (or a quarter of the retention, when that is shorter).
-    pub(super) fn event_pruner(&self) {
-        let engine = self.clone();
-        tokio::spawn(async move {
-            let shutdown = engine.shared.shutdown.clone();
-            loop {
-                let retention = engine.config().limits.event_retention;
-                let every = (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(every) => {}
-                }
-                if !engine.role().decides() {
-                    continue;
-                }
-                let before = Utc::now()
-                    - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
-                let mut pruned = 0;
-                loop {
-                    match engine.shared.store.prune_events(before, PRUNE_CHUNK).await {
-                        Ok(n) => {
-                            pruned += n;
-                            if n < PRUNE_CHUNK as u64 {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "pruning the event log failed; trying again later");
-                            break;
-                        }
-                    }
-                }
-                if pruned > 0 {
-                    crate::metrics::record_events_pruned(pruned);
-                    tracing::debug!(pruned, retention = %humantime::format_duration(retention), "event log pruned");
-                }
-            }
-        });
     }
 
     /// Reads the log's new events once for every watcher, every

@@ -13,7 +13,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::rows::{from_micros, micros};
+use super::rows::from_micros;
 use super::sql::Sql;
 use super::{Backend, Store, StoreError};
 
@@ -65,17 +65,6 @@ pub struct EventRow {
     pub at: DateTime<Utc>,
 }
 
-/// What a resume cursor is to the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
-    /// An event the log keeps, or its start.
-    Kept,
-    /// An event older than the log keeps (`limits.event_retention`).
-    Pruned,
-    /// Not an event of this log.
-    Foreign,
-}
-
 /// Which events a reader wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventScope {
@@ -121,54 +110,8 @@ impl Store {
         }))
     }
 
-    /// What `cursor` is to this log: an event it keeps (or its start), one
-    /// it pruned, or none of its own.
-    pub async fn cursor_standing(&self, cursor: Cursor) -> Result<Standing, StoreError> {
-        if self.is_event(cursor).await? {
-            return Ok(Standing::Kept);
-        }
-        // Ids come from one sequence and pruning deletes every id below
-        // the first it keeps: an id below that one was pruned.
-        let first: Option<i64> = sqlx::query_scalar("select min(id) from events")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(match first {
-            Some(first) if cursor.id < first => Standing::Pruned,
-            _ => Standing::Foreign,
-        })
-    }
-
-    /// Deletes up to `limit` of the oldest events, those before the first
-    /// one at or after `before` (always keeping the newest, so the log's
-    /// position survives a quiet spell); answers how many went.
-    pub async fn prune_events(
-        &self,
-        before: DateTime<Utc>,
-        limit: usize,
-    ) -> Result<u64, StoreError> {
-        let keep_from: Option<i64> = sqlx::query_scalar(
-            "select coalesce((select id from events where at >= $1 order by id limit 1), \
-             (select max(id) from events))",
-        )
-        .bind(micros(before))
-        .fetch_one(&self.pool)
-        .await?;
-        let Some(keep_from) = keep_from else {
-            return Ok(0);
-        };
-        let done = sqlx::query(
-            "delete from events where id in \
-             (select id from events where id < $1 order by id limit $2)",
-        )
-        .bind(keep_from)
-        .bind(limit as i64)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
-    }
-
     /// Whether `cursor` is an event of this log (or its start).
-    async fn is_event(&self, cursor: Cursor) -> Result<bool, StoreError> {
+    pub async fn is_event(&self, cursor: Cursor) -> Result<bool, StoreError> {
         if cursor == Cursor::default() {
             return Ok(true);
         }

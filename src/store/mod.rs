@@ -42,7 +42,7 @@ use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
 pub use config::ConfigGeneration;
-pub use events::{Cursor, EventKind, EventRow, EventScope, Standing};
+pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
 pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use lifecycle::Applied;
