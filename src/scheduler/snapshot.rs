@@ -158,7 +158,9 @@ impl Scheduler {
             }
             let accelerator = super::accelerator_label(&b.cluster);
             if let Some(n) = pending.get_mut(&(b.region.as_str(), accelerator, "capacity")) {
-                *n -= 1;
+                // Its own class counted it there, by the same test.
+                debug_assert!(*n > 0, "a held-back batch missing from its class");
+                *n = n.saturating_sub(1);
             }
             *pending
                 .entry((&b.region, accelerator, "reservation"))
