@@ -66,6 +66,12 @@ fn timeout_ms(b: &PendingBatch) -> Option<i64> {
 }
 
 impl QueuedTally {
+    /// Nothing counted (no batch queued).
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.classes.is_empty() && self.waits.is_empty()
+    }
+
     pub(super) fn add(&mut self, b: &PendingBatch) {
         *self
             .classes
