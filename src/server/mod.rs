@@ -297,14 +297,14 @@ pub async fn run(
     let router = router(app, shutdown.clone())?;
     let server = match tls {
         Some(acceptor) => {
-            tracing::info!(%addr, "flexq listening (HTTPS)");
+            tracing::info!(%addr, console = %format!("https://{addr}/console/"), "flexq listening (HTTPS)");
             let listener = tls::TlsListener::new(listener, acceptor)?;
             let server = axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown.clone().cancelled_owned());
             tokio::spawn(async move { server.await })
         }
         None => {
-            tracing::info!(%addr, "flexq listening");
+            tracing::info!(%addr, console = %format!("http://{addr}/console/"), "flexq listening");
             // Small request/response exchanges: do not let Nagle hold a
             // response back waiting for an ACK.
             let listener = listener.tap_io(|tcp| {
