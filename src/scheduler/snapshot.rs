@@ -124,17 +124,6 @@ impl QueuedTally {
 }
 
 impl Scheduler {
-    /// Whether a project is short, in a region, of any quota `asked` needs.
-    fn short_of(&self, project: &str, region: &str, asked: &[QuotaAmount]) -> bool {
-        asked.iter().any(|q| {
-            q.amount
-                > self
-                    .ledger
-                    .limit(project, region, q.metric)
-                    .saturating_sub(self.ledger.usage(project, region, q.metric))
-        })
-    }
-
     pub fn snapshot(&self, now: DateTime<Utc>) -> Snapshot {
         let mut s = Snapshot::default();
         // Queued batches by reason, from the tally: a class is short of
@@ -146,7 +135,7 @@ impl Scheduler {
             for (project, classes) in projects {
                 seen.push((project, region));
                 for ((accelerator, asked), n) in classes {
-                    let reason = if self.short_of(project, region, asked) {
+                    let reason = if self.ledger.shortfall(project, region, asked).is_some() {
                         "quota"
                     } else {
                         "capacity"
@@ -159,7 +148,11 @@ impl Scheduler {
             let Some(b) = self.pending.get(key) else {
                 continue;
             };
-            if self.short_of(&b.project, &b.region, &b.cluster.quota) {
+            if self
+                .ledger
+                .shortfall(&b.project, &b.region, &b.cluster.quota)
+                .is_some()
+            {
                 continue;
             }
             let accelerator = super::accelerator_label(&b.cluster);

@@ -22,6 +22,11 @@ struct ProjectAhead<'a> {
     queued: usize,
 }
 
+/// The queued batches of the projects ahead of a batch's own.
+fn queued_in_all(before: &[ProjectAhead<'_>]) -> usize {
+    before.iter().map(|p| p.queued).sum()
+}
+
 /// Where a batch stands, when the caller knows it from its own walk.
 #[derive(Debug, Clone, Copy)]
 enum Place {
@@ -212,24 +217,30 @@ impl Scheduler {
             Order::Strict => None,
             Order::FairShare => Some(self.projects_before(batch, now)?),
         };
-        let (position, behind) = match (&before, place) {
-            (_, Place::Region(position)) => (
-                position,
-                before
-                    .as_deref()
-                    .and_then(|b| self.fair_position(batch, b, Some(0), now))
-                    .and_then(|(_, behind)| behind),
-            ),
+        let position = match (&before, place) {
+            (_, Place::Region(position)) => position,
             (None, _) => {
                 let queue = self.queues.get(&batch.region)?;
-                let position = queue.iter().position(|(_, k)| *k == key).map(|p| p + 1);
-                (position.unwrap_or(0), None)
+                queue
+                    .iter()
+                    .position(|(_, k)| *k == key)
+                    .map_or(0, |p| p + 1)
             }
-            (Some(before), Place::InProject(within)) => {
-                self.fair_position(batch, before, Some(within), now)?
+            (Some(before), Place::InProject(within)) => queued_in_all(before) + within,
+            (Some(before), Place::Unknown) => {
+                let within = self
+                    .project_queues
+                    .get(&batch.region)?
+                    .get(&batch.project)?
+                    .iter()
+                    .position(|(_, k)| *k == key)
+                    .map_or(0, |p| p + 1);
+                queued_in_all(before) + within
             }
-            (Some(before), Place::Unknown) => self.fair_position(batch, before, None, now)?,
         };
+        let behind = before
+            .as_deref()
+            .and_then(|before| self.behind_projects(batch, before, now));
         let mut reasons: Vec<Blocker> = self
             .hold_of(&batch.region, &batch.project)
             .map(|(h, region_wide)| Blocker::Held {
@@ -322,29 +333,16 @@ impl Scheduler {
         Some(before)
     }
 
-    /// A batch's place in fair-share order: the batches of the projects
-    /// `before` its own, then its own project's ahead of it. With the
-    /// reason it waits on them, when any do.
-    fn fair_position(
+    /// Why a batch waits on the projects `before` its own in fair-share
+    /// order, when any are.
+    fn behind_projects(
         &self,
         batch: &PendingBatch,
         before: &[ProjectAhead<'_>],
-        within: Option<usize>,
         now: DateTime<Utc>,
-    ) -> Option<(usize, Option<Blocker>)> {
-        let batches: usize = before.iter().map(|p| p.queued).sum();
-        let within = match within {
-            Some(n) => n,
-            None => self
-                .project_queues
-                .get(&batch.region)?
-                .get(&batch.project)?
-                .iter()
-                .position(|(_, k)| *k == batch.key)
-                .map_or(0, |p| p + 1),
-        };
-        let behind = (!before.is_empty()).then(|| Blocker::FairShare {
-            batches,
+    ) -> Option<Blocker> {
+        (!before.is_empty()).then(|| Blocker::FairShare {
+            batches: queued_in_all(before),
             projects: before.len(),
             ahead: before
                 .iter()
@@ -352,8 +350,7 @@ impl Scheduler {
                 .map(|p| (p.project.to_string(), p.share))
                 .collect(),
             yours: self.fair.standing(&batch.region, &batch.project, now).share,
-        });
-        Some((batches + within, behind))
+        })
     }
 
     /// Whether a request could ever fit: the quota limit and the region's
