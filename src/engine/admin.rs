@@ -287,6 +287,11 @@ impl Engine {
             .ok_or_else(|| Error::not_found("node", node))
     }
 
+    /// The regions the config serves, by name.
+    pub fn regions(&self) -> Vec<String> {
+        self.config().regions.keys().cloned().collect()
+    }
+
     fn check_region(&self, region: &str) -> Result<(), Error> {
         if self.config().regions.contains_key(region) {
             Ok(())

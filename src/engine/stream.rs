@@ -126,12 +126,7 @@ impl Engine {
                 format!(
                     "{} is not a region flexq serves; served: {}",
                     crate::api::quote(&req.region),
-                    self.config()
-                        .regions
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    self.regions().join(", ")
                 ),
             ));
         }

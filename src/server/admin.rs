@@ -16,7 +16,7 @@ use crate::engine::{Error, QuotaChange};
     responses((status = 200, description = "regions: the configured regions; capacity: GPUs and local SSD total / allocated / free per region, zone and GPU type"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
 pub(super) async fn regions(AppState(app): AppState<App>, format: Format) -> Response {
     let rows = app.engine.capacity().await;
-    let regions: Vec<String> = app.engine.config().regions.keys().cloned().collect();
+    let regions = app.engine.regions();
     format.respond(
         StatusCode::OK,
         &serde_json::json!({ "regions": regions, "capacity": rows }),
