@@ -122,7 +122,13 @@ pub struct Reloaded {
 /// generation is in force is [`Live::stored`]'s).
 pub(crate) struct Reloads {
     source: ConfigSource,
+    /// Held by the reload an operator asked for: a second one is refused.
     running: tokio::sync::Mutex<()>,
+    /// Held by whatever puts a generation in force here, a reload or the
+    /// adoption of another replica's: one at a time, and an adoption (in
+    /// the background) waits rather than making an operator's reload
+    /// look like a second one.
+    applying: tokio::sync::Mutex<()>,
     state: std::sync::Mutex<ReloadState>,
 }
 
@@ -137,6 +143,7 @@ impl Reloads {
         Reloads {
             source,
             running: tokio::sync::Mutex::new(()),
+            applying: tokio::sync::Mutex::new(()),
             state: std::sync::Mutex::new(ReloadState::default()),
         }
     }
@@ -207,6 +214,7 @@ impl Engine {
                 "a config reload is already running on this replica; try again when it has ended",
             ));
         };
+        let _applying = reloads.applying.lock().await;
         let Some(read) = reloads.source.load().await else {
             return Err(Error::new(
                 Code::FailedPrecondition,
@@ -376,7 +384,7 @@ impl Engine {
     pub(crate) async fn adopt_config(&self) -> Result<(), StoreError> {
         // After a reload running here: it applies its own generation (and
         // answers what that changed) before this looks for a newer one.
-        let _one = self.shared.reloads.running.lock().await;
+        let _one = self.shared.reloads.applying.lock().await;
         let Some(latest) = self.shared.store.latest_config().await? else {
             return Ok(());
         };

@@ -392,7 +392,10 @@ async fn a_reload_while_another_runs_is_refused_and_the_first_completes() {
         tokio::spawn(async move { reload(&s).await })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!first.is_finished(), "the first reload waits for its file");
+    if first.is_finished() {
+        let (st, body) = first.await.expect("first reload");
+        panic!("the first reload should wait for its file, yet it answered {st}: {body:#}");
+    }
     let (st, body) = reload(&s).await;
     assert_eq!(st, 409, "{body:#}");
     assert_eq!(body["error"]["status"], "ABORTED", "{body:#}");
@@ -441,7 +444,8 @@ async fn an_agent_follows_a_lease_a_reload_shortened() {
         }
         assert!(
             t.elapsed() < Duration::from_secs(30),
-            "the agent never registered"
+            "the agent never registered; its log:\n{}",
+            std::fs::read_to_string(work.join("agent.log")).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };

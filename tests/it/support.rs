@@ -333,6 +333,11 @@ impl ServerProcess {
     }
 
     /// The same with a config file layered over the default.
+    ///
+    /// Its ports are picked free, then let go for the server to take: when
+    /// another test took one meanwhile, the server says it cannot listen
+    /// and is started again on others. Its log (warnings and errors) is
+    /// kept in `dir/flexq-serve.log` and shown when it does not start.
     pub async fn start_with(dir: &Path, config: Option<&Path>) -> ServerProcess {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -340,51 +345,65 @@ impl ServerProcess {
                 .expect("free port")
                 .port()
         };
-        let port = free_port();
-        let metrics_port = free_port();
-        let mut cmd = Command::new(flexq_bin());
-        cmd.arg("serve");
-        if let Some(config) = config {
-            cmd.arg("--config").arg(config);
-        }
-        if let Some(url) = database_url(dir).await {
-            cmd.env("FLEXQ_DATABASE__URL", url);
-        }
-        let child = cmd
-            .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
-            .env(
-                "FLEXQ_SERVER__METRICS_BIND",
-                format!("127.0.0.1:{metrics_port}"),
-            )
-            .env("FLEXQ_DATABASE__DATA_DIR", dir)
-            .env("FLEXQ_LIMITS__MUTATIONS_PER_MINUTE", "1000000")
-            .env("FLEXQ_LIMITS__READS_PER_MINUTE", "1000000")
-            .env("FLEXQ_LIMITS__MAX_PENDING_PER_PROJECT", "10000000")
-            .env("FLEXQ_LOG__FILTER", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn flexq serve");
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = http.get(format!("{endpoint}/readyz")).send().await {
-                if r.status().is_success() {
-                    break;
-                }
+        let log_path = dir.join("flexq-serve.log");
+        for _ in 0..3 {
+            let port = free_port();
+            let metrics_port = free_port();
+            let mut cmd = Command::new(flexq_bin());
+            cmd.arg("serve");
+            if let Some(config) = config {
+                cmd.arg("--config").arg(config);
             }
-            assert!(
-                Instant::now() < deadline,
-                "flexq serve did not become ready"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            if let Some(url) = database_url(dir).await {
+                cmd.env("FLEXQ_DATABASE__URL", url);
+            }
+            let log = std::fs::File::create(&log_path).expect("the server's log file");
+            let mut child = cmd
+                .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
+                .env(
+                    "FLEXQ_SERVER__METRICS_BIND",
+                    format!("127.0.0.1:{metrics_port}"),
+                )
+                .env("FLEXQ_DATABASE__DATA_DIR", dir)
+                .env("FLEXQ_LIMITS__MUTATIONS_PER_MINUTE", "1000000")
+                .env("FLEXQ_LIMITS__READS_PER_MINUTE", "1000000")
+                .env("FLEXQ_LIMITS__MAX_PENDING_PER_PROJECT", "10000000")
+                .env("FLEXQ_LOG__FILTER", "warn")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn flexq serve");
+            let endpoint = format!("http://127.0.0.1:{port}");
+            let http = reqwest::Client::new();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let exited = loop {
+                if let Some(status) = child.try_wait().expect("wait for flexq serve") {
+                    break status;
+                }
+                if let Ok(r) = http.get(format!("{endpoint}/readyz")).send().await {
+                    if r.status().is_success() {
+                        return ServerProcess {
+                            child,
+                            endpoint,
+                            metrics_endpoint: format!("http://127.0.0.1:{metrics_port}"),
+                        };
+                    }
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    panic!(
+                        "flexq serve did not become ready in 30 s; its log:\n{}",
+                        std::fs::read_to_string(&log_path).unwrap_or_default()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            };
+            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if !said.contains("cannot listen on") {
+                panic!("flexq serve exited ({exited}) before it was ready; its log:\n{said}");
+            }
         }
-        ServerProcess {
-            child,
-            endpoint,
-            metrics_endpoint: format!("http://127.0.0.1:{metrics_port}"),
-        }
+        panic!("flexq serve found no free port in three tries");
     }
 
     /// GET `path` on this server, as JSON.
