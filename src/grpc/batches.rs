@@ -122,7 +122,10 @@ impl BatchController for Batches {
                     let request = CreateRequest {
                         project,
                         region,
-                        batch: decode(BATCH, "batch", batch)?,
+                        batch: match super::batch_in::user_batch(batch) {
+                            Some(direct) => direct,
+                            None => decode(BATCH, "batch", batch)?,
+                        },
                         batch_id: non_empty(r.batch_id),
                         request_id: non_empty(r.request_id),
                         validate_only: None,

@@ -29,7 +29,7 @@ pub const BATCH: &str = "google.cloud.dataproc.v1.Batch";
 #[cfg(test)]
 const BATCH_METADATA: &str = "google.cloud.dataproc.v1.BatchOperationMetadata";
 
-static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+pub(crate) static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
     DescriptorPool::decode(super::DESCRIPTOR).expect("the descriptor set build.rs wrote")
 });
 

@@ -1,0 +1,554 @@
+//! A CreateBatch's batch as the engine's [`Batch`], field by field.
+//!
+//! Every create crosses this, and the proto3 JSON route of
+//! [`super::convert::decode`] (typed message → dynamic message → JSON text
+//! → the engine's Batch) was the largest single cost gRPC added to a create
+//! (BENCHMARKS.md, gRPC). So the batch a client may write — its workload,
+//! labels, runtime and environment config — is mapped here directly, and
+//! anything else set in the message (a field flexq does not take, an
+//! output-only one, a duration out of range) sends the whole batch down
+//! the JSON route, which accepts or refuses it naming the field, exactly
+//! as before. The two routes are held equal by a property test over
+//! arbitrary batches (`batch_in::tests`), and a test lists every field of
+//! every message read here, so a field the proto gains fails it instead of
+//! being dropped silently.
+
+use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
+
+use crate::api::{
+    Batch, EnvironmentConfig, ExecutionConfig, PeripheralsConfig, PySparkBatch, RuntimeConfig,
+    SparkBatch, SparkHistoryServerConfig, SparkSqlBatch,
+};
+
+/// The batch, when it sets only fields mapped here; None when the JSON
+/// route must judge it.
+pub fn user_batch(b: &dp::Batch) -> Option<Batch> {
+    // Output-only fields: taken (and then ignored) by the JSON route.
+    let output_only = !b.name.is_empty()
+        || !b.uuid.is_empty()
+        || b.create_time.is_some()
+        || b.runtime_info.is_some()
+        || b.state != 0
+        || !b.state_message.is_empty()
+        || b.state_time.is_some()
+        || !b.creator.is_empty()
+        || !b.operation.is_empty()
+        || !b.state_history.is_empty();
+    if output_only {
+        return None;
+    }
+    let mut batch = Batch {
+        labels: sorted(&b.labels),
+        ..Batch::default()
+    };
+    match &b.batch_config {
+        None => {}
+        Some(dp::batch::BatchConfig::PysparkBatch(p)) => {
+            batch.pyspark_batch = Some(PySparkBatch {
+                main_python_file_uri: p.main_python_file_uri.clone(),
+                args: p.args.clone(),
+                python_file_uris: p.python_file_uris.clone(),
+                jar_file_uris: p.jar_file_uris.clone(),
+                file_uris: p.file_uris.clone(),
+                archive_uris: p.archive_uris.clone(),
+            })
+        }
+        Some(dp::batch::BatchConfig::SparkBatch(s)) => {
+            use dp::spark_batch::Driver;
+            // A oneof member is present even when empty, as in its JSON.
+            let (main_jar_file_uri, main_class) = match &s.driver {
+                None => (None, None),
+                Some(Driver::MainJarFileUri(jar)) => (Some(jar.clone()), None),
+                Some(Driver::MainClass(class)) => (None, Some(class.clone())),
+            };
+            batch.spark_batch = Some(SparkBatch {
+                main_jar_file_uri,
+                main_class,
+                args: s.args.clone(),
+                jar_file_uris: s.jar_file_uris.clone(),
+                file_uris: s.file_uris.clone(),
+                archive_uris: s.archive_uris.clone(),
+            })
+        }
+        Some(dp::batch::BatchConfig::SparkSqlBatch(q)) => {
+            batch.spark_sql_batch = Some(SparkSqlBatch {
+                query_file_uri: q.query_file_uri.clone(),
+                query_variables: sorted(&q.query_variables),
+                jar_file_uris: q.jar_file_uris.clone(),
+            })
+        }
+        Some(dp::batch::BatchConfig::SparkRBatch(_)) => return None,
+    }
+    if let Some(r) = &b.runtime_config {
+        if r.repository_config.is_some() || r.autotuning_config.is_some() || !r.cohort.is_empty() {
+            return None;
+        }
+        batch.runtime_config = Some(RuntimeConfig {
+            version: text(&r.version),
+            container_image: text(&r.container_image),
+            properties: sorted(&r.properties),
+        });
+    }
+    if let Some(e) = &b.environment_config {
+        let execution_config = match &e.execution_config {
+            None => None,
+            Some(x) => {
+                if x.authentication_config.is_some() {
+                    return None;
+                }
+                use dp::execution_config::Network;
+                let (network_uri, subnetwork_uri) = match &x.network {
+                    None => (None, None),
+                    Some(Network::NetworkUri(n)) => (Some(n.clone()), None),
+                    Some(Network::SubnetworkUri(n)) => (None, Some(n.clone())),
+                };
+                Some(ExecutionConfig {
+                    service_account: text(&x.service_account),
+                    network_uri,
+                    subnetwork_uri,
+                    network_tags: x.network_tags.clone(),
+                    kms_key: text(&x.kms_key),
+                    idle_ttl: duration(&x.idle_ttl)?,
+                    ttl: duration(&x.ttl)?,
+                    staging_bucket: text(&x.staging_bucket),
+                })
+            }
+        };
+        let peripherals_config = e.peripherals_config.as_ref().map(|p| PeripheralsConfig {
+            metastore_service: text(&p.metastore_service),
+            spark_history_server_config: p.spark_history_server_config.as_ref().map(|s| {
+                SparkHistoryServerConfig {
+                    dataproc_cluster: text(&s.dataproc_cluster),
+                }
+            }),
+        });
+        batch.environment_config = Some(EnvironmentConfig {
+            execution_config,
+            peripherals_config,
+        });
+    }
+    Some(batch)
+}
+
+/// A proto3 string: the empty one is none, as its JSON leaves it out.
+fn text(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+fn sorted(
+    map: &std::collections::HashMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// The most seconds a `google.protobuf.Duration` holds (10,000 years).
+const MAX_DURATION_SECONDS: i64 = 315_576_000_000;
+
+/// A duration as its proto3 JSON text (`3600s`, `1.500s`): `Some(None)`
+/// when unset, None when it is not a plain non-negative duration in range
+/// (the JSON route judges those).
+fn duration(d: &Option<prost_types::Duration>) -> Option<Option<String>> {
+    match d {
+        None => Some(None),
+        Some(d)
+            if (0..=MAX_DURATION_SECONDS).contains(&d.seconds)
+                && (0..1_000_000_000).contains(&d.nanos) =>
+        {
+            Some(Some(d.to_string()))
+        }
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::grpc::convert::{BATCH, decode};
+
+    fn through_json(b: &dp::Batch) -> Result<Batch, crate::engine::Error> {
+        decode(BATCH, "batch", b)
+    }
+
+    /// What a client usually sends: taken field by field, and equal to the
+    /// JSON route's reading.
+    #[test]
+    fn a_usual_batch_is_mapped_directly_as_its_json_reads() {
+        let batch = dp::Batch {
+            batch_config: Some(dp::batch::BatchConfig::PysparkBatch(dp::PySparkBatch {
+                main_python_file_uri: "file:///x.py".into(),
+                args: vec!["1".into()],
+                ..Default::default()
+            })),
+            labels: HashMap::from([("team".into(), "a".into())]),
+            runtime_config: Some(dp::RuntimeConfig {
+                version: "2.2".into(),
+                properties: HashMap::from([
+                    ("spark.executor.instances".into(), "2".into()),
+                    (
+                        "spark.dataproc.executor.resource.accelerator.type".into(),
+                        "l4".into(),
+                    ),
+                ]),
+                ..Default::default()
+            }),
+            environment_config: Some(dp::EnvironmentConfig {
+                execution_config: Some(dp::ExecutionConfig {
+                    ttl: Some(prost_types::Duration {
+                        seconds: 3600,
+                        nanos: 0,
+                    }),
+                    idle_ttl: Some(prost_types::Duration {
+                        seconds: 1,
+                        nanos: 500_000_000,
+                    }),
+                    network: Some(dp::execution_config::Network::SubnetworkUri("s".into())),
+                    ..Default::default()
+                }),
+                peripherals_config: None,
+            }),
+            ..Default::default()
+        };
+        let direct = user_batch(&batch).expect("taken directly");
+        assert_eq!(direct, through_json(&batch).expect("the JSON route"));
+        let ttl = direct.environment_config.and_then(|e| e.execution_config);
+        assert_eq!(
+            ttl.map(|x| (x.ttl, x.idle_ttl)),
+            Some((Some("3600s".into()), Some("1.500s".into())))
+        );
+    }
+
+    #[test]
+    fn what_flexq_does_not_take_goes_the_json_route_and_is_refused_there() {
+        let refused = [
+            dp::Batch {
+                batch_config: Some(dp::batch::BatchConfig::SparkRBatch(Default::default())),
+                ..Default::default()
+            },
+            dp::Batch {
+                runtime_config: Some(dp::RuntimeConfig {
+                    cohort: "c".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            dp::Batch {
+                environment_config: Some(dp::EnvironmentConfig {
+                    execution_config: Some(dp::ExecutionConfig {
+                        authentication_config: Some(Default::default()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ];
+        for b in refused {
+            assert_eq!(user_batch(&b), None, "{b:?}");
+            let e = through_json(&b).expect_err("refused");
+            assert_eq!(e.code, crate::api::Code::InvalidArgument, "{b:?}");
+        }
+        let output_only = dp::Batch {
+            state: dp::batch::State::Running as i32,
+            ..Default::default()
+        };
+        assert_eq!(user_batch(&output_only), None);
+    }
+
+    /// Every field of every message read here, in proto order: mapped, or
+    /// sending the batch down the JSON route. A field the crate's proto
+    /// gains fails this until it is one or the other.
+    #[test]
+    fn every_field_of_the_messages_read_is_mapped_or_sent_the_json_way() {
+        let pool = &*crate::grpc::convert::POOL;
+        let expected: &[(&str, &[&str])] = &[
+            (
+                "Batch",
+                &[
+                    "name",
+                    "uuid",
+                    "create_time",
+                    "pyspark_batch",
+                    "spark_batch",
+                    "spark_r_batch",
+                    "spark_sql_batch",
+                    "runtime_info",
+                    "state",
+                    "state_message",
+                    "state_time",
+                    "creator",
+                    "labels",
+                    "runtime_config",
+                    "environment_config",
+                    "operation",
+                    "state_history",
+                ],
+            ),
+            (
+                "PySparkBatch",
+                &[
+                    "main_python_file_uri",
+                    "args",
+                    "python_file_uris",
+                    "jar_file_uris",
+                    "file_uris",
+                    "archive_uris",
+                ],
+            ),
+            (
+                "SparkBatch",
+                &[
+                    "main_jar_file_uri",
+                    "main_class",
+                    "args",
+                    "jar_file_uris",
+                    "file_uris",
+                    "archive_uris",
+                ],
+            ),
+            (
+                "SparkSqlBatch",
+                &["query_file_uri", "query_variables", "jar_file_uris"],
+            ),
+            (
+                "RuntimeConfig",
+                &[
+                    "version",
+                    "container_image",
+                    "properties",
+                    "repository_config",
+                    "autotuning_config",
+                    "cohort",
+                ],
+            ),
+            (
+                "EnvironmentConfig",
+                &["execution_config", "peripherals_config"],
+            ),
+            (
+                "ExecutionConfig",
+                &[
+                    "service_account",
+                    "network_uri",
+                    "subnetwork_uri",
+                    "network_tags",
+                    "kms_key",
+                    "idle_ttl",
+                    "ttl",
+                    "staging_bucket",
+                    "authentication_config",
+                ],
+            ),
+            (
+                "PeripheralsConfig",
+                &["metastore_service", "spark_history_server_config"],
+            ),
+            ("SparkHistoryServerConfig", &["dataproc_cluster"]),
+        ];
+        for (message, fields) in expected {
+            let name = format!("google.cloud.dataproc.v1.{message}");
+            let descriptor = pool.get_message_by_name(&name).expect("in the descriptors");
+            let mut have: Vec<String> = descriptor.fields().map(|f| f.name().to_string()).collect();
+            let mut want: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+            have.sort();
+            want.sort();
+            assert_eq!(have, want, "{message}");
+        }
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![Just(String::new()), "[a-z:/._ -]{1,8}"]
+    }
+
+    fn texts() -> impl Strategy<Value = Vec<String>> {
+        proptest::collection::vec(text(), 0..3)
+    }
+
+    fn map() -> impl Strategy<Value = HashMap<String, String>> {
+        proptest::collection::hash_map(text(), text(), 0..3)
+    }
+
+    fn duration() -> impl Strategy<Value = Option<prost_types::Duration>> {
+        proptest::option::of(
+            (
+                prop_oneof![0..100_000i64, Just(-1), Just(MAX_DURATION_SECONDS + 1)],
+                prop_oneof![Just(0), 0..1_000_000_000i32, Just(-1)],
+            )
+                .prop_map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+        )
+    }
+
+    fn workload() -> impl Strategy<Value = Option<dp::batch::BatchConfig>> {
+        use dp::batch::BatchConfig as C;
+        prop_oneof![
+            Just(None),
+            (text(), texts(), texts(), texts()).prop_map(|(main, args, py, jars)| Some(
+                C::PysparkBatch(dp::PySparkBatch {
+                    main_python_file_uri: main,
+                    args,
+                    python_file_uris: py,
+                    jar_file_uris: jars,
+                    file_uris: vec![],
+                    archive_uris: vec!["a".into()],
+                })
+            )),
+            (
+                proptest::option::of((any::<bool>(), text())),
+                texts(),
+                texts()
+            )
+                .prop_map(|(driver, args, files)| {
+                    use dp::spark_batch::Driver;
+                    Some(C::SparkBatch(dp::SparkBatch {
+                        args,
+                        jar_file_uris: vec![],
+                        file_uris: files,
+                        archive_uris: vec![],
+                        driver: driver.map(|(jar, t)| {
+                            if jar {
+                                Driver::MainJarFileUri(t)
+                            } else {
+                                Driver::MainClass(t)
+                            }
+                        }),
+                    }))
+                }),
+            (text(), map(), texts()).prop_map(|(q, vars, jars)| Some(C::SparkSqlBatch(
+                dp::SparkSqlBatch {
+                    query_file_uri: q,
+                    query_variables: vars,
+                    jar_file_uris: jars,
+                }
+            ))),
+            text().prop_map(|r| Some(C::SparkRBatch(dp::SparkRBatch {
+                main_r_file_uri: r,
+                ..Default::default()
+            }))),
+        ]
+    }
+
+    fn runtime() -> impl Strategy<Value = Option<dp::RuntimeConfig>> {
+        proptest::option::of((text(), text(), map(), any::<bool>(), text()).prop_map(
+            |(version, image, properties, tuned, cohort)| dp::RuntimeConfig {
+                version,
+                container_image: image,
+                properties,
+                repository_config: None,
+                autotuning_config: tuned.then(Default::default),
+                cohort,
+            },
+        ))
+    }
+
+    fn environment() -> impl Strategy<Value = Option<dp::EnvironmentConfig>> {
+        let execution = proptest::option::of(
+            (
+                (text(), texts(), text(), text()),
+                (duration(), duration()),
+                proptest::option::of((any::<bool>(), text())),
+                any::<bool>(),
+            )
+                .prop_map(
+                    |((account, tags, kms, bucket), (idle, ttl), network, auth)| {
+                        use dp::execution_config::Network;
+                        dp::ExecutionConfig {
+                            service_account: account,
+                            network_tags: tags,
+                            kms_key: kms,
+                            idle_ttl: idle,
+                            ttl,
+                            staging_bucket: bucket,
+                            authentication_config: auth.then(Default::default),
+                            network: network.map(|(whole, n)| {
+                                if whole {
+                                    Network::NetworkUri(n)
+                                } else {
+                                    Network::SubnetworkUri(n)
+                                }
+                            }),
+                        }
+                    },
+                ),
+        );
+        let peripherals = proptest::option::of((text(), proptest::option::of(text())).prop_map(
+            |(metastore, history)| dp::PeripheralsConfig {
+                metastore_service: metastore,
+                spark_history_server_config: history.map(|c| dp::SparkHistoryServerConfig {
+                    dataproc_cluster: c,
+                }),
+            },
+        ));
+        proptest::option::of(
+            (execution, peripherals).prop_map(|(execution, peripherals)| dp::EnvironmentConfig {
+                execution_config: execution,
+                peripherals_config: peripherals,
+            }),
+        )
+    }
+
+    fn batch() -> impl Strategy<Value = dp::Batch> {
+        (
+            workload(),
+            map(),
+            runtime(),
+            environment(),
+            text(),
+            prop_oneof![Just(0), 0..6i32],
+        )
+            .prop_map(
+                |(config, labels, runtime, environment, creator, state)| dp::Batch {
+                    batch_config: config,
+                    labels,
+                    runtime_config: runtime,
+                    environment_config: environment,
+                    creator,
+                    state,
+                    ..Default::default()
+                },
+            )
+    }
+
+    /// Whether `batch()` made a batch with nothing but what a client may
+    /// write (told apart here from what the generator sets, not by the
+    /// code under test).
+    fn plain(b: &dp::Batch) -> bool {
+        let in_range = |d: &Option<prost_types::Duration>| {
+            d.as_ref()
+                .is_none_or(|d| (0..=MAX_DURATION_SECONDS).contains(&d.seconds) && d.nanos >= 0)
+        };
+        let sparkr = matches!(b.batch_config, Some(dp::batch::BatchConfig::SparkRBatch(_)));
+        let runtime = b
+            .runtime_config
+            .as_ref()
+            .is_none_or(|r| r.autotuning_config.is_none() && r.cohort.is_empty());
+        let execution = b
+            .environment_config
+            .as_ref()
+            .and_then(|e| e.execution_config.as_ref())
+            .is_none_or(|x| {
+                x.authentication_config.is_none() && in_range(&x.ttl) && in_range(&x.idle_ttl)
+            });
+        !sparkr && runtime && execution && b.creator.is_empty() && b.state == 0
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Taken directly, a batch is what the JSON route reads; a batch
+        /// the JSON route refuses is never taken directly.
+        #[test]
+        fn the_direct_mapping_reads_what_the_json_route_reads(b in batch()) {
+            prop_assert_eq!(user_batch(&b).is_some(), plain(&b), "{:?}", b);
+            match (user_batch(&b), through_json(&b)) {
+                (Some(direct), Ok(json)) => prop_assert_eq!(direct, json),
+                (Some(direct), Err(e)) => {
+                    prop_assert!(false, "taken directly as {:?}, refused by the JSON route: {}", direct, e.message)
+                }
+                (None, _) => {}
+            }
+        }
+    }
+}
