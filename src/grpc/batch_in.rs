@@ -10,8 +10,9 @@
 //! the JSON route, which accepts or refuses it naming the field, exactly
 //! as before. The two routes are held equal by a property test over
 //! arbitrary batches (`batch_in::tests`), and a test lists every field of
-//! every message read here, so a field the proto gains fails it instead of
-//! being dropped silently.
+//! every message read here in the vendored protos (`proto/`, the JSON
+//! route's descriptors), so a field they gain fails it instead of being
+//! dropped silently.
 
 use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
 
@@ -359,8 +360,9 @@ mod tests {
         }
     }
 
+    /// Empty, or a few characters JSON must escape among plain ones.
     fn text() -> impl Strategy<Value = String> {
-        prop_oneof![Just(String::new()), "[a-z:/._ -]{1,8}"]
+        prop_oneof![Just(String::new()), r#"[a-z:/._ "\\é\n\t-]{1,8}"#]
     }
 
     fn texts() -> impl Strategy<Value = Vec<String>> {
@@ -374,8 +376,19 @@ mod tests {
     fn duration() -> impl Strategy<Value = Option<prost_types::Duration>> {
         proptest::option::of(
             (
-                prop_oneof![0..100_000i64, Just(-1), Just(MAX_DURATION_SECONDS + 1)],
-                prop_oneof![Just(0), 0..1_000_000_000i32, Just(-1)],
+                prop_oneof![
+                    0..100_000i64,
+                    Just(MAX_DURATION_SECONDS),
+                    Just(-1),
+                    Just(MAX_DURATION_SECONDS + 1)
+                ],
+                prop_oneof![
+                    Just(0),
+                    0..1_000_000_000i32,
+                    Just(999_999_999),
+                    Just(-1),
+                    Just(1_000_000_000)
+                ],
             )
                 .prop_map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
         )
@@ -385,16 +398,16 @@ mod tests {
         use dp::batch::BatchConfig as C;
         prop_oneof![
             Just(None),
-            (text(), texts(), texts(), texts()).prop_map(|(main, args, py, jars)| Some(
-                C::PysparkBatch(dp::PySparkBatch {
+            (text(), texts(), texts(), texts(), texts()).prop_map(
+                |(main, args, py, jars, archives)| Some(C::PysparkBatch(dp::PySparkBatch {
                     main_python_file_uri: main,
                     args,
                     python_file_uris: py,
                     jar_file_uris: jars,
                     file_uris: vec![],
-                    archive_uris: vec!["a".into()],
-                })
-            )),
+                    archive_uris: archives,
+                }))
+            ),
             (
                 proptest::option::of((any::<bool>(), text())),
                 texts(),
@@ -431,13 +444,13 @@ mod tests {
     }
 
     fn runtime() -> impl Strategy<Value = Option<dp::RuntimeConfig>> {
-        proptest::option::of((text(), text(), map(), any::<bool>(), text()).prop_map(
-            |(version, image, properties, tuned, cohort)| dp::RuntimeConfig {
+        proptest::option::of((text(), text(), map(), 0..3u8, text()).prop_map(
+            |(version, image, properties, extra, cohort)| dp::RuntimeConfig {
                 version,
                 container_image: image,
                 properties,
-                repository_config: None,
-                autotuning_config: tuned.then(Default::default),
+                repository_config: (extra == 1).then(Default::default),
+                autotuning_config: (extra == 2).then(Default::default),
                 cohort,
             },
         ))
@@ -489,41 +502,64 @@ mod tests {
         )
     }
 
-    fn batch() -> impl Strategy<Value = dp::Batch> {
+    /// A batch, and whether the generator set one of its output-only
+    /// fields (each of the ten in turn).
+    fn batch() -> impl Strategy<Value = (dp::Batch, bool)> {
+        let time = prost_types::Timestamp {
+            seconds: 1_796_000_000,
+            nanos: 0,
+        };
         (
             workload(),
             map(),
             runtime(),
             environment(),
-            text(),
-            prop_oneof![Just(0), 0..6i32],
+            proptest::option::of(0..10u8),
         )
-            .prop_map(
-                |(config, labels, runtime, environment, creator, state)| dp::Batch {
+            .prop_map(move |(config, labels, runtime, environment, output)| {
+                let mut b = dp::Batch {
                     batch_config: config,
                     labels,
                     runtime_config: runtime,
                     environment_config: environment,
-                    creator,
-                    state,
                     ..Default::default()
-                },
-            )
+                };
+                match output {
+                    None => {}
+                    Some(0) => b.name = "projects/p/locations/r/batches/b".into(),
+                    Some(1) => b.uuid = "u".into(),
+                    Some(2) => b.create_time = Some(time),
+                    Some(3) => b.runtime_info = Some(Default::default()),
+                    Some(4) => b.state = dp::batch::State::Running as i32,
+                    Some(5) => b.state_message = "m".into(),
+                    Some(6) => b.state_time = Some(time),
+                    Some(7) => b.creator = "c".into(),
+                    Some(8) => b.operation = "o".into(),
+                    Some(_) => {
+                        b.state_history = vec![dp::batch::StateHistory {
+                            state: dp::batch::State::Pending as i32,
+                            state_message: String::new(),
+                            state_start_time: Some(time),
+                        }]
+                    }
+                }
+                (b, output.is_some())
+            })
     }
 
     /// Whether `batch()` made a batch with nothing but what a client may
-    /// write (told apart here from what the generator sets, not by the
-    /// code under test).
+    /// write, output-only fields apart (told from what the generator set,
+    /// not by the code under test).
     fn plain(b: &dp::Batch) -> bool {
         let in_range = |d: &Option<prost_types::Duration>| {
-            d.as_ref()
-                .is_none_or(|d| (0..=MAX_DURATION_SECONDS).contains(&d.seconds) && d.nanos >= 0)
+            d.as_ref().is_none_or(|d| {
+                (0..=315_576_000_000).contains(&d.seconds) && (0..1_000_000_000).contains(&d.nanos)
+            })
         };
         let sparkr = matches!(b.batch_config, Some(dp::batch::BatchConfig::SparkRBatch(_)));
-        let runtime = b
-            .runtime_config
-            .as_ref()
-            .is_none_or(|r| r.autotuning_config.is_none() && r.cohort.is_empty());
+        let runtime = b.runtime_config.as_ref().is_none_or(|r| {
+            r.autotuning_config.is_none() && r.repository_config.is_none() && r.cohort.is_empty()
+        });
         let execution = b
             .environment_config
             .as_ref()
@@ -531,7 +567,7 @@ mod tests {
             .is_none_or(|x| {
                 x.authentication_config.is_none() && in_range(&x.ttl) && in_range(&x.idle_ttl)
             });
-        !sparkr && runtime && execution && b.creator.is_empty() && b.state == 0
+        !sparkr && runtime && execution
     }
 
     proptest! {
@@ -540,8 +576,8 @@ mod tests {
         /// Taken directly, a batch is what the JSON route reads; a batch
         /// the JSON route refuses is never taken directly.
         #[test]
-        fn the_direct_mapping_reads_what_the_json_route_reads(b in batch()) {
-            prop_assert_eq!(user_batch(&b).is_some(), plain(&b), "{:?}", b);
+        fn the_direct_mapping_reads_what_the_json_route_reads((b, output_only) in batch()) {
+            prop_assert_eq!(user_batch(&b).is_some(), plain(&b) && !output_only, "{:?}", b);
             match (user_batch(&b), through_json(&b)) {
                 (Some(direct), Ok(json)) => prop_assert_eq!(direct, json),
                 (Some(direct), Err(e)) => {

@@ -1,10 +1,13 @@
 //! Translation between the gRPC messages and the engine's shapes. The
 //! engine speaks the Dataproc resources in their REST form, which is their
 //! proto3 JSON; so a resource crosses through that canonical JSON
-//! (prost-reflect, over the descriptors of the served protos) and no
-//! resource field is mapped by hand — only the long-running Operation's
-//! envelope is ([`encode_operation`]). Errors become gRPC statuses carrying
-//! the same `google.rpc.Status` details as over REST.
+//! (prost-reflect, over the descriptors of the served protos). Mapped by
+//! hand, for a create's speed, are only the long-running Operation's
+//! envelope and its metadata ([`encode_operation`],
+//! [`operation_metadata`]) and the batch a client writes
+//! (`super::batch_in`), each held equal to the JSON crossing by tests.
+//! Errors become gRPC statuses carrying the same `google.rpc.Status`
+//! details as over REST.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;

@@ -336,8 +336,11 @@ impl ServerProcess {
     ///
     /// Its ports are picked free, then let go for the server to take: when
     /// another test took one meanwhile, the server says it cannot listen
-    /// and is started again on others. Its log (warnings and errors) is
-    /// kept in `dir/flexq-serve.log` and shown when it does not start.
+    /// and is started again on others (not with a FIFO for its config:
+    /// that is read once). It is ready when `/readyz` answers with its own
+    /// replica id, not another test's server on a port it took. Its log
+    /// (warnings and errors) is kept in `dir/flexq-serve.log` and shown
+    /// when it does not start.
     pub async fn start_with(dir: &Path, config: Option<&Path>) -> ServerProcess {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -358,7 +361,9 @@ impl ServerProcess {
                 cmd.env("FLEXQ_DATABASE__URL", url);
             }
             let log = std::fs::File::create(&log_path).expect("the server's log file");
+            let replica = format!("test-{}-{port}", std::process::id());
             let mut child = cmd
+                .env("FLEXQ_DATABASE__REPLICA_ID", &replica)
                 .env("FLEXQ_SERVER__BIND", format!("127.0.0.1:{port}"))
                 .env(
                     "FLEXQ_SERVER__METRICS_BIND",
@@ -374,14 +379,19 @@ impl ServerProcess {
                 .spawn()
                 .expect("spawn flexq serve");
             let endpoint = format!("http://127.0.0.1:{port}");
-            let http = reqwest::Client::new();
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("an HTTP client");
             let deadline = Instant::now() + Duration::from_secs(30);
             let exited = loop {
                 if let Some(status) = child.try_wait().expect("wait for flexq serve") {
                     break status;
                 }
                 if let Ok(r) = http.get(format!("{endpoint}/readyz")).send().await {
-                    if r.status().is_success() {
+                    let ready = r.status().is_success();
+                    let answer: Value = r.json().await.unwrap_or_default();
+                    if ready && answer["replica"] == replica.as_str() {
                         return ServerProcess {
                             child,
                             endpoint,
@@ -391,6 +401,7 @@ impl ServerProcess {
                 }
                 if Instant::now() >= deadline {
                     let _ = child.kill();
+                    let _ = child.wait();
                     panic!(
                         "flexq serve did not become ready in 30 s; its log:\n{}",
                         std::fs::read_to_string(&log_path).unwrap_or_default()
