@@ -16,10 +16,22 @@
 
 use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp;
 
+use super::convert::{BATCH, decode, non_empty};
 use crate::api::{
     Batch, EnvironmentConfig, ExecutionConfig, PeripheralsConfig, PySparkBatch, RuntimeConfig,
     SparkBatch, SparkHistoryServerConfig, SparkSqlBatch,
 };
+use crate::engine::Error;
+
+/// A CreateBatch's batch as the engine reads it: directly when
+/// [`user_batch`] takes it, else through its proto3 JSON, which names
+/// what it refuses (as `batch.…`).
+pub fn request_batch(b: &dp::Batch) -> Result<Batch, Error> {
+    match user_batch(b) {
+        Some(direct) => Ok(direct),
+        None => decode(BATCH, "batch", b),
+    }
+}
 
 /// The batch, when it sets only fields mapped here; None when the JSON
 /// route must judge it.
@@ -85,8 +97,8 @@ pub fn user_batch(b: &dp::Batch) -> Option<Batch> {
             return None;
         }
         batch.runtime_config = Some(RuntimeConfig {
-            version: text(&r.version),
-            container_image: text(&r.container_image),
+            version: non_empty(r.version.clone()),
+            container_image: non_empty(r.container_image.clone()),
             properties: sorted(&r.properties),
         });
     }
@@ -104,22 +116,22 @@ pub fn user_batch(b: &dp::Batch) -> Option<Batch> {
                     Some(Network::SubnetworkUri(n)) => (None, Some(n.clone())),
                 };
                 Some(ExecutionConfig {
-                    service_account: text(&x.service_account),
+                    service_account: non_empty(x.service_account.clone()),
                     network_uri,
                     subnetwork_uri,
                     network_tags: x.network_tags.clone(),
-                    kms_key: text(&x.kms_key),
+                    kms_key: non_empty(x.kms_key.clone()),
                     idle_ttl: duration(&x.idle_ttl)?,
                     ttl: duration(&x.ttl)?,
-                    staging_bucket: text(&x.staging_bucket),
+                    staging_bucket: non_empty(x.staging_bucket.clone()),
                 })
             }
         };
         let peripherals_config = e.peripherals_config.as_ref().map(|p| PeripheralsConfig {
-            metastore_service: text(&p.metastore_service),
+            metastore_service: non_empty(p.metastore_service.clone()),
             spark_history_server_config: p.spark_history_server_config.as_ref().map(|s| {
                 SparkHistoryServerConfig {
-                    dataproc_cluster: text(&s.dataproc_cluster),
+                    dataproc_cluster: non_empty(s.dataproc_cluster.clone()),
                 }
             }),
         });
@@ -129,11 +141,6 @@ pub fn user_batch(b: &dp::Batch) -> Option<Batch> {
         });
     }
     Some(batch)
-}
-
-/// A proto3 string: the empty one is none, as its JSON leaves it out.
-fn text(s: &str) -> Option<String> {
-    (!s.is_empty()).then(|| s.to_string())
 }
 
 fn sorted(
@@ -168,7 +175,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::grpc::convert::{BATCH, decode};
 
     fn through_json(b: &dp::Batch) -> Result<Batch, crate::engine::Error> {
         decode(BATCH, "batch", b)
@@ -259,9 +265,9 @@ mod tests {
         assert_eq!(user_batch(&output_only), None);
     }
 
-    /// Every field of every message read here, in proto order: mapped, or
-    /// sending the batch down the JSON route. A field the crate's proto
-    /// gains fails this until it is one or the other.
+    /// Every field of every message read here, as the vendored protos
+    /// have them: mapped, or sending the batch down the JSON route. A field
+    /// they gain fails this until it is one or the other.
     #[test]
     fn every_field_of_the_messages_read_is_mapped_or_sent_the_json_way() {
         let pool = &*crate::grpc::convert::POOL;

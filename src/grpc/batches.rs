@@ -5,7 +5,7 @@ use googleapis_tonic_google_cloud_dataproc_v1::google::cloud::dataproc::v1 as dp
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use tonic::{Request, Response, Status};
 
-use super::convert::{BATCH, decode, encode, encode_operation, name, non_empty, page_size, parent};
+use super::convert::{BATCH, encode, encode_operation, name, non_empty, page_size, parent};
 use super::pb::dataproc::batch_controller_server::BatchController;
 use super::{Front, Scope};
 use crate::api::{Batch, BatchName};
@@ -122,10 +122,7 @@ impl BatchController for Batches {
                     let request = CreateRequest {
                         project,
                         region,
-                        batch: match super::batch_in::user_batch(batch) {
-                            Some(direct) => direct,
-                            None => decode(BATCH, "batch", batch)?,
-                        },
+                        batch: super::batch_in::request_batch(batch)?,
                         batch_id: non_empty(r.batch_id),
                         request_id: non_empty(r.request_id),
                         validate_only: None,

@@ -147,9 +147,8 @@ pub fn encode_operation(op: &Operation) -> Result<lro::Operation, Error> {
 /// to that crossing, and fails when either side gains a field.
 pub fn operation_metadata(m: &OperationMetadata) -> dp::BatchOperationMetadata {
     use dp::batch_operation_metadata::BatchOperationType;
-    let timestamp = |t: &chrono::DateTime<chrono::Utc>| prost_types::Timestamp {
-        seconds: t.timestamp(),
-        nanos: t.timestamp_subsec_nanos() as i32,
+    let timestamp = |t: &chrono::DateTime<chrono::Utc>| {
+        prost_types::Timestamp::from(std::time::SystemTime::from(*t))
     };
     dp::BatchOperationMetadata {
         batch: m.batch.clone(),
