@@ -50,13 +50,13 @@ pub(super) async fn node_method(
     format: Format,
     request: axum::extract::Request,
 ) -> Result<Response, Error> {
-    let (node, method) = path.split_once(':').unwrap_or((&path, ""));
+    let (node, method) = NodeMethod::parse(&path);
     let engine = &app.engine;
     // An admin's methods take no body.
     let admin = match method {
-        "cordon" => Some(engine.cordon_node(&principal, node, false).await?),
-        "drain" => Some(engine.cordon_node(&principal, node, true).await?),
-        "uncordon" => Some(engine.uncordon_node(node).await?),
+        Some(NodeMethod::Cordon) => Some(engine.cordon_node(&principal, node, false).await?),
+        Some(NodeMethod::Drain) => Some(engine.cordon_node(&principal, node, true).await?),
+        Some(NodeMethod::Uncordon) => Some(engine.uncordon_node(node).await?),
         _ => None,
     };
     if let Some(view) = admin {
@@ -66,20 +66,20 @@ pub(super) async fn node_method(
         <JsonBody<serde_json::Value> as axum::extract::FromRequest<()>>::from_request(request, &())
             .await?;
     let answer = match method {
-        "heartbeat" => {
+        Some(NodeMethod::Heartbeat) => {
             let req: Heartbeat = parse(body)?;
             to_json(engine.heartbeat(node, parse_epoch(&req.epoch)?).await?)?
         }
-        "poll" => to_json(engine.poll(node, parse(body)?).await?)?,
-        "report" => {
+        Some(NodeMethod::Poll) => to_json(engine.poll(node, parse(body)?).await?)?,
+        Some(NodeMethod::Report) => {
             engine.report(node, parse(body)?).await?;
             serde_json::json!({})
         }
-        "output" => {
+        Some(NodeMethod::Output) => {
             let next = engine.upload_output(node, parse(body)?).await?;
             serde_json::json!({"nextOffset": next.to_string()})
         }
-        _ => {
+        Some(NodeMethod::Cordon | NodeMethod::Drain | NodeMethod::Uncordon) | None => {
             return Err(Error::new(
                 Code::NotFound,
                 "NO_SUCH_METHOD",
@@ -91,6 +91,48 @@ pub(super) async fn node_method(
         }
     };
     Ok(format.respond(StatusCode::OK, &answer))
+}
+
+/// The methods of `POST /v1/nodes/{node}`, read from the *decoded* path
+/// parameter `NODE:METHOD`: the one reading both the access check
+/// ([`super::auth::need`]) and the handler go by, so what is authorised is
+/// exactly what runs. Exact and case-sensitive, as every route is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NodeMethod {
+    Heartbeat,
+    Poll,
+    Report,
+    Output,
+    Cordon,
+    Drain,
+    Uncordon,
+}
+
+impl NodeMethod {
+    /// `NODE:METHOD` → the node and its method (`None` when there is no
+    /// such method).
+    pub(super) fn parse(param: &str) -> (&str, Option<NodeMethod>) {
+        let (node, method) = param.split_once(':').unwrap_or((param, ""));
+        let method = match method {
+            "heartbeat" => NodeMethod::Heartbeat,
+            "poll" => NodeMethod::Poll,
+            "report" => NodeMethod::Report,
+            "output" => NodeMethod::Output,
+            "cordon" => NodeMethod::Cordon,
+            "drain" => NodeMethod::Drain,
+            "uncordon" => NodeMethod::Uncordon,
+            _ => return (node, None),
+        };
+        (node, Some(method))
+    }
+
+    /// An admin's method (on the node's capacity), not its agent's.
+    pub(super) fn is_admin(self) -> bool {
+        matches!(
+            self,
+            NodeMethod::Cordon | NodeMethod::Drain | NodeMethod::Uncordon
+        )
+    }
 }
 
 fn to_json(value: impl serde::Serialize) -> Result<serde_json::Value, Error> {

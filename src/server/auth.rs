@@ -6,18 +6,28 @@
 //!
 //! [`Engine::admit`]: crate::engine::Engine::admit
 
-use axum::extract::{MatchedPath, Request, State as AppState};
+use axum::RequestExt;
+use axum::extract::{MatchedPath, RawPathParams, Request, State as AppState};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::App;
-use crate::engine::Access;
+use super::agents::NodeMethod;
+use crate::engine::{Access, Error};
 
-/// The table: what each route and method needs.
-pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
-    let segments: Vec<&str> = path.split('/').collect();
-    let project = || segments.get(3).map(|p| p.to_string()).unwrap_or_default();
+/// The table: what each route and method needs, from the route template
+/// the router matched and its *percent-decoded* parameters — what the
+/// handlers read — never from the raw path, whose text an attacker
+/// chooses (`/v1/nodes/N:uncordo%6E` is the route `/v1/nodes/{node}` with
+/// `node` = `N:uncordon`, an admin's method).
+pub fn need(method: &Method, route: Option<&str>, params: &[(&str, &str)]) -> Access {
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.to_string())
+    };
     let Some(route) = route else {
         return Access::Nobody;
     };
@@ -30,26 +40,22 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Access {
         "/v1/runtimes" | "/v1/regions" | "/v1/principal" => Access::Anyone,
         "/v1/nodes" => Access::Admin,
         "/v1/nodes:register" => Access::Agent(None),
-        "/v1/nodes/{node}"
-            if path.ends_with(":cordon")
-                || path.ends_with(":drain")
-                || path.ends_with(":uncordon") =>
-        {
-            Access::Admin
+        "/v1/nodes/{node}" => {
+            let node = param("node").unwrap_or_default();
+            match NodeMethod::parse(&node) {
+                (_, Some(m)) if m.is_admin() => Access::Admin,
+                (node, _) => Access::Agent(Some(node.to_string())),
+            }
         }
-        "/v1/nodes/{node}" => Access::Agent(
-            segments
-                .get(3)
-                .map(|n| n.split(':').next().unwrap_or_default().to_string()),
-        ),
         "/v1/projects/{project}/regions/{region}/quotas" if !read => Access::Admin,
         "/v1/projects/{project}/regions/{region}/queue:hold"
         | "/v1/projects/{project}/regions/{region}/queue:resume" => Access::Admin,
         r if r.starts_with("/v1/projects/{project}/") => {
+            let project = param("project").unwrap_or_default();
             if read {
-                Access::ReadProject(project())
+                Access::ReadProject(project)
             } else {
-                Access::WriteProject(project())
+                Access::WriteProject(project)
             }
         }
         _ => Access::Admin,
@@ -68,14 +74,38 @@ pub(super) async fn enforce(
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string());
-    let need = need(req.method(), route.as_deref(), req.uri().path());
+    // A parameter that is not UTF-8 once decoded cannot name anything:
+    // refused here, before any handler.
+    let params: Vec<(String, String)> = match req.extract_parts::<RawPathParams>().await {
+        Ok(params) => params
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect(),
+        // No route matched: no parameters (the answer is 404).
+        Err(_) if route.is_none() => Vec::new(),
+        Err(e) => {
+            return Error::invalid_field(
+                "path",
+                format!("the path's parameters are not UTF-8 once percent-decoded ({e})"),
+            )
+            .into_response();
+        }
+    };
+    let params: Vec<(&str, &str)> = params
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let need = need(req.method(), route.as_deref(), &params);
+    // `/v1/projects/{p}/locations|regions/{r}/...`: the rate's region.
+    let region = params
+        .iter()
+        .find(|(n, _)| *n == "region")
+        .map(|(_, r)| r.to_string());
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    // `/v1/projects/{p}/locations|regions/{r}/...`: the rate's region.
-    let region = req.uri().path().split('/').nth(5);
-    let principal = match app.engine.admit(authorization, &need, region) {
+    let principal = match app.engine.admit(authorization, &need, region.as_deref()) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -109,24 +139,22 @@ mod tests {
 
     #[test]
     fn the_route_table() {
-        let p = "/v1/projects/demo/locations/r/batches";
         let route = "/v1/projects/{project}/locations/{region}/batches";
+        let params = [("project", "demo"), ("region", "r")];
         assert_eq!(
-            need(&Method::GET, Some(route), p),
+            need(&Method::GET, Some(route), &params),
             Access::ReadProject("demo".into())
         );
         assert_eq!(
-            need(&Method::POST, Some(route), p),
+            need(&Method::POST, Some(route), &params),
             Access::WriteProject("demo".into())
         );
-        assert_eq!(
-            need(
-                &Method::POST,
-                Some("/v1/nodes/{node}"),
-                "/v1/nodes/gpu-1:poll"
-            ),
-            Access::Agent(Some("gpu-1".into()))
-        );
-        assert_eq!(need(&Method::GET, None, "/nowhere"), Access::Nobody);
+        let node = |param| need(&Method::POST, Some("/v1/nodes/{node}"), &[("node", param)]);
+        assert_eq!(node("gpu-1:poll"), Access::Agent(Some("gpu-1".into())));
+        assert_eq!(node("gpu-1:uncordon"), Access::Admin);
+        assert_eq!(node("gpu-1:drain"), Access::Admin);
+        // Not a method: the agent's own node, which answers 404.
+        assert_eq!(node("gpu-1:Uncordon"), Access::Agent(Some("gpu-1".into())));
+        assert_eq!(need(&Method::GET, None, &[]), Access::Nobody);
     }
 }

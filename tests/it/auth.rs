@@ -178,6 +178,20 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Kind)> {
             Kind::AdminOnly,
         ),
         (Method::GET, "/v1/nodes", None, Kind::AdminOnly),
+        // An agent's own node: its capacity is still the admins'.
+        (
+            Method::POST,
+            "/v1/nodes/gpu-1:cordon",
+            None,
+            Kind::AdminOnly,
+        ),
+        (Method::POST, "/v1/nodes/gpu-1:drain", None, Kind::AdminOnly),
+        (
+            Method::POST,
+            "/v1/nodes/gpu-1:uncordon",
+            None,
+            Kind::AdminOnly,
+        ),
         (
             Method::POST,
             "/v1/nodes:register",
@@ -297,6 +311,122 @@ async fn every_route_every_role_own_and_other_project() {
         failures.join("\n")
     );
     assert!(checked > 150, "{checked}");
+}
+
+/// The ways one path can be spelt that a check reading the raw text would
+/// take for another: each letter after the version percent-encoded in
+/// turn (`:uncordo%6E`), a doubled slash, a trailing slash, mixed case.
+fn spellings(path: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let start = "/v1/".len().min(path.len());
+    for (i, c) in path.char_indices().skip(start) {
+        if c.is_ascii_alphanumeric() {
+            out.push(format!("{}%{:02X}{}", &path[..i], c as u32, &path[i + 1..]));
+            // Lower-case hex digits too: both decode.
+            out.push(format!("{}%{:02x}{}", &path[..i], c as u32, &path[i + 1..]));
+        }
+    }
+    for (i, _) in path.match_indices('/') {
+        out.push(format!("{}/{}", &path[..i], &path[i..]));
+    }
+    out.push(format!("{path}/"));
+    out.push(path.to_uppercase());
+    if let Some((head, method)) = path.rsplit_once(':') {
+        let mut m = method.chars();
+        if let Some(first) = m.next() {
+            out.push(format!(
+                "{head}:{}{}",
+                first.to_ascii_uppercase(),
+                m.as_str()
+            ));
+        }
+    }
+    out.push(path.replace(':', "%3A"));
+    out.sort();
+    out.dedup();
+    out.retain(|p| p != path);
+    out
+}
+
+/// Issue 23's bypass and its kin: every route, spelt every way of
+/// [`spellings`], for each caller. A spelling may be refused (401, 403)
+/// or be no route (404) or bad (400), and where the route's own spelling
+/// is allowed it may also be served; it is never served where the route's
+/// own spelling is refused, and never a server error.
+#[tokio::test]
+async fn no_spelling_of_a_route_gets_past_its_check() {
+    let s = server().await;
+    // gpu-1 registered, so that a cordon, drain or uncordon its agent got
+    // past the check would answer 200 (not 404) and change it.
+    let register = routes()
+        .into_iter()
+        .find(|r| r.3 == Kind::Agent("gpu-1") && r.1 == "/v1/nodes:register")
+        .expect("the register row");
+    let (st, b) = call(
+        &s,
+        &register.0,
+        register.1,
+        &register.2,
+        Some("token-agent"),
+    )
+    .await;
+    assert_eq!(st, 200, "{b}");
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (method, template, body, kind) in routes() {
+        for project in ["demo", "other"] {
+            if project != "demo" && !template.contains("{P}") {
+                continue;
+            }
+            let canonical = template.replace("{P}", project);
+            for path in spellings(&canonical) {
+                for (name, _, _, _, token) in PRINCIPALS {
+                    // Admins may do everything: nothing to get past.
+                    if *name == "root@example.com" {
+                        continue;
+                    }
+                    let (st, b) = call(&s, &method, &path, &body, Some(token)).await;
+                    checked += 1;
+                    let refused = matches!(st, 400 | 401 | 403 | 404 | 405);
+                    let ok = if allowed(kind, name, project) {
+                        st < 500
+                    } else {
+                        refused
+                    };
+                    if !ok {
+                        failures.push(format!(
+                            "{method} {path} as {name}: {st} (its route {canonical} is {}) {b}",
+                            if allowed(kind, name, project) {
+                                "allowed"
+                            } else {
+                                "refused"
+                            }
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    // The node is as it was: no spelling cordoned or drained it.
+    let (st, nodes) = call(&s, &Method::GET, "/v1/nodes", &None, Some("token-root")).await;
+    assert_eq!(st, 200, "{nodes}");
+    let gpu1 = nodes["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == "gpu-1")
+        .cloned()
+        .expect("gpu-1 is registered");
+    if gpu1["state"] != "SCHEDULABLE" {
+        failures.push(format!("gpu-1 was changed: {gpu1}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(checked > 2000, "{checked}");
 }
 
 /// The gRPC rows of the matrix: every RPC of BatchController and
@@ -462,6 +592,54 @@ async fn every_rpc_every_role_own_and_other_project() {
         failures.join("\n")
     );
     assert_eq!(checked, 2 * 9 * (2 + PRINCIPALS.len()));
+}
+
+/// gRPC decides from the method the router matched and the names in the
+/// message, never from the path's text: any other spelling of a method's
+/// path is no method (UNIMPLEMENTED) even for an admin, and a name whose
+/// project is percent-encoded names that literal project, which nobody
+/// but an admin may touch.
+#[tokio::test]
+async fn no_spelling_of_an_rpc_gets_past_its_check() {
+    let s = server().await;
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (path, body, _) in rpcs("demo") {
+        for spelt in spellings(&path) {
+            let a = crate::grpc::call_raw(
+                s.addr,
+                &spelt,
+                body.clone(),
+                &[("authorization", "Bearer token-root")],
+            )
+            .await;
+            checked += 1;
+            if a.code != 12 {
+                failures.push(format!("{spelt}: {a:?} (expected UNIMPLEMENTED)"));
+            }
+        }
+    }
+    // `%64emo` is not `demo` in a message: alice (demo) may not use it.
+    for (path, body, _) in rpcs("%64emo") {
+        let a = crate::grpc::call_raw(
+            s.addr,
+            &path,
+            body,
+            &[("authorization", "Bearer token-alice")],
+        )
+        .await;
+        checked += 1;
+        if a.code != 7 && a.code != 3 {
+            failures.push(format!("{path} as alice with project %64emo: {a:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(checked > 500, "{checked}");
 }
 
 #[tokio::test]
