@@ -84,7 +84,30 @@ pub fn routes(engine: Engine, shutdown: CancellationToken) -> anyhow::Result<axu
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .into_axum_router())
+        .into_axum_router()
+        .layer(axum::middleware::map_response(over_the_limit_is_exhausted)))
+}
+
+/// A request message over `server.max_body_bytes` is RESOURCE_EXHAUSTED,
+/// as gRPC servers answer it (grpc-go, grpc-java) and as REST's 413 says.
+/// tonic refuses it on the frame's length, before reading it, with
+/// OUT_OF_RANGE, its only use of that code (flexq's own use cases never
+/// answer it): the code is changed here, on the trailers-only answer.
+async fn over_the_limit_is_exhausted(
+    mut response: axum::response::Response,
+) -> axum::response::Response {
+    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+    let headers = response.headers_mut();
+    if headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == out_of_range.as_bytes())
+    {
+        headers.insert(
+            "grpc-status",
+            axum::http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+        );
+    }
+    response
 }
 
 /// How often the served services' health follows the engine's readiness,

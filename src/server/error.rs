@@ -10,8 +10,14 @@ use crate::engine::Error;
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.code.http_status())
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        // A body over the limit is the one answer whose HTTP status is not
+        // its code's: 413, which HTTP clients and proxies know.
+        let status = if self.reason == super::extract::BODY_TOO_LARGE {
+            StatusCode::PAYLOAD_TOO_LARGE
+        } else {
+            StatusCode::from_u16(self.code.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        };
         let Error {
             code,
             message,
@@ -22,9 +28,9 @@ impl IntoResponse for Error {
         let retry_after = metadata
             .get(crate::engine::RETRY_AFTER_SECONDS)
             .and_then(|s| HeaderValue::from_str(s).ok());
-        let body = ErrorBody {
-            error: Status::new(code, message, reason, metadata, &violations),
-        };
+        let mut error = Status::new(code, message, reason, metadata, &violations);
+        error.code = status.as_u16();
+        let body = ErrorBody { error };
         let mut response = (status, axum::Json(body)).into_response();
         if let Some(secs) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, secs);

@@ -95,11 +95,16 @@ where
     }
 }
 
+/// The reason of a body over `server.max_body_bytes`: RESOURCE_EXHAUSTED
+/// (as gRPC answers a message over its limit), HTTP 413.
+pub(super) const BODY_TOO_LARGE: &str = "BODY_TOO_LARGE";
+
 fn body_rejection(r: BytesRejection) -> Error {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        // Whether its length was declared or it came chunked: 413.
         Error::new(
-            Code::InvalidArgument,
-            "BODY_TOO_LARGE",
+            Code::ResourceExhausted,
+            BODY_TOO_LARGE,
             "the request body is larger than the server accepts (server.max_body_bytes)",
         )
     } else {

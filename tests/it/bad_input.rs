@@ -119,8 +119,35 @@ async fn a_ten_megabyte_body_is_refused_without_reading_it_all() {
         serde_json::to_vec(&body).expect("encode"),
     )
     .await;
-    assert_status(st, &err, 400, "INVALID_ARGUMENT");
+    assert_status(st, &err, 413, "RESOURCE_EXHAUSTED");
     mentions(&err, "max_body_bytes");
+}
+
+/// The same body sent chunked (no length given): read until the limit,
+/// then refused the same way.
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_is_413_too() {
+    let s = TestServer::start().await;
+    let mut body = flex_batch();
+    body["labels"] = json!({"big": "x".repeat(10 * 1024 * 1024)});
+    let bytes = serde_json::to_vec(&body).expect("encode");
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        bytes.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let r = s
+        .http
+        .post(s.url("/v1/projects/demo/locations/us-central1/batches"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .expect("send");
+    let st = r.status().as_u16();
+    let err: serde_json::Value = r.json().await.expect("json");
+    assert_status(st, &err, 413, "RESOURCE_EXHAUSTED");
+    mentions(&err, "max_body_bytes");
+    assert!(s.list_all("").await.is_empty(), "nothing was stored");
 }
 
 #[tokio::test]

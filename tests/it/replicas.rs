@@ -236,7 +236,8 @@ async fn audit(url: &str, quota: i64) -> Result<usize, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_killed_again_and_again_loses_nothing_and_overcommits_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let config = config_file(dir.path());
     let mut replicas = Vec::new();
     for i in 0..3 {
@@ -486,7 +487,8 @@ fn new_batch(config: &Config, id: &str, request_id: Option<&str>) -> NewBatch {
 /// batch (the others answered ALREADY_EXISTS, or the same batch again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_create_through_two_replicas_at_once_gives_one_batch() {
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let config = Config::load_without_env(None).expect("config");
     let options = StoreOptions {
         url: url.clone(),
@@ -543,7 +545,8 @@ async fn the_same_create_through_two_replicas_at_once_gives_one_batch() {
 /// written — and without the fence, the stale one would double-allocate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_cannot_commit_after_another_took_over() {
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = Config::load_without_env(Some(&config_file(dir.path()))).expect("config");
     // One node of 4 GPUs.
@@ -703,7 +706,8 @@ async fn leads_by_metrics(metrics: &str) -> Option<bool> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_database_is_replaced_and_comes_back_as_a_follower() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let config = config_file(dir.path());
     let proxy = Proxy::start(&url).await;
     let r0 = Replica::start("r0", &proxy.url, &config, dir.path()).await;
@@ -910,7 +914,8 @@ fn the_kubernetes_manifest_runs_three_replicas_with_a_valid_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_counted_once_across_replicas() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let config = config_file(dir.path());
     let r0 = Replica::start("r0", &url, &config, dir.path()).await;
     leads_within(&r0, Duration::from_secs(10)).await;
@@ -1001,7 +1006,8 @@ async fn a_release_is_counted_once_across_replicas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fair_share_order_is_the_same_after_a_failover() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let config = crate::fairshare::config(dir.path());
     let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
     leads_within(&r0, Duration::from_secs(10)).await;
@@ -1018,7 +1024,8 @@ async fn the_fair_share_order_is_the_same_after_a_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_on_one_replica_puts_one_config_generation_in_force_on_every_replica() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let base = std::fs::read_to_string(config_file(dir.path())).expect("config");
     let (f0, f1) = (dir.path().join("r0.toml"), dir.path().join("r1.toml"));
     std::fs::write(&f0, &base).expect("r0.toml");
@@ -1124,7 +1131,8 @@ async fn a_reload_on_one_replica_puts_one_config_generation_in_force_on_every_re
 async fn a_watch_on_a_follower_goes_on_across_a_leader_failover() {
     use crate::watch::Sse;
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = fresh_postgres_database().await;
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
     let config = config_file(dir.path());
     let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
     leads_within(&r0, Duration::from_secs(10)).await;

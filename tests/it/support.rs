@@ -175,6 +175,17 @@ impl TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        // Its directory goes with it, and its database with that.
+        let mine: Vec<PgDatabase> = {
+            let mut dirs = DIR_DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+            let (mine, kept) = std::mem::take(&mut *dirs)
+                .into_iter()
+                .partition(|(dir, _)| dir == self._dir.path());
+            *dirs = kept;
+            mine.into_iter().map(|(_, db)| db).collect()
+        };
+        drop(mine);
+        sweep_databases_of_removed_dirs();
     }
 }
 
@@ -275,7 +286,8 @@ pub fn postgres_admin_url() -> String {
 
 /// The database of a server whose data lives in `dir`: `None` for the
 /// default SQLite file there; on PostgreSQL a database made for `dir`
-/// (the same one again when the server restarts on `dir`).
+/// (the same one again when the server restarts on `dir`), dropped once
+/// `dir` is gone (see [`sweep_databases_of_removed_dirs`]).
 pub async fn database_url(dir: &Path) -> Option<String> {
     if !on_postgres() {
         return None;
@@ -284,16 +296,79 @@ pub async fn database_url(dir: &Path) -> Option<String> {
     if let Ok(url) = std::fs::read_to_string(&marker) {
         return Some(url);
     }
-    let url = fresh_postgres_database().await;
+    sweep_databases_of_removed_dirs();
+    let database = fresh_postgres_database().await;
     std::fs::create_dir_all(dir).expect("test dir");
-    std::fs::write(&marker, &url).expect("write marker");
+    std::fs::write(&marker, &database.url).expect("write marker");
+    let url = database.url.clone();
+    DIR_DATABASES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((dir.to_path_buf(), database));
     Some(url)
 }
 
-/// A new, empty database on the test PostgreSQL (`flexq_t_*`, dropped by
-/// `scripts/test` at its next start). Its own database, not a schema:
-/// `NOTIFY` channels and advisory locks are per database.
-pub async fn fresh_postgres_database() -> String {
+/// The databases [`database_url`] made, with the directory each belongs
+/// to: a server may be restarted on its directory, so its database lives
+/// as long as the directory does.
+static DIR_DATABASES: std::sync::Mutex<Vec<(PathBuf, PgDatabase)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Drops the databases whose test directory is gone. Called whenever a
+/// test server stops or a new database is made; `scripts/test` drops
+/// what the last tests of a run leave.
+pub fn sweep_databases_of_removed_dirs() {
+    let gone: Vec<PgDatabase> = {
+        let mut dirs = DIR_DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+        let (gone, kept) = std::mem::take(&mut *dirs)
+            .into_iter()
+            .partition(|(dir, _)| !dir.exists());
+        *dirs = kept;
+        gone.into_iter().map(|(_, db)| db).collect()
+    };
+    drop(gone);
+}
+
+/// A database of its own on the test PostgreSQL (`flexq_t_*`), dropped
+/// (its sessions ended) when this value is.
+pub struct PgDatabase {
+    pub url: String,
+    name: String,
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        // Drop runs inside the test's runtime: the drop is made on a
+        // thread of its own, with a runtime of its own, and waited for.
+        let name = self.name.clone();
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                use sqlx::{Connection, Executor};
+                let admin = postgres_admin_url();
+                let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await else {
+                    return;
+                };
+                if let Err(e) = conn
+                    .execute(format!("drop database if exists {name} with (force)").as_str())
+                    .await
+                {
+                    eprintln!("cannot drop the test database {name}: {e}");
+                }
+                let _ = conn.close().await;
+            })
+        });
+        let _ = done.join();
+    }
+}
+
+/// A new, empty database on the test PostgreSQL (`flexq_t_*`), dropped
+/// with the value answered. Its own database, not a schema: `NOTIFY`
+/// channels and advisory locks are per database.
+pub async fn fresh_postgres_database() -> PgDatabase {
     use sqlx::{Connection, Executor};
     let admin = postgres_admin_url();
     let name = format!("flexq_t_{}", uuid::Uuid::new_v4().simple());
@@ -311,7 +386,10 @@ pub async fn fresh_postgres_database() -> String {
     }
     let _ = conn.close().await;
     let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-    format!("{base}/{name}")
+    PgDatabase {
+        url: format!("{base}/{name}"),
+        name,
+    }
 }
 
 pub fn flexq_bin() -> PathBuf {
@@ -529,6 +607,7 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        sweep_databases_of_removed_dirs();
     }
 }
 
