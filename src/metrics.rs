@@ -63,6 +63,8 @@ struct Metrics {
     config_reloads: IntCounterVec,
     config_last_reload_ok: prometheus::IntGauge,
     config_file_differs: prometheus::IntGauge,
+    store_full: prometheus::IntGauge,
+    store_full_refusals: IntCounter,
     watchers: prometheus::IntGauge,
     watch_events: IntCounterVec,
     watchers_dropped: IntCounterVec,
@@ -120,6 +122,16 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         config_file_differs: prometheus::IntGauge::new(
             "flexq_config_file_differs",
             "1 when this replica's own config file differs from the generation in force (another replica loaded a different one).",
+        )
+        .expect("valid metric"),
+        store_full: prometheus::IntGauge::new(
+            "flexq_store_full",
+            "1 while this replica's last write found the database's disk full (writes are refused with RESOURCE_EXHAUSTED STORE_FULL; reads go on); 0 once a write succeeds again.",
+        )
+        .expect("valid metric"),
+        store_full_refusals: IntCounter::new(
+            "flexq_store_full_refusals_total",
+            "Writes refused because the database's disk was full.",
         )
         .expect("valid metric"),
         watchers: prometheus::IntGauge::new(
@@ -276,6 +288,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.config_reloads.clone()),
         Box::new(m.config_last_reload_ok.clone()),
         Box::new(m.config_file_differs.clone()),
+        Box::new(m.store_full.clone()),
+        Box::new(m.store_full_refusals.clone()),
         Box::new(m.watchers.clone()),
         Box::new(m.watch_events.clone()),
         Box::new(m.watchers_dropped.clone()),
@@ -477,6 +491,17 @@ pub fn record_config_reload(result: &str) {
 /// Whether this replica's own config file differs from the one in force.
 pub fn set_config_file_differs(differs: bool) {
     METRICS.config_file_differs.set(i64::from(differs));
+}
+
+/// Whether the database's disk is full, as this replica's writes last
+/// found it.
+pub fn set_store_full(full: bool) {
+    METRICS.store_full.set(i64::from(full));
+}
+
+/// A write refused because the database's disk was full.
+pub fn record_store_full_refusal() {
+    METRICS.store_full_refusals.inc();
 }
 
 /// This replica's scheduling role (one series: the old one is removed).

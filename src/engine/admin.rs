@@ -182,6 +182,8 @@ pub struct Readiness {
     pub leader: Option<String>,
     /// The config generation in force and the last reload.
     pub config: super::ConfigStatus,
+    /// The database's disk is full: writes are refused, reads go on.
+    pub store_full: bool,
 }
 
 impl Engine {
@@ -551,8 +553,14 @@ impl Engine {
         self.lock().await.snapshot(Utc::now())
     }
 
+    /// Whether the last write found the database's disk full.
+    pub fn store_full(&self) -> bool {
+        self.shared.store.is_full()
+    }
+
     /// Ready when the database answers: this replica, its role and, with
-    /// several replicas, who leads.
+    /// several replicas, who leads; and whether the disk is full (then
+    /// a small write is tried first, to see space come back).
     pub async fn readiness(&self) -> Result<Readiness, Error> {
         let mut ready = Readiness {
             replica: self.replica_id().to_string(),
@@ -560,7 +568,11 @@ impl Engine {
             database: self.shared.store.backend(),
             leader: None,
             config: self.config_status(),
+            store_full: false,
         };
+        // Space may have come back with no write since to see it.
+        self.shared.store.probe_if_full().await;
+        ready.store_full = self.shared.store.is_full();
         let checked = if self.replicated() {
             self.shared.store.lease_holder().await.map(|lease| {
                 if lease.live && !lease.holder.is_empty() {

@@ -126,6 +126,18 @@ impl From<StoreError> for Error {
             StoreError::FailedPrecondition(m) => {
                 Error::new(Code::FailedPrecondition, "WRONG_STATE", m)
             }
+            // The caller's to hear (not a 5xx whose detail is hidden): gRPC's
+            // RESOURCE_EXHAUSTED is the code for a full file system, and a
+            // client retries it after a while.
+            StoreError::Full(_) => {
+                crate::metrics::record_store_full_refusal();
+                Error::new(
+                    Code::ResourceExhausted,
+                    "STORE_FULL",
+                    "the database's disk is full: flexq cannot write until space is freed (nothing it acknowledged is lost, and reads still work); retry later",
+                )
+                .with_meta(super::RETRY_AFTER_SECONDS, "5")
+            }
             StoreError::Unavailable(m) | StoreError::Fenced(m) | StoreError::Conflict(m) => {
                 Error::new(Code::Unavailable, "STORE_UNAVAILABLE", m)
             }

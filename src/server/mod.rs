@@ -217,6 +217,10 @@ async fn readyz(AppState(app): AppState<App>) -> Response {
                 "role": ready.role.name(),
                 "database": ready.database.name(),
                 "config": ready.config,
+                // Reads are served either way: a full disk is said here, in
+                // `flexq_store_full` and its alert, not by taking the
+                // replica out of service.
+                "store": if ready.store_full { "full: writes are refused until the database's disk has space" } else { "ok" },
             });
             if let ReplicaRole::Leader { term } = ready.role {
                 answer["term"] = term.into();
@@ -234,6 +238,7 @@ async fn readyz(AppState(app): AppState<App>) -> Response {
 /// scheduler snapshot taken now.
 async fn metrics(AppState(app): AppState<App>) -> Response {
     let snapshot = app.engine.snapshot().await;
+    crate::metrics::set_store_full(app.engine.store_full());
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4")],

@@ -89,7 +89,7 @@ impl Store {
         .await?;
         self.announce(&mut tx, &Change::Config { generation })
             .await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok((
             ConfigGeneration {
                 generation,

@@ -202,7 +202,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(term)
     }
 

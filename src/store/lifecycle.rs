@@ -200,7 +200,7 @@ impl Store {
             Change::Work
         };
         self.announce(&mut tx, &change).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(applied)
     }
 
@@ -247,7 +247,7 @@ impl Store {
             Change::Work
         };
         self.announce(&mut tx, &change).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(applied)
     }
 }

@@ -68,6 +68,10 @@ pub enum StoreError {
     /// A scheduler decision of a replica that no longer leads (fencing).
     #[error("fenced: {0}")]
     Fenced(String),
+    /// The database's disk is full (SQLite's SQLITE_FULL, PostgreSQL's
+    /// 53100): nothing more can be written until space is freed.
+    #[error("the database's disk is full: {0}")]
+    Full(String),
     /// The database failed; the detail is logged, not sent to clients.
     #[error("database unavailable: {0}")]
     Unavailable(String),
@@ -84,6 +88,15 @@ impl From<sqlx::Error> for StoreError {
                 if d.is_unique_violation() || d.code().as_deref() == Some("40P01") =>
             {
                 StoreError::Conflict(d.to_string())
+            }
+            // SQLite's SQLITE_FULL (13, also as the low byte of an extended
+            // code), PostgreSQL's disk_full (53100).
+            sqlx::Error::Database(d)
+                if d.code().is_some_and(|c| {
+                    c == "53100" || c.parse::<i32>().is_ok_and(|n| n & 0xff == 13)
+                }) =>
+            {
+                StoreError::Full(d.to_string())
             }
             other => StoreError::Unavailable(other.to_string()),
         }
@@ -248,6 +261,10 @@ impl Backend {
     }
 }
 
+/// How long after a write found the disk full a readiness check tries a
+/// write of its own ([`Store::probe_if_full`]).
+const PROBE_AFTER: Duration = Duration::from_secs(5);
+
 /// The advisory lock every PostgreSQL write transaction takes first (the
 /// counterpart of SQLite's database write lock). "flexq\0\0\1" in ASCII.
 const PG_WRITE_LOCK: i64 = 0x666c_6578_7100_0001;
@@ -278,6 +295,9 @@ pub struct Store {
     observe_group: Option<GroupObserver>,
     /// The database URL, for connections of their own (listening).
     url: std::sync::Arc<str>,
+    /// When a write last found the disk full, while no write has
+    /// succeeded since ([`Store::commit`]).
+    full: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl Store {
@@ -304,6 +324,7 @@ impl Store {
             creates: tx,
             observe_group: options.observe_group.clone(),
             url: options.url.as_str().into(),
+            full: Default::default(),
         };
         tokio::spawn(writer::run(
             store.clone(),
@@ -493,8 +514,72 @@ impl Store {
             .bind(seq)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(())
+    }
+
+    /// Commits a write transaction, and keeps what it says of the disk: a
+    /// commit refused for a full disk marks the store full (readiness and
+    /// metrics say so), the next one that succeeds clears it. The
+    /// connection of a failed commit is never reused inside its broken
+    /// transaction (see [`connect`]'s release check).
+    pub(crate) async fn commit(&self, tx: Transaction<'static, Any>) -> Result<(), StoreError> {
+        let result = tx.commit().await.map_err(StoreError::from);
+        self.note_write(&result);
+        result
+    }
+
+    /// Notes what a write's outcome says of the disk.
+    pub(crate) fn note_write<T>(&self, result: &Result<T, StoreError>) {
+        let mut full = self.full.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Err(StoreError::Full(e)) => {
+                if full.replace(std::time::Instant::now()).is_none() {
+                    tracing::error!(error = %e, "the database's disk is full: writes are refused until space is freed");
+                }
+            }
+            Ok(_) => {
+                if full.take().is_some() {
+                    tracing::info!("the database accepts writes again");
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Whether the last write found the database's disk full.
+    pub fn is_full(&self) -> bool {
+        self.full
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// When no write has tried the disk for [`PROBE_AFTER`] since it was
+    /// found full, tries a small one, so that readiness and the metric
+    /// see space come back without waiting for a client's write.
+    pub async fn probe_if_full(&self) {
+        let due = self
+            .full
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at.elapsed() >= PROBE_AFTER);
+        if !due {
+            return;
+        }
+        let result = async {
+            let mut tx = self.begin_write().await?;
+            sqlx::query("delete from store_probe")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("insert into store_probe (id, written) values (1, 'probe')")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        self.note_write(&result);
     }
 
     /// Counts batches per state (for readiness and metrics).
@@ -525,7 +610,29 @@ impl Store {
 async fn connect(options: &StoreOptions) -> Result<(AnyPool, Backend), StoreError> {
     sqlx::any::install_default_drivers();
     let backend = Backend::of_url(&options.url)?;
-    let pool = AnyPoolOptions::new().max_connections(options.max_connections.max(2));
+    let pool = AnyPoolOptions::new()
+        .max_connections(options.max_connections.max(2))
+        // A connection comes back inside a transaction when its commit
+        // failed and the database had already ended the transaction (a
+        // full disk: SQLite rolls back, the ROLLBACK then fails, and the
+        // driver still counts it open). Reused, every later write would
+        // fail ("begin_with at non-zero transaction depth"): closed
+        // instead. A rollback queued by a dropped transaction is let
+        // through first (the ping waits for it).
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Connection;
+                if !conn.is_in_transaction() {
+                    return Ok(true);
+                }
+                conn.ping().await?;
+                if conn.is_in_transaction() {
+                    tracing::warn!("a database connection came back inside a transaction: closed");
+                    return Ok(false);
+                }
+                Ok(true)
+            })
+        });
     let pool = match backend {
         Backend::Sqlite => {
             let file = SqliteConnectOptions::from_str(&options.url).map_err(|e| {

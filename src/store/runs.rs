@@ -141,7 +141,7 @@ impl Store {
         }
         set_run_info(&mut tx, seq, &run).await?;
         self.announce(&mut tx, &Change::Output { seq }).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(end)
     }
 

@@ -136,7 +136,7 @@ impl Store {
             },
         )
         .await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(epoch.max(0) as u64)
     }
 
@@ -444,7 +444,7 @@ impl Store {
             q.execute(&mut *tx).await?;
         }
         self.announce(&mut tx, &Change::Decided).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(applied)
     }
 
@@ -484,7 +484,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         self.announce(&mut tx, &Change::Quota).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(())
     }
 }
@@ -550,7 +550,7 @@ impl Store {
             }
         }
         self.announce(&mut tx, &Change::Hold).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(())
     }
 }
@@ -611,7 +611,7 @@ impl Store {
             }
         }
         self.announce(&mut tx, &Change::Cordon).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(())
     }
 }

@@ -178,7 +178,7 @@ async fn try_group(
             )
             .await?;
     }
-    tx.commit().await?;
+    store.commit(tx).await?;
 
     let mut records: HashMap<usize, BatchRecord> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batches.len());

@@ -11,6 +11,7 @@ mod console;
 mod cordon;
 mod durability;
 mod fairshare;
+mod full_disk;
 mod grpc;
 mod hostile;
 mod kubernetes;

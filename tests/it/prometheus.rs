@@ -223,7 +223,7 @@ async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
             alerts += 1;
         }
     }
-    assert_eq!(alerts, 9);
+    assert_eq!(alerts, 10);
     assert!(exprs.len() > 25, "{}", exprs.len());
 
     let mut failures = Vec::new();

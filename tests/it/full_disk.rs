@@ -1,0 +1,178 @@
+//! A full disk (SQLite), for real: the server's data directory is a small
+//! tmpfs of its own, filled with a ballast file and then with creates.
+//! Writes are refused with a clear error, reads go on, `/readyz` and
+//! `/metrics` say so, and writes work again within seconds of space
+//! coming back, with no restart; nothing acknowledged is lost.
+//!
+//! Mounting needs root, as `scripts/test` runs on these machines; without
+//! it the test fails, naming why.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{TestServer, flex_with, no_virtual_nodes};
+
+/// A tmpfs of `size` mounted for the test, unmounted when dropped.
+struct SmallDisk {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("disk");
+        std::fs::create_dir(&path).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "cannot mount a {size} tmpfs for the full-disk test (it needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { path, _dir: dir }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Fills what is free on the disk of `path` with `ballast`, then frees
+/// `leave` bytes of it.
+fn fill(ballast: &Path, leave: u64) {
+    let mut f = std::fs::File::create(ballast).expect("ballast");
+    for chunk in [1 << 20, 4096, 512] {
+        let buf = vec![0x5a_u8; chunk];
+        while f.write_all(&buf).is_ok() {}
+    }
+    let _ = f.sync_all();
+    let len = f.metadata().expect("ballast size").len();
+    f.set_len(len.saturating_sub(leave)).expect("free a little");
+}
+
+fn reason(body: &Value) -> String {
+    body["error"]["details"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|d| d["reason"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_writes_clearly_and_they_resume_when_space_returns() {
+    let disk = SmallDisk::mount("24m");
+    let data = disk.path.join("data");
+    let s = TestServer::start_with(|c| {
+        no_virtual_nodes(c);
+        c.database.data_dir = data.clone();
+        c.database.url = None;
+    })
+    .await;
+    let ballast = disk.path.join("ballast");
+    fill(&ballast, 512 * 1024);
+
+    // Creates until the disk is full.
+    let body = flex_with("spark.app.name", &"p".repeat(3000));
+    let mut acknowledged: Vec<(String, String)> = Vec::new();
+    let refusal = loop {
+        let id = format!("fill-{}", acknowledged.len());
+        let (st, answer) = s.create(&format!("batchId={id}"), &body).await;
+        if st != 200 {
+            break (st, answer);
+        }
+        let op = answer["name"].as_str().expect("operation name").to_string();
+        acknowledged.push((id, op));
+        assert!(acknowledged.len() < 5000, "the disk never filled");
+    };
+    assert!(!acknowledged.is_empty(), "nothing fitted: {refusal:?}");
+    let (st, err) = &refusal;
+    assert_eq!(*st, 429, "{err}");
+    assert_eq!(err["error"]["status"], "RESOURCE_EXHAUSTED", "{err}");
+    assert_eq!(reason(err), "STORE_FULL", "{err}");
+    let message = err["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("disk is full"), "{err}");
+
+    // Reads go on, and say the disk is full (as the last write found it).
+    assert_eq!(s.list_all("").await.len(), acknowledged.len());
+    let (st, ready) = s.get("/readyz").await;
+    assert_eq!(st, 200, "{ready}");
+    assert!(
+        ready["store"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("full"),
+        "{ready}"
+    );
+    assert!(
+        s.scrape().await.lines().any(|l| l == "flexq_store_full 1"),
+        "flexq_store_full is not 1 while the disk is full"
+    );
+
+    // Still full: a write is refused the same way (a small one may still
+    // fit), never a 503: the failed commit's connection is not reused
+    // inside its transaction.
+    for i in 0..5 {
+        let id = format!("more-{i}");
+        let (st, answer) = s.create(&format!("batchId={id}"), &body).await;
+        match st {
+            200 => acknowledged.push((id, answer["name"].as_str().unwrap_or_default().into())),
+            _ => assert_eq!(
+                (st, reason(&answer)),
+                (429, "STORE_FULL".into()),
+                "{answer}"
+            ),
+        }
+    }
+    let (st, err) = s.post(&format!("/v1/{}:cancel", acknowledged[0].1)).await;
+    assert!(
+        st == 200 || (st, reason(&err)) == (429, "STORE_FULL".into()),
+        "{st} {err}"
+    );
+
+    // Space comes back: writes work again within seconds, no restart.
+    std::fs::remove_file(&ballast).expect("remove the ballast");
+    let freed = Instant::now();
+    loop {
+        let (st, answer) = s.create("batchId=after-space", &body).await;
+        if st == 200 {
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(5),
+            "writes did not resume within 5 s of space coming back: {st} {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (st, answer) = s.post(&format!("/v1/{}:cancel", acknowledged[1].1)).await;
+    assert_eq!(st, 200, "{answer}");
+    let (_, ready) = s.get("/readyz").await;
+    assert_eq!(ready["store"], "ok", "{ready}");
+
+    // Nothing acknowledged was lost.
+    let listed: Vec<String> = s
+        .list_all("")
+        .await
+        .iter()
+        .filter_map(|b| {
+            b["name"]
+                .as_str()
+                .map(|n| n.rsplit('/').next().unwrap_or(n).to_string())
+        })
+        .collect();
+    for (id, _) in &acknowledged {
+        assert!(listed.contains(id), "{id} was acknowledged and is gone");
+    }
+    drop(s);
+}
