@@ -260,7 +260,7 @@ async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
             .flatten()
             .flat_map(|g| g["rules"].as_array().into_iter().flatten())
             .collect();
-        if all.len() == 9 && all.iter().all(|r| r["health"] == "ok") {
+        if all.len() == 10 && all.iter().all(|r| r["health"] == "ok") {
             break;
         }
         assert!(
