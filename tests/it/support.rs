@@ -176,15 +176,7 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         self.shutdown.cancel();
         // Its directory goes with it, and its database with that.
-        let mine: Vec<PgDatabase> = {
-            let mut dirs = DIR_DATABASES.lock().unwrap_or_else(|e| e.into_inner());
-            let (mine, kept) = std::mem::take(&mut *dirs)
-                .into_iter()
-                .partition(|(dir, _)| dir == self._dir.path());
-            *dirs = kept;
-            mine.into_iter().map(|(_, db)| db).collect()
-        };
-        drop(mine);
+        drop(take_databases(|dir| dir == self._dir.path()));
         sweep_databases_of_removed_dirs();
     }
 }
@@ -318,15 +310,18 @@ static DIR_DATABASES: std::sync::Mutex<Vec<(PathBuf, PgDatabase)>> =
 /// test server stops or a new database is made; `scripts/test` drops
 /// what the last tests of a run leave.
 pub fn sweep_databases_of_removed_dirs() {
-    let gone: Vec<PgDatabase> = {
-        let mut dirs = DIR_DATABASES.lock().unwrap_or_else(|e| e.into_inner());
-        let (gone, kept) = std::mem::take(&mut *dirs)
-            .into_iter()
-            .partition(|(dir, _)| !dir.exists());
-        *dirs = kept;
-        gone.into_iter().map(|(_, db)| db).collect()
-    };
-    drop(gone);
+    drop(take_databases(|dir| !dir.exists()));
+}
+
+/// Takes out of [`DIR_DATABASES`] those whose directory `which` picks
+/// (dropped, they are dropped on the server).
+fn take_databases(which: impl Fn(&Path) -> bool) -> Vec<PgDatabase> {
+    let mut dirs = DIR_DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+    let (taken, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *dirs)
+        .into_iter()
+        .partition(|(dir, _)| which(dir));
+    *dirs = kept;
+    taken.into_iter().map(|(_, db)| db).collect()
 }
 
 /// A database of its own on the test PostgreSQL (`flexq_t_*`), dropped
