@@ -365,6 +365,7 @@ async fn open_store(dir: &std::path::Path) -> Result<Store, CliError> {
         url: format!("sqlite://{}?mode=rwc", dir.join("flexq.db").display()),
         max_connections: 8,
         group_commit_max: 1024,
+        limits: Default::default(),
         observe_group: None,
     })
     .await

@@ -52,6 +52,10 @@ pub async fn migrate(arg: ConfigArg) -> anyhow::Result<ExitCode> {
         url: config.database_url(),
         max_connections: 2,
         group_commit_max: 1,
+        limits: crate::store::SessionLimits {
+            lease: config.database.leader_lease,
+            renew: config.database.leader_renew,
+        },
         observe_group: None,
     })
     .await?;

@@ -194,6 +194,10 @@ impl Engine {
             url: config.database_url(),
             max_connections: config.database.max_connections,
             group_commit_max: config.database.group_commit_max,
+            limits: crate::store::SessionLimits {
+                lease: config.database.leader_lease,
+                renew: config.database.leader_renew,
+            },
             observe_group: Some(Arc::new(|took, n| {
                 crate::metrics::record_commit("create", took, n)
             })),

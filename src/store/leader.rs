@@ -180,29 +180,24 @@ impl Store {
         held: Option<i64>,
         lease: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        let mut tx = self.lease_pool.begin().await?;
+        // One statement: the lease row's lock never outlives it, so a
+        // replica cut off in the middle of a renewal holds nothing another
+        // must wait for.
         let term: Option<i64> = sqlx::query_scalar(&format!(
-            "update leader_lease set \
+            "with taken as (update leader_lease set \
              term = case when holder = $1 and term = $2 then term else term + 1 end, \
              holder = $1, expires_at = {DB_NOW_US} + $3 \
              where id = 1 and (holder = $1 or expires_at < {DB_NOW_US}) \
-             returning term"
+             returning term), \
+             logged as (insert into leader_terms (term, holder, started_at) \
+             select term, $1, {DB_NOW_US} from taken where term <> $2) \
+             select term from taken"
         ))
         .bind(me)
         .bind(held.unwrap_or(-1))
         .bind(lease.as_micros() as i64)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.lease_pool)
         .await?;
-        if let Some(term) = term.filter(|t| Some(*t) != held) {
-            sqlx::query(&format!(
-                "insert into leader_terms (term, holder, started_at) values ($1, $2, {DB_NOW_US})"
-            ))
-            .bind(term)
-            .bind(me)
-            .execute(&mut *tx)
-            .await?;
-        }
-        self.commit(tx).await?;
         Ok(term)
     }
 

@@ -275,9 +275,89 @@ pub struct StoreOptions {
     pub url: String,
     pub max_connections: u32,
     pub group_commit_max: usize,
+    /// The leader lease, from which every PostgreSQL session's bounds
+    /// follow ([`SessionLimits`]).
+    pub limits: SessionLimits,
     /// Told the time and size of every group commit of creates (the
     /// engine counts them; the store keeps no metrics).
     pub observe_group: Option<GroupObserver>,
+}
+
+/// Bounds on every PostgreSQL session flexq opens, set from the leader
+/// lease (`database.leader_lease` L, `database.leader_renew` R) so that
+/// they agree with it: a replica cut off from the database in the middle
+/// of a transaction loses it, and the locks it held, within L of its last
+/// statement (`idle_in_transaction_session_timeout`), so another replica
+/// can take the lease within L + R and the healthy replicas' writes wait
+/// no longer than that (`lock_timeout`). TCP keepalives find a dead peer
+/// in a real partition. Sent as startup options; an operator's own
+/// `options[...]` in the URL come after and win.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    pub lease: Duration,
+    pub renew: Duration,
+}
+
+impl Default for SessionLimits {
+    /// The default config's lease (2 s) and renewal (250 ms).
+    fn default() -> Self {
+        SessionLimits {
+            lease: Duration::from_secs(2),
+            renew: Duration::from_millis(250),
+        }
+    }
+}
+
+/// What a session is for: its bounds differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Session {
+    /// The pool of every use case, and the listening connection.
+    Pool,
+    /// Leadership's own connections: a lease statement never waits past
+    /// one renewal, nor runs past the client's own timeout (L/2).
+    Leadership,
+    /// Migrations, which wait for another replica's (sqlx's advisory lock).
+    Migration,
+}
+
+/// The longest a pool statement may run: what the engine waits for a
+/// database call under its lock (`DB_UNDER_LOCK`).
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl SessionLimits {
+    /// The server settings of a session, in milliseconds (seconds for the
+    /// keepalives).
+    pub(crate) fn settings(&self, session: Session) -> Vec<(&'static str, u128)> {
+        let (l, r) = (self.lease.as_millis().max(2), self.renew.as_millis().max(1));
+        let (lock, statement) = match session {
+            Session::Pool => (l + r, STATEMENT_TIMEOUT.as_millis()),
+            Session::Leadership => (r, l / 2),
+            Session::Migration => (600_000, 600_000),
+        };
+        vec![
+            ("idle_in_transaction_session_timeout", l),
+            ("lock_timeout", lock),
+            ("statement_timeout", statement),
+            ("tcp_keepalives_idle", l.div_ceil(1000)),
+            ("tcp_keepalives_interval", 1),
+            ("tcp_keepalives_count", 3),
+            ("tcp_user_timeout", 2 * l),
+        ]
+    }
+
+    /// `url` with the settings of `session` as startup options, before
+    /// the URL's own (which win).
+    pub(crate) fn url(&self, url: &str, session: Session) -> String {
+        let ours: Vec<String> = self
+            .settings(session)
+            .iter()
+            .map(|(k, v)| format!("options[{k}]={v}"))
+            .collect();
+        match url.split_once('?') {
+            Some((base, theirs)) => format!("{base}?{}&{theirs}", ours.join("&")),
+            None => format!("{url}?{}", ours.join("&")),
+        }
+    }
 }
 
 /// See [`StoreOptions::observe_group`].
@@ -304,8 +384,11 @@ impl Store {
     /// Opens (creating if needed) the database, runs the migrations and
     /// starts the group-commit writer.
     pub async fn open(options: &StoreOptions) -> Result<Store, StoreError> {
-        let (pool, backend) = connect(options).await?;
-        migrate(&pool, backend).await?;
+        let (pool, backend) = connect(options, Session::Pool).await?;
+        match backend {
+            Backend::Sqlite => migrate(&pool, backend).await?,
+            Backend::Postgres => migrate_with(options).await?,
+        }
         let lease_pool = match backend {
             Backend::Sqlite => pool.clone(),
             Backend::Postgres => {
@@ -313,7 +396,7 @@ impl Store {
                     max_connections: 2,
                     ..options.clone()
                 };
-                connect(&lease).await?.0
+                connect(&lease, Session::Leadership).await?.0
             }
         };
         let (tx, rx) = mpsc::channel(options.group_commit_max.max(1) * 4);
@@ -323,7 +406,7 @@ impl Store {
             backend,
             creates: tx,
             observe_group: options.observe_group.clone(),
-            url: options.url.as_str().into(),
+            url: options.limits.url(&options.url, Session::Pool).into(),
             full: Default::default(),
         };
         tokio::spawn(writer::run(
@@ -607,9 +690,16 @@ impl Store {
     }
 }
 
-async fn connect(options: &StoreOptions) -> Result<(AnyPool, Backend), StoreError> {
+async fn connect(
+    options: &StoreOptions,
+    session: Session,
+) -> Result<(AnyPool, Backend), StoreError> {
     sqlx::any::install_default_drivers();
     let backend = Backend::of_url(&options.url)?;
+    let url = match backend {
+        Backend::Sqlite => options.url.clone(),
+        Backend::Postgres => options.limits.url(&options.url, session),
+    };
     let pool = AnyPoolOptions::new()
         .max_connections(options.max_connections.max(2))
         // A connection comes back inside a transaction when its commit
@@ -663,7 +753,7 @@ async fn connect(options: &StoreOptions) -> Result<(AnyPool, Backend), StoreErro
         // lease, not after the kernel's TCP timeouts.
         Backend::Postgres => pool.acquire_timeout(Duration::from_secs(5)),
     };
-    pool.connect(&options.url)
+    pool.connect(&url)
         .await
         .map_err(|e| {
             StoreError::Unavailable(format!(
@@ -690,8 +780,19 @@ pub async fn migrate(pool: &AnyPool, backend: Backend) -> Result<(), StoreError>
 
 /// Opens the database and applies migrations, for `flexq migrate`.
 pub async fn migrate_only(options: &StoreOptions) -> Result<(), StoreError> {
-    let (pool, backend) = connect(options).await?;
-    migrate(&pool, backend).await?;
+    migrate_with(options).await
+}
+
+/// Applies the migrations on a pool of their own, closed after: on
+/// PostgreSQL with the bounds of a migration (it may wait for another
+/// replica's), not those of the pool.
+async fn migrate_with(options: &StoreOptions) -> Result<(), StoreError> {
+    let once = StoreOptions {
+        max_connections: 1,
+        ..options.clone()
+    };
+    let (pool, backend) = connect(&once, Session::Migration).await?;
+    let result = migrate(&pool, backend).await;
     pool.close().await;
-    Ok(())
+    result
 }

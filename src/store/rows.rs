@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, AnyPool, Row};
+use sqlx::{AnyConnection, Row};
 
 use super::sql::Sql;
 
@@ -68,11 +68,14 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
 
 /// Decodes batch rows and attaches their state history (one extra query
 /// for the whole set).
-pub(super) async fn read_batches(
-    pool: &AnyPool,
+pub(super) async fn read_batches<'e, E>(
+    executor: E,
     backend: super::Backend,
     rows: Vec<AnyRow>,
-) -> Result<Vec<BatchRecord>, StoreError> {
+) -> Result<Vec<BatchRecord>, StoreError>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
     let mut batches = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
     if batches.is_empty() {
         return Ok(batches);
@@ -83,7 +86,7 @@ pub(super) async fn read_batches(
     );
     q.list(batches.iter().map(|b| b.seq))
         .push(") order by batch_seq, idx");
-    let history = q.fetch_all(pool).await?;
+    let history = q.fetch_all(executor).await?;
     let mut by_seq: HashMap<i64, Vec<StateHistory>> = HashMap::new();
     for row in history {
         let state: i64 = row.try_get("state")?;

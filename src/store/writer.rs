@@ -260,9 +260,10 @@ async fn stored_request_ids(
     );
     q.list(wanted).push(")");
     let rows = q.fetch_all(&mut *tx).await?;
-    // History is read through the pool: it is committed data, and the
-    // transaction only wrote nothing yet.
-    let records = read_batches(&store.pool, store.backend, rows).await?;
+    // On the transaction's own connection: waiting for another from the
+    // pool would leave the transaction idle (and its session may not
+    // idle long: SessionLimits).
+    let records = read_batches(&mut *tx, store.backend, rows).await?;
     Ok(records
         .into_iter()
         .filter_map(|r| {

@@ -494,6 +494,7 @@ async fn the_same_create_through_two_replicas_at_once_gives_one_batch() {
         url: url.clone(),
         max_connections: 8,
         group_commit_max: 64,
+        limits: Default::default(),
         observe_group: None,
     };
     let stores = [
@@ -562,6 +563,7 @@ async fn a_paused_leader_cannot_commit_after_another_took_over() {
         url: url.clone(),
         max_connections: 4,
         group_commit_max: 16,
+        limits: Default::default(),
         observe_group: None,
     };
     let (a, b) = (
