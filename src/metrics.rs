@@ -68,6 +68,12 @@ struct Metrics {
     watchers: prometheus::IntGauge,
     watch_events: IntCounterVec,
     watchers_dropped: IntCounterVec,
+    connections: IntGaugeVec,
+    connections_limit: IntGaugeVec,
+    connections_refused: IntCounterVec,
+    connections_timed_out: IntCounterVec,
+    accept_errors: IntCounterVec,
+    grpc_message_timeouts: IntCounter,
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -149,6 +155,42 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Watches ended by the server, by reason: stalled (the watcher stopped reading for limits.watch_stall), refused (over limits.max_watchers).",
             &["reason"],
         ),
+        connections: IntGaugeVec::new(
+            Opts::new(
+                "flexq_connections",
+                "Connections open now, by listener (api, metrics); on api, those over the cap included.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+        connections_limit: IntGaugeVec::new(
+            Opts::new(
+                "flexq_connections_limit",
+                "Most connections a listener serves at once: on api, server.max_connections lowered to the descriptor limit less server.reserved_fds.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+        connections_refused: counter_vec(
+            "flexq_connections_refused_total",
+            "Connections over a listener's cap, by what became of them: overflow (served only /healthz and /readyz; other requests 503 TOO_MANY_CONNECTIONS), closed (no room even for that: closed unanswered).",
+            &["listener", "reason"],
+        ),
+        connections_timed_out: counter_vec(
+            "flexq_connections_timed_out_total",
+            "Connections closed by a timeout, by which: handshake (TLS), header (a request head not read within server.header_read_timeout, or no first request), idle (no request in flight for server.idle_timeout, or an HTTP/1.1 connection that served requests waiting server.header_read_timeout for its next).",
+            &["listener", "timeout"],
+        ),
+        accept_errors: counter_vec(
+            "flexq_connections_accept_errors_total",
+            "Failed accepts (out of descriptors, for one): the connection waits in the backlog and is accepted again shortly.",
+            &["listener"],
+        ),
+        grpc_message_timeouts: IntCounter::new(
+            "flexq_grpc_message_timeouts_total",
+            "gRPC calls answered DEADLINE_EXCEEDED because a request message (or the end of the request stream) did not arrive within server.grpc_message_timeout.",
+        )
+        .expect("valid metric"),
         fenced: IntCounter::new(
             "flexq_scheduler_fenced_commits_total",
             "Scheduler commits refused because another replica had taken the leader lease.",
@@ -293,6 +335,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.watchers.clone()),
         Box::new(m.watch_events.clone()),
         Box::new(m.watchers_dropped.clone()),
+        Box::new(m.connections.clone()),
+        Box::new(m.connections_limit.clone()),
+        Box::new(m.connections_refused.clone()),
+        Box::new(m.connections_timed_out.clone()),
+        Box::new(m.accept_errors.clone()),
+        Box::new(m.grpc_message_timeouts.clone()),
         Box::new(m.transitions.clone()),
         Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
@@ -322,6 +370,17 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     m.config_last_reload_ok.set(1);
     for reason in ["stalled", "refused"] {
         m.watchers_dropped.with_label_values(&[reason]);
+    }
+    for listener in ["api", "metrics"] {
+        m.connections.with_label_values(&[listener]);
+        m.accept_errors.with_label_values(&[listener]);
+        for reason in ["overflow", "closed"] {
+            m.connections_refused.with_label_values(&[listener, reason]);
+        }
+        for timeout in ["handshake", "header", "idle"] {
+            m.connections_timed_out
+                .with_label_values(&[listener, timeout]);
+        }
     }
     for result in ["ok", "invalid", "failed"] {
         m.config_reloads.with_label_values(&[result]);
@@ -465,6 +524,56 @@ pub fn record_requeue() {
 /// Watchers served now.
 pub fn set_watchers(n: usize) {
     METRICS.watchers.set(n as i64);
+}
+
+/// A connection opened on `listener`; the gauge goes down when the guard
+/// answered is dropped.
+pub fn connection_opened(listener: &'static str) -> OpenConnection {
+    METRICS.connections.with_label_values(&[listener]).inc();
+    OpenConnection(listener)
+}
+
+/// Counts one open connection while it lives.
+pub struct OpenConnection(&'static str);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        METRICS.connections.with_label_values(&[self.0]).dec();
+    }
+}
+
+/// The most connections `listener` serves at once.
+pub fn set_connection_limit(listener: &str, limit: usize) {
+    METRICS
+        .connections_limit
+        .with_label_values(&[listener])
+        .set(i64::try_from(limit).unwrap_or(i64::MAX));
+}
+
+/// A connection over `listener`'s cap: `overflow` or `closed`.
+pub fn record_connection_refused(listener: &str, reason: &str) {
+    METRICS
+        .connections_refused
+        .with_label_values(&[listener, reason])
+        .inc();
+}
+
+/// A connection closed by `timeout`: `handshake`, `header` or `idle`.
+pub fn record_connection_timeout(listener: &str, timeout: &str) {
+    METRICS
+        .connections_timed_out
+        .with_label_values(&[listener, timeout])
+        .inc();
+}
+
+/// An accept on `listener` failed.
+pub fn record_accept_error(listener: &str) {
+    METRICS.accept_errors.with_label_values(&[listener]).inc();
+}
+
+/// A gRPC request message did not arrive in time.
+pub fn record_grpc_message_timeout() {
+    METRICS.grpc_message_timeouts.inc();
 }
 
 /// An event sent to a watcher.

@@ -116,6 +116,47 @@ pub struct ServerConfig {
     pub tls_cert: Option<std::path::PathBuf>,
     #[serde(default)]
     pub tls_key: Option<std::path::PathBuf>,
+    /// A request's head (and a TLS handshake, and a connection's first
+    /// request) must arrive within this. On HTTP/1.1 hyper's timer also
+    /// runs while a kept-alive connection waits for its next request.
+    #[serde(default = "default_header_read_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Each gRPC request message, and the end of the request stream, must
+    /// arrive within this of the call's start or of the message before.
+    #[serde(default = "default_grpc_message_timeout", with = "humantime_serde")]
+    pub grpc_message_timeout: Duration,
+    /// Most connections served at once on the API listener; lowered to the
+    /// descriptor limit less `reserved_fds`. Beyond, a connection is
+    /// answered only on `/healthz` and `/readyz`.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// File descriptors kept out of the API's connections: for the
+    /// database, the metrics listener and the connections over the cap.
+    #[serde(default = "default_reserved_fds")]
+    pub reserved_fds: u64,
+}
+
+fn default_header_read_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_grpc_message_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_max_connections() -> usize {
+    4096
+}
+
+fn default_reserved_fds() -> u64 {
+    128
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -626,6 +667,36 @@ impl Config {
                     }
                 }
             }
+        }
+        for (key, d) in [
+            (
+                "server.header_read_timeout",
+                self.server.header_read_timeout,
+            ),
+            ("server.idle_timeout", self.server.idle_timeout),
+            (
+                "server.grpc_message_timeout",
+                self.server.grpc_message_timeout,
+            ),
+        ] {
+            if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is out of range: from 10ms to 1h",
+                        humantime::format_duration(d)
+                    ),
+                ));
+            }
+        }
+        if self.server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        if self.server.reserved_fds < 64 {
+            return Err(invalid(
+                "server.reserved_fds",
+                "must be at least 64 (the database, the metrics listener and the connections over server.max_connections need them)",
+            ));
         }
         if self.server.max_body_bytes < 1024 {
             return Err(invalid("server.max_body_bytes", "must be at least 1024"));

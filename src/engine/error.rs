@@ -8,6 +8,12 @@ use crate::api::{Code, FieldViolation};
 use crate::spec::Rejection;
 use crate::store::StoreError;
 
+/// The reason of the refusal a connection over `server.max_connections`
+/// gets (503 UNAVAILABLE, with `Retry-After`): the server's state, yet the
+/// caller must hear it whole to retry, and nothing in it is secret, so it
+/// is not a server error that [`Error::for_caller`] hides.
+pub const TOO_MANY_CONNECTIONS: &str = "TOO_MANY_CONNECTIONS";
+
 /// Why a use case failed; the message is for people, the reason and
 /// metadata for programs.
 #[derive(Debug, Clone)]
@@ -58,9 +64,12 @@ impl Error {
 
     /// Whether the failure is the server's, not the caller's: every 5xx but
     /// UNIMPLEMENTED (a method or form the caller asked for that flexq does
-    /// not serve, which the caller must hear about).
+    /// not serve, which the caller must hear about) and
+    /// [`TOO_MANY_CONNECTIONS`].
     pub fn is_server_error(&self) -> bool {
-        self.code.http_status() >= 500 && self.code != Code::Unimplemented
+        self.code.http_status() >= 500
+            && self.code != Code::Unimplemented
+            && self.reason != TOO_MANY_CONNECTIONS
     }
 
     /// What a caller may see, on any wire: a server error's message and

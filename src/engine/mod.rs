@@ -39,7 +39,7 @@ pub use admin::{
 };
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use config::{ConfigSource, ConfigStatus, Reloaded};
-pub use error::Error;
+pub use error::{Error, TOO_MANY_CONNECTIONS};
 pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
 pub use principal::{Access, Principal, token_hash};

@@ -2,12 +2,14 @@
 //! `/metrics`, the runtime catalog, request logging and metrics, request
 //! timeouts and graceful shutdown; the listener, which serves HTTP/1.1 and
 //! HTTP/2 (h2 by ALPN over TLS, h2c in plaintext) and carries the gRPC
-//! services of [`crate::grpc`] beside REST.
+//! services of [`crate::grpc`] beside REST, its connections bounded by
+//! [`connections`].
 
 mod admin;
 mod agents;
 pub mod auth;
 mod batches;
+mod connections;
 mod console;
 mod error;
 mod extract;
@@ -23,7 +25,6 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use axum::{BoxError, Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -33,7 +34,7 @@ use crate::engine::Principal;
 
 use crate::api::Code;
 use crate::config::Config;
-use crate::engine::{ConfigSource, Engine, Error, ReplicaRole};
+use crate::engine::{ConfigSource, Engine, Error, RETRY_AFTER_SECONDS, ReplicaRole};
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -146,6 +147,31 @@ fn rest(app: App) -> Router {
         .with_state(app)
 }
 
+/// What a connection over `server.max_connections` is served: the health
+/// checks, so that probes still answer, and a refusal for everything else.
+fn overflow(app: App) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(too_many_connections)
+        .with_state(app)
+}
+
+/// 503 TOO_MANY_CONNECTIONS with `Retry-After` (gRPC: UNAVAILABLE with a
+/// RetryInfo).
+async fn too_many_connections(req: Request) -> Response {
+    let e = Error::new(
+        Code::Unavailable,
+        crate::engine::TOO_MANY_CONNECTIONS,
+        "the server holds as many connections as it serves (server.max_connections): only /healthz and /readyz are answered on this one; retry shortly",
+    )
+    .with_meta(RETRY_AFTER_SECONDS, "1");
+    if crate::grpc::is_grpc(req.headers()) {
+        return crate::grpc::refusal(e);
+    }
+    e.into_response()
+}
+
 /// Logs every request once and counts it, by route template (never by raw
 /// path, which would carry ids).
 async fn observe(req: Request, next: Next) -> Response {
@@ -255,13 +281,12 @@ pub async fn run_metrics(
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "metrics listening");
+    let limits = connections::Limits::metrics(&app.config.server);
     let router = Router::new()
         .route("/metrics", get(metrics))
         .fallback(unknown_route)
         .with_state(app);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    connections::serve(listener, router, limits, shutdown).await;
     Ok(())
 }
 
@@ -299,29 +324,20 @@ pub async fn run(
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
     };
+    let cap = connections::connection_cap(&app.config.server)?;
+    if tls.is_some() {
+        tracing::info!(%addr, console = %format!("https://{addr}/console/"), connections = cap, "flexq listening (HTTPS)");
+    } else {
+        tracing::info!(%addr, console = %format!("http://{addr}/console/"), connections = cap, "flexq listening");
+    }
+    let limits = connections::Limits::api(&app.config.server, cap, overflow(app.clone()), tls);
     let router = router(app, shutdown.clone())?;
-    let server = match tls {
-        Some(acceptor) => {
-            tracing::info!(%addr, console = %format!("https://{addr}/console/"), "flexq listening (HTTPS)");
-            let listener = tls::TlsListener::new(listener, acceptor)?;
-            let server = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-            tokio::spawn(async move { server.await })
-        }
-        None => {
-            tracing::info!(%addr, console = %format!("http://{addr}/console/"), "flexq listening");
-            // Small request/response exchanges: do not let Nagle hold a
-            // response back waiting for an ACK.
-            let listener = listener.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                }
-            });
-            let server = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-            tokio::spawn(async move { server.await })
-        }
-    };
+    let server = tokio::spawn(connections::serve(
+        listener,
+        router,
+        limits,
+        shutdown.clone(),
+    ));
     shutdown.cancelled().await;
     // A leader hands over first: another replica need not wait for the
     // lease to lapse while this one drains.
@@ -336,7 +352,7 @@ pub async fn run(
         "shutting down: draining in-flight requests"
     );
     match tokio::time::timeout(drain, server).await {
-        Ok(result) => result??,
+        Ok(result) => result?,
         Err(_) => tracing::warn!("drain timeout passed; closing with requests in flight"),
     }
     engine.close().await;

@@ -1,21 +1,15 @@
 //! The optional HTTPS listener (rustls): `server.tls_cert` and
-//! `server.tls_key`. Handshakes run in tasks of their own (bounded by a
-//! timeout), so a slow or hostile client never holds up the accept loop.
+//! `server.tls_key`. Handshakes run in each connection's task, under the
+//! connection cap and `server.header_read_timeout`
+//! ([`super::connections`]), so a slow or hostile client never holds up
+//! the accept loop.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-
-/// Longest a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A TLS acceptor for the configured certificate and key.
 pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
@@ -36,58 +30,4 @@ pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
     .map_err(|e| anyhow::anyhow!("server.tls_cert and server.tls_key do not fit: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// Accepted TLS connections, handshakes done.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<TlsListener> {
-        let local = tcp.local_addr()?;
-        let (tx, ready) = mpsc::channel(256);
-        tokio::spawn(async move {
-            while !tx.is_closed() {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { ready, local })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(conn) => conn,
-            // The accept task ended: nothing more will come.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
 }

@@ -7,6 +7,7 @@ mod architecture;
 mod auth;
 mod bad_input;
 mod cli;
+mod connections;
 mod console;
 mod cordon;
 mod durability;

@@ -415,6 +415,16 @@ impl ServerProcess {
     /// (warnings and errors) is kept in `dir/flexq-serve.log` and shown
     /// when it does not start.
     pub async fn start_with(dir: &Path, config: Option<&Path>) -> ServerProcess {
+        Self::start_limited(dir, config, None).await
+    }
+
+    /// The same, under a limit of `fd_limit` file descriptors (`ulimit -n`
+    /// in a shell that then becomes the server) when one is given.
+    pub async fn start_limited(
+        dir: &Path,
+        config: Option<&Path>,
+        fd_limit: Option<u64>,
+    ) -> ServerProcess {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -425,7 +435,16 @@ impl ServerProcess {
         for _ in 0..3 {
             let port = free_port();
             let metrics_port = free_port();
-            let mut cmd = Command::new(flexq_bin());
+            let mut cmd = match fd_limit {
+                Some(n) => {
+                    let mut sh = Command::new("sh");
+                    sh.arg("-c")
+                        .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                        .arg(flexq_bin());
+                    sh
+                }
+                None => Command::new(flexq_bin()),
+            };
             cmd.arg("serve");
             if let Some(config) = config {
                 cmd.arg("--config").arg(config);
