@@ -796,3 +796,42 @@ async fn migrate_with(options: &StoreOptions) -> Result<(), StoreError> {
     pool.close().await;
     result
 }
+
+#[cfg(test)]
+mod session_tests {
+    use super::*;
+
+    #[test]
+    fn session_bounds_follow_the_lease_and_the_urls_own_options_win() {
+        let limits = SessionLimits {
+            lease: Duration::from_secs(2),
+            renew: Duration::from_millis(250),
+        };
+        let get = |s: Session, k: &str| {
+            limits
+                .settings(s)
+                .into_iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v)
+        };
+        assert_eq!(
+            get(Session::Pool, "idle_in_transaction_session_timeout"),
+            Some(2000)
+        );
+        assert_eq!(get(Session::Pool, "lock_timeout"), Some(2250));
+        assert_eq!(get(Session::Leadership, "lock_timeout"), Some(250));
+        assert_eq!(get(Session::Leadership, "statement_timeout"), Some(1000));
+        assert_eq!(get(Session::Pool, "tcp_keepalives_idle"), Some(2));
+        let url = limits.url(
+            "postgres://h/db?sslmode=disable&options[lock_timeout]=9",
+            Session::Pool,
+        );
+        let opts = sqlx::postgres::PgConnectOptions::from_str(&url).expect("a URL sqlx reads");
+        let options = opts.get_options().expect("options").to_string();
+        // Ours first, the operator's after: PostgreSQL takes the last.
+        let ours = options.find("lock_timeout=2250").expect("ours");
+        let theirs = options.find("lock_timeout=9").expect("theirs");
+        assert!(ours < theirs, "{options}");
+        assert!(url.contains("sslmode=disable"), "{url}");
+    }
+}

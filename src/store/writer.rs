@@ -11,6 +11,14 @@
 //! If the group transaction fails as a whole (a constraint the in-group
 //! checks did not foresee, say), each create is retried in a transaction of
 //! its own, so one bad create cannot fail its neighbours.
+//!
+//! On PostgreSQL another replica may be creating the same batch id or
+//! requestId (a client retrying there after this one stopped answering):
+//! its uncommitted row would make this group's insert wait on the unique
+//! index, and every create behind it with it. So a group first takes, each
+//! without waiting, a transaction lock per batch id and requestId
+//! ([`lock_keys`]); a create whose key another transaction holds leaves
+//! the group and waits on a task of its own, never holding up the rest.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -43,6 +51,8 @@ pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<CreateCmd>, max: us
     tracing::debug!("create writer stopped");
 }
 
+type Reply = oneshot::Sender<Result<Created, StoreError>>;
+
 async fn commit_group(store: &Store, group: Vec<CreateCmd>) {
     let started = Instant::now();
     let (batches, replies): (Vec<NewBatch>, Vec<_>) =
@@ -50,15 +60,22 @@ async fn commit_group(store: &Store, group: Vec<CreateCmd>) {
     // Stored times have microsecond precision; answer with exactly what a
     // later read returns.
     let now = now_micros();
-    match try_group(store, &batches, now).await {
+    let mut busy = Vec::new();
+    match try_group(store, &batches, now, false).await {
         Ok(outcomes) => {
             if let Some(observe) = &store.observe_group {
                 observe(started.elapsed(), batches.len());
             }
-            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                // A waiter that went away (client hung up) is fine: the
-                // batch is committed and a retry with its requestId finds it.
-                let _ = reply.send(outcome);
+            for ((batch, reply), outcome) in batches.into_iter().zip(replies).zip(outcomes) {
+                match outcome {
+                    // A waiter that went away (client hung up) is fine: the
+                    // batch is committed and a retry with its requestId
+                    // finds it.
+                    Some(outcome) => {
+                        let _ = reply.send(outcome);
+                    }
+                    None => busy.push((batch, reply)),
+                }
             }
         }
         Err(e) => {
@@ -66,32 +83,68 @@ async fn commit_group(store: &Store, group: Vec<CreateCmd>) {
                 tracing::warn!(error = %e, group = batches.len(), "group commit failed; retrying creates one by one");
             }
             for (batch, reply) in batches.into_iter().zip(replies) {
-                let outcome = create_alone(store, &batch).await;
-                if let Err(e) = &outcome {
-                    tracing::error!(error = %e, batch.id = %batch.name.batch_id, "create failed");
+                match create_alone(store, &batch, false).await {
+                    Some(outcome) => answer(&batch, reply, outcome),
+                    None => busy.push((batch, reply)),
                 }
-                let _ = reply.send(outcome);
             }
         }
     }
+    wait_apart(store, busy);
+}
+
+fn answer(batch: &NewBatch, reply: Reply, outcome: Result<Created, StoreError>) {
+    if let Err(e) = &outcome {
+        tracing::error!(error = %e, batch.id = %batch.name.batch_id, "create failed");
+    }
+    let _ = reply.send(outcome);
+}
+
+/// Creates whose batch id or requestId another transaction holds: each
+/// waits for it on a task of its own (bounded by the session's
+/// `lock_timeout`), apart from the groups that follow.
+fn wait_apart(store: &Store, busy: Vec<(NewBatch, Reply)>) {
+    if busy.is_empty() {
+        return;
+    }
+    tracing::info!(
+        creates = busy.len(),
+        "a create's batch id or requestId is being created by another transaction: it waits apart"
+    );
+    let store = store.clone();
+    tokio::spawn(async move {
+        for (batch, reply) in busy {
+            let outcome = create_alone(&store, &batch, true).await.unwrap_or_else(|| {
+                Err(StoreError::Unavailable(
+                    "a create lock was not taken".into(),
+                ))
+            });
+            answer(&batch, reply, outcome);
+        }
+    });
 }
 
 /// One create in a transaction of its own. A unique index that refused it
 /// means another replica committed the same batch id or requestId in the
 /// meantime (PostgreSQL creates do not take the write lock): deciding
 /// again sees that batch and answers ALREADY_EXISTS, or the same batch.
-async fn create_alone(store: &Store, batch: &NewBatch) -> Result<Created, StoreError> {
+/// `None` when, not to `wait`, its key is held by another transaction.
+async fn create_alone(
+    store: &Store,
+    batch: &NewBatch,
+    wait: bool,
+) -> Option<Result<Created, StoreError>> {
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match try_group(store, std::slice::from_ref(batch), now_micros()).await {
+        match try_group(store, std::slice::from_ref(batch), now_micros(), wait).await {
             Ok(mut one) => {
                 return one
                     .pop()
-                    .unwrap_or(Err(StoreError::Unavailable("no outcome".into())));
+                    .unwrap_or(Some(Err(StoreError::Unavailable("no outcome".into()))));
             }
             Err(StoreError::Conflict(_)) if attempts < 3 => {}
-            Err(e) => return Err(e),
+            Err(e) => return Some(Err(e)),
         }
     }
 }
@@ -108,16 +161,26 @@ enum Disposition {
     /// The requestId belongs to an earlier create of this group.
     ReplayInGroup(usize),
     Taken,
+    /// Its batch id or requestId is held by another transaction.
+    Busy,
 }
 
 type Key = (String, String, String);
 
+/// Each create's outcome, `None` for those left to wait apart.
 async fn try_group(
     store: &Store,
     batches: &[NewBatch],
     now: DateTime<Utc>,
-) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
+    wait: bool,
+) -> Result<Vec<Option<Result<Created, StoreError>>>, StoreError> {
     let mut tx = store.begin_create().await?;
+    // Before any read: a key locked here is not being created by anyone
+    // else, and what those reads see of it is final.
+    let busy = match store.backend {
+        super::Backend::Postgres => lock_keys(&mut tx, batches, wait).await?,
+        super::Backend::Sqlite => HashSet::new(),
+    };
     // Taken ids first: on PostgreSQL another replica may commit the same
     // create between the two reads, and a requestId seen stored must win
     // over its batch id seen taken (the answer is then the same batch).
@@ -130,6 +193,9 @@ async fn try_group(
         .iter()
         .enumerate()
         .map(|(i, b)| {
+            if busy.contains(&i) {
+                return Disposition::Busy;
+            }
             let n = &b.name;
             if let Some(req) = &b.request_id {
                 let key = (n.project.clone(), n.region.clone(), req.clone());
@@ -183,7 +249,11 @@ async fn try_group(
     let mut records: HashMap<usize, BatchRecord> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batches.len());
     for (i, (b, d)) in batches.iter().zip(decisions).enumerate() {
-        outcomes.push(match d {
+        outcomes.push(Some(match d {
+            Disposition::Busy => {
+                outcomes.push(None);
+                continue;
+            }
             Disposition::Insert => {
                 let seq = seqs.get(&b.uuid.to_string()).copied().unwrap_or_default();
                 let record = new_record(b, seq, now);
@@ -202,9 +272,65 @@ async fn try_group(
                 "batch {} already exists",
                 b.name
             ))),
-        });
+        }));
     }
     Ok(outcomes)
+}
+
+/// The key space of the create locks (`pg_advisory_xact_lock(int4,
+/// int4)`), apart from the write lock's (one bigint). "flxq".
+const CREATE_LOCKS: i32 = 0x666c_7871;
+
+/// Locks, for the transaction, each create's batch id and requestId
+/// (PostgreSQL; by hash, so a collision only costs a wait). Not to `wait`:
+/// only the free ones, answering the creates whose key another
+/// transaction holds; to `wait`: each in one order (no deadlock), bounded
+/// by the session's `lock_timeout`.
+async fn lock_keys(
+    tx: &mut AnyConnection,
+    batches: &[NewBatch],
+    wait: bool,
+) -> Result<HashSet<usize>, StoreError> {
+    let keys: Vec<(i64, String)> = batches
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| {
+            let n = &b.name;
+            std::iter::once((
+                i as i64,
+                format!("b/{}/{}/{}", n.project, n.region, n.batch_id),
+            ))
+            .chain(
+                b.request_id
+                    .as_ref()
+                    .map(|r| (i as i64, format!("r/{}/{}/{r}", n.project, n.region))),
+            )
+        })
+        .collect();
+    if wait {
+        let mut texts: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+        texts.sort_unstable();
+        texts.dedup();
+        for key in texts {
+            sqlx::query("select 1 from pg_advisory_xact_lock($1, hashtext($2))")
+                .bind(CREATE_LOCKS)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+        }
+        return Ok(HashSet::new());
+    }
+    let mut q = Sql::new(super::Backend::Postgres, "select distinct v.i from (");
+    q.values(&keys, |row, (i, k)| {
+        row.bind(*i).bind(k.as_str());
+    });
+    q.push(") as v(i, k) where not pg_try_advisory_xact_lock(")
+        .bind(CREATE_LOCKS)
+        .push(", hashtext(v.k))");
+    let rows = q.fetch_all(&mut *tx).await?;
+    rows.iter()
+        .map(|r| Ok(r.try_get::<i64, _>(0)? as usize))
+        .collect()
 }
 
 fn deadline(b: &NewBatch, now: DateTime<Utc>) -> Option<DateTime<Utc>> {

@@ -17,6 +17,7 @@ mod grpc;
 mod hostile;
 mod kubernetes;
 mod metrics;
+mod partition;
 mod prometheus;
 mod queues;
 mod reload;

@@ -30,7 +30,7 @@ const SSD_GB: i64 = 1500;
 const QUOTA: i64 = 10;
 
 /// A batch of 1 + `executors` L4 GPUs that waits at most `timeout`.
-fn gpu_batch(executors: u32, timeout: &str) -> Value {
+pub(crate) fn gpu_batch(executors: u32, timeout: &str) -> Value {
     let mut b = flex_with("spark.executor.instances", &executors.to_string());
     for part in ["driver", "executor"] {
         b["runtimeConfig"]["properties"]
@@ -47,16 +47,16 @@ fn free_port() -> u16 {
 }
 
 /// One `flexq serve` replica process.
-struct Replica {
-    name: String,
+pub(crate) struct Replica {
+    pub(crate) name: String,
     child: Child,
-    endpoint: String,
+    pub(crate) endpoint: String,
     /// Its metrics listener (answers without the database).
-    metrics: String,
+    pub(crate) metrics: String,
 }
 
 impl Replica {
-    async fn start(name: &str, url: &str, config: &Path, logs: &Path) -> Replica {
+    pub(crate) async fn start(name: &str, url: &str, config: &Path, logs: &Path) -> Replica {
         let (port, metrics_port) = (free_port(), free_port());
         let log = std::fs::File::create(logs.join(format!("{name}.log"))).expect("log");
         let child = Command::new(flexq_bin())
@@ -90,7 +90,7 @@ impl Replica {
         replica
     }
 
-    async fn readyz(&self) -> Option<Value> {
+    pub(crate) async fn readyz(&self) -> Option<Value> {
         let r = reqwest::Client::new()
             .get(format!("{}/readyz", self.endpoint))
             .timeout(Duration::from_millis(500))
@@ -114,7 +114,7 @@ impl Drop for Replica {
 }
 
 /// Waits until `r` says it leads; fails after `within`.
-async fn leads_within(r: &Replica, within: Duration) {
+pub(crate) async fn leads_within(r: &Replica, within: Duration) {
     let t = Instant::now();
     while leader(std::slice::from_ref(r)).await.is_none() {
         assert!(t.elapsed() < within, "{} never leads", r.name);
@@ -123,7 +123,7 @@ async fn leads_within(r: &Replica, within: Duration) {
 }
 
 /// The replica among `replicas` that says it leads, if one does.
-async fn leader(replicas: &[Replica]) -> Option<usize> {
+pub(crate) async fn leader(replicas: &[Replica]) -> Option<usize> {
     for (i, r) in replicas.iter().enumerate() {
         if r.readyz().await.is_some_and(|z| z["role"] == "leader") {
             return Some(i);
@@ -133,7 +133,7 @@ async fn leader(replicas: &[Replica]) -> Option<usize> {
 }
 
 /// Four virtual L4 nodes (16 GPUs) in us-central1-a and nothing else.
-fn config_file(dir: &Path) -> PathBuf {
+pub(crate) fn config_file(dir: &Path) -> PathBuf {
     let path = dir.join("replicas.toml");
     let config = Config::load_without_env(None).expect("default config");
     std::fs::write(&path, config.virtual_nodes_only("us-central1-a", "l4", 4)).expect("config");
@@ -145,7 +145,7 @@ fn config_file(dir: &Path) -> PathBuf {
 /// never over `quota`, every cluster whole (one driver and its
 /// executors), and none allocated after its deadline. Returns the number
 /// of clusters ever allocated.
-async fn audit(url: &str, quota: i64) -> Result<usize, String> {
+pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
     let db = sqlx::PgPool::connect(url)
         .await
         .map_err(|e| e.to_string())?;
@@ -689,7 +689,7 @@ impl Proxy {
 
 /// `flexq_scheduler_leader` of a replica, from its metrics listener (which
 /// answers without the database).
-async fn leads_by_metrics(metrics: &str) -> Option<bool> {
+pub(crate) async fn leads_by_metrics(metrics: &str) -> Option<bool> {
     let text = reqwest::Client::new()
         .get(format!("{metrics}/metrics"))
         .timeout(Duration::from_secs(1))
