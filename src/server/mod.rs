@@ -16,7 +16,6 @@ mod extract;
 pub mod openapi;
 mod tls;
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::error_handling::HandleErrorLayer;
@@ -37,9 +36,11 @@ use crate::config::Config;
 use crate::engine::{ConfigSource, Engine, Error, RETRY_AFTER_SECONDS, ReplicaRole};
 
 /// Everything a handler needs; cheap to clone.
+///
+/// No copy of the config: every read goes to the config in force
+/// ([`Engine::config`]), so nothing a reload changed is shown stale.
 #[derive(Clone)]
 pub struct App {
-    pub config: Arc<Config>,
     /// Every use case; handlers decode, call one, encode.
     pub engine: Engine,
 }
@@ -53,8 +54,7 @@ impl App {
         shutdown: CancellationToken,
     ) -> anyhow::Result<App> {
         let engine = Engine::open(config, source, shutdown).await?;
-        let config = engine.config().clone();
-        Ok(App { config, engine })
+        Ok(App { engine })
     }
 }
 
@@ -69,8 +69,9 @@ pub fn router(app: App, shutdown: CancellationToken) -> anyhow::Result<Router> {
 
 /// The REST API of docs/api.md.
 fn rest(app: App) -> Router {
-    let timeout = app.config.server.request_timeout;
-    let body_limit = app.config.server.max_body_bytes;
+    // `server` is read at start only (a restart-only section).
+    let server = app.engine.config().server.clone();
+    let (timeout, body_limit) = (server.request_timeout, server.max_body_bytes);
     let batches = "/v1/projects/{project}/locations/{region}/batches";
     Router::new()
         .route(batches, get(batches::list).post(batches::create))
@@ -281,7 +282,7 @@ pub async fn run_metrics(
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "metrics listening");
-    let limits = connections::Limits::metrics(&app.config.server);
+    let limits = connections::Limits::metrics(&app.engine.config().server);
     let router = Router::new()
         .route("/metrics", get(metrics))
         .fallback(unknown_route)
@@ -293,8 +294,8 @@ pub async fn run_metrics(
 /// The runtime catalog: what each version carries.
 #[utoipa::path(get, path = "/v1/runtimes", tag = "catalog", responses((status = 200, description = "Each runtime's Spark, RAPIDS and XGBoost versions")))]
 async fn runtimes(AppState(app): AppState<App>) -> Json<serde_json::Value> {
-    let list: Vec<_> = app
-        .config
+    let config = app.engine.config();
+    let list: Vec<_> = config
         .runtimes
         .iter()
         .map(|(version, r)| {
@@ -303,7 +304,7 @@ async fn runtimes(AppState(app): AppState<App>) -> Json<serde_json::Value> {
                 "sparkVersion": r.spark,
                 "rapidsVersion": r.rapids,
                 "xgboostVersion": r.xgboost,
-                "default": *version == app.config.batches.default_runtime,
+                "default": *version == config.batches.default_runtime,
             })
         })
         .collect();
@@ -317,20 +318,22 @@ pub async fn run(
     app: App,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let drain = app.config.server.shutdown_timeout;
+    // `server` is read at start only (a restart-only section).
+    let server = app.engine.config().server.clone();
+    let drain = server.shutdown_timeout;
     let engine = app.engine.clone();
     let addr = listener.local_addr()?;
-    let tls = match (&app.config.server.tls_cert, &app.config.server.tls_key) {
+    let tls = match (&server.tls_cert, &server.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
     };
-    let cap = connections::connection_cap(&app.config.server)?;
+    let cap = connections::connection_cap(&server)?;
     if tls.is_some() {
         tracing::info!(%addr, console = %format!("https://{addr}/console/"), connections = cap, "flexq listening (HTTPS)");
     } else {
         tracing::info!(%addr, console = %format!("http://{addr}/console/"), connections = cap, "flexq listening");
     }
-    let limits = connections::Limits::api(&app.config.server, cap, overflow(app.clone()), tls);
+    let limits = connections::Limits::api(&server, cap, overflow(app.clone()), tls);
     let router = router(app, shutdown.clone())?;
     let server = tokio::spawn(connections::serve(
         listener,

@@ -474,3 +474,93 @@ async fn an_agent_follows_a_lease_a_reload_shortened() {
         "{log}"
     );
 }
+
+/// Issue 24's stale copy: every live section a reload changes is what each
+/// route that shows it answers next — never a copy taken at start.
+#[tokio::test]
+async fn every_route_shows_the_live_sections_a_reload_changed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    write(&file, "");
+    let s = ServerProcess::start_with(dir.path(), Some(&file)).await;
+    let default_runtime = |r: &Value| {
+        r["runtimes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| v["default"] == true)
+            .map(|v| v["version"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    let l4_limit = |q: &Value| {
+        q["quotas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|q| q["metric"] == "PREEMPTIBLE_NVIDIA_L4_GPUS")
+            .map(|q| q["limit"].clone())
+    };
+    let pool_nodes = |nodes: &[Value]| {
+        nodes
+            .iter()
+            .filter(|n| n["zone"] == "us-central1-a" && n["pool"] == "l4")
+            .count()
+    };
+    let quotas = "/v1/projects/demo/regions/us-central1/quotas";
+    assert_eq!(default_runtime(&s.get("/v1/runtimes").await), ["2.2"]);
+    assert_eq!(l4_limit(&s.get(quotas).await), Some(Value::from(24)));
+    let before = pool_nodes(&nodes(&s).await);
+    assert!(before < 5, "{before}");
+
+    write(
+        &file,
+        "[batches]\ndefault_runtime = \"3.0\"\n\
+         [provisioning]\ndefault_allocation_timeout = \"17m\"\n\
+         [regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 5\n\
+         [[quotas]]\nproject = \"*\"\nregion = \"*\"\nmetric = \"PREEMPTIBLE_NVIDIA_L4_GPUS\"\nlimit = 40\n\
+         [[quotas]]\nproject = \"*\"\nregion = \"*\"\nmetric = \"LOCAL_SSD_TOTAL_GB\"\nlimit = 30000\n",
+    );
+    let (st, answer) = reload(&s).await;
+    assert_eq!(st, 200, "{answer}");
+
+    assert_eq!(default_runtime(&s.get("/v1/runtimes").await), ["3.0"]);
+    assert_eq!(l4_limit(&s.get(quotas).await), Some(Value::from(40)));
+    assert_eq!(pool_nodes(&nodes(&s).await), 5);
+    let regions = s.get("/v1/regions").await.to_string();
+    assert!(regions.contains("us-central1-a"), "{regions}");
+    assert_eq!(
+        timeout_of(&create_default(&s, "after-reload").await),
+        17 * 60
+    );
+
+    // Principals: a token added by a reload is the one that lets in.
+    let mut text = std::fs::read_to_string(&file).expect("config");
+    text.push_str(&format!(
+        "[[principals]]\nname = \"ops@example.com\"\nrole = \"admin\"\ntoken_sha256 = \"{}\"\n",
+        flexq::engine::token_hash("reloaded-token")
+    ));
+    write(&file, &text);
+    let (st, answer) = reload(&s).await;
+    assert_eq!(st, 200, "{answer}");
+    let who = |token: Option<&'static str>| {
+        let endpoint = s.endpoint.clone();
+        async move {
+            let mut r = reqwest::Client::new().get(format!("{endpoint}/v1/principal"));
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            let r = r.send().await.expect("principal");
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    assert_eq!(who(None).await.0, 401);
+    let (st, me) = who(Some("reloaded-token")).await;
+    assert_eq!(
+        (st, me["name"].as_str()),
+        (200, Some("ops@example.com")),
+        "{me}"
+    );
+}
