@@ -57,7 +57,7 @@ struct Metrics {
     run_seconds: HistogramVec,
     leader: IntGaugeVec,
     leader_term: prometheus::IntGauge,
-    leader_changes: IntCounter,
+    leader_changes: IntCounterVec,
     fenced: IntCounter,
     config_generation: prometheus::IntGauge,
     config_reloads: IntCounterVec,
@@ -105,9 +105,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "The leader-lease term this replica holds (0 when it does not lead or on SQLite).",
         )
         .expect("valid metric"),
-        leader_changes: IntCounter::new(
-            "flexq_scheduler_leader_takeovers_total",
-            "Times this replica took the leader lease and rebuilt the scheduler from the database.",
+        leader_changes: IntCounterVec::new(
+            Opts::new(
+                "flexq_scheduler_leader_takeovers_total",
+                "Times this replica took the leader lease and rebuilt the scheduler from the database; how: lapse (the lease had lapsed or was given up), lock (the holder's session had ended: the leader lock was free), own (this replica's own live lease, in a new term).",
+            ),
+            &["how"],
         )
         .expect("valid metric"),
         config_generation: prometheus::IntGauge::new(
@@ -321,6 +324,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     )
     .expect("valid metric");
     build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+    // Every way a lease is taken shows from the start, at 0: a dashboard's
+    // sum has data before the first failover.
+    for how in ["lapse", "lock", "own"] {
+        m.leader_changes.with_label_values(&[how]);
+    }
     let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
         Box::new(m.leader.clone()),
         Box::new(m.leader_term.clone()),
@@ -623,9 +631,10 @@ pub fn set_role(replica: &str, role: &str, term: i64) {
     METRICS.leader_term.set(term);
 }
 
-/// This replica took the leader lease.
-pub fn record_leader_change() {
-    METRICS.leader_changes.inc();
+/// This replica took the leader lease; `how` it was taken: `lapse`,
+/// `lock` or `own`.
+pub fn record_leader_change(how: &str) {
+    METRICS.leader_changes.with_label_values(&[how]).inc();
 }
 
 /// A commit refused by fencing.

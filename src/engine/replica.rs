@@ -1,11 +1,15 @@
 //! Several replicas on one PostgreSQL: who leads, and how every core
 //! learns what the others changed.
 //!
-//! - **Leadership.** Every replica tries to take or renew the leader lease
-//!   every `database.leader_renew`. The one that holds it rebuilds its core
-//!   from the database and decides; its commits carry its term, so once
-//!   another replica took over they are refused (fencing). A leader that
-//!   cannot renew for a whole lease stops deciding on its own.
+//! - **Leadership.** The leader renews the leader lease every
+//!   `database.leader_renew`, on its leadership session, where it holds the
+//!   leader lock. Followers watch every [`WATCH_EVERY`] and take the lease
+//!   when it lapsed or, at once, when the lock frees (the leader's session
+//!   ended: it crashed). The one that holds it rebuilds its core from the
+//!   database and decides; its commits carry its term, so once another
+//!   replica took over they are refused (fencing). A leader that cannot
+//!   renew for a whole lease, or whose session failed while it held the
+//!   lock, stops deciding on its own.
 //! - **Changes.** Every write transaction announces what it changed
 //!   (`NOTIFY`, see [`crate::store::Change`]). Each replica listens and
 //!   queues new batches, forgets ended ones, registers nodes, renews
@@ -25,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::passes::rebuild;
 use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::scheduler::{BatchKey, NodeId};
-use crate::store::{Change, Heard};
+use crate::store::{Change, Heard, LeaderSession, Takeover};
 
 /// How often at most a follower rebuilds its core from the database.
 pub const MIRROR_EVERY: Duration = Duration::from_secs(1);
@@ -63,7 +67,9 @@ impl Engine {
     /// of every announcement takes too: a create announced meanwhile was
     /// committed before its announcement, so it is either in what the
     /// rebuild reads or applied to the new core afterwards.
-    async fn take_lead(&self, term: i64) {
+    /// `how` it was taken, or `None` for a leader's rebuild after a gap in
+    /// its listening (no takeover).
+    async fn take_lead(&self, term: i64, how: Option<Takeover>) {
         let started = Instant::now();
         let mut core = self.lock().await;
         if self.held_term() != Some(term) {
@@ -85,9 +91,11 @@ impl Engine {
         match fresh {
             Ok(fresh) => {
                 *core = fresh;
-                crate::metrics::record_leader_change();
+                if let Some(how) = how {
+                    crate::metrics::record_leader_change(how.name());
+                }
                 tracing::info!(
-                    replica = %shared.replica_id, term,
+                    replica = %shared.replica_id, term, how = how.map(Takeover::name),
                     pending = core.pending_count(),
                     allocated = core.running_keys().len(),
                     elapsed_ms = started.elapsed().as_millis() as u64,
@@ -239,26 +247,39 @@ impl Engine {
             tracing::warn!(error = %e, "cannot read the config generation in force");
         }
         match self.role() {
-            ReplicaRole::Leader { term } => self.take_lead(term).await,
+            ReplicaRole::Leader { term } => self.take_lead(term, None).await,
             _ => self.refresh_mirror(),
         }
     }
 }
 
-/// Takes or renews the leader lease, every `leader_renew`.
+/// How often a follower looks at the leader lock (and the lease): what a
+/// failover after a crash waits at most, beside the new leader's rebuild.
+const WATCH_EVERY: Duration = Duration::from_millis(25);
+
+/// Takes or renews the leader lease, through this replica's leadership
+/// session ([`LeaderSession`]): a leader renews every `leader_renew`; a
+/// follower watches every [`WATCH_EVERY`] and claims the lease as soon as
+/// the leader's session ended or its lease lapsed.
 async fn lead(service: Engine, shutdown: CancellationToken) {
     let config = service.config();
     let db = &config.database;
     let (lease, every) = (db.leader_lease, db.leader_renew);
+    // Every call on the session, its opening included, is bounded: a hung
+    // session must not keep a leader from stepping down in time.
+    let bound = lease / 2;
     let me = service.shared.replica_id.clone();
     let store = service.shared.store.clone();
+    let mut session: Option<LeaderSession> = None;
     // The rebuild of a term just taken runs beside the renewals: a long
     // one (a deep queue) must not let the lease lapse.
     let mut taking: Option<tokio::task::JoinHandle<()>> = None;
     // Until when this replica may still count on its lease: from the
     // moment the renewal was sent, which is before the database stamped it.
     let mut valid_until = Instant::now();
-    let mut tick = tokio::time::interval(every);
+    // The next renewal of a leader, or the next try after a failure.
+    let mut next = Instant::now();
+    let mut tick = tokio::time::interval(WATCH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tracing::info!(replica = %me, lease_ms = lease.as_millis() as u64, "taking part in leader election");
     loop {
@@ -267,54 +288,116 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => {
                 if let Some(term) = service.held_term() {
                     service.release("shutting down");
-                    match store.resign(&me, term).await {
-                        Ok(()) => tracing::info!(replica = %me, term, "leader lease given up"),
-                        Err(e) => tracing::warn!(error = %e, "cannot give the leader lease up; it lapses by itself"),
+                    let resigned = match session.as_mut() {
+                        Some(s) => tokio::time::timeout(bound, s.resign(&me, term)).await,
+                        None => tokio::time::timeout(bound, store.resign(&me, term)).await,
+                    };
+                    match resigned {
+                        Ok(Ok(())) => tracing::info!(replica = %me, term, "leader lease given up"),
+                        Ok(Err(e)) => tracing::warn!(error = %e, "cannot give the leader lease up; it lapses by itself"),
+                        Err(_) => tracing::warn!("giving the leader lease up did not answer; it lapses by itself"),
                     }
+                }
+                if let Some(s) = session.take() {
+                    s.close().await;
                 }
                 service.shared.election_done.cancel();
                 return;
             }
             _ = tick.tick() => {}
         }
+        if Instant::now() < next {
+            continue;
+        }
         let held = service.held_term();
+        let s = match session.as_mut() {
+            Some(s) => s,
+            None => match tokio::time::timeout(bound, store.leader_session()).await {
+                Ok(Ok(s)) => session.insert(s),
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "did not answer".into(),
+                    };
+                    tracing::warn!(error, "cannot open the leadership session");
+                    next = Instant::now() + every;
+                    if held.is_some() && Instant::now() >= valid_until {
+                        service.release("the leader lease could not be renewed in time");
+                    }
+                    continue;
+                }
+            },
+        };
+        if held.is_none() {
+            match tokio::time::timeout(bound, s.watch()).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => continue,
+                failed => {
+                    if let Ok(Err(e)) = failed {
+                        tracing::warn!(error = %e, "the leadership session failed; opening another");
+                    } else {
+                        tracing::warn!("the leadership session did not answer; opening another");
+                    }
+                    session = None;
+                    next = Instant::now() + every;
+                    continue;
+                }
+            }
+        }
         let sent = Instant::now();
-        let answer = tokio::time::timeout(lease / 2, store.lead(&me, held, lease)).await;
-        match answer {
-            Ok(Ok(Some(term))) => {
+        next = sent + every;
+        let had_lock = s.locked();
+        match tokio::time::timeout(bound, s.lead(&me, held, lease)).await {
+            Ok(Ok(Some((term, how)))) => {
                 valid_until = sent + lease;
                 if held != Some(term) {
                     service.hold(Some(term));
-                    tracing::info!(replica = %me, term, "leader lease taken");
+                    tracing::info!(replica = %me, term, how = how.name(), locked = s.locked(), "leader lease taken");
                     let taker = service.clone();
-                    taking = Some(tokio::spawn(async move { taker.take_lead(term).await }));
+                    taking = Some(tokio::spawn(async move {
+                        taker.take_lead(term, Some(how)).await
+                    }));
                 } else if !service.role().decides()
                     && taking.as_ref().is_none_or(|t| t.is_finished())
                 {
                     // Stepped down (a refused commit, a failed rebuild),
-                    // yet the lease is ours: give it up so another replica
-                    // can lead.
+                    // yet the lease is ours: give it up, and the lock, so
+                    // another replica can lead.
                     service.hold(None);
-                    let _ = store.resign(&me, term).await;
+                    if !matches!(
+                        tokio::time::timeout(bound, s.resign(&me, term)).await,
+                        Ok(Ok(()))
+                    ) {
+                        session = None;
+                    }
                 }
             }
             Ok(Ok(None)) if held.is_some() => {
                 service.release("another replica holds the leader lease");
             }
             Ok(Ok(None)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot renew the leader lease");
-                if held.is_some() && Instant::now() >= valid_until {
-                    service.release("the leader lease could not be renewed in time");
+            failed => {
+                if let Ok(Err(e)) = failed {
+                    tracing::warn!(error = %e, "cannot renew the leader lease");
+                } else {
+                    tracing::warn!(
+                        waited_ms = bound.as_millis() as u64,
+                        "the leader lease renewal did not answer"
+                    );
                 }
-            }
-            Err(_) => {
-                tracing::warn!(
-                    waited_ms = (lease / 2).as_millis() as u64,
-                    "the leader lease renewal did not answer"
-                );
-                if held.is_some() && Instant::now() >= valid_until {
-                    service.release("the leader lease could not be renewed in time");
+                // The session may be gone, and the lock with it.
+                session = None;
+                if held.is_some() {
+                    if had_lock {
+                        // A follower may take over as soon as it sees
+                        // the lock free: stop deciding now, not when the
+                        // lease runs out (the term fences us either way).
+                        service.release(
+                            "the leadership session was lost, and the leader lock with it",
+                        );
+                    } else if Instant::now() >= valid_until {
+                        service.release("the leader lease could not be renewed in time");
+                    }
                 }
             }
         }

@@ -3,7 +3,9 @@
 //!
 //! One row (`leader_lease`) says which replica runs the scheduler until
 //! when, on the database's clock. The holder renews it; any replica takes
-//! it once it lapsed, and every change of holder bumps the **term**. The
+//! it once it lapsed, or before when the holder's session ended (the
+//! leader lock, see [`super::leader_lock`]), and every change of holder
+//! bumps the **term**. The
 //! scheduler's commits check the term under the write lock
 //! ([`Store::commit_decisions`]), so a replica that lost the lease (paused,
 //! cut off from the database) can no longer commit once another took over.
@@ -24,7 +26,7 @@ use super::{Backend, Store, StoreError};
 pub const CHANNEL: &str = "flexq";
 
 /// The database's clock, in unix microseconds.
-const DB_NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
+pub(super) const DB_NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
 
 /// What a committed transaction changed, as announced to every replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,48 +172,26 @@ impl Store {
     }
 
     /// Takes the leader lease for `me` when it is free or lapsed, or renews
-    /// it when `me` holds term `held`. Answers the term `me` holds after
-    /// the call, or `None` when another replica's lease is live. A holder
-    /// that lost track of its term (a renewal whose answer timed out)
-    /// takes a new one rather than wait for its own lease to lapse.
+    /// it when `me` holds term `held`, without the leader lock (a replica
+    /// leads through its [`LeaderSession`](super::LeaderSession); this is
+    /// the lease alone). Answers the term `me` holds after the call, or
+    /// `None` when another replica's lease is live. A holder that lost
+    /// track of its term (a renewal whose answer timed out) takes a new one
+    /// rather than wait for its own lease to lapse.
     pub async fn lead(
         &self,
         me: &str,
         held: Option<i64>,
         lease: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        // One statement: the lease row's lock never outlives it, so a
-        // replica cut off in the middle of a renewal holds nothing another
-        // must wait for.
-        let term: Option<i64> = sqlx::query_scalar(&format!(
-            "with taken as (update leader_lease set \
-             term = case when holder = $1 and term = $2 then term else term + 1 end, \
-             holder = $1, expires_at = {DB_NOW_US} + $3 \
-             where id = 1 and (holder = $1 or expires_at < {DB_NOW_US}) \
-             returning term), \
-             logged as (insert into leader_terms (term, holder, started_at) \
-             select term, $1, {DB_NOW_US} from taken where term <> $2) \
-             select term from taken"
-        ))
-        .bind(me)
-        .bind(held.unwrap_or(-1))
-        .bind(lease.as_micros() as i64)
-        .fetch_optional(&self.lease_pool)
-        .await?;
-        Ok(term)
+        let taken = super::leader_lock::claim(&self.lease_pool, me, held, lease, false).await?;
+        Ok(taken.map(|(term, _)| term))
     }
 
     /// Gives the lease up at once (a clean shutdown), so another replica
     /// need not wait for it to lapse.
     pub async fn resign(&self, me: &str, term: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "update leader_lease set expires_at = 0 where id = 1 and holder = $1 and term = $2",
-        )
-        .bind(me)
-        .bind(term)
-        .execute(&self.lease_pool)
-        .await?;
-        Ok(())
+        resign_on(&self.lease_pool, me, term).await
     }
 
     /// The lease as it stands.
@@ -279,6 +259,23 @@ mod tests {
         assert_eq!(Change::parse("created x"), None);
         assert_eq!(Change::parse("nonsense"), None);
     }
+}
+
+/// Gives `me`'s lease of `term` up: lapsed, and no longer locked.
+pub(super) async fn resign_on<'c>(
+    db: impl sqlx::Executor<'c, Database = sqlx::any::Any>,
+    me: &str,
+    term: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "update leader_lease set expires_at = 0, locked = false \
+         where id = 1 and holder = $1 and term = $2",
+    )
+    .bind(me)
+    .bind(term)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// What the change stream hears.

@@ -19,6 +19,7 @@ mod config;
 mod events;
 pub mod filter;
 pub mod leader;
+mod leader_lock;
 mod lifecycle;
 mod rows;
 mod runs;
@@ -45,6 +46,7 @@ pub use config::ConfigGeneration;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
 pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
+pub use leader_lock::{LeaderSession, Takeover};
 pub use lifecycle::Applied;
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
@@ -313,8 +315,9 @@ impl Default for SessionLimits {
 pub(crate) enum Session {
     /// The pool of every use case, and the listening connection.
     Pool,
-    /// Leadership's own connections: a lease statement never waits past
-    /// one renewal, nor runs past the client's own timeout (L/2).
+    /// Leadership's own connections (the leadership session, and a pool
+    /// for reading the lease): a lease statement never waits past one
+    /// renewal, nor runs past the client's own timeout (L/2).
     Leadership,
     /// Migrations, which wait for another replica's (sqlx's advisory lock).
     Migration,
@@ -375,6 +378,10 @@ pub struct Store {
     observe_group: Option<GroupObserver>,
     /// The database URL, for connections of their own (listening).
     url: std::sync::Arc<str>,
+    /// The URL of the leadership session ([`LeaderSession`]), with the
+    /// bounds of leadership.
+    leadership_url: std::sync::Arc<str>,
+    limits: SessionLimits,
     /// When a write last found the disk full, while no write has
     /// succeeded since ([`Store::commit`]).
     full: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
@@ -407,6 +414,8 @@ impl Store {
             creates: tx,
             observe_group: options.observe_group.clone(),
             url: options.limits.url(&options.url, Session::Pool).into(),
+            leadership_url: options.limits.url(&options.url, Session::Leadership).into(),
+            limits: options.limits,
             full: Default::default(),
         };
         tokio::spawn(writer::run(

@@ -20,6 +20,8 @@ use sqlx::Row;
 
 use crate::support::{flex_with, flexq_bin, fresh_postgres_database};
 
+mod failover;
+
 /// The node shape of the test pool (the default config's us-central1-a L4).
 const GPUS_PER_NODE: usize = 4;
 const CORES: i64 = 48;
