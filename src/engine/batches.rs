@@ -181,11 +181,7 @@ impl Engine {
             ),
             spec::ProvisioningMode::Default => "Queued for allocation.".to_string(),
         };
-        let priority = batch
-            .labels
-            .get(PRIORITY_LABEL)
-            .and_then(|p| p.parse::<i32>().ok())
-            .unwrap_or(0);
+        let priority = spec::priority(&batch.labels);
         let name = BatchName::new(&project, &region, &batch_id);
         let new = NewBatch {
             name: name.clone(),
@@ -545,9 +541,6 @@ fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
         current_usage,
     })
 }
-
-/// The label that sets a batch's queue priority (higher goes first).
-pub const PRIORITY_LABEL: &str = "flexq-priority";
 
 fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde_json::Value {
     let (verdict, reasons, zone) = match v {

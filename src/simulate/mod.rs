@@ -124,14 +124,8 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
                 continue;
             }
             let key = BatchKey(tb.line as i64);
-            let deadline = (cluster.mode == spec::ProvisioningMode::Queue)
-                .then(|| now + Duration::seconds(cluster.allocation_timeout_s as i64));
-            let priority = tb
-                .batch
-                .labels
-                .get("flexq-priority")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
+            let deadline = cluster.deadline(now);
+            let priority = spec::priority(&tb.batch.labels);
             let ttl = cluster.ttl_s.map_or(f64::INFINITY, |t| t as f64);
             queued.insert(key, (tb.project.clone(), tb.run_s.min(ttl)));
             core.submit(PendingBatch {

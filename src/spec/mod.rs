@@ -119,6 +119,18 @@ pub struct QuotaAmount {
     pub amount: u64,
 }
 
+/// The label that sets a batch's queue priority: a whole number, higher
+/// goes first; absent or not a number, 0 (docs/rules.md).
+pub const PRIORITY_LABEL: &str = "flexq-priority";
+
+/// A batch's queue priority, from its labels ([`PRIORITY_LABEL`]).
+pub fn priority(labels: &BTreeMap<String, String>) -> i32 {
+    labels
+        .get(PRIORITY_LABEL)
+        .and_then(|p| p.parse::<i32>().ok())
+        .unwrap_or(0)
+}
+
 /// A batch turned into what the scheduler allocates as one unit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterRequest {
@@ -143,6 +155,19 @@ pub struct ClusterRequest {
 }
 
 impl ClusterRequest {
+    /// Its allocation deadline when queued at `queued_at` (at create, or
+    /// again at a requeue): in queue mode, `queued_at` plus its allocation
+    /// timeout; none in default mode, which never waits
+    /// (docs/rules.md#provisioning-and-timeouts). The server's store and
+    /// the simulator both take it from here.
+    pub fn deadline(
+        &self,
+        queued_at: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        (self.mode == ProvisioningMode::Queue)
+            .then(|| queued_at + chrono::Duration::seconds(self.allocation_timeout_s as i64))
+    }
+
     /// Whether any node of the cluster has a GPU.
     pub fn uses_gpus(&self) -> bool {
         self.driver.accelerator.is_some() || self.executor.accelerator.is_some()

@@ -11,7 +11,7 @@ use super::schedule::release;
 use super::{Change, Provisioning, RunInfo, Store, StoreError};
 use crate::api::State;
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
-use crate::spec::{ClusterRequest, ProvisioningMode};
+use crate::spec::ClusterRequest;
 
 /// A committed lifecycle decision, for the engine to log and count.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,8 +91,7 @@ async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Resu
         .await?;
     let cluster: ClusterRequest = serde_json::from_str(&cluster)
         .map_err(|e| StoreError::Unavailable(format!("stored cluster cannot be read: {e}")))?;
-    let deadline = (cluster.mode == ProvisioningMode::Queue)
-        .then(|| micros(now + chrono::Duration::seconds(cluster.allocation_timeout_s as i64)));
+    let deadline = cluster.deadline(now).map(micros);
     sqlx::query(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
          allocate_time = null, zone = null, master_url = null, run_info = null where seq = $3",

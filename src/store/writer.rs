@@ -31,7 +31,6 @@ use super::rows::{BATCH_COLUMNS, micros, read_batches};
 use super::sql::Sql;
 use super::{BatchRecord, Created, NewBatch, Store, StoreError};
 use crate::api::{State, StateHistory};
-use crate::spec::ProvisioningMode;
 
 pub(super) struct CreateCmd {
     pub batch: NewBatch,
@@ -333,11 +332,6 @@ async fn lock_keys(
         .collect()
 }
 
-fn deadline(b: &NewBatch, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    (b.cluster.mode == ProvisioningMode::Queue)
-        .then(|| now + chrono::Duration::seconds(b.cluster.allocation_timeout_s as i64))
-}
-
 fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
     BatchRecord {
         seq,
@@ -352,7 +346,7 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         creator: b.creator.clone(),
         spec: b.spec.clone(),
         cluster: b.cluster.clone(),
-        deadline: deadline(b, now),
+        deadline: b.cluster.deadline(now),
         provisioning: super::Provisioning::Queued,
         priority: b.priority,
         zone: None,
@@ -456,7 +450,7 @@ async fn insert_batches(
                 .bind(b.creator.as_str())
                 .bind(spec.as_str())
                 .bind(cluster.as_str())
-                .bind(deadline(b, now).map(micros))
+                .bind(b.cluster.deadline(now).map(micros))
                 .bind(b.priority);
         });
         q.push(" returning seq, uuid");
