@@ -16,7 +16,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::api::State;
+use crate::api::{EndReason, State};
 use crate::config::Config;
 use crate::scheduler::Snapshot;
 
@@ -35,6 +35,7 @@ pub const PENDING_REASONS: &[&str] = &["quota", "capacity", "reservation"];
 struct Metrics {
     registry: Registry,
     transitions: IntCounterVec,
+    ended: IntCounterVec,
     gpu_seconds: prometheus::CounterVec,
     admitted: IntCounterVec,
     expired: IntCounterVec,
@@ -204,6 +205,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Batch state transitions, by the state entered.",
             &["state"],
         ),
+        ended: counter_vec(
+            "flexq_batches_ended_total",
+            "Batches that ended without succeeding, by their typed reason (the batch's flexq.endReason): expired, stockout, quota, infrastructure, work_failed, cancelled.",
+            &["reason"],
+        ),
         gpu_seconds: prometheus::CounterVec::new(
             Opts::new(
                 "flexq_project_gpu_seconds_total",
@@ -350,6 +356,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.accept_errors.clone()),
         Box::new(m.grpc_message_timeouts.clone()),
         Box::new(m.transitions.clone()),
+        Box::new(m.ended.clone()),
         Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
         Box::new(m.expired.clone()),
@@ -398,6 +405,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     }
     for state in State::ALL {
         m.transitions.with_label_values(&[state.name()]);
+    }
+    for reason in EndReason::ALL {
+        m.ended.with_label_values(&[reason.label()]);
     }
     for e in ["MASTER_READY", "DRIVER_STARTED", "FINISHED", "PART_FAILED"] {
         m.agent_reports.with_label_values(&[e]);
@@ -489,6 +499,11 @@ pub fn record_admitted(region: &str, accelerator: &str, waited: Duration) {
         .wait_seconds
         .with_label_values(&[region, accelerator])
         .observe(waited.as_secs_f64());
+}
+
+/// A batch ended without succeeding, for `reason`.
+pub fn record_ended(reason: EndReason) {
+    METRICS.ended.with_label_values(&[reason.label()]).inc();
 }
 
 /// A queued batch expired.

@@ -74,6 +74,11 @@ pub struct FlexqInfo {
     pub provisioning_mode: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation_deadline: Option<DateTime<Utc>>,
+    /// Why it ended without succeeding, once it has: EXPIRED, STOCK_OUT,
+    /// QUOTA, INFRASTRUCTURE, WORK_FAILED or CANCELLED. Its operation's
+    /// error code follows from it, never from the message's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<String>,
     /// Which attempt runs, once an infrastructure failure requeued the
     /// batch (2, 3…); absent for the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]

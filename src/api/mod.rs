@@ -68,6 +68,81 @@ impl State {
     }
 }
 
+/// Why a batch ended without succeeding: stored with the batch, and the
+/// one thing its API error code, its metrics label and the console's badge
+/// are derived from (its message is free text, for people).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EndReason {
+    /// Its allocation timeout passed in the queue (queue mode).
+    Expired = 1,
+    /// No zone had capacity for it at once (default mode).
+    StockOut = 2,
+    /// Its project's quota had no room for it at once (default mode).
+    Quota = 3,
+    /// The infrastructure failed under it (a lost node, an agent that
+    /// restarted without its work) and it had no requeue left.
+    Infrastructure = 4,
+    /// Its own work failed: the driver, or a part that could not run.
+    WorkFailed = 5,
+    /// A user cancelled it.
+    Cancelled = 6,
+}
+
+impl EndReason {
+    pub const ALL: [EndReason; 6] = [
+        EndReason::Expired,
+        EndReason::StockOut,
+        EndReason::Quota,
+        EndReason::Infrastructure,
+        EndReason::WorkFailed,
+        EndReason::Cancelled,
+    ];
+
+    /// Its number in the store.
+    pub fn number(self) -> i64 {
+        self as i64
+    }
+
+    pub fn from_number(n: i64) -> Option<EndReason> {
+        EndReason::ALL.into_iter().find(|r| r.number() == n)
+    }
+
+    /// Its name on the wire (`flexq.endReason`) and on the console.
+    pub fn name(self) -> &'static str {
+        match self {
+            EndReason::Expired => "EXPIRED",
+            EndReason::StockOut => "STOCK_OUT",
+            EndReason::Quota => "QUOTA",
+            EndReason::Infrastructure => "INFRASTRUCTURE",
+            EndReason::WorkFailed => "WORK_FAILED",
+            EndReason::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// The code of the batch's operation error (google.rpc.Code).
+    pub fn code(self) -> Code {
+        match self {
+            EndReason::Expired => Code::DeadlineExceeded,
+            EndReason::StockOut | EndReason::Quota => Code::ResourceExhausted,
+            EndReason::Infrastructure | EndReason::WorkFailed => Code::FailedPrecondition,
+            EndReason::Cancelled => Code::Cancelled,
+        }
+    }
+
+    /// Its label in metrics (`reason`).
+    pub fn label(self) -> &'static str {
+        match self {
+            EndReason::Expired => "expired",
+            EndReason::StockOut => "stockout",
+            EndReason::Quota => "quota",
+            EndReason::Infrastructure => "infrastructure",
+            EndReason::WorkFailed => "work_failed",
+            EndReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 impl std::fmt::Display for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

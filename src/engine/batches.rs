@@ -10,9 +10,9 @@ use uuid::Uuid;
 
 use super::{Engine, Error, Principal};
 use crate::api::{
-    AllocatedPart, BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, BatchName, Code, FieldViolation,
-    FlexqInfo, ListBatchesResponse, Operation, OperationError, OperationMetadata, OperationName,
-    State, check_batch_id, check_request_id, quote,
+    AllocatedPart, BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, BatchName, Code, EndReason,
+    FieldViolation, FlexqInfo, ListBatchesResponse, Operation, OperationError, OperationMetadata,
+    OperationName, State, check_batch_id, check_request_id, quote,
 };
 use crate::scheduler::{BatchKey, PartRole, PendingBatch, Verdict, shape_text};
 use crate::spec::{self, Rejection};
@@ -505,6 +505,7 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
             provisioning_state: r.provisioning.name().into(),
             provisioning_mode: r.cluster.mode.name().into(),
             allocation_deadline: r.deadline,
+            end_reason: r.end_reason.map(|e| e.name().to_string()),
             attempt: (r.attempt > 1).then_some(r.attempt),
             zone: r.zone.clone(),
             allocate_time: r.allocate_time,
@@ -581,21 +582,16 @@ pub fn operation(r: &BatchRecord) -> Operation {
             }
             (None, Some(v))
         }
-        State::Cancelled => (
-            Some(OperationError {
-                code: Code::Cancelled.grpc_number(),
-                message: r.state_message.clone(),
-            }),
-            None,
-        ),
-        State::Failed => {
-            let code = if r.state_message.starts_with("RESOURCE_EXHAUSTED") {
-                Code::ResourceExhausted
-            } else if r.state_message.contains("allocation timeout") {
-                Code::DeadlineExceeded
-            } else {
-                Code::FailedPrecondition
-            };
+        // The code is the typed reason's, never read out of the message.
+        State::Cancelled | State::Failed => {
+            let code =
+                r.end_reason
+                    .map(EndReason::code)
+                    .unwrap_or(if r.state == State::Cancelled {
+                        Code::Cancelled
+                    } else {
+                        Code::FailedPrecondition
+                    });
             (
                 Some(OperationError {
                     code: code.grpc_number(),

@@ -587,6 +587,9 @@ impl Engine {
             }
             crate::metrics::record_transition(to);
         }
+        if let Some(reason) = applied.outcome.end_reason() {
+            crate::metrics::record_ended(reason);
+        }
         if let Some(after) = applied.started_after {
             crate::metrics::record_started(after);
         }

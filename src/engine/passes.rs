@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
+use crate::api::EndReason;
 use crate::config::Config;
 use crate::scheduler::{BatchKey, Decision, PendingBatch, Scheduler, lifecycle};
 use crate::store::{Store, StoreError};
@@ -215,6 +216,7 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
         } => {
             tracing::info!(batch.id = %batch_id, batch.seq = key.0, at = %now, message = %message, "batch expired");
             crate::metrics::record_expired(region, accelerator);
+            crate::metrics::record_ended(EndReason::Expired);
         }
         Decision::Reject {
             key,
@@ -223,7 +225,8 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
             reason,
         } => {
             tracing::info!(batch.id = %batch_id, batch.seq = key.0, message = %message, "batch rejected (default mode, no room)");
-            crate::metrics::record_rejected(reason, true);
+            crate::metrics::record_rejected(reason.label(), true);
+            crate::metrics::record_ended(*reason);
         }
         Decision::LoseNode {
             node,
@@ -240,6 +243,9 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
                     tracing::warn!(batch.id = %id, batch.seq = key.0, node = %node, "batch requeued after an infrastructure failure: node lost");
                 } else {
                     tracing::warn!(batch.id = %id, batch.seq = key.0, node = %node, "batch failed: node lost");
+                    // (A batch already being cancelled ends CANCELLED; the
+                    // core cannot tell it from the others here.)
+                    crate::metrics::record_ended(EndReason::Infrastructure);
                 }
             }
             crate::metrics::record_lease_lost(failed.len() - back, back);

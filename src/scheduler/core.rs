@@ -15,6 +15,7 @@ use super::fairshare::{FairShare, Order, Policy, share_key};
 use super::lease::{LeaseError, Leases};
 use super::quota::{Ledger, QuotaRule};
 use super::views::Blocker;
+use crate::api::EndReason;
 use crate::spec::{ClusterRequest, PartRole, ProvisioningMode, QuotaAmount};
 
 /// A batch's key: its store sequence number.
@@ -86,8 +87,8 @@ pub enum Decision {
         key: BatchKey,
         batch_id: String,
         message: String,
-        /// "quota" or "stockout".
-        reason: &'static str,
+        /// [`EndReason::Quota`] or [`EndReason::StockOut`].
+        reason: EndReason,
     },
     /// A node's lease lapsed: it leaves the capacity, and every batch that
     /// held part of it fails (a partial cluster must not go on).
@@ -803,7 +804,7 @@ impl Scheduler {
                     key,
                     batch_id,
                     message,
-                    reason: "quota",
+                    reason: EndReason::Quota,
                 });
             }
             return Considered::Passed;
@@ -909,7 +910,7 @@ impl Scheduler {
                         key,
                         batch_id,
                         message,
-                        reason: "stockout",
+                        reason: EndReason::StockOut,
                     });
                 } else if walk.reservation.is_none() {
                     walk.reservation = Some(Reservation {

@@ -10,7 +10,7 @@
 
 use super::capacity::NodeId;
 use super::core::{BatchKey, Decision};
-use crate::api::State;
+use crate::api::{EndReason, State};
 use crate::spec::PartRole;
 
 /// One thing to write about a batch.
@@ -27,6 +27,9 @@ pub enum Step {
     DriverStarted { node: String, rapids: String },
     /// The run ended; the driver's exit status when it is known.
     RunEnded { exit_code: Option<i32> },
+    /// Why the batch ended without succeeding (with the `To` that ends
+    /// it): stored with it, its API code derived from it.
+    Ended(EndReason),
     /// The batch goes back to the queue after an infrastructure failure
     /// (with a `To(Pending)` before it): its next attempt, queued as it was
     /// at create, with a fresh allocation deadline and no run yet.
@@ -68,12 +71,16 @@ fn infrastructure_failure(state: State, message: &str, attempts: Attempts) -> Ve
             Step::Requeue,
         ];
     }
-    let to = if state == State::Cancelling {
-        State::Cancelled
+    let (to, reason) = if state == State::Cancelling {
+        (State::Cancelled, EndReason::Cancelled)
     } else {
-        State::Failed
+        (State::Failed, EndReason::Infrastructure)
     };
-    vec![Step::Release, Step::To(to, message.to_string())]
+    vec![
+        Step::Release,
+        Step::To(to, message.to_string()),
+        Step::Ended(reason),
+    ]
 }
 
 /// What a decision does to one batch.
@@ -86,6 +93,14 @@ impl Outcome {
     /// The terminal state the batch ends in, if the decision ends it.
     pub fn ended(&self) -> Option<State> {
         self.states().filter(|s| s.is_terminal()).last()
+    }
+
+    /// Why the batch ended without succeeding, if the decision ends it so.
+    pub fn end_reason(&self) -> Option<EndReason> {
+        self.steps.iter().find_map(|s| match s {
+            Step::Ended(reason) => Some(*reason),
+            _ => None,
+        })
     }
 
     /// Every state the batch passes through, in order.
@@ -116,6 +131,7 @@ pub fn cancel(state: State, holds_cluster: bool) -> Result<Outcome, Refused> {
                 State::Cancelled,
                 "Cancelled before the work started; its cluster was released.".into(),
             ),
+            Step::Ended(EndReason::Cancelled),
         ],
         State::Pending => vec![
             requested(),
@@ -123,6 +139,7 @@ pub fn cancel(state: State, holds_cluster: bool) -> Result<Outcome, Refused> {
                 State::Cancelled,
                 "Cancelled before allocation; no capacity was used.".into(),
             ),
+            Step::Ended(EndReason::Cancelled),
         ],
         State::Running => vec![Step::To(
             State::Cancelling,
@@ -259,12 +276,16 @@ pub fn report(
     Ok(Outcome { steps })
 }
 
+/// The run ended in `to`: a cancel is the user's, a failure the work's own.
 fn end(to: State, message: String, exit_code: Option<i32>) -> Vec<Step> {
-    vec![
-        Step::RunEnded { exit_code },
-        Step::To(to, message),
-        Step::Release,
-    ]
+    let mut steps = vec![Step::RunEnded { exit_code }, Step::To(to, message)];
+    match to {
+        State::Cancelled => steps.push(Step::Ended(EndReason::Cancelled)),
+        State::Failed => steps.push(Step::Ended(EndReason::WorkFailed)),
+        _ => {}
+    }
+    steps.push(Step::Release);
+    steps
 }
 
 /// A lost node (its lease lapsed, or its cluster left the config): each
@@ -375,6 +396,104 @@ mod tests {
                 .expect("again")
                 .steps
                 .is_empty()
+        );
+    }
+
+    /// Every outcome that ends a batch without success names one typed
+    /// reason, the one its cause gives; nothing else names one.
+    #[test]
+    fn every_unsuccessful_end_names_its_reason_and_only_those_do() {
+        let retries = [
+            NONE,
+            Attempts {
+                attempt: 1,
+                retries: 1,
+            },
+        ];
+        let events = |succeeded: bool, infrastructure: bool| {
+            [
+                AgentEvent::Finished {
+                    succeeded,
+                    message: "m".into(),
+                    exit_code: None,
+                },
+                AgentEvent::PartFailed {
+                    message: "m".into(),
+                    infrastructure,
+                },
+            ]
+        };
+        let mut seen = std::collections::HashSet::new();
+        for state in [State::Pending, State::Running, State::Cancelling] {
+            for attempts in retries {
+                // Each outcome with the reason a failure of it must give.
+                let mut outcomes = vec![(
+                    node_lost(Some(state), "lost", attempts),
+                    EndReason::Infrastructure,
+                )];
+                outcomes.extend(cancel(state, true).map(|o| (o, EndReason::WorkFailed)));
+                for succeeded in [false, true] {
+                    for event in events(succeeded, !succeeded) {
+                        let cause = match event {
+                            AgentEvent::PartFailed {
+                                infrastructure: true,
+                                ..
+                            } => EndReason::Infrastructure,
+                            _ => EndReason::WorkFailed,
+                        };
+                        outcomes.extend(
+                            report(state, "n", "b", Holding::Driver, &event, attempts)
+                                .map(|o| (o, cause)),
+                        );
+                    }
+                }
+                for (o, cause) in outcomes {
+                    let reasons: Vec<_> = o
+                        .steps
+                        .iter()
+                        .filter(|s| matches!(s, Step::Ended(_)))
+                        .collect();
+                    let expected = match o.ended() {
+                        Some(State::Cancelled) => Some(EndReason::Cancelled),
+                        Some(State::Failed) => Some(cause),
+                        _ => None,
+                    };
+                    assert!(reasons.len() <= 1, "{o:?}");
+                    assert_eq!(o.end_reason(), expected, "{state:?}: {o:?}");
+                    if let Some(r) = expected {
+                        seen.insert(r);
+                    }
+                }
+            }
+        }
+        // A lost node fails its batch for the infrastructure, a failed
+        // driver for the work itself, a cancel for the user.
+        let lost = node_lost(Some(State::Running), "lost", NONE);
+        assert_eq!(lost.end_reason(), Some(EndReason::Infrastructure));
+        let failed = report(
+            State::Running,
+            "n",
+            "b",
+            Holding::Driver,
+            &events(false, false)[0],
+            NONE,
+        )
+        .expect("ok");
+        assert_eq!(failed.end_reason(), Some(EndReason::WorkFailed));
+        let requeued = node_lost(Some(State::Running), "lost", retries[1]);
+        assert_eq!(
+            requeued.end_reason(),
+            None,
+            "a requeued batch has not ended"
+        );
+        assert_eq!(
+            seen,
+            [
+                EndReason::Cancelled,
+                EndReason::Infrastructure,
+                EndReason::WorkFailed
+            ]
+            .into()
         );
     }
 

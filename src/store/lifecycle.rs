@@ -94,7 +94,8 @@ async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Resu
     let deadline = cluster.deadline(now).map(micros);
     sqlx::query(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
-         allocate_time = null, zone = null, master_url = null, run_info = null where seq = $3",
+         allocate_time = null, zone = null, master_url = null, run_info = null, \
+         end_reason = null where seq = $3",
     )
     .bind(Provisioning::Queued as i64)
     .bind(deadline)
@@ -155,6 +156,13 @@ pub(super) async fn write_steps(
                 set_run_info(conn, seq, &run).await?;
             }
             Step::Requeue => requeue(conn, seq, now).await?,
+            Step::Ended(reason) => {
+                sqlx::query("update batches set end_reason = $1 where seq = $2")
+                    .bind(reason.number())
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await?;
+            }
             Step::RunEnded { exit_code } => {
                 let mut run = run_info(conn, seq).await?;
                 run.exit_code = exit_code.or(run.exit_code);

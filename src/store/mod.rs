@@ -181,6 +181,8 @@ pub struct BatchRecord {
     pub master_url: Option<String>,
     /// Which attempt runs: 1, and one more after each requeue.
     pub attempt: u32,
+    /// Why it ended without succeeding (FAILED or CANCELLED).
+    pub end_reason: Option<crate::api::EndReason>,
     /// What the agents reported about the run.
     pub run: RunInfo,
     pub history: Vec<StateHistory>,

@@ -14,7 +14,7 @@ use crate::api::{BatchName, State, StateHistory};
 
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
      create_time, state, state_message, state_time, creator, spec, cluster, deadline, provisioning, \
-     priority, zone, allocate_time, master_url, run_info, attempt";
+     priority, zone, allocate_time, master_url, run_info, attempt, end_reason";
 
 pub(super) fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
@@ -58,6 +58,9 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
             .map(from_micros),
         master_url: row.try_get("master_url")?,
         attempt: u32::try_from(row.try_get::<i64, _>("attempt")?).unwrap_or(1),
+        end_reason: row
+            .try_get::<Option<i64>, _>("end_reason")?
+            .and_then(crate::api::EndReason::from_number),
         run: match row.try_get::<Option<&str>, _>("run_info")? {
             Some(json) => serde_json::from_str(json).map_err(|e| corrupt("run", e))?,
             None => super::RunInfo::default(),

@@ -13,7 +13,7 @@ use super::sql::Sql;
 use super::lifecycle::write_steps;
 use super::rows::{append_history, from_micros, micros};
 use super::{Backend, Change, Provisioning, Store, StoreError};
-use crate::api::State;
+use crate::api::{EndReason, State};
 use crate::scheduler::lifecycle;
 use crate::scheduler::{
     Allocation, BatchKey, Decision, NodeId, NodeSpec, PartRole, PendingBatch, Placement,
@@ -339,7 +339,7 @@ impl Store {
         // Expiries and rejections come in bursts (many deadlines at once):
         // they are written with a few multi-row statements, not two per
         // batch.
-        let mut endings: Vec<(usize, i64, i64, &str)> = Vec::new();
+        let mut endings: Vec<(usize, i64, i64, &str, EndReason)> = Vec::new();
         for (i, d) in decisions.iter().enumerate() {
             match d {
                 Decision::LoseNode {
@@ -352,10 +352,21 @@ impl Store {
                     applied[i] = lose_node(&mut tx, node, *epoch, failed, message, now).await?;
                 }
                 Decision::Expire { key, message, .. } => {
-                    endings.push((i, key.0, Provisioning::Expired as i64, message));
+                    endings.push((
+                        i,
+                        key.0,
+                        Provisioning::Expired as i64,
+                        message,
+                        EndReason::Expired,
+                    ));
                 }
-                Decision::Reject { key, message, .. } => {
-                    endings.push((i, key.0, Provisioning::Rejected as i64, message));
+                Decision::Reject {
+                    key,
+                    message,
+                    reason,
+                    ..
+                } => {
+                    endings.push((i, key.0, Provisioning::Rejected as i64, message, *reason));
                 }
                 Decision::Allocate(a) => {
                     let message = allocated_message(a);
@@ -389,9 +400,14 @@ impl Store {
             q.bind(State::Failed.number())
                 .push(", state_time = ")
                 .bind(micros(now))
-                .push(", provisioning = v.column2, state_message = v.column3 from (");
-            q.values(chunk, |row, (_, seq, provisioning, message)| {
-                row.bind(*seq).bind(*provisioning).bind(*message);
+                .push(
+                    ", provisioning = v.column2, state_message = v.column3, end_reason = v.column4 from (",
+                );
+            q.values(chunk, |row, (_, seq, provisioning, message, reason)| {
+                row.bind(*seq)
+                    .bind(*provisioning)
+                    .bind(*message)
+                    .bind(reason.number());
             });
             q.push(
                 ") as v where batches.seq = v.column1 and batches.state = 1 \
@@ -419,7 +435,7 @@ impl Store {
                 .push(", v.column2, ")
                 .bind(micros(now))
                 .push(" from (");
-            h.values(written, |row, (_, seq, _, message)| {
+            h.values(written, |row, (_, seq, _, message, _)| {
                 row.bind(*seq).bind(*message);
             });
             h.push(") as v");

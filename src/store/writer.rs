@@ -353,6 +353,7 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         allocate_time: None,
         master_url: None,
         attempt: 1,
+        end_reason: None,
         run: super::RunInfo::default(),
         history: vec![StateHistory {
             state: State::Pending,

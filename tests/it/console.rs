@@ -500,6 +500,7 @@ async fn a_queued_batch_shows_why_and_a_cancel_and_the_next_allocation_show_live
     b.text_with("#cancel", "again").await;
     b.element("#cancel").await.click().await.expect("click");
     b.text_with("#batch-state", "CANCELLED").await;
+    b.text_with("#end-reason", "CANCELLED").await;
     b.text_with("#timeline", "CANCELLED").await;
     b.assert_not_reloaded().await;
     assert!(

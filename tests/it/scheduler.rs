@@ -295,6 +295,106 @@ async fn default_mode_fails_at_once_on_a_stock_out_or_missing_quota() {
     assert_eq!(op["error"]["code"], 8, "RESOURCE_EXHAUSTED");
 }
 
+/// The operation's code follows the batch's typed end reason, for each
+/// way a batch ends without succeeding; and the migration that added the
+/// reason derives the same one from what older rows hold.
+#[tokio::test]
+async fn each_ending_has_a_typed_reason_and_its_code_follows_it() {
+    let s = TestServer::start_with(|c| world(c, 1, 4, 4, 24)).await;
+    let quota = |limit: &'static str| {
+        s.http
+            .patch(s.url("/v1/projects/demo/regions/us-central1/quotas"))
+            .json(&json!({"metric": "NVIDIA_L4_GPUS", "limit": limit}))
+            .send()
+    };
+    assert_eq!(quota("4").await.expect("patch").status(), 200);
+    assert_eq!(s.create("batchId=held", &on_demand_batch(2)).await.0, 200);
+    until(&s, "held", "provisioned", |b| {
+        provisioning(b) == "PROVISIONED"
+    })
+    .await;
+    assert_eq!(s.create("batchId=quota", &on_demand_batch(2)).await.0, 200);
+    assert_eq!(
+        s.create("batchId=expired", &gpu_batch(5, "1s")).await.0,
+        200
+    );
+    assert_eq!(
+        s.create("batchId=cancelled", &gpu_batch(5, "3600s"))
+            .await
+            .0,
+        200
+    );
+    cancel(&s, "cancelled").await;
+    until(&s, "quota", "failed", |b| b["state"] == "FAILED").await;
+    assert_eq!(quota("100").await.expect("patch").status(), 200);
+    assert_eq!(
+        s.create("batchId=stock-out", &on_demand_batch(2)).await.0,
+        200
+    );
+    // (batch id, typed reason, the operation's google.rpc.Code)
+    let expected = [
+        ("quota", "QUOTA", 8),
+        ("expired", "EXPIRED", 4),
+        ("cancelled", "CANCELLED", 1),
+        ("stock-out", "STOCK_OUT", 8),
+    ];
+    for (id, reason, code) in expected {
+        let b = until(&s, id, "ended", |b| {
+            b["state"] == "FAILED" || b["state"] == "CANCELLED"
+        })
+        .await;
+        assert_eq!(b["flexq"]["endReason"], reason, "{id}: {b:#}");
+        let (_, op) = s
+            .get(&format!("/v1/{}", b["operation"].as_str().expect("op")))
+            .await;
+        assert_eq!(op["error"]["code"], code, "{id}: {op:#}");
+    }
+    let held = batch(&s, "held").await;
+    assert!(held["flexq"].get("endReason").is_none(), "{held:#}");
+    let metrics = s.scrape().await;
+    for label in ["quota", "expired", "cancelled", "stockout"] {
+        assert!(
+            metrics.contains(&format!("flexq_batches_ended_total{{reason=\"{label}\"}}")),
+            "{label}"
+        );
+    }
+
+    // The migration's derivation, run again on these rows with their
+    // reasons cleared, gives each the reason flexq wrote.
+    let url = s.database_url().await;
+    // (Both backends' files hold the same SQL today; each is run where
+    // it is the one migrations run.)
+    #[allow(clippy::if_same_then_else)]
+    let migration = if url.starts_with("sqlite:") {
+        include_str!("../../migrations/sqlite/0012_end_reason.sql")
+    } else {
+        include_str!("../../migrations/postgres/0013_end_reason.sql")
+    };
+    let derive = &migration[migration
+        .find("update batches set end_reason")
+        .expect("the derivation")..];
+    sqlx::any::install_default_drivers();
+    let mut db = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
+        .await
+        .expect("connect");
+    sqlx::query("update batches set end_reason = null")
+        .execute(&mut db)
+        .await
+        .expect("clear");
+    sqlx::query(derive).execute(&mut db).await.expect("derive");
+    <sqlx::AnyConnection as sqlx::Connection>::close(db)
+        .await
+        .expect("close");
+    for (id, reason, code) in expected {
+        let b = batch(&s, id).await;
+        assert_eq!(b["flexq"]["endReason"], reason, "derived for {id}");
+        let (_, op) = s
+            .get(&format!("/v1/{}", b["operation"].as_str().expect("op")))
+            .await;
+        assert_eq!(op["error"]["code"], code, "derived for {id}");
+    }
+}
+
 #[tokio::test]
 async fn requests_that_can_never_fit_are_rejected_at_submit() {
     let s = TestServer::start_with(|c| world(c, 1, 4, 2, 16)).await;

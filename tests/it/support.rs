@@ -83,6 +83,18 @@ impl TestServer {
         .await
     }
 
+    /// The URL of the server's own database (SQLite file or PostgreSQL),
+    /// for tests that look at or change what is stored directly.
+    pub async fn database_url(&self) -> String {
+        match database_url(self._dir.path()).await {
+            Some(url) => url,
+            None => format!(
+                "sqlite://{}",
+                self._dir.path().join("data").join("flexq.db").display()
+            ),
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

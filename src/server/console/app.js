@@ -920,6 +920,9 @@ function batchView(b, deleted, project, region, cancel) {
       `Batch ${id} `,
       stateBadge(b.state, "batch-state"),
       " ",
+      // Why it ended, from its typed reason (never from the message).
+      f.endReason ? h("span", { class: `badge reason-${f.endReason}`, id: "end-reason", title: "Why it ended" }, f.endReason.replaceAll("_", " ")) : "",
+      f.endReason ? " " : "",
       cancel,
     ),
   );
