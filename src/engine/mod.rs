@@ -203,6 +203,20 @@ impl Engine {
             })),
         })
         .await?;
+        // Read back, not trusted: a URL's options or a server's settings
+        // may have turned off what makes a commit durable.
+        let durability = store.durability().await?;
+        let settings = durability
+            .settings
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        if durability.is_durable() {
+            tracing::info!(%settings, "store commits are durable");
+        } else {
+            tracing::warn!(%settings, weaknesses = ?durability.weaknesses, "store commits may be lost on a power loss or an OS crash");
+        }
         Engine::start(Arc::new(config), source, store, shutdown).await
     }
 

@@ -230,18 +230,42 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// Which variant a change is. Exhaustive on purpose: a new variant
+    /// does not compile here until the round trip below covers it.
+    fn variant(c: &Change) -> usize {
+        match c {
+            Change::Created { .. } => 0,
+            Change::Ended { .. } => 1,
+            Change::Requeued { .. } => 2,
+            Change::Node { .. } => 3,
+            Change::Quota => 4,
+            Change::Hold => 5,
+            Change::Cordon => 6,
+            Change::Config { .. } => 7,
+            Change::Decided => 8,
+            Change::Work => 9,
+            Change::Output { .. } => 10,
+            Change::Heartbeat { .. } => 11,
+            Change::Ping { .. } => 12,
+        }
+    }
+
     #[test]
     fn changes_read_back_what_they_write() {
-        for c in [
+        let all = [
             Change::Created {
                 first_seq: 40,
                 last_seq: 42,
             },
             Change::Ended { seq: 7 },
+            Change::Requeued { seq: 8 },
             Change::Node {
                 id: "gpu node 1".into(),
             },
             Change::Quota,
+            Change::Hold,
+            Change::Cordon,
+            Change::Config { generation: 12 },
             Change::Decided,
             Change::Work,
             Change::Output { seq: 3 },
@@ -253,7 +277,10 @@ mod tests {
                 n: 4,
                 replica: "flexq-0".into(),
             },
-        ] {
+        ];
+        let covered: std::collections::BTreeSet<usize> = all.iter().map(variant).collect();
+        assert_eq!(covered, (0..=12).collect(), "every variant once");
+        for c in all {
             assert_eq!(Change::parse(&c.to_string()), Some(c.clone()), "{c}");
         }
         assert_eq!(Change::parse("created x"), None);

@@ -16,6 +16,7 @@
 //! [`Store::begin_create`]): the unique indexes order them.
 
 mod config;
+mod durability;
 mod events;
 pub mod filter;
 pub mod leader;
@@ -43,6 +44,7 @@ use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
 pub use config::ConfigGeneration;
+pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
 pub use leader::{Change, ChangeStream, Heard, LeaseHolder};

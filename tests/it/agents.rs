@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, assert_status, flex_with};
+use crate::support::{TestServer, assert_status, flex_with, no_virtual_nodes, sample};
 
 fn node(id: &str, gpus: u32) -> Value {
     json!({
@@ -24,9 +24,14 @@ async fn server() -> TestServer {
     server_with_lease(Duration::from_secs(1)).await
 }
 
-/// The same with a lease of `lease`.
+/// The same with a lease of `lease`, in a process of its own: the tests
+/// read exact changes of its metrics.
 async fn server_with_lease(lease: Duration) -> TestServer {
-    TestServer::start_for_agents(lease).await
+    TestServer::start_process_with(|c| {
+        no_virtual_nodes(c);
+        c.agents.lease_duration = lease;
+    })
+    .await
 }
 
 #[tokio::test]
@@ -59,7 +64,7 @@ async fn a_registered_node_is_capacity_and_its_lost_lease_fails_its_batches() {
         .await;
     assert_eq!(st, 200);
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let gpus_held = loop {
         let (st, hb) = post(
             &s,
             "/v1/nodes/gpu-host-1:heartbeat",
@@ -78,11 +83,16 @@ async fn a_registered_node_is_capacity_and_its_lost_lease_fails_its_batches() {
                     .iter()
                     .all(|p| p["node"] == "gpu-host-1" && p["isVirtual"] == false)
             );
-            break;
+            break b["flexq"]["nodes"]
+                .as_array()
+                .expect("nodes")
+                .iter()
+                .map(|p| p["gpus"].as_array().expect("gpus").len())
+                .sum::<usize>();
         }
         assert!(Instant::now() < deadline, "{b:#}");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
     // Heartbeats keep it across several lease lengths.
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -136,17 +146,24 @@ async fn a_registered_node_is_capacity_and_its_lost_lease_fails_its_batches() {
     );
     // The lost cluster's GPU-seconds are counted at its release (the core
     // gave it back inside the pass that found the node lost).
+    // This server's only cluster: its GPUs times the time it held them.
     let metrics = s.scrape().await;
+    let counted: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("flexq_project_gpu_seconds_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let time = |field: &str| {
+        chrono::DateTime::parse_from_rfc3339(b[field].as_str().expect(field)).expect("a timestamp")
+    };
+    let allocated =
+        chrono::DateTime::parse_from_rfc3339(b["flexq"]["allocateTime"].as_str().expect("at"))
+            .expect("a timestamp");
+    let held = (time("stateTime") - allocated).as_seconds_f64();
+    let expected = gpus_held as f64 * held;
     assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("flexq_project_gpu_seconds_total{")
-                && l.contains(r#"project="demo""#)
-                && l.rsplit(' ')
-                    .next()
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .is_some_and(|v| v > 0.0)),
-        "no GPU-seconds counted for the lost cluster:\n{metrics}"
+        gpus_held > 0 && (counted - expected).abs() <= 0.01 * expected + 0.1,
+        "{counted} GPU-seconds counted, {gpus_held} GPUs held {held} s:\n{metrics}"
     );
 
     // A late report from the lost agent is refused.
@@ -452,23 +469,15 @@ async fn the_agent_protocol_long_polls_reports_and_streams_output() {
     assert_eq!(nodes["nodes"][0]["freeGpus"], 8, "{nodes:#}");
     let (_, after) = poll(&s, "gpu-host-1", &epoch, "", "1s").await;
     assert_eq!(after["assignments"], json!([]));
-    // The run is in the metrics.
+    // The run is in the metrics: once each (this server ran nothing else).
     let text = s.scrape().await;
     for series in [
         "flexq_agent_reports_total{event=\"FINISHED\"}",
         "flexq_batch_start_seconds_count",
         "flexq_batch_run_seconds_count{state=\"FAILED\"}",
+        "flexq_batches_ended_total{reason=\"work_failed\"}",
     ] {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(series))
-            .unwrap_or_else(|| panic!("{series} missing"));
-        let n: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .expect("value");
-        assert!(n >= 1.0, "{line}");
+        assert_eq!(sample(&text, series), Some(1.0), "{series}");
     }
     // A report after the end is refused.
     let (st, _) = post(

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, assert_status, flex_batch};
+use crate::support::{ServerProcess, TestServer, assert_status, flex_batch, sample};
 
 fn batch_id_of(op: &Value) -> String {
     op["metadata"]["batch"]
@@ -395,30 +395,35 @@ async fn health_readiness_runtimes_and_unknown_routes() {
 
 #[tokio::test]
 async fn every_state_change_is_counted_in_metrics() {
-    let s = TestServer::start().await;
-    let before = transitions(&s, "CANCELLED").await;
-    let (_, op) = s.create("batchId=metric-1", &flex_batch()).await;
-    s.post(&format!(
-        "/v1/{}:cancel",
-        op["name"].as_str().expect("name")
-    ))
-    .await;
-    // Other tests in this binary share the process-wide registry, so
-    // compare counts rather than absolute values.
-    assert!(transitions(&s, "CANCELLED").await > before);
-}
-
-async fn transitions(s: &TestServer, state: &str) -> f64 {
-    let text = s.scrape().await;
-    text.lines()
-        .find(|l| {
-            l.starts_with(&format!(
-                "flexq_batch_transitions_total{{state=\"{state}\"}}"
-            ))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    // A server process of its own: its counters move for this test's
+    // batch alone, so the deltas are exact.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = ServerProcess::start(dir.path()).await;
+    let series = [
+        "flexq_batch_transitions_total{state=\"PENDING\"}",
+        "flexq_batch_transitions_total{state=\"CANCELLING\"}",
+        "flexq_batch_transitions_total{state=\"CANCELLED\"}",
+        "flexq_batches_ended_total{reason=\"cancelled\"}",
+        "flexq_batch_transitions_total{state=\"FAILED\"}",
+    ];
+    let read = |text: String| {
+        series.map(|name| sample(&text, name).unwrap_or_else(|| panic!("{name} missing:\n{text}")))
+    };
+    let before = read(s.scrape().await);
+    assert_eq!(s.create("metric-1", &flex_batch()).await, 200);
+    let b = s.batch("metric-1").await;
+    let (st, _) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            b["operation"].as_str().expect("op")
+        ))
+        .await;
+    assert_eq!(st, 200);
+    s.until("demo", "metric-1", |b| b["state"] == "CANCELLED")
+        .await;
+    let after = read(s.scrape().await);
+    let deltas: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    assert_eq!(deltas, [1.0, 1.0, 1.0, 1.0, 0.0], "{series:?}");
 }
 
 /// The OpenAPI document is generated from the code: every route the server

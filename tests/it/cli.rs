@@ -186,15 +186,67 @@ fn a_bad_config_stops_start_up_naming_the_key() {
 
 #[tokio::test]
 async fn sigterm_drains_and_exits_cleanly() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = crate::support::ServerProcess::start(dir.path()).await;
+    let mut server = crate::support::ServerProcess::start(dir.path()).await;
+    // A create in flight: its head and half its body sent, the rest held
+    // back until the server has been told to stop.
+    let body = serde_json::to_vec(&crate::support::flex_batch()).expect("body");
+    let (first, rest) = body.split_at(body.len() / 2);
+    let address = server.endpoint.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/projects/demo/locations/us-central1/batches?batchId=in-flight HTTP/1.1\r\n\
+         Host: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    conn.write_all(first).await.expect("first half");
+    // The server holds the connection (its gauge says so) before SIGTERM.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while crate::support::sample(
+        &server.scrape().await,
+        "flexq_connections{listener=\"api\"}",
+    ) < Some(1.0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection was never accepted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let pid = server.child.id();
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
         .expect("kill");
     assert!(status.success());
-    let mut server = server;
+    // Stopping has begun: the listener no longer takes connections.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&address).await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still accepting after SIGTERM"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    conn.write_all(rest).await.expect("the rest of the body");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await.expect("read the answer");
+        assert!(
+            n > 0,
+            "closed without an answer: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(conn);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
         if let Some(status) = server.child.try_wait().expect("wait") {
@@ -207,6 +259,9 @@ async fn sigterm_drains_and_exits_cleanly() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // What was answered is stored.
+    let server = crate::support::ServerProcess::start(dir.path()).await;
+    assert_eq!(server.batch("in-flight").await["state"], "PENDING");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

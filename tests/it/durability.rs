@@ -1,5 +1,8 @@
-//! Nothing accepted is lost: SIGKILL of a real `flexq serve` process
-//! right after (and during) a burst of creates.
+//! Nothing accepted is lost when the process crashes: SIGKILL of a real
+//! `flexq serve` right after (and during) a burst of creates. A SIGKILL
+//! leaves what the process wrote to the kernel, so these tests would pass
+//! with commits that are never synced; that commits reach the disk is
+//! the store's settings, checked on its own sessions by the last test.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -7,7 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use crate::support::{ServerProcess, flex_batch};
+use crate::support::{ServerProcess, database_url, flex_batch};
 
 /// Every batch id stored, with how often it appears.
 async fn stored_ids(endpoint: &str) -> HashMap<String, usize> {
@@ -147,4 +150,38 @@ async fn a_kill_during_a_burst_loses_nothing_acknowledged_and_invents_nothing() 
                 .is_ok_and(|i| i < 100_000)),
         "only batches that were sent"
     );
+}
+
+/// The settings that make a commit durable, read back from the sessions
+/// of a store opened as the server opens it (SQLite: `synchronous` FULL
+/// and WAL; PostgreSQL: `synchronous_commit` not off, `fsync` on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_syncs_each_commit_on_every_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = flexq::config::Config::load_without_env(None).expect("config");
+    config.database.data_dir = dir.path().join("data");
+    config.database.url = database_url(dir.path()).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let engine = flexq::engine::Engine::open(
+        config.clone(),
+        flexq::engine::ConfigSource::Given,
+        shutdown.clone(),
+    )
+    .await
+    .expect("open");
+    // As many at once as the pool holds: each reads its own session.
+    let sessions = config.database.max_connections.max(2) as usize;
+    let all =
+        futures_util::future::join_all((0..sessions).map(|_| engine.store().durability())).await;
+    for d in all {
+        let d = d.expect("read the settings");
+        assert!(d.is_durable(), "{d:?}");
+        let sync = d
+            .settings
+            .iter()
+            .find(|(name, _)| *name == "synchronous" || *name == "synchronous_commit")
+            .map(|(_, value)| value.as_str());
+        assert!(matches!(sync, Some("2" | "on")), "{d:?}");
+    }
+    shutdown.cancel();
 }

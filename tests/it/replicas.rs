@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use flexq::config::Config;
 use flexq::scheduler::{Decision, Scheduler};
+use flexq::spec::ClusterRequest;
 use flexq::store::{NewBatch, Store, StoreError, StoreOptions};
 use rand::Rng;
 use serde_json::{Value, json};
@@ -84,8 +85,10 @@ impl Replica {
             endpoint: format!("http://127.0.0.1:{port}"),
             metrics: format!("http://127.0.0.1:{metrics_port}"),
         };
+        // Ready when it answers as itself: a port taken meanwhile by
+        // another test's server answers with another replica id.
         let t = Instant::now();
-        while replica.readyz().await.is_none() {
+        while replica.readyz().await.is_none_or(|z| z["replica"] != name) {
             assert!(t.elapsed() < Duration::from_secs(30), "{name} never ready");
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
@@ -144,9 +147,10 @@ pub(crate) fn config_file(dir: &Path) -> PathBuf {
 
 /// Checks the whole allocation history: no GPU given twice at once, no
 /// node's cores, memory or local SSD over its size, a project's GPUs
-/// never over `quota`, every cluster whole (one driver and its
-/// executors), and none allocated after its deadline. Returns the number
-/// of clusters ever allocated.
+/// never over `quota`, every cluster whole (one driver and exactly the
+/// executors its stored request asks, per attempt: an attempt's parts are
+/// allocated in one transaction, at one instant), and none allocated
+/// after its deadline. Returns the number of clusters ever allocated.
 pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
     let db = sqlx::PgPool::connect(url)
         .await
@@ -162,7 +166,8 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
     // (time, +1 start / -1 end, what): ends sort before starts at the same
     // microsecond (half-open intervals).
     let mut events: Vec<(i64, i64, String, [i64; 4])> = Vec::new();
-    let mut parts: BTreeMap<i64, (usize, usize, u64)> = BTreeMap::new();
+    // (batch, allocated at) → (drivers, executors, executors asked)
+    let mut parts: BTreeMap<(i64, i64), (usize, usize, u32)> = BTreeMap::new();
     for r in &rows {
         let seq: i64 = r.get("batch_seq");
         let node: String = r.get("node_id");
@@ -179,14 +184,16 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
                 ));
             }
         }
-        let cluster: Value = serde_json::from_str(r.get::<&str, _>("cluster")).expect("cluster");
-        let p = parts.entry(seq).or_insert((0, 0, 0));
-        if r.get::<&str, _>("role") == "driver" {
-            p.0 += 1;
-        } else {
-            p.1 += 1;
+        let cluster: ClusterRequest = serde_json::from_str(r.get::<&str, _>("cluster"))
+            .map_err(|e| format!("batch {seq}: its stored cluster request does not read: {e}"))?;
+        let p = parts
+            .entry((seq, start))
+            .or_insert((0, 0, cluster.executor_count));
+        match r.get::<&str, _>("role") {
+            "driver" => p.0 += 1,
+            "executor" => p.1 += 1,
+            role => return Err(format!("batch {seq}: a part with role {role:?}")),
         }
-        p.2 = cluster["executors"]["count"].as_u64().unwrap_or(u64::MAX);
         let amounts = [
             gpus.len() as i64,
             r.get("cores"),
@@ -204,10 +211,10 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
         events.push((start, 1, pool.clone(), [gpus.len() as i64, 0, 0, 0]));
         events.push((end, -1, pool, [gpus.len() as i64, 0, 0, 0]));
     }
-    for (seq, (drivers, executors, wanted)) in &parts {
-        if *drivers != 1 || (*wanted != u64::MAX && *executors as u64 != *wanted) {
+    for ((seq, at), (drivers, executors, wanted)) in &parts {
+        if *drivers != 1 || *executors != *wanted as usize {
             return Err(format!(
-                "batch {seq}: {drivers} drivers and {executors} executors allocated, {wanted} executors asked"
+                "batch {seq}, allocated at {at}: {drivers} drivers and {executors} executors, {wanted} executors asked"
             ));
         }
     }
@@ -460,6 +467,20 @@ async fn the_leader_killed_again_and_again_loses_nothing_and_overcommits_nothing
     assert!(terms >= 4, "{terms} terms for 3 failovers");
     let clusters = audit(&url, QUOTA).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(clusters > 10, "only {clusters} clusters allocated");
+
+    // Negative control: one executor's row gone, the audit sees a cluster
+    // that is not whole.
+    sqlx::query(
+        "delete from allocations where id = \
+         (select min(id) from allocations where role = 'executor')",
+    )
+    .execute(&db)
+    .await
+    .expect("delete a part");
+    let e = audit(&url, QUOTA)
+        .await
+        .expect_err("a cluster short of an executor must be seen");
+    assert!(e.contains("executors asked"), "{e}");
 }
 
 /// A whole-node batch of project demo, as the API would store it.
@@ -1209,4 +1230,149 @@ async fn a_watch_on_a_follower_goes_on_across_a_leader_failover() {
         .expect("cancel");
     assert_eq!(r.status(), 200);
     until(&mut sse, "before-failover", "RELEASED", "CANCELLED").await;
+}
+
+/// A hold and a cordon made through a follower reach the leader, which
+/// alone allocates: it says why the batch waits, shows the nodes
+/// cordoned, and allocates only once both are lifted, again through the
+/// follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_and_a_cordon_made_on_a_follower_reach_the_leader() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
+    let config = config_file(dir.path());
+    let leader = Replica::start("r0", &url, &config, dir.path()).await;
+    leads_within(&leader, Duration::from_secs(10)).await;
+    let follower = Replica::start("r1", &url, &config, dir.path()).await;
+    let http = reqwest::Client::new();
+    let post = |replica: &Replica, path: &str| {
+        let request = http.post(format!("{}{path}", replica.endpoint));
+        async move {
+            let r = request.send().await.expect("post");
+            let status = r.status();
+            let body: Value = r.json().await.unwrap_or_default();
+            assert!(status.is_success(), "{status}: {body:#}");
+        }
+    };
+    let get = |replica: &Replica, path: &str| {
+        let request = http.get(format!("{}{path}", replica.endpoint));
+        async move {
+            request
+                .send()
+                .await
+                .expect("get")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    let batch = "/v1/projects/demo/locations/us-central1/batches/behind-a-hold";
+    let until = |what: &'static str, done: fn(&Value) -> bool, path: &'static str| {
+        let leader = &leader;
+        async move {
+            let t = Instant::now();
+            loop {
+                let v = get(leader, path).await;
+                if done(&v) {
+                    return v;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(15),
+                    "the leader never {what}: {v:#}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+
+    post(
+        &follower,
+        "/v1/projects/demo/regions/us-central1/queue:hold",
+    )
+    .await;
+    let r = http
+        .post(format!(
+            "{}/v1/projects/demo/locations/us-central1/batches?batchId=behind-a-hold",
+            follower.endpoint
+        ))
+        .json(&gpu_batch(2, "600s"))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200);
+    until(
+        "said the batch waits on the hold",
+        |b| {
+            b["flexq"]["notAdmittedReasons"]
+                .as_array()
+                .is_some_and(|r| {
+                    r.iter()
+                        .any(|r| r.as_str().is_some_and(|r| r.contains("held by an admin")))
+                })
+        },
+        batch,
+    )
+    .await;
+
+    let nodes = get(&leader, "/v1/nodes").await;
+    let ids: Vec<String> = nodes["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(ids.len(), 4, "{nodes:#}");
+    for id in &ids {
+        post(
+            &follower,
+            &format!("/v1/nodes/{}:cordon", id.replace('/', "%2F")),
+        )
+        .await;
+    }
+    until(
+        "showed every node cordoned",
+        |n| {
+            n["nodes"]
+                .as_array()
+                .is_some_and(|n| n.iter().all(|n| n["state"] == "CORDONED"))
+        },
+        "/v1/nodes",
+    )
+    .await;
+    // The hold lifted, every node still cordoned: nothing may be placed.
+    post(
+        &follower,
+        "/v1/projects/demo/regions/us-central1/queue:resume",
+    )
+    .await;
+    until(
+        "saw the hold lifted",
+        |b| {
+            b["flexq"]["notAdmittedReasons"].as_array().is_none_or(|r| {
+                !r.iter()
+                    .any(|r| r.as_str().is_some_and(|r| r.contains("held by an admin")))
+            })
+        },
+        batch,
+    )
+    .await;
+    let b = get(&leader, batch).await;
+    assert_eq!(
+        b["flexq"]["provisioningState"], "QUEUED",
+        "placed on a cordoned node: {b:#}"
+    );
+    for id in &ids {
+        post(
+            &follower,
+            &format!("/v1/nodes/{}:uncordon", id.replace('/', "%2F")),
+        )
+        .await;
+    }
+    until(
+        "allocated the batch",
+        |b| b["flexq"]["provisioningState"] == "PROVISIONED",
+        batch,
+    )
+    .await;
 }

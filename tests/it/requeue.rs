@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, assert_status, flex_with};
+use crate::support::{TestServer, assert_status, flex_with, no_virtual_nodes, sample};
 
 fn node(id: &str) -> Value {
     json!({
@@ -130,7 +130,12 @@ fn history(b: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn a_lost_node_requeues_the_batch_and_its_second_attempt_runs() {
-    let s = TestServer::start_for_agents(Duration::from_secs(1)).await;
+    // A process of its own: its requeue counter is this test's.
+    let s = TestServer::start_process_with(|c| {
+        no_virtual_nodes(c);
+        c.agents.lease_duration = Duration::from_secs(1);
+    })
+    .await;
     let epoch = register(&s, "gpu-a").await;
     let (b, uuid) = allocated(&s, "gpu-a", &epoch, "retried", Some("1")).await;
     let deadline = b["flexq"]["allocationDeadline"].clone();
@@ -163,7 +168,11 @@ async fn a_lost_node_requeues_the_batch_and_its_second_attempt_runs() {
         b["flexq"]["nodes"].as_array().is_none_or(|n| n.is_empty()),
         "{b:#}"
     );
-    assert!(s.scrape().await.contains("flexq_batch_requeues_total"));
+    assert_eq!(
+        sample(&s.scrape().await, "flexq_batch_requeues_total"),
+        Some(1.0),
+        "this server's one requeue"
+    );
 
     // A node comes (back): the second attempt is allocated and runs.
     let epoch = register(&s, "gpu-b").await;

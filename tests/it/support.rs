@@ -22,6 +22,9 @@ pub struct TestServer {
     pub metrics_addr: SocketAddr,
     pub http: reqwest::Client,
     shutdown: CancellationToken,
+    /// The `flexq serve` child when the server runs in a process of its
+    /// own ([`TestServer::start_process_with`]).
+    process: Option<ServerProcess>,
     _dir: tempfile::TempDir,
 }
 
@@ -67,6 +70,38 @@ impl TestServer {
             metrics_addr,
             http: reqwest::Client::new(),
             shutdown,
+            process: None,
+            _dir: dir,
+        }
+    }
+
+    /// The same config (the default, then `tune`) served by a `flexq
+    /// serve` process of its own: its metrics move for this test alone,
+    /// so a test can assert exact deltas of process-wide counters.
+    pub async fn start_process_with(tune: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = Config::load_without_env(None).expect("default config");
+        tune(&mut config);
+        let path = dir.path().join("flexq.toml");
+        std::fs::write(&path, toml::to_string(&config).expect("the config as TOML"))
+            .expect("write the config");
+        let process = match &config.server.tls_cert {
+            Some(cert) => ServerProcess::start_tls(dir.path(), &path, cert).await,
+            None => ServerProcess::start_with(dir.path(), Some(&path)).await,
+        };
+        let addr = |endpoint: &str| {
+            endpoint
+                .trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .parse()
+                .expect("an address")
+        };
+        TestServer {
+            addr: addr(&process.endpoint),
+            metrics_addr: addr(&process.metrics_endpoint),
+            http: reqwest::Client::new(),
+            shutdown: CancellationToken::new(),
+            process: Some(process),
             _dir: dir,
         }
     }
@@ -187,6 +222,8 @@ impl TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        // A server process first, so nothing holds its database.
+        drop(self.process.take());
         // Its directory goes with it, and its database with that.
         drop(take_databases(|dir| dir == self._dir.path()));
         sweep_databases_of_removed_dirs();
@@ -403,6 +440,15 @@ pub fn flexq_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_flexq"))
 }
 
+/// The value of one series in a Prometheus exposition, named exactly as
+/// it is written (`name{label="value",...}`); None when it is not there.
+pub fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
+
 /// A `flexq serve` child process on a given data directory.
 pub struct ServerProcess {
     pub child: Child,
@@ -436,6 +482,22 @@ impl ServerProcess {
         dir: &Path,
         config: Option<&Path>,
         fd_limit: Option<u64>,
+    ) -> ServerProcess {
+        Self::start_serving(dir, config, fd_limit, None).await
+    }
+
+    /// Starts it with a config whose API port serves HTTPS only, with a
+    /// certificate that `ca` signs (it is ready when `/readyz` answers
+    /// over TLS).
+    pub async fn start_tls(dir: &Path, config: &Path, ca: &Path) -> ServerProcess {
+        Self::start_serving(dir, Some(config), None, Some(ca)).await
+    }
+
+    async fn start_serving(
+        dir: &Path,
+        config: Option<&Path>,
+        fd_limit: Option<u64>,
+        tls_ca: Option<&Path>,
     ) -> ServerProcess {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -482,11 +544,18 @@ impl ServerProcess {
                 .stderr(log)
                 .spawn()
                 .expect("spawn flexq serve");
-            let endpoint = format!("http://127.0.0.1:{port}");
-            let http = reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .expect("an HTTP client");
+            let mut http = reqwest::Client::builder().timeout(Duration::from_secs(5));
+            let endpoint = match tls_ca {
+                Some(ca) => {
+                    let pem = std::fs::read(ca).expect("the CA certificate");
+                    http = http.add_root_certificate(
+                        reqwest::Certificate::from_pem(&pem).expect("a PEM certificate"),
+                    );
+                    format!("https://127.0.0.1:{port}")
+                }
+                None => format!("http://127.0.0.1:{port}"),
+            };
+            let http = http.build().expect("an HTTP client");
             let deadline = Instant::now() + Duration::from_secs(30);
             let exited = loop {
                 if let Some(status) = child.try_wait().expect("wait for flexq serve") {
