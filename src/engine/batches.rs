@@ -11,11 +11,11 @@ use uuid::Uuid;
 use super::{Engine, Error, Principal};
 use crate::api::{
     AllocatedPart, BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, BatchName, Code, EndReason,
-    FieldViolation, FlexqInfo, ListBatchesResponse, Operation, OperationError, OperationMetadata,
-    OperationName, State, check_batch_id, check_request_id, quote,
+    FlexqInfo, ListBatchesResponse, Operation, OperationError, OperationMetadata, OperationName,
+    State, quote,
 };
 use crate::scheduler::{BatchKey, PartRole, PendingBatch, Verdict, shape_text};
-use crate::spec::{self, Rejection};
+use crate::spec;
 use crate::store::{BatchRecord, Filter, NewBatch, Provisioning, StoreError};
 
 /// A create as a front end decoded it.
@@ -104,41 +104,11 @@ impl Engine {
             request_id,
             validate_only,
         } = req;
-        let mut id_violations = Vec::new();
-        if let Some(id) = &batch_id {
-            if let Err(e) = check_batch_id(id) {
-                id_violations.push(FieldViolation {
-                    field: "batch_id".into(),
-                    description: e,
-                });
-            }
-        }
-        if let Some(id) = &request_id {
-            if let Err(e) = check_request_id(id) {
-                id_violations.push(FieldViolation {
-                    field: "request_id".into(),
-                    description: e,
-                });
-            }
-        }
-        let cluster = match spec::validate(&batch, &project, &region, &self.live().policy) {
-            Ok(cluster) if id_violations.is_empty() => cluster,
-            Ok(_) => {
-                return Err(Rejection {
-                    code: Code::InvalidArgument,
-                    violations: id_violations,
-                }
-                .into());
-            }
-            Err(mut rejection) => {
-                if !id_violations.is_empty() {
-                    rejection.code = Code::InvalidArgument;
-                    id_violations.append(&mut rejection.violations);
-                    rejection.violations = id_violations;
-                }
-                return Err(rejection.into());
-            }
+        let ids = spec::Identifiers {
+            batch_id: batch_id.as_deref(),
+            request_id: request_id.as_deref(),
         };
+        let cluster = spec::validate_create(&batch, ids, &project, &region, &self.live().policy)?;
         let validate_only = parse_validate_only(validate_only.as_deref())?;
         {
             let core = self.lock().await;

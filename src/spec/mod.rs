@@ -19,7 +19,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{Batch, Code, FieldViolation, quote};
+use crate::api::{Batch, Code, FieldViolation, check_batch_id, check_request_id, quote};
 
 pub use properties::{DATAPROC_PROPERTIES, property_field};
 pub use shape::{Accelerator, PartRole, QuotaMetric};
@@ -297,6 +297,14 @@ pub struct Policy {
     pub default_infrastructure_retries: u32,
 }
 
+/// What a create names beside its batch: the id it asks for and the
+/// requestId that makes a retry safe.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Identifiers<'a> {
+    pub batch_id: Option<&'a str>,
+    pub request_id: Option<&'a str>,
+}
+
 /// Checks a batch against every rule and builds its cluster request.
 pub fn validate(
     batch: &Batch,
@@ -304,7 +312,25 @@ pub fn validate(
     region: &str,
     policy: &Policy,
 ) -> Result<ClusterRequest, Rejection> {
+    validate_create(batch, Identifiers::default(), project, region, policy)
+}
+
+/// [`validate`] for a create: its batch id and requestId are checked with
+/// the batch, their violations reported with the batch's, in one answer.
+pub fn validate_create(
+    batch: &Batch,
+    ids: Identifiers<'_>,
+    project: &str,
+    region: &str,
+    policy: &Policy,
+) -> Result<ClusterRequest, Rejection> {
     let mut v = Violations::default();
+    if let Some(Err(e)) = ids.batch_id.map(check_batch_id) {
+        v.invalid("batch_id", e);
+    }
+    if let Some(Err(e)) = ids.request_id.map(check_request_id) {
+        v.invalid("request_id", e);
+    }
 
     let offered_here = policy.regions.get(region);
     if offered_here.is_none() {

@@ -695,3 +695,36 @@ fn a_cpu_driver_takes_cpu_shapes() {
         "accepted: 4, 8, 16",
     );
 }
+
+#[test]
+fn a_create_s_identifiers_are_checked_with_its_batch_in_one_answer() {
+    let ids = Identifiers {
+        batch_id: Some("Bad_Id"),
+        request_id: Some("no spaces"),
+    };
+    let bad_cores = flex(&[("spark.executor.cores", "6")]);
+    let r =
+        validate_create(&bad_cores, ids, "demo", "us-central1", &config()).expect_err("refused");
+    assert_eq!(r.code, Code::InvalidArgument);
+    let fields: Vec<&str> = r.violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(fields[..2], ["batch_id", "request_id"], "{r:?}");
+    assert!(fields.len() > 2, "the batch's own violation too: {r:?}");
+    assert!(r.violations[0].description.contains("\"Bad_Id\""), "{r:?}");
+    // Good identifiers and a good batch: the same cluster as validate's.
+    let good = Identifiers {
+        batch_id: Some("good-id-1"),
+        request_id: Some("req_1-a"),
+    };
+    assert_eq!(
+        validate_create(&flex(&[]), good, "demo", "us-central1", &config()),
+        validate(&flex(&[]), "demo", "us-central1", &config())
+    );
+    // A bad id alone makes a valid batch INVALID_ARGUMENT.
+    let only_id = Identifiers {
+        batch_id: Some("x"),
+        request_id: None,
+    };
+    let r = validate_create(&flex(&[]), only_id, "demo", "us-central1", &config())
+        .expect_err("refused");
+    assert_eq!(r.violations.len(), 1, "{r:?}");
+}
