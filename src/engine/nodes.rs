@@ -73,65 +73,21 @@ impl Engine {
                 ),
             ));
         }
-        let mut violations = Vec::new();
-        if !crate::spec::is_resource_id(&req.node_id) {
-            violations.push((
-                "node_id",
-                format!(
-                    "{} is invalid: 1 to 63 lowercase letters, digits and '-'",
-                    quote(&req.node_id)
-                ),
-            ));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for a in &req.gpu_addresses {
-            let ok = !a.is_empty()
-                && a.len() <= 32
-                && a.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b':' || b == b'.');
-            if !ok || !seen.insert(a) {
-                violations.push((
-                    "gpu_addresses",
-                    format!("{} is not a usable, unique GPU address", quote(a)),
-                ));
-            }
-        }
-        if req.gpu_addresses.len() > pool.gpus_per_node as usize {
-            violations.push((
-                "gpu_addresses",
-                format!(
-                    "{} GPUs; the pool's nodes have {}",
-                    req.gpu_addresses.len(),
-                    pool.gpus_per_node
-                ),
-            ));
-        }
-        for (field, given, declared) in [
-            ("cores", u64::from(req.cores), u64::from(pool.cores)),
-            ("memory_mb", req.memory_mb, pool.memory_mb),
-            ("local_ssd_gb", req.local_ssd_gb, pool.local_ssd_gb),
-        ] {
-            if given == 0 || given > declared {
-                violations.push((
-                    field,
-                    format!("{given} is out of range: from 1 to the pool's {declared}"),
-                ));
-            }
-        }
-        if !violations.is_empty() {
-            let violations: Vec<_> = violations
-                .into_iter()
-                .map(|(f, d)| crate::api::FieldViolation {
-                    field: f.into(),
-                    description: d,
-                })
-                .collect();
-            return Err(crate::spec::Rejection {
-                code: Code::InvalidArgument,
-                violations,
-            }
-            .into());
-        }
+        crate::spec::check_node(
+            &crate::spec::NodeOffer {
+                node_id: &req.node_id,
+                gpu_addresses: &req.gpu_addresses,
+                cores: req.cores,
+                memory_mb: req.memory_mb,
+                local_ssd_gb: req.local_ssd_gb,
+            },
+            &crate::spec::NodeSize {
+                gpus: pool.gpus_per_node,
+                cores: pool.cores,
+                memory_mb: pool.memory_mb,
+                local_ssd_gb: pool.local_ssd_gb,
+            },
+        )?;
         if req.gpu_addresses.is_empty() {
             return Err(Error::new(
                 Code::FailedPrecondition,

@@ -8,6 +8,7 @@
 //! computed by the caller from the queue time and
 //! [`ClusterRequest::allocation_timeout_s`].
 
+mod node;
 mod properties;
 mod shape;
 mod units;
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{Batch, Code, FieldViolation, check_batch_id, check_request_id, quote};
 
+pub use node::{NodeOffer, NodeSize, check_node};
 pub use properties::{DATAPROC_PROPERTIES, property_field};
 pub use shape::{Accelerator, PartRole, QuotaMetric};
 pub use units::{parse_allocation_timeout, parse_memory_mb, parse_proto_duration, parse_size_gb};
