@@ -26,10 +26,14 @@
 //! - [`engine`]: every use case, once: create, get, list, cancel, delete,
 //!   node registration, heartbeats, polls, reports, output, quotas,
 //!   capacity; the scheduler loop; single, leader or follower.
+//! - [`grpc`]: the gRPC front end (tonic; Dataproc's BatchController and
+//!   Operations services) over the engine, on the API port.
 //! - [`server`]: the axum REST API (Dataproc Batches v1 compatible) over
-//!   the engine, health endpoints and graceful shutdown.
+//!   the engine, health endpoints and graceful shutdown; it mounts
+//!   [`grpc`]'s routes and the web console.
 //! - [`agent`]: the executor agent on each GPU node (`flexq agent`).
-//! - [`cli`]: the client commands (`flexq batches …`) and the benchmark.
+//! - [`cli`]: the client commands (`flexq batches …`, admin commands,
+//!   `serve`, `agent`, `migrate`, `simulate`).
 
 pub mod agent;
 pub mod api;
