@@ -861,12 +861,30 @@ fn state_registry(s: &Snapshot) -> Registry {
     r
 }
 
-/// The text exposition: every event metric, and the gauges of `snapshot`.
-pub fn render(snapshot: Option<&Snapshot>) -> String {
+/// Long polls waiting now, by kind: one server's own (a process may run
+/// several, the tests do), so in a registry of its own made at scrape time.
+fn long_poll_registry(long_polls: &[(&str, usize)]) -> Registry {
+    let r = Registry::new();
+    let g = gauge_vec(
+        &r,
+        "flexq_long_polls",
+        "Long polls waiting now, by kind: assignments (an agent's poll), output (a reader of a batch's output with waitFor), operation (gRPC WaitOperation).",
+        &["kind"],
+    );
+    for (kind, n) in long_polls {
+        g.with_label_values(&[kind]).set(*n as f64);
+    }
+    r
+}
+
+/// The text exposition: every event metric, the gauges of `snapshot`, and
+/// the long polls waiting now.
+pub fn render(snapshot: Option<&Snapshot>, long_polls: &[(&str, usize)]) -> String {
     let mut families = METRICS.registry.gather();
     if let Some(s) = snapshot {
         families.extend(state_registry(s).gather());
     }
+    families.extend(long_poll_registry(long_polls).gather());
     families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut buf = Vec::new();
     if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {

@@ -553,6 +553,11 @@ impl Engine {
         self.lock().await.snapshot(Utc::now())
     }
 
+    /// Long polls waiting now, by kind (`flexq_long_polls{kind}`).
+    pub fn long_polls(&self) -> Vec<(&'static str, usize)> {
+        self.shared.long_polls.now()
+    }
+
     /// Whether the last write found the database's disk full.
     pub fn store_full(&self) -> bool {
         self.shared.store.is_full()

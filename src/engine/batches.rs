@@ -357,12 +357,18 @@ impl Engine {
         const REREAD: std::time::Duration = std::time::Duration::from_millis(250);
         let mut changes = self.watch_work();
         let shutdown = &self.shared.shutdown;
+        let mut waiting = None;
         loop {
             let read_at = tokio::time::Instant::now();
             let op = self.get_operation(name).await?;
             if op.done || read_at >= until || shutdown.is_cancelled() {
                 return Ok(op);
             }
+            waiting.get_or_insert_with(|| {
+                self.shared
+                    .long_polls
+                    .waiting(super::long_poll::Kind::Operation)
+            });
             let tick = (read_at + std::time::Duration::from_secs(1)).min(until);
             tokio::select! {
                 _ = changes.changed() => {}

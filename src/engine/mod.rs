@@ -27,6 +27,7 @@ mod batches;
 mod config;
 mod error;
 mod limits;
+mod long_poll;
 mod nodes;
 mod passes;
 mod principal;
@@ -158,6 +159,8 @@ pub(crate) struct Shared {
     /// Event-stream watchers served now, and what the event log's tail
     /// read last, which they wait on ([`stream`]).
     watchers: std::sync::atomic::AtomicUsize,
+    /// Long polls waiting now, by kind (`flexq_long_polls`).
+    long_polls: long_poll::LongPolls,
     event_moves: watch::Sender<std::sync::Arc<stream::Moved>>,
 }
 
@@ -320,6 +323,7 @@ impl Engine {
                 held_term: AtomicI64::new(0),
                 shutdown: shutdown.clone(),
                 watchers: std::sync::atomic::AtomicUsize::new(0),
+                long_polls: long_poll::LongPolls::default(),
                 event_moves: watch::channel(std::sync::Arc::default()).0,
             }),
         };

@@ -9,6 +9,7 @@
 
 use chrono::{DateTime, Utc};
 
+use super::long_poll::Kind;
 use super::{Engine, Error, Principal};
 use crate::api::{BatchName, Code, State, quote};
 use crate::launch::SparkJob;
@@ -326,6 +327,7 @@ impl Engine {
         };
         let deadline = tokio::time::Instant::now() + wait;
         let mut changes = self.watch_work();
+        let mut waiting = None;
         loop {
             changes.borrow_and_update();
             self.check_epoch_now(node, epoch).await?;
@@ -333,6 +335,7 @@ impl Engine {
             if now.version != req.version || tokio::time::Instant::now() >= deadline {
                 return Ok(now);
             }
+            waiting.get_or_insert_with(|| self.shared.long_polls.waiting(Kind::Assignments));
             tokio::select! {
                 r = changes.changed() => if r.is_err() { return Ok(now) },
                 _ = tokio::time::sleep_until(deadline) => {}
@@ -473,6 +476,7 @@ impl Engine {
         // New output, or the batch's end (a work change).
         let mut changes = self.watch_work();
         let mut written = self.watch_output();
+        let mut waiting = None;
         loop {
             changes.borrow_and_update();
             written.borrow_and_update();
@@ -496,6 +500,7 @@ impl Engine {
                 };
                 return Ok(answer);
             }
+            waiting.get_or_insert_with(|| self.shared.long_polls.waiting(Kind::Output));
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = written.changed() => {}

@@ -269,7 +269,7 @@ async fn metrics(AppState(app): AppState<App>) -> Response {
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4")],
-        crate::metrics::render(Some(&snapshot)),
+        crate::metrics::render(Some(&snapshot), &app.engine.long_polls()),
     )
         .into_response()
 }

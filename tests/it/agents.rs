@@ -295,7 +295,9 @@ async fn the_agent_protocol_long_polls_reports_and_streams_output() {
             (started.elapsed(), r.json::<Value>().await.expect("json"))
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Waiting (read, nothing new) before the allocation is made: what
+    // answers it is the wake-up, not its first read.
+    crate::support::until_long_polls(&s, "assignments", 1).await;
     let (st, _) = s
         .create(
             "batchId=run-me",
@@ -308,6 +310,7 @@ async fn the_agent_protocol_long_polls_reports_and_streams_output() {
         took < Duration::from_secs(5),
         "long poll woke on the allocation: {took:?}"
     );
+    crate::support::until_long_polls(&s, "assignments", 0).await;
     let parts = answer["assignments"].as_array().expect("assignments");
     assert_eq!(parts.len(), 5, "{answer:#}");
     let driver = parts
@@ -425,18 +428,24 @@ async fn the_agent_protocol_long_polls_reports_and_streams_output() {
             "/v1/projects/demo/locations/us-central1/batches/run-me/output?offset=7&waitFor=20s",
         );
         tokio::spawn(async move {
+            let started = Instant::now();
             let r = reqwest::get(url).await.expect("read");
-            r.json::<Value>().await.expect("json")
+            (started.elapsed(), r.json::<Value>().await.expect("json"))
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    crate::support::until_long_polls(&s, "output", 1).await;
     assert_eq!(
         post(&s, "/v1/nodes/gpu-host-1:output", &out(7, "line 2 ✓\n"))
             .await
             .0,
         200
     );
-    let chunk = reader.await.expect("reader");
+    let (took, chunk) = reader.await.expect("reader");
+    assert!(
+        took < Duration::from_secs(5),
+        "the reader woke on the chunk, not its waitFor (20s): {took:?}"
+    );
+    crate::support::until_long_polls(&s, "output", 0).await;
     assert_eq!(chunk["data"], "line 2 ✓\n");
     assert_eq!(chunk["done"], false);
     let (st, _) = post(

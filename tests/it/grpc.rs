@@ -498,6 +498,7 @@ async fn grpc_timeout_bounds_a_wait() {
     );
 
     // Cancel wakes a waiter at once.
+    crate::support::until_long_polls(&s, "operation", 0).await;
     let addr = s.addr;
     let name = op.name.clone();
     let waiter = tokio::spawn(async move {
@@ -515,7 +516,9 @@ async fn grpc_timeout_bounds_a_wait() {
         .await;
         (a.message::<lro::Operation>(), started.elapsed())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Waiting (read, not done) before the cancel: what answers it is the
+    // wake-up, not its first read.
+    crate::support::until_long_polls(&s, "operation", 1).await;
     let cancel = lro::CancelOperationRequest {
         name: op.name.clone(),
     };
@@ -529,7 +532,9 @@ async fn grpc_timeout_bounds_a_wait() {
     assert_eq!(a.code, 0, "{a:?}");
     let (done, took) = waiter.await.expect("waiter");
     assert!(done.done, "{done:?}");
+    // Well before its 60 s default wait.
     assert!(took < Duration::from_secs(5), "{took:?}");
+    crate::support::until_long_polls(&s, "operation", 0).await;
     match done.result {
         Some(lro::operation::Result::Error(e)) => assert_eq!(e.code, 1, "CANCELLED: {e:?}"),
         other => panic!("a cancelled batch's operation ends in an error: {other:?}"),

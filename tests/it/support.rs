@@ -728,3 +728,30 @@ pub fn self_signed() -> Tls {
         key,
     }
 }
+
+/// The long polls of `kind` waiting now on `s` (`flexq_long_polls{kind}`).
+pub async fn long_polls(s: &TestServer, kind: &str) -> u64 {
+    let text = s.scrape().await;
+    crate::metrics::value(&text, "flexq_long_polls", &[("kind", kind)])
+        .unwrap_or_else(|| panic!("no flexq_long_polls{{kind={kind:?}}} in the metrics:\n{text}"))
+        as u64
+}
+
+/// Until `n` long polls of `kind` wait on `s`: a waiter counted has read
+/// and found nothing to answer, so whatever the test does next is what
+/// wakes it (not a sleep that may end before the waiter waits). Fails
+/// after 10 s.
+pub async fn until_long_polls(s: &TestServer, kind: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = long_polls(s, kind).await;
+        if now == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{now} {kind} long polls waiting, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
