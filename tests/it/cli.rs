@@ -461,40 +461,81 @@ async fn wait_streams_the_driver_output_and_the_end() {
         )
     };
     output(0, "first line\n").await;
-    let wait = {
-        let (bin, url) = (flexq_bin(), s.url(""));
-        std::thread::spawn(move || {
-            Command::new(bin)
-                .args([
-                    "batches",
-                    "--endpoint",
-                    &url,
-                    "--project",
-                    "demo",
-                    "--region",
-                    "us-central1",
-                    "wait",
-                    "streamed",
-                ])
-                .env_remove("FLEXQ_ENDPOINT")
-                .output()
-                .expect("run flexq")
-        })
+    let mut wait = tokio::process::Command::new(flexq_bin())
+        .args([
+            "batches",
+            "--endpoint",
+            &s.url(""),
+            "--project",
+            "demo",
+            "--region",
+            "us-central1",
+            "wait",
+            "streamed",
+        ])
+        .env_remove("FLEXQ_ENDPOINT")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run flexq");
+    let mut stdout = wait.stdout.take().expect("stdout");
+    let stderr = wait.stderr.take().expect("stderr");
+    let stderr = tokio::spawn(async move {
+        let mut text = String::new();
+        let mut stderr = stderr;
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut text).await;
+        text
+    });
+    // What `wait` printed, read until it ends with `want`; fails after 10 s.
+    let mut printed = String::new();
+    let mut read_until = async |want: &str| {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut buf = [0u8; 4096];
+        while !printed.ends_with(want) {
+            match tokio::time::timeout_at(
+                deadline,
+                tokio::io::AsyncReadExt::read(&mut stdout, &mut buf),
+            )
+            .await
+            {
+                Ok(Ok(n)) if n > 0 => printed.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Ok(_) => panic!("wait's output ended with {printed:?}, before {want:?}"),
+                Err(_) => panic!("wait printed {printed:?} in 10 s, not {want:?}"),
+            }
+        }
+        printed.clone()
     };
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The chunk uploaded so far is printed while the batch runs...
+    assert_eq!(read_until("first line\n").await, "first line\n");
+    // ... and the next one as it is uploaded, still before the end: wait
+    // reads it with a long poll, so the upload is what wakes it.
+    crate::support::until_long_polls(&s, "output", 1).await;
     output(11, "second line\n").await;
+    assert_eq!(
+        read_until("second line\n").await,
+        "first line\nsecond line\n"
+    );
+    let (_, b) = s
+        .get("/v1/projects/demo/locations/us-central1/batches/streamed")
+        .await;
+    assert_eq!(b["state"], "RUNNING", "both chunks printed before the end");
     report(
         json!({"event": "FINISHED", "succeeded": false, "exitCode": 1,
                   "message": "The driver failed (exit status 1): ValueError: boom"}),
     )
     .await;
-    let out = tokio::task::spawn_blocking(move || wait.join().expect("thread"))
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), wait.wait())
         .await
-        .expect("join");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stdout, "first line\nsecond line\n", "{stderr}");
-    assert!(!out.status.success(), "a failed batch exits non-zero");
+        .expect("wait ends with the batch")
+        .expect("wait's status");
+    let mut rest = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut rest)
+        .await
+        .expect("stdout");
+    let stderr = stderr.await.expect("stderr");
+    assert_eq!(rest, "", "nothing more after the end: {stderr}");
+    assert!(!status.success(), "a failed batch exits non-zero");
     assert!(
         stderr.contains("is RUNNING: The driver started on node n1"),
         "{stderr}"

@@ -285,15 +285,36 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
         s.endpoint
     );
     let addr = s.endpoint.trim_start_matches("http://").to_string();
-    // The first watcher reads everything it is sent.
+    // The first watcher reads everything it is sent, and passes on the
+    // id of each batch it hears of.
     let mut first = Sse::open(&url, None).await;
+    let (heard, mut heard_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let reader = tokio::spawn(async move {
-        let mut n = 0;
-        while first.next(Duration::from_secs(30)).await.is_some() {
-            n += 1;
+        while let Some(e) = first.next(Duration::from_secs(30)).await {
+            if let Some(name) = e.data["batch"]["name"].as_str() {
+                let id = name.rsplit('/').next().unwrap_or_default().to_string();
+                if heard.send(id).is_err() {
+                    return;
+                }
+            }
         }
-        n
     });
+    // Until the reader has heard of `id`: the ids it heard of until then.
+    // Fails after 20 s.
+    let heard_of = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, id: &str| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut ids = std::collections::BTreeSet::new();
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(got)) if got == id => return ids,
+                Ok(Some(got)) => {
+                    ids.insert(got);
+                }
+                Ok(None) => panic!("the reading watcher's stream ended before {id}"),
+                Err(_) => panic!("the reading watcher did not hear of {id} within 20 s"),
+            }
+        }
+    };
     // The second watcher sends its request and never reads a byte.
     let mut stalled = tokio::net::TcpStream::connect(&addr)
         .await
@@ -324,7 +345,14 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
         b["runtimeConfig"]["properties"]["spark.flexq.padding"] = json!(label);
         assert_eq!(s.create(&format!("big-{i}"), &b).await, 200);
     }
-    // The stalled watcher is dropped; the one that reads is not.
+    // The one that reads heard of every batch, to the last...
+    let heard = heard_of(&mut heard_rx, "big-799").await;
+    let missed: Vec<String> = (0..799)
+        .map(|i| format!("big-{i}"))
+        .filter(|id| !heard.contains(id))
+        .collect();
+    assert!(missed.is_empty(), "the reading watcher missed {missed:?}");
+    // ... the stalled watcher is dropped ...
     let t = Instant::now();
     loop {
         let text = s.scrape().await;
@@ -336,6 +364,15 @@ async fn watchers_beyond_the_limit_are_refused_and_one_that_stops_reading_is_dro
         assert!(t.elapsed() < Duration::from_secs(20), "{text}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // ... and the one that reads is not: it hears of what happens after.
+    assert_eq!(s.create("after-the-drop", &flex_batch()).await, 200);
+    heard_of(&mut heard_rx, "after-the-drop").await;
+    assert!(
+        s.scrape()
+            .await
+            .contains("flexq_watchers_dropped_total{reason=\"stalled\"} 1"),
+        "only the stalled watcher was dropped"
+    );
     reader.abort();
     drop(stalled);
     // Room again.
