@@ -224,6 +224,7 @@ async fn a_scrape_after_a_scenario_has_the_right_values() {
             &text,
             "flexq_http_requests_total",
             &[
+                ("method", "POST"),
                 ("route", "/v1/projects/{project}/locations/{region}/batches"),
                 ("code", "200")
             ]
