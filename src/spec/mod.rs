@@ -704,7 +704,7 @@ fn check_ttl(
 
 /// Quota of the whole cluster: GPUs per metric (driver and executors of the
 /// same type add up) and local SSD of every GPU node.
-fn quota_amounts(
+pub(crate) fn quota_amounts(
     driver: &NodeShape,
     executor: &NodeShape,
     executors: u32,

@@ -1,0 +1,667 @@
+//! The harness's own record of the world the core schedules, and the
+//! invariants checked against it. Nothing here reads the core: what the
+//! harness submitted, which allocations and endings the core announced,
+//! the deadlines, leases, holds, cordons and quota limits the harness set.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use proptest::prelude::*;
+
+use super::generate::POOL_MAX;
+use crate::api::EndReason;
+use crate::scheduler::*;
+use crate::spec::{ProvisioningMode, QuotaMetric};
+
+/// How a batch left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum End {
+    Expired,
+    Rejected,
+    Cancelled,
+    Finished,
+    /// A lost node or an infrastructure failure took its cluster; it goes
+    /// back to the queue if it has retries left.
+    Lost,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum State {
+    Queued,
+    Running { placements: Vec<Placement> },
+    Ended(End),
+}
+
+struct Tracked {
+    /// As last submitted: a requeue gives it a fresh deadline.
+    batch: PendingBatch,
+    state: State,
+    retries_left: u32,
+}
+
+type HoldKey = (String, Option<String>);
+
+pub(super) struct Model {
+    batches: BTreeMap<BatchKey, Tracked>,
+    /// Nodes that are there: declared virtual ones, virtual ones a reload
+    /// dropped (they may still hold clusters), agents' nodes not lost.
+    nodes: BTreeMap<NodeId, NodeSpec>,
+    /// Every virtual node drawn at the start, and which the config
+    /// declares now.
+    all_virtual: Vec<NodeSpec>,
+    declared: BTreeSet<NodeId>,
+    leases: BTreeMap<NodeId, (u64, DateTime<Utc>)>,
+    lost: BTreeSet<NodeId>,
+    holds: BTreeSet<HoldKey>,
+    cordons: BTreeSet<NodeId>,
+    rules: Vec<QuotaRule>,
+    overrides: HashMap<(String, String, QuotaMetric), u64>,
+    strict: bool,
+}
+
+impl Model {
+    pub fn new(rules: Vec<QuotaRule>, strict: bool) -> Model {
+        Model {
+            batches: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            all_virtual: Vec::new(),
+            declared: BTreeSet::new(),
+            leases: BTreeMap::new(),
+            lost: BTreeSet::new(),
+            holds: BTreeSet::new(),
+            cordons: BTreeSet::new(),
+            rules,
+            overrides: HashMap::new(),
+            strict,
+        }
+    }
+
+    // ---- what the harness did ------------------------------------------
+
+    pub fn declare_virtual(&mut self, spec: NodeSpec) {
+        self.declared.insert(spec.id.clone());
+        self.nodes.insert(spec.id.clone(), spec.clone());
+        self.all_virtual.push(spec);
+    }
+
+    /// Declares (or drops) the `i`th virtual node drawn, when its pool
+    /// has room for it.
+    pub fn toggle_virtual(&mut self, i: usize, declared: bool) {
+        let Some(spec) = super::pick(&self.all_virtual, i) else {
+            return;
+        };
+        if !declared {
+            self.declared.remove(&spec.id);
+        } else if !self.declared.contains(&spec.id) && self.pool_room(&spec) {
+            self.declared.insert(spec.id.clone());
+            self.nodes.insert(spec.id.clone(), spec);
+        }
+    }
+
+    /// Whether `spec`'s pool has a slot left: declared virtual nodes and
+    /// agents' nodes together stay within `POOL_MAX`, so no reload ever
+    /// retires an agent's node.
+    pub fn pool_room(&self, spec: &NodeSpec) -> bool {
+        let same_pool = |n: &NodeSpec| n.zone == spec.zone && n.pool == spec.pool;
+        let virtual_nodes = self
+            .all_virtual
+            .iter()
+            .filter(|n| same_pool(n) && self.declared.contains(&n.id))
+            .count();
+        let agents = self
+            .nodes
+            .values()
+            .filter(|n| !n.is_virtual && same_pool(n))
+            .count();
+        virtual_nodes + agents < POOL_MAX as usize
+    }
+
+    pub fn layout(&self, pools: Vec<PoolDecl>, fair: FairSharePolicy) -> Layout {
+        Layout {
+            pools,
+            virtual_nodes: self
+                .all_virtual
+                .iter()
+                .filter(|n| self.declared.contains(&n.id))
+                .cloned()
+                .collect(),
+            rules: self.rules.clone(),
+            fair,
+        }
+    }
+
+    pub fn set_rules(&mut self, rules: Vec<QuotaRule>, strict: bool) {
+        self.rules = rules;
+        self.strict = strict;
+    }
+
+    pub fn set_limit(&mut self, project: String, region: String, metric: QuotaMetric, limit: u64) {
+        self.overrides.insert((project, region, metric), limit);
+    }
+
+    pub fn submit(&mut self, batch: PendingBatch) {
+        let retries_left = batch.cluster.infrastructure_retries;
+        self.batches.insert(
+            batch.key,
+            Tracked {
+                batch,
+                state: State::Queued,
+                retries_left,
+            },
+        );
+    }
+
+    pub fn run(&mut self, a: &Allocation) {
+        if let Some(t) = self.batches.get_mut(&a.key) {
+            t.state = State::Running {
+                placements: a.placements.clone(),
+            };
+        }
+    }
+
+    pub fn end(&mut self, key: BatchKey, end: End) {
+        if let Some(t) = self.batches.get_mut(&key) {
+            t.state = State::Ended(end);
+        }
+    }
+
+    /// Queues a batch that lost its cluster again, as the store does: its
+    /// queue time (and so its place) kept, a fresh deadline from `now`.
+    /// None when it has no retries left.
+    pub fn requeue(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingBatch> {
+        let t = self.batches.get_mut(&key)?;
+        if t.retries_left == 0 {
+            return None;
+        }
+        t.retries_left -= 1;
+        t.batch.deadline = t.batch.cluster.deadline(now);
+        t.state = State::Queued;
+        Some(t.batch.clone())
+    }
+
+    /// An agent's registration; `taken`: whether the core took its new
+    /// shape (it keeps the old one when the new is too small for what the
+    /// node holds).
+    pub fn register(&mut self, spec: NodeSpec, taken: bool, epoch: u64, expires: DateTime<Utc>) {
+        let id = spec.id.clone();
+        if taken || !self.nodes.contains_key(&id) {
+            self.nodes.insert(id.clone(), spec);
+        }
+        self.lost.remove(&id);
+        self.leases.insert(id, (epoch, expires));
+    }
+
+    pub fn renew(&mut self, node: &NodeId, expires: DateTime<Utc>) {
+        if let Some((_, e)) = self.leases.get_mut(node) {
+            *e = (*e).max(expires);
+        }
+    }
+
+    pub fn lose(&mut self, node: &NodeId) {
+        self.nodes.remove(node);
+        self.leases.remove(node);
+        self.lost.insert(node.clone());
+    }
+
+    pub fn set_hold(&mut self, hold: HoldKey, on: bool) {
+        if on {
+            self.holds.insert(hold);
+        } else {
+            self.holds.remove(&hold);
+        }
+    }
+
+    pub fn set_cordon(&mut self, node: NodeId, on: bool) {
+        if on {
+            self.cordons.insert(node);
+        } else {
+            self.cordons.remove(&node);
+        }
+    }
+
+    // ---- what the harness reads ----------------------------------------
+
+    pub fn holds(&self) -> impl Iterator<Item = HoldKey> + '_ {
+        self.holds.iter().cloned()
+    }
+
+    pub fn cordons(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.cordons.iter().cloned()
+    }
+
+    pub fn state(&self, key: BatchKey) -> Option<&State> {
+        self.batches.get(&key).map(|t| &t.state)
+    }
+
+    fn keys_where(&self, f: impl Fn(&State) -> bool) -> Vec<BatchKey> {
+        self.batches
+            .iter()
+            .filter(|(_, t)| f(&t.state))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Batches queued or running.
+    pub fn live(&self) -> Vec<BatchKey> {
+        self.keys_where(|s| matches!(s, State::Queued | State::Running { .. }))
+    }
+
+    /// Every batch submitted, as last queued.
+    pub fn submitted(&self) -> Vec<PendingBatch> {
+        self.batches.values().map(|t| t.batch.clone()).collect()
+    }
+
+    pub fn running(&self) -> Vec<BatchKey> {
+        self.keys_where(|s| matches!(s, State::Running { .. }))
+    }
+
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.nodes.keys().cloned().collect()
+    }
+
+    pub fn is_present(&self, node: &NodeId) -> bool {
+        self.nodes.contains_key(node)
+    }
+
+    pub fn leased(&self) -> Vec<(NodeId, u64)> {
+        self.leases
+            .iter()
+            .map(|(n, (e, _))| (n.clone(), *e))
+            .collect()
+    }
+
+    /// The deadline of a queued batch.
+    pub fn queued_deadline(&self, key: BatchKey) -> Option<DateTime<Utc>> {
+        let t = self.batches.get(&key)?;
+        (t.state == State::Queued)
+            .then_some(t.batch.deadline)
+            .flatten()
+    }
+
+    pub fn runs_on(&self, key: BatchKey, node: &NodeId) -> bool {
+        matches!(
+            self.state(key),
+            Some(State::Running { placements }) if placements.iter().any(|p| &p.node == node)
+        )
+    }
+
+    /// The first deadline or lease expiry after `now`.
+    pub fn next_event_after(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let deadlines = self
+            .batches
+            .values()
+            .filter(|t| t.state == State::Queued)
+            .filter_map(|t| t.batch.deadline);
+        let expiries = self.leases.values().map(|(_, e)| *e);
+        deadlines.chain(expiries).filter(|t| *t > now).min()
+    }
+
+    fn held(&self, b: &PendingBatch) -> bool {
+        self.holds.contains(&(b.region.clone(), None))
+            || self
+                .holds
+                .contains(&(b.region.clone(), Some(b.project.clone())))
+    }
+
+    /// The limit as the ledger defines it: an admin's override, else the
+    /// most specific rule (exact project over `*`, then exact region).
+    fn limit(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
+        if let Some(l) = self
+            .overrides
+            .get(&(project.to_string(), region.to_string(), metric))
+        {
+            return *l;
+        }
+        self.rules
+            .iter()
+            .filter(|r| {
+                r.metric == metric
+                    && (r.project == project || r.project == "*")
+                    && (r.region == region || r.region == "*")
+            })
+            .max_by_key(|r| (r.project != "*", r.region != "*"))
+            .map_or(0, |r| r.limit)
+    }
+
+    /// What the clusters running now draw of a metric.
+    fn usage(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
+        self.batches
+            .values()
+            .filter(|t| matches!(t.state, State::Running { .. }))
+            .filter(|t| t.batch.project == project && t.batch.region == region)
+            .flat_map(|t| &t.batch.cluster.quota)
+            .filter(|q| q.metric == metric)
+            .map(|q| q.amount)
+            .sum()
+    }
+
+    /// The first metric a batch's quota does not fit in now.
+    fn quota_short(&self, b: &PendingBatch) -> Option<QuotaMetric> {
+        b.cluster
+            .quota
+            .iter()
+            .find(|q| {
+                self.usage(&b.project, &b.region, q.metric) + q.amount
+                    > self.limit(&b.project, &b.region, q.metric)
+            })
+            .map(|q| q.metric)
+    }
+
+    fn queued(&self, key: BatchKey) -> Result<&PendingBatch, TestCaseError> {
+        match self.batches.get(&key) {
+            Some(t) if t.state == State::Queued => Ok(&t.batch),
+            Some(t) => Err(TestCaseError::fail(format!(
+                "batch {} decided on while {:?}",
+                key.0, t.state
+            ))),
+            None => Err(TestCaseError::fail(format!(
+                "batch {} was never submitted",
+                key.0
+            ))),
+        }
+    }
+
+    // ---- the invariants ------------------------------------------------
+
+    /// An allocation is of a queued, unheld batch before its deadline,
+    /// within its project's quota; its cluster is whole (one driver, every
+    /// executor, each part the resources of its shape) on nodes that are
+    /// there, schedulable and of the part's GPU type, all in one zone of
+    /// the batch's region: the zone the allocation names.
+    pub fn check_allocation(
+        &self,
+        a: &Allocation,
+        now: DateTime<Utc>,
+    ) -> Result<(), TestCaseError> {
+        let b = self.queued(a.key)?;
+        let k = a.key.0;
+        prop_assert_eq!(
+            &a.region,
+            &b.region,
+            "batch {} allocated in another region",
+            k
+        );
+        prop_assert_eq!(&a.project, &b.project);
+        if let Some(d) = b.deadline {
+            prop_assert!(
+                now < d,
+                "batch {} allocated at {}, its deadline is {}",
+                k,
+                now,
+                d
+            );
+        }
+        prop_assert!(
+            !self.held(b),
+            "batch {} allocated while its queue is held",
+            k
+        );
+        prop_assert_eq!(&a.quota, &b.cluster.quota);
+        let short = self.quota_short(b);
+        prop_assert!(
+            short.is_none(),
+            "batch {} allocated beyond its {:?} quota",
+            k,
+            short
+        );
+        let c = &b.cluster;
+        let count = |role| a.placements.iter().filter(|p| p.role == role).count();
+        prop_assert_eq!(
+            count(PartRole::Driver),
+            1,
+            "batch {}: a cluster without one driver",
+            k
+        );
+        prop_assert_eq!(
+            count(PartRole::Executor),
+            c.executor_count as usize,
+            "batch {}: a partial cluster",
+            k
+        );
+        let mut zones = BTreeSet::new();
+        for p in &a.placements {
+            let shape = match p.role {
+                PartRole::Driver => &c.driver,
+                PartRole::Executor => &c.executor,
+            };
+            prop_assert_eq!(
+                (p.gpus.len(), p.cores, p.memory_mb, p.local_ssd_gb),
+                (
+                    shape.gpus as usize,
+                    shape.cores,
+                    shape.memory_mb + shape.memory_overhead_mb,
+                    shape.local_ssd_gb
+                ),
+                "batch {}: a part unlike its shape",
+                k
+            );
+            let node = self.nodes.get(&p.node).ok_or_else(|| {
+                TestCaseError::fail(format!(
+                    "batch {k} placed on node {}, which is not there",
+                    p.node
+                ))
+            })?;
+            zones.insert(node.zone.as_str());
+            prop_assert_eq!(
+                &node.region,
+                &b.region,
+                "batch {} placed in another region",
+                k
+            );
+            if let Some(want) = shape.accelerator {
+                prop_assert_eq!(
+                    node.accelerator,
+                    want,
+                    "batch {}: its {} on node {} of another GPU type",
+                    k,
+                    p.role.name(),
+                    p.node
+                );
+            }
+            prop_assert!(
+                !self.cordons.contains(&p.node),
+                "batch {} given cordoned node {}",
+                k,
+                p.node
+            );
+            prop_assert!(
+                !node.is_virtual || self.declared.contains(&p.node),
+                "batch {} given virtual node {}, which the config dropped",
+                k,
+                p.node
+            );
+            prop_assert!(
+                p.gpus.iter().all(|g| node.gpu_addresses.contains(g)),
+                "batch {} given GPUs {:?} node {} does not have",
+                k,
+                p.gpus,
+                p.node
+            );
+        }
+        prop_assert!(
+            zones.len() == 1 && zones.contains(a.zone.as_str()),
+            "batch {}'s cluster is in zones {:?}, its allocation names {}",
+            k,
+            zones,
+            a.zone
+        );
+        Ok(())
+    }
+
+    /// A rejection is of a queued default-mode batch whose queue is not
+    /// held; a quota rejection when its quota does not fit, a stock-out
+    /// only when it does (quota is checked first).
+    pub fn check_reject(&self, key: BatchKey, reason: EndReason) -> Result<(), TestCaseError> {
+        let b = self.queued(key)?;
+        prop_assert_eq!(
+            b.cluster.mode,
+            ProvisioningMode::Default,
+            "batch {} is queue mode",
+            key.0
+        );
+        prop_assert!(
+            !self.held(b),
+            "batch {} rejected while its queue is held",
+            key.0
+        );
+        let short = self.quota_short(b);
+        match reason {
+            EndReason::Quota => prop_assert!(short.is_some(), "batch {}: quota fits", key.0),
+            _ => prop_assert!(
+                short.is_none(),
+                "batch {}: {:?}, quota short",
+                key.0,
+                reason
+            ),
+        }
+        Ok(())
+    }
+
+    /// A node is lost only once the lease of its current registration
+    /// lapsed.
+    pub fn check_lost(
+        &self,
+        node: &NodeId,
+        epoch: Option<u64>,
+        now: DateTime<Utc>,
+    ) -> Result<(), TestCaseError> {
+        let lease = self.leases.get(node);
+        prop_assert!(
+            lease.is_some_and(|(e, expires)| Some(*e) == epoch && *expires <= now),
+            "node {} lost at {} (epoch {:?}); its lease: {:?}",
+            node,
+            now,
+            epoch,
+            lease
+        );
+        Ok(())
+    }
+
+    /// After every pass: no node holds more than it has; no cluster is
+    /// left on a node that was lost; every batch whose deadline passed
+    /// expired; every lease that lapsed lost its node; default mode never
+    /// waits unless its queue is held.
+    pub fn check_after_pass(&self, now: DateTime<Utc>) -> Result<(), TestCaseError> {
+        let mut used: BTreeMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = BTreeMap::new();
+        for (key, t) in &self.batches {
+            match &t.state {
+                State::Running { placements } => {
+                    for p in placements {
+                        prop_assert!(
+                            self.nodes.contains_key(&p.node),
+                            "batch {} still holds part of node {}, which was lost",
+                            key.0,
+                            p.node
+                        );
+                        let u = used.entry(&p.node).or_default();
+                        u.0 += p.cores;
+                        u.1 += p.memory_mb;
+                        u.2 += p.local_ssd_gb;
+                        for g in &p.gpus {
+                            prop_assert!(u.3.insert(g), "GPU {} of {} given twice", g, p.node);
+                        }
+                    }
+                }
+                State::Queued => {
+                    if let Some(d) = t.batch.deadline {
+                        prop_assert!(
+                            d > now,
+                            "batch {} still queued at {}, past its deadline {}",
+                            key.0,
+                            now,
+                            d
+                        );
+                    }
+                    prop_assert!(
+                        t.batch.cluster.mode == ProvisioningMode::Queue || self.held(&t.batch),
+                        "default-mode batch {} left waiting",
+                        key.0
+                    );
+                }
+                State::Ended(_) => {}
+            }
+        }
+        for (id, (cores, memory, ssd, _)) in used {
+            let n = &self.nodes[id];
+            prop_assert!(
+                cores <= n.cores,
+                "node {} overcommitted: {} of {} cores",
+                id,
+                cores,
+                n.cores
+            );
+            prop_assert!(
+                memory <= n.memory_mb,
+                "node {} overcommitted: {} of {} MB of memory",
+                id,
+                memory,
+                n.memory_mb
+            );
+            prop_assert!(
+                ssd <= n.local_ssd_gb,
+                "node {} overcommitted: {} of {} GB of local SSD",
+                id,
+                ssd,
+                n.local_ssd_gb
+            );
+        }
+        for (id, (_, expires)) in &self.leases {
+            prop_assert!(
+                *expires > now,
+                "node {}'s lease lapsed at {} but it is not lost",
+                id,
+                expires
+            );
+        }
+        Ok(())
+    }
+
+    /// Order: a batch allocated in a pass never overtakes one ahead of it
+    /// that is still queued and that would have fitted where it did — the
+    /// same shape, a ttl no longer, its queue not held, its quota free.
+    /// Ahead means higher priority, then older: across the region in
+    /// strict order, within its project in fair-share order. (A default-
+    /// mode batch may pass a queued one that a reservation holds back.)
+    pub fn check_order(
+        &self,
+        allocated: &[BatchKey],
+        now: DateTime<Utc>,
+    ) -> Result<(), TestCaseError> {
+        let rank = |b: &PendingBatch| (Reverse(b.priority), b.key);
+        for key in allocated {
+            let a = &self.batches[key].batch;
+            if a.cluster.mode != ProvisioningMode::Queue {
+                continue;
+            }
+            let same_shape = |b: &PendingBatch| {
+                b.cluster.driver == a.cluster.driver
+                    && b.cluster.executor == a.cluster.executor
+                    && b.cluster.executor_count == a.cluster.executor_count
+                    && b.cluster.ttl_s <= a.cluster.ttl_s
+            };
+            for t in self.batches.values() {
+                let b = &t.batch;
+                let overtaken = t.state == State::Queued
+                    && b.region == a.region
+                    && (self.strict || b.project == a.project)
+                    && rank(b) < rank(a)
+                    && same_shape(b)
+                    && !self.held(b)
+                    && self.quota_short(b).is_none();
+                prop_assert!(
+                    !overtaken,
+                    "at {} batch {} (priority {}) went before batch {} (priority {}) of the same shape ahead of it ({} order)",
+                    now,
+                    a.key.0,
+                    a.priority,
+                    b.key.0,
+                    b.priority,
+                    if self.strict { "strict" } else { "fair-share" }
+                );
+            }
+        }
+        Ok(())
+    }
+}
