@@ -14,7 +14,7 @@ use crate::support::{
 
 /// us-central1 with one zone of `nodes` virtual L4 nodes of `gpus` GPUs
 /// (declared capacity `max_nodes`), and a quota of `quota` GPUs per pool.
-fn world(config: &mut Config, nodes: u32, gpus: u32, max_nodes: u32, quota: u64) {
+pub(crate) fn world(config: &mut Config, nodes: u32, gpus: u32, max_nodes: u32, quota: u64) {
     let pool = PoolConfig {
         accelerator: Accelerator::L4,
         gpus_per_node: gpus,
@@ -52,7 +52,7 @@ fn world(config: &mut Config, nodes: u32, gpus: u32, max_nodes: u32, quota: u64)
 }
 
 /// A flex start batch: an L4 driver and `executors` L4 executors.
-fn gpu_batch(executors: u32, timeout: &str) -> Value {
+pub(crate) fn gpu_batch(executors: u32, timeout: &str) -> Value {
     let mut b = flex_with("spark.executor.instances", &executors.to_string());
     b["runtimeConfig"]["properties"]["spark.dataproc.driver.provisioning.allocationTimeout"] =
         json!(timeout);

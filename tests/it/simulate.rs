@@ -6,9 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use serde_json::Value;
+use std::time::{Duration, Instant};
 
-use crate::support::flexq_bin;
+use flexq::config::{Config, QueueOrder};
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, flexq_bin};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -134,4 +137,170 @@ fn the_example_trace_is_what_its_generator_writes() {
         text(&out.stdout) == stored,
         "examples/traces/week.csv differs from generate.py --seed 1 --days 7: regenerate it"
     );
+}
+
+/// The simulator and the server are the same core: the same batches, at
+/// the same offsets, get the same deadline (one expires at its allocation
+/// timeout in both) and the same priority order (the urgent one goes
+/// first in both), and wait the same time. The server runs them in real
+/// time on one 4-GPU node; a batch "runs" until the test cancels it at
+/// the end of its trace run time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_and_the_server_give_the_same_batches_the_same_deadline_and_order() {
+    // Every other pool emptied rather than removed: the simulator layers
+    // its config over the embedded default, which would bring them back.
+    let world = |c: &mut Config| {
+        for pool in c
+            .regions
+            .values_mut()
+            .flat_map(|r| r.zones.values_mut())
+            .flat_map(|z| z.node_pools.values_mut())
+        {
+            pool.max_nodes = 0;
+            pool.virtual_nodes = 0;
+        }
+        let zones = c.regions["us-central1"].zones.clone();
+        crate::scheduler::world(c, 1, 4, 1, 100);
+        let region = c.regions.get_mut("us-central1").expect("region");
+        let only = region.zones.remove("us-central1-a").expect("the zone");
+        region.zones = zones;
+        region.zones.insert("us-central1-a".into(), only);
+        c.scheduling.order = QueueOrder::Strict;
+    };
+    // (submit s, id, run s, allocation timeout, priority); each asks a
+    // driver and 2 executors: 3 of the node's 4 GPUs, one at a time.
+    let trace = [
+        (0, "first", 3, "60s", 0),
+        (1, "ordinary", 100, "3600s", 0),
+        (1, "urgent", 2, "3600s", 5),
+        (1, "impatient", 100, "3s", 1),
+    ];
+
+    // The simulator, on the trace (one project per batch, named by it).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config::load_without_env(None).expect("config");
+    world(&mut config);
+    let config_path = dir.path().join("world.toml");
+    std::fs::write(&config_path, toml::to_string(&config).expect("toml")).expect("config");
+    let mut csv =
+        String::from("submit_s,project,region,run_s,allocation_timeout,executors,priority\n");
+    for (at, id, run, timeout, priority) in trace {
+        csv.push_str(&format!(
+            "{at},{id},us-central1,{run},{timeout},2,{priority}\n"
+        ));
+    }
+    let trace_path = dir.path().join("trace.csv");
+    std::fs::write(&trace_path, csv).expect("trace");
+    let out = simulate(&[
+        "--trace",
+        trace_path.to_str().expect("path"),
+        "--config",
+        config_path.to_str().expect("path"),
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let simulated = |id: &str| {
+        let p = &report["projects"][id];
+        (
+            p["expired"].as_u64().expect("expired"),
+            // (no wait when nothing was allocated)
+            p["waitP50S"].as_f64().unwrap_or(f64::NAN),
+        )
+    };
+
+    // The server, in real time.
+    let s = TestServer::start_with(world).await;
+    let started = Instant::now();
+    let at = |s: u64| started + Duration::from_secs(s);
+    for (offset, id, _, timeout, priority) in trace {
+        tokio::time::sleep_until(at(offset).into()).await;
+        let mut batch = crate::scheduler::gpu_batch(2, timeout);
+        batch["labels"] = json!({"flexq-priority": priority.to_string()});
+        let r = s
+            .http
+            .post(s.url(&format!(
+                "/v1/projects/{id}/locations/us-central1/batches?batchId={id}"
+            )))
+            .json(&batch)
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(r.status(), 200, "{id}");
+    }
+    // Each allocated batch runs its trace time, then ends (cancelled).
+    let batch_of = |id: &str| format!("/v1/projects/{id}/locations/us-central1/batches/{id}");
+    let mut ended = Vec::new();
+    while ended.len() < 2 {
+        for (_, id, run, _, _) in trace {
+            let (_, b) = s.get(&batch_of(id)).await;
+            if ended.contains(&id) || b["flexq"]["provisioningState"] != "PROVISIONED" {
+                continue;
+            }
+            let allocated = time(&b["flexq"]["allocateTime"]);
+            if chrono::Utc::now() >= allocated + chrono::Duration::seconds(run) {
+                let (st, _) = s
+                    .post(&format!(
+                        "/v1/{}:cancel",
+                        b["operation"].as_str().expect("op")
+                    ))
+                    .await;
+                assert_eq!(st, 200);
+                ended.push(id);
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "ended only {ended:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served = |id: &str| {
+        let path = batch_of(id);
+        let s = &s;
+        async move {
+            let b = crate::support::until(s, &path, "allocated or expired", |b| {
+                b["flexq"]["allocateTime"].is_string() || b["state"] == "FAILED"
+            })
+            .await;
+            let created = time(&b["createTime"]);
+            let deadline = time(&b["flexq"]["allocationDeadline"]);
+            match b["flexq"]["allocateTime"].as_str() {
+                Some(_) => (
+                    0,
+                    (time(&b["flexq"]["allocateTime"]) - created).as_seconds_f64(),
+                    deadline - created,
+                ),
+                None => (1, f64::NAN, deadline - created),
+            }
+        }
+    };
+    for (_, id, _, timeout, _) in trace {
+        let (expired, waited, deadline) = served(id).await;
+        let (sim_expired, sim_waited) = simulated(id);
+        assert_eq!(
+            expired, sim_expired,
+            "{id} expired on the server and in the simulator alike"
+        );
+        assert_eq!(
+            deadline,
+            chrono::Duration::from_std(humantime::parse_duration(timeout).expect("timeout"))
+                .expect("duration"),
+            "{id}: deadline = created + allocation timeout"
+        );
+        if expired == 0 {
+            assert!(
+                (waited - sim_waited).abs() < 0.6,
+                "{id} waited {waited:.2} s on the server, {sim_waited} s in the simulator"
+            );
+        }
+    }
+}
+
+fn time(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.to_utc())
+        .unwrap_or_else(|| panic!("a timestamp: {v}"))
 }
