@@ -1,4 +1,4 @@
-//! `flexq bench agent`: what flexq adds between the allocation of a batch
+//! `flexq-bench agent`: what flexq adds between the allocation of a batch
 //! and its driver's first line of output reaching the API, with Spark's
 //! own start times taken out, and the agent's memory.
 //!
@@ -155,7 +155,7 @@ pub async fn run(opts: AgentBenchOptions) -> Result<(), CliError> {
     let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/first_line.py");
     let batches = format!("{base}/v1/projects/bench/locations/us-central1/batches");
     println!(
-        "flexq bench agent: {} runs, one agent (FAKE GPU script), real Spark; machine load {}",
+        "flexq-bench agent: {} runs, one agent (FAKE GPU script), real Spark; machine load {}",
         opts.runs,
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()

@@ -34,7 +34,7 @@ pub struct FairShareOptions {
 
 pub async fn run(opts: FairShareOptions) -> Result<(), CliError> {
     println!(
-        "flexq bench fairshare — {} ({} pending over {} projects, {} releases × {} rounds per order)",
+        "flexq-bench fairshare — {} ({} pending over {} projects, {} releases × {} rounds per order)",
         Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         opts.pending,
         opts.projects,

@@ -1,4 +1,4 @@
-//! `flexq bench replicas`: one server on SQLite and three replicas on
+//! `flexq-bench replicas`: one server on SQLite and three replicas on
 //! PostgreSQL, side by side in one run:
 //!
 //! - **release → allocation**: a batch holds the only (virtual) node, the
@@ -298,7 +298,7 @@ pub async fn run(opts: ReplicasOptions) -> Result<(), CliError> {
 
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!(
-        "flexq bench replicas — {} on {}",
+        "flexq-bench replicas — {} on {}",
         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         bench::hostname()
     );

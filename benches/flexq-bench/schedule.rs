@@ -1,4 +1,4 @@
-//! `flexq bench schedule`: the scheduler at scale, on virtual nodes.
+//! `flexq-bench schedule`: the scheduler at scale, on virtual nodes.
 //!
 //! 50 regions × 3 zones, queues of mixed shapes, measured four ways:
 //! 1. the core alone: one admission pass after a release, and memory per
@@ -181,7 +181,7 @@ pub(crate) fn ms(h: &Histogram<u64>, q: f64) -> f64 {
 /// Runs every part and prints the report.
 pub async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     println!(
-        "flexq bench schedule — {} ({} regions × {} zones, L4 nodes of 8 GPUs)",
+        "flexq-bench schedule — {} ({} regions × {} zones, L4 nodes of 8 GPUs)",
         Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         REGIONS,
         ZONES.len()

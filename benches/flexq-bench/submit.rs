@@ -350,7 +350,7 @@ pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
     let peak = server.as_ref().and_then(|s| peak_rss_kib(s.child.id()));
 
     println!(
-        "flexq bench submit — {} on {}",
+        "flexq-bench submit — {} on {}",
         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         hostname()
     );

@@ -246,7 +246,7 @@ impl Engine {
     }
 
     /// Benchmarks only: adds nodes to the core as if their agents had
-    /// registered, without the store (how `flexq bench schedule` measures
+    /// registered, without the store (how `cargo bench --bench flexq-bench -- schedule` measures
     /// a flood of capacity under a deep queue), and wakes the loop.
     #[doc(hidden)]
     pub async fn add_nodes_for_bench(
@@ -359,11 +359,6 @@ impl Engine {
     /// What this process does about scheduling now.
     pub fn role(&self) -> ReplicaRole {
         self.shared.role.borrow().clone()
-    }
-
-    /// Waits on changes of [`Self::role`].
-    pub fn watch_role(&self) -> watch::Receiver<ReplicaRole> {
-        self.shared.role.subscribe()
     }
 
     pub fn replica_id(&self) -> &str {

@@ -697,8 +697,4 @@ impl Scheduler {
                 .map_or(0, |q| q.len()),
         }
     }
-
-    pub fn is_pending(&self, key: BatchKey) -> bool {
-        self.pending.contains_key(&key)
-    }
 }

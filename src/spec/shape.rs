@@ -22,7 +22,6 @@ pub enum Accelerator {
 struct Row {
     accelerator: Accelerator,
     name: &'static str,
-    display: &'static str,
     on_demand_metric: QuotaMetric,
     preemptible_metric: QuotaMetric,
     default_cores: u32,
@@ -37,7 +36,6 @@ const TABLE: [Row; 3] = [
     Row {
         accelerator: Accelerator::L4,
         name: "l4",
-        display: "NVIDIA L4",
         on_demand_metric: QuotaMetric::NvidiaL4Gpus,
         preemptible_metric: QuotaMetric::PreemptibleNvidiaL4Gpus,
         default_cores: 4,
@@ -56,7 +54,6 @@ const TABLE: [Row; 3] = [
     Row {
         accelerator: Accelerator::A100_40,
         name: "a100-40",
-        display: "NVIDIA A100 40GB",
         on_demand_metric: QuotaMetric::NvidiaA100Gpus,
         preemptible_metric: QuotaMetric::PreemptibleNvidiaA100Gpus,
         default_cores: 12,
@@ -67,7 +64,6 @@ const TABLE: [Row; 3] = [
     Row {
         accelerator: Accelerator::A100_80,
         name: "a100-80",
-        display: "NVIDIA A100 80GB",
         on_demand_metric: QuotaMetric::NvidiaA100_80gbGpus,
         preemptible_metric: QuotaMetric::PreemptibleNvidiaA100_80gbGpus,
         default_cores: 12,
@@ -90,10 +86,6 @@ impl Accelerator {
     /// The argument name (`l4`, `a100-40`, `a100-80`).
     pub fn name(self) -> &'static str {
         self.row().name
-    }
-
-    pub fn display_name(self) -> &'static str {
-        self.row().display
     }
 
     pub fn parse(value: &str) -> Option<Accelerator> {

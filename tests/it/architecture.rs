@@ -174,14 +174,7 @@ fn every_top_level_module_has_a_rank() {
 #[test]
 fn only_the_store_uses_sqlx() {
     for (module, _) in RANKS.iter().filter(|(m, _)| *m != "store") {
-        // The benchmarks read the database's own records to measure
-        // (release → allocation times); they are tools, not the product.
-        let measuring = |f: &PathBuf| {
-            f.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("bench"))
-        };
-        for file in files_of(module).into_iter().filter(|f| !measuring(f)) {
+        for file in files_of(module) {
             let text = std::fs::read_to_string(&file).expect("read file");
             assert!(
                 !text.contains("sqlx::") && !text.contains("use sqlx"),
