@@ -1,0 +1,308 @@
+//! Prometheus metrics, all declared in this folder. Names follow Prometheus
+//! conventions (`flexq_` prefix, base units, `_total` for counters); labels
+//! are of bounded cardinality: region, zone, accelerator, project, metric,
+//! reason — never a batch id.
+//!
+//! Two kinds: counters and histograms of events, recorded where the event
+//! happens; and gauges derived from the scheduler's state, computed from a
+//! [`Snapshot`](crate::scheduler::Snapshot) at scrape time so nothing has
+//! to keep them up to date.
+//!
+//! `registry.rs` declares the event metrics; this file records events;
+//! `scrape.rs` computes the gauges and renders the exposition.
+
+mod registry;
+mod scrape;
+
+use std::time::Duration;
+
+use crate::api::{EndReason, State};
+use crate::config::Config;
+use registry::{METRICS, OFFERED};
+
+pub use registry::{PENDING_REASONS, REJECT_REASONS};
+pub use scrape::render;
+
+/// Creates the zero series of every offered (region, accelerator).
+pub fn init(config: &Config) {
+    let offered: Vec<(String, String)> = config
+        .regions
+        .iter()
+        .flat_map(|(r, rc)| {
+            rc.accelerators()
+                .into_iter()
+                .map(move |a| (r.clone(), a.name().to_string()))
+        })
+        .collect();
+    for (r, a) in &offered {
+        METRICS.admitted.with_label_values(&[r, a]);
+        METRICS.expired.with_label_values(&[r, a]);
+        METRICS.wait_seconds.with_label_values(&[r, a]);
+    }
+    if let Ok(mut set) = OFFERED.lock() {
+        set.extend(offered);
+    }
+}
+
+/// An agent's report was accepted.
+pub fn record_agent_report(event: &str) {
+    METRICS.agent_reports.with_label_values(&[event]).inc();
+}
+
+/// A batch's driver started `after` its cluster was allocated.
+pub fn record_started(after: Duration) {
+    METRICS.start_seconds.observe(after.as_secs_f64());
+}
+
+/// A batch that ran for `ran` ended in `state`.
+pub fn record_run(state: State, ran: Duration) {
+    METRICS
+        .run_seconds
+        .with_label_values(&[state.name()])
+        .observe(ran.as_secs_f64());
+}
+
+/// A cluster of `project` in `region` gave back its GPUs after holding
+/// them `gpu_seconds` (GPUs × seconds), counted where the release was
+/// decided (not in a replica's mirror of it).
+pub fn record_gpu_seconds(project: &str, region: &str, accelerator: &str, gpu_seconds: f64) {
+    METRICS
+        .gpu_seconds
+        .with_label_values(&[project, region, accelerator])
+        .inc_by(gpu_seconds.max(0.0));
+}
+
+/// A batch entered `state`.
+pub fn record_transition(state: State) {
+    METRICS.transitions.with_label_values(&[state.name()]).inc();
+}
+
+/// A whole cluster allocated after `waited`.
+pub fn record_admitted(region: &str, accelerator: &str, waited: Duration) {
+    METRICS
+        .admitted
+        .with_label_values(&[region, accelerator])
+        .inc();
+    METRICS.decisions.with_label_values(&["allocate"]).inc();
+    METRICS
+        .wait_seconds
+        .with_label_values(&[region, accelerator])
+        .observe(waited.as_secs_f64());
+}
+
+/// A batch ended without succeeding, for `reason`.
+pub fn record_ended(reason: EndReason) {
+    METRICS.ended.with_label_values(&[reason.label()]).inc();
+}
+
+/// A queued batch expired.
+pub fn record_expired(region: &str, accelerator: &str) {
+    METRICS
+        .expired
+        .with_label_values(&[region, accelerator])
+        .inc();
+    METRICS.decisions.with_label_values(&["expire"]).inc();
+    record_transition(State::Failed);
+}
+
+/// A batch refused at submit or failed at once; `reason` is one of
+/// [`REJECT_REASONS`].
+pub fn record_rejected(reason: &str, by_scheduler: bool) {
+    METRICS.rejected.with_label_values(&[reason]).inc();
+    if by_scheduler {
+        METRICS.decisions.with_label_values(&["reject"]).inc();
+        record_transition(State::Failed);
+    }
+}
+
+/// A node's lease lapsed, failing `failed` batches and sending
+/// `requeued` back to the queue.
+pub fn record_lease_lost(failed: usize, requeued: usize) {
+    METRICS.leases_lost.inc();
+    METRICS.decisions.with_label_values(&["lose_node"]).inc();
+    for _ in 0..failed {
+        record_transition(State::Failed);
+    }
+    for _ in 0..requeued {
+        record_requeue();
+    }
+}
+
+/// A batch went back to the queue after an infrastructure failure.
+pub fn record_requeue() {
+    METRICS.requeues.inc();
+}
+
+/// Watchers served now.
+pub fn set_watchers(n: usize) {
+    METRICS.watchers.set(n as i64);
+}
+
+/// A connection opened on `listener`; the gauge goes down when the guard
+/// answered is dropped.
+pub fn connection_opened(listener: &'static str) -> OpenConnection {
+    METRICS.connections.with_label_values(&[listener]).inc();
+    OpenConnection(listener)
+}
+
+/// Counts one open connection while it lives.
+pub struct OpenConnection(&'static str);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        METRICS.connections.with_label_values(&[self.0]).dec();
+    }
+}
+
+/// The most connections `listener` serves at once.
+pub fn set_connection_limit(listener: &str, limit: usize) {
+    METRICS
+        .connections_limit
+        .with_label_values(&[listener])
+        .set(i64::try_from(limit).unwrap_or(i64::MAX));
+}
+
+/// A connection over `listener`'s cap: `overflow` or `closed`.
+pub fn record_connection_refused(listener: &str, reason: &str) {
+    METRICS
+        .connections_refused
+        .with_label_values(&[listener, reason])
+        .inc();
+}
+
+/// A connection closed by `timeout`: `handshake`, `header` or `idle`.
+pub fn record_connection_timeout(listener: &str, timeout: &str) {
+    METRICS
+        .connections_timed_out
+        .with_label_values(&[listener, timeout])
+        .inc();
+}
+
+/// An accept on `listener` failed.
+pub fn record_accept_error(listener: &str) {
+    METRICS.accept_errors.with_label_values(&[listener]).inc();
+}
+
+/// A gRPC request message did not arrive in time.
+pub fn record_grpc_message_timeout() {
+    METRICS.grpc_message_timeouts.inc();
+}
+
+/// An event sent to a watcher.
+pub fn record_watch_event(kind: &str) {
+    METRICS.watch_events.with_label_values(&[kind]).inc();
+}
+
+/// A watch the server ended (`stalled`) or refused (`refused`).
+pub fn record_watcher_dropped(reason: &str) {
+    METRICS.watchers_dropped.with_label_values(&[reason]).inc();
+}
+
+/// The config generation in force on this replica.
+pub fn set_config_generation(generation: i64) {
+    METRICS.config_generation.set(generation);
+}
+
+/// A reload ended: `ok`, `invalid` or `failed`.
+pub fn record_config_reload(result: &str) {
+    METRICS.config_reloads.with_label_values(&[result]).inc();
+    METRICS.config_last_reload_ok.set(i64::from(result == "ok"));
+}
+
+/// Whether this replica's own config file differs from the one in force.
+pub fn set_config_file_differs(differs: bool) {
+    METRICS.config_file_differs.set(i64::from(differs));
+}
+
+/// Whether the database's disk is full, as this replica's writes last
+/// found it.
+pub fn set_store_full(full: bool) {
+    METRICS.store_full.set(i64::from(full));
+}
+
+/// A write refused because the database's disk was full.
+pub fn record_store_full_refusal() {
+    METRICS.store_full_refusals.inc();
+}
+
+/// This replica's scheduling role (one series: the old one is removed).
+pub fn set_role(replica: &str, role: &str, term: i64) {
+    METRICS.leader.reset();
+    METRICS
+        .leader
+        .with_label_values(&[replica, role])
+        .set(i64::from(role != "follower"));
+    METRICS.leader_term.set(term);
+}
+
+/// This replica took the leader lease; `how` it was taken: `lapse`,
+/// `lock` or `own`.
+pub fn record_leader_change(how: &str) {
+    METRICS.leader_changes.with_label_values(&[how]).inc();
+}
+
+/// A commit refused by fencing.
+pub fn record_fenced() {
+    METRICS.fenced.inc();
+}
+
+/// One scheduler pass with `decisions` decisions.
+pub fn record_pass(elapsed: Duration, decisions: usize) {
+    let outcome = if decisions == 0 { "idle" } else { "decided" };
+    METRICS
+        .pass_seconds
+        .with_label_values(&[outcome])
+        .observe(elapsed.as_secs_f64());
+    METRICS.last_pass.set(unix_now());
+}
+
+/// Something asked the scheduler for a pass.
+pub fn record_wake() {
+    METRICS.last_wake.set(unix_now());
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// One transaction committed: `kind` is "create" or "decisions".
+pub fn record_commit(kind: &str, elapsed: Duration, items: usize) {
+    METRICS
+        .commit_seconds
+        .with_label_values(&[kind])
+        .observe(elapsed.as_secs_f64());
+    if kind == "create" {
+        METRICS
+            .commit_batches
+            .with_label_values(&[kind])
+            .observe(items as f64);
+    }
+}
+
+/// One HTTP request answered.
+pub fn record_http(method: &str, route: &str, code: u16, elapsed: Duration) {
+    METRICS
+        .http_requests
+        .with_label_values(&[method, route, &code.to_string()])
+        .inc();
+    METRICS
+        .http_seconds
+        .with_label_values(&[method, route])
+        .observe(elapsed.as_secs_f64());
+}
+
+/// One gRPC call: `method` is the RPC's name (`CreateBatch`), `code` the
+/// status code's name (`OK`, `NOT_FOUND`).
+pub fn record_grpc(method: &str, code: &str, elapsed: Duration) {
+    METRICS
+        .grpc_requests
+        .with_label_values(&[method, code])
+        .inc();
+    METRICS
+        .grpc_seconds
+        .with_label_values(&[method])
+        .observe(elapsed.as_secs_f64());
+}

@@ -1,0 +1,427 @@
+//! The process-wide registry of event metrics: each counter and histogram
+//! declared once, with its help text and labels, and the series that
+//! exist from the start (at zero) so rates have something to work on.
+
+use std::collections::BTreeSet;
+use std::sync::{LazyLock, Mutex};
+
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry,
+};
+
+use crate::api::{EndReason, State};
+
+/// Wait before allocation: up to the longest allocation timeout (2 h) and
+/// beyond.
+const WAIT_BUCKETS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 2700.0, 3600.0, 5400.0,
+    7200.0, 10240.0,
+];
+
+/// Why a batch was refused or failed at once.
+pub const REJECT_REASONS: &[&str] = &["invalid", "never_fit", "quota", "stockout"];
+/// Why a queued batch is not admitted yet.
+pub const PENDING_REASONS: &[&str] = &["quota", "capacity", "reservation"];
+
+pub(super) struct Metrics {
+    pub(super) registry: Registry,
+    pub(super) transitions: IntCounterVec,
+    pub(super) ended: IntCounterVec,
+    pub(super) gpu_seconds: prometheus::CounterVec,
+    pub(super) admitted: IntCounterVec,
+    pub(super) expired: IntCounterVec,
+    pub(super) rejected: IntCounterVec,
+    pub(super) wait_seconds: HistogramVec,
+    pub(super) leases_lost: IntCounter,
+    pub(super) requeues: IntCounter,
+    pub(super) pass_seconds: HistogramVec,
+    pub(super) decisions: IntCounterVec,
+    pub(super) last_pass: Gauge,
+    pub(super) last_wake: Gauge,
+    pub(super) commit_seconds: HistogramVec,
+    pub(super) commit_batches: HistogramVec,
+    pub(super) http_requests: IntCounterVec,
+    pub(super) http_seconds: HistogramVec,
+    pub(super) grpc_requests: IntCounterVec,
+    pub(super) grpc_seconds: HistogramVec,
+    pub(super) agent_reports: IntCounterVec,
+    pub(super) start_seconds: Histogram,
+    pub(super) run_seconds: HistogramVec,
+    pub(super) leader: IntGaugeVec,
+    pub(super) leader_term: prometheus::IntGauge,
+    pub(super) leader_changes: IntCounterVec,
+    pub(super) fenced: IntCounter,
+    pub(super) config_generation: prometheus::IntGauge,
+    pub(super) config_reloads: IntCounterVec,
+    pub(super) config_last_reload_ok: prometheus::IntGauge,
+    pub(super) config_file_differs: prometheus::IntGauge,
+    pub(super) store_full: prometheus::IntGauge,
+    pub(super) store_full_refusals: IntCounter,
+    pub(super) watchers: prometheus::IntGauge,
+    pub(super) watch_events: IntCounterVec,
+    pub(super) watchers_dropped: IntCounterVec,
+    pub(super) connections: IntGaugeVec,
+    pub(super) connections_limit: IntGaugeVec,
+    pub(super) connections_refused: IntCounterVec,
+    pub(super) connections_timed_out: IntCounterVec,
+    pub(super) accept_errors: IntCounterVec,
+    pub(super) grpc_message_timeouts: IntCounter,
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn histogram_vec(name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("valid metric")
+}
+
+fn exponential(start: f64, count: usize) -> Vec<f64> {
+    prometheus::exponential_buckets(start, 2.0, count).expect("valid buckets")
+}
+
+pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    let m = Metrics {
+        registry: Registry::new(),
+        leader: IntGaugeVec::new(
+            Opts::new(
+                "flexq_scheduler_leader",
+                "1 when this replica runs the scheduler (the leader, or the only process on SQLite), 0 on a follower; the replica and role are labels.",
+            ),
+            &["replica", "role"],
+        )
+        .expect("valid metric"),
+        leader_term: prometheus::IntGauge::new(
+            "flexq_scheduler_leader_term",
+            "The leader-lease term this replica holds (0 when it does not lead or on SQLite).",
+        )
+        .expect("valid metric"),
+        leader_changes: IntCounterVec::new(
+            Opts::new(
+                "flexq_scheduler_leader_takeovers_total",
+                "Times this replica took the leader lease and rebuilt the scheduler from the database; how: lapse (the lease had lapsed or was given up), lock (the holder's session had ended: the leader lock was free), own (this replica's own live lease, in a new term).",
+            ),
+            &["how"],
+        )
+        .expect("valid metric"),
+        config_generation: prometheus::IntGauge::new(
+            "flexq_config_generation",
+            "The generation of the config in force on this replica (every replica applies the latest).",
+        )
+        .expect("valid metric"),
+        config_reloads: counter_vec(
+            "flexq_config_reloads_total",
+            "Config reloads on this replica (SIGHUP or POST /v1/config:reload), by result: ok, invalid (the file was refused and the config in force stayed), failed.",
+            &["result"],
+        ),
+        config_last_reload_ok: prometheus::IntGauge::new(
+            "flexq_config_last_reload_successful",
+            "1 when the last config reload on this replica put its config in force (or none was tried), 0 when it was refused.",
+        )
+        .expect("valid metric"),
+        config_file_differs: prometheus::IntGauge::new(
+            "flexq_config_file_differs",
+            "1 when this replica's own config file differs from the generation in force (another replica loaded a different one).",
+        )
+        .expect("valid metric"),
+        store_full: prometheus::IntGauge::new(
+            "flexq_store_full",
+            "1 while this replica's last write found the database's disk full (writes are refused with RESOURCE_EXHAUSTED STORE_FULL; reads go on); 0 once a write succeeds again.",
+        )
+        .expect("valid metric"),
+        store_full_refusals: IntCounter::new(
+            "flexq_store_full_refusals_total",
+            "Writes refused because the database's disk was full.",
+        )
+        .expect("valid metric"),
+        watchers: prometheus::IntGauge::new(
+            "flexq_watchers",
+            "Event-stream watchers (GET .../batches:watch) this replica serves now.",
+        )
+        .expect("valid metric"),
+        watch_events: counter_vec(
+            "flexq_watch_events_total",
+            "Events sent to watchers, by kind: batch, deleted, position.",
+            &["kind"],
+        ),
+        watchers_dropped: counter_vec(
+            "flexq_watchers_dropped_total",
+            "Watches ended by the server, by reason: stalled (the watcher stopped reading for limits.watch_stall), refused (over limits.max_watchers).",
+            &["reason"],
+        ),
+        connections: IntGaugeVec::new(
+            Opts::new(
+                "flexq_connections",
+                "Connections open now, by listener (api, metrics); on api, those over the cap included.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+        connections_limit: IntGaugeVec::new(
+            Opts::new(
+                "flexq_connections_limit",
+                "Most connections a listener serves at once: on api, server.max_connections lowered to the descriptor limit less server.reserved_fds.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+        connections_refused: counter_vec(
+            "flexq_connections_refused_total",
+            "Connections over a listener's cap, by what became of them: overflow (served only /healthz and /readyz; other requests 503 TOO_MANY_CONNECTIONS), closed (no room even for that: closed unanswered).",
+            &["listener", "reason"],
+        ),
+        connections_timed_out: counter_vec(
+            "flexq_connections_timed_out_total",
+            "Connections closed by a timeout, by which: handshake (TLS), header (a request head not read within server.header_read_timeout, or no first request), idle (no request in flight for server.idle_timeout, or an HTTP/1.1 connection that served requests waiting server.header_read_timeout for its next).",
+            &["listener", "timeout"],
+        ),
+        accept_errors: counter_vec(
+            "flexq_connections_accept_errors_total",
+            "Failed accepts (out of descriptors, for one): the connection waits in the backlog and is accepted again shortly.",
+            &["listener"],
+        ),
+        grpc_message_timeouts: IntCounter::new(
+            "flexq_grpc_message_timeouts_total",
+            "gRPC calls answered DEADLINE_EXCEEDED because a request message (or the end of the request stream) did not arrive within server.grpc_message_timeout.",
+        )
+        .expect("valid metric"),
+        fenced: IntCounter::new(
+            "flexq_scheduler_fenced_commits_total",
+            "Scheduler commits refused because another replica had taken the leader lease.",
+        )
+        .expect("valid metric"),
+        transitions: counter_vec(
+            "flexq_batch_transitions_total",
+            "Batch state transitions, by the state entered.",
+            &["state"],
+        ),
+        ended: counter_vec(
+            "flexq_batches_ended_total",
+            "Batches that ended without succeeding, by their typed reason (the batch's flexq.endReason): expired, stockout, quota, infrastructure, work_failed, cancelled.",
+            &["reason"],
+        ),
+        gpu_seconds: prometheus::CounterVec::new(
+            Opts::new(
+                "flexq_project_gpu_seconds_total",
+                "GPU-seconds held by a project's clusters in a region, counted when each cluster is given back (GPUs × seconds from allocation to release).",
+            ),
+            &["project", "region", "accelerator"],
+        )
+        .expect("valid metric"),
+        admitted: counter_vec(
+            "flexq_batches_admitted_total",
+            "Whole clusters allocated.",
+            &["region", "accelerator"],
+        ),
+        expired: counter_vec(
+            "flexq_batches_expired_total",
+            "Queued batches failed because their allocation timeout passed.",
+            &["region", "accelerator"],
+        ),
+        rejected: counter_vec(
+            "flexq_batches_rejected_total",
+            "Batches refused at submit (invalid, never_fit) or failed at once in default mode (quota, stockout).",
+            &["reason"],
+        ),
+        wait_seconds: histogram_vec(
+            "flexq_batch_wait_seconds",
+            "Time from submit to the allocation of the whole cluster.",
+            WAIT_BUCKETS.to_vec(),
+            &["region", "accelerator"],
+        ),
+        requeues: IntCounter::new(
+            "flexq_batch_requeues_total",
+            "Batches sent back to the queue after an infrastructure failure (a lost node, an agent that stopped or restarted without them).",
+        )
+        .expect("valid metric"),
+        leases_lost: IntCounter::new(
+            "flexq_agent_leases_lost_total",
+            "Nodes lost because their agent stopped heartbeating.",
+        )
+        .expect("valid metric"),
+        pass_seconds: histogram_vec(
+            "flexq_scheduler_pass_seconds",
+            "Time of one scheduler pass, its commit included.",
+            exponential(0.00005, 16),
+            &["outcome"],
+        ),
+        decisions: counter_vec(
+            "flexq_scheduler_decisions_total",
+            "Scheduler decisions committed, by kind.",
+            &["decision"],
+        ),
+        last_pass: Gauge::new(
+            "flexq_scheduler_last_pass_timestamp_seconds",
+            "Unix time of the scheduler's last pass.",
+        )
+        .expect("valid metric"),
+        last_wake: Gauge::new(
+            "flexq_scheduler_last_wake_timestamp_seconds",
+            "Unix time of the last event that asked the scheduler for a pass.",
+        )
+        .expect("valid metric"),
+        commit_seconds: histogram_vec(
+            "flexq_store_commit_seconds",
+            "Time to commit one transaction of creates or of scheduler decisions, fsync included.",
+            exponential(0.0001, 16),
+            &["kind"],
+        ),
+        commit_batches: histogram_vec(
+            "flexq_store_commit_batches",
+            "Creates committed per transaction (group commit size).",
+            exponential(1.0, 12),
+            &["kind"],
+        ),
+        http_requests: counter_vec(
+            "flexq_http_requests_total",
+            "HTTP requests, by route template and status code.",
+            &["method", "route", "code"],
+        ),
+        http_seconds: histogram_vec(
+            "flexq_http_request_duration_seconds",
+            "HTTP request latency.",
+            exponential(0.0005, 14),
+            &["method", "route"],
+        ),
+        grpc_requests: counter_vec(
+            "flexq_grpc_requests_total",
+            "gRPC calls, by method and status code.",
+            &["method", "code"],
+        ),
+        grpc_seconds: histogram_vec(
+            "flexq_grpc_request_duration_seconds",
+            "gRPC call latency.",
+            exponential(0.0005, 14),
+            &["method"],
+        ),
+        agent_reports: counter_vec(
+            "flexq_agent_reports_total",
+            "Reports accepted from executor agents, by event.",
+            &["event"],
+        ),
+        start_seconds: Histogram::with_opts(
+            HistogramOpts::new(
+                "flexq_batch_start_seconds",
+                "Time from the allocation of a batch's cluster to its driver running (Spark master start included).",
+            )
+            .buckets(exponential(0.25, 12)),
+        )
+        .expect("valid metric"),
+        run_seconds: histogram_vec(
+            "flexq_batch_run_seconds",
+            "Run time of batches, from the driver's start to the end, by how they ended.",
+            WAIT_BUCKETS.to_vec(),
+            &["state"],
+        ),
+    };
+    let build = IntGaugeVec::new(
+        Opts::new("flexq_build_info", "Build information; the value is 1."),
+        &["version"],
+    )
+    .expect("valid metric");
+    build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+    // Every way a lease is taken shows from the start, at 0: a dashboard's
+    // sum has data before the first failover.
+    for how in ["lapse", "lock", "own"] {
+        m.leader_changes.with_label_values(&[how]);
+    }
+    let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+        Box::new(m.leader.clone()),
+        Box::new(m.leader_term.clone()),
+        Box::new(m.leader_changes.clone()),
+        Box::new(m.fenced.clone()),
+        Box::new(m.config_generation.clone()),
+        Box::new(m.config_reloads.clone()),
+        Box::new(m.config_last_reload_ok.clone()),
+        Box::new(m.config_file_differs.clone()),
+        Box::new(m.store_full.clone()),
+        Box::new(m.store_full_refusals.clone()),
+        Box::new(m.watchers.clone()),
+        Box::new(m.watch_events.clone()),
+        Box::new(m.watchers_dropped.clone()),
+        Box::new(m.connections.clone()),
+        Box::new(m.connections_limit.clone()),
+        Box::new(m.connections_refused.clone()),
+        Box::new(m.connections_timed_out.clone()),
+        Box::new(m.accept_errors.clone()),
+        Box::new(m.grpc_message_timeouts.clone()),
+        Box::new(m.transitions.clone()),
+        Box::new(m.ended.clone()),
+        Box::new(m.gpu_seconds.clone()),
+        Box::new(m.admitted.clone()),
+        Box::new(m.expired.clone()),
+        Box::new(m.rejected.clone()),
+        Box::new(m.wait_seconds.clone()),
+        Box::new(m.leases_lost.clone()),
+        Box::new(m.requeues.clone()),
+        Box::new(m.pass_seconds.clone()),
+        Box::new(m.decisions.clone()),
+        Box::new(m.last_pass.clone()),
+        Box::new(m.last_wake.clone()),
+        Box::new(m.commit_seconds.clone()),
+        Box::new(m.commit_batches.clone()),
+        Box::new(m.http_requests.clone()),
+        Box::new(m.http_seconds.clone()),
+        Box::new(m.grpc_requests.clone()),
+        Box::new(m.grpc_seconds.clone()),
+        Box::new(m.agent_reports.clone()),
+        Box::new(m.start_seconds.clone()),
+        Box::new(m.run_seconds.clone()),
+        Box::new(build),
+    ];
+    for c in collectors {
+        m.registry.register(c).expect("metric registered once");
+    }
+    m.config_last_reload_ok.set(1);
+    for reason in ["stalled", "refused"] {
+        m.watchers_dropped.with_label_values(&[reason]);
+    }
+    for listener in ["api", "metrics"] {
+        m.connections.with_label_values(&[listener]);
+        m.accept_errors.with_label_values(&[listener]);
+        for reason in ["overflow", "closed"] {
+            m.connections_refused.with_label_values(&[listener, reason]);
+        }
+        for timeout in ["handshake", "header", "idle"] {
+            m.connections_timed_out
+                .with_label_values(&[listener, timeout]);
+        }
+    }
+    for result in ["ok", "invalid", "failed"] {
+        m.config_reloads.with_label_values(&[result]);
+    }
+    for reason in REJECT_REASONS {
+        m.rejected.with_label_values(&[reason]);
+    }
+    for state in State::ALL {
+        m.transitions.with_label_values(&[state.name()]);
+    }
+    for reason in EndReason::ALL {
+        m.ended.with_label_values(&[reason.label()]);
+    }
+    for e in ["MASTER_READY", "DRIVER_STARTED", "FINISHED", "PART_FAILED"] {
+        m.agent_reports.with_label_values(&[e]);
+    }
+    for state in [State::Succeeded, State::Failed, State::Cancelled] {
+        m.run_seconds.with_label_values(&[state.name()]);
+    }
+    for d in ["allocate", "expire", "reject", "lose_node"] {
+        m.decisions.with_label_values(&[d]);
+    }
+    m
+});
+
+/// The (region, accelerator) pairs the config offers: their series exist
+/// from the start, at zero, so rates and ratios have something to work on.
+/// (A set, not a single value: tests open several servers per process.)
+pub(super) static OFFERED: LazyLock<Mutex<BTreeSet<(String, String)>>> =
+    LazyLock::new(|| Mutex::new(BTreeSet::new()));
+
+pub(super) fn offered() -> Vec<(String, String)> {
+    OFFERED
+        .lock()
+        .map(|o| o.iter().cloned().collect())
+        .unwrap_or_default()
+}

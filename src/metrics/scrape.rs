@@ -1,0 +1,183 @@
+//! What a scrape computes: the gauges of a scheduler [`Snapshot`] and of
+//! the long polls waiting now, each in a registry made for the scrape, and
+//! the text exposition of those beside the event metrics.
+
+use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
+
+use super::registry::{METRICS, PENDING_REASONS, offered};
+use crate::scheduler::Snapshot;
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("registered once per scrape");
+    g
+}
+
+/// The gauges of a scheduler snapshot, in a registry of their own.
+fn state_registry(s: &Snapshot) -> Registry {
+    let r = Registry::new();
+    let pending = gauge_vec(
+        &r,
+        "flexq_pending_batches",
+        "Batches waiting for their cluster, by region, accelerator and why they are not admitted.",
+        &["region", "accelerator", "reason"],
+    );
+    let offered = offered();
+    for (region, accelerator) in &offered {
+        for reason in PENDING_REASONS {
+            pending
+                .with_label_values(&[region.as_str(), accelerator.as_str(), reason])
+                .set(0.0);
+        }
+    }
+    for ((region, accelerator, reason), n) in &s.pending {
+        pending
+            .with_label_values(&[region.as_str(), accelerator.as_str(), reason])
+            .set(*n as f64);
+    }
+    let ratio = gauge_vec(
+        &r,
+        "flexq_pending_wait_timeout_ratio",
+        "Per region, the largest share of its allocation timeout a queued batch has waited (1 = at its deadline).",
+        &["region"],
+    );
+    for (region, _) in &offered {
+        ratio.with_label_values(&[region]).set(0.0);
+    }
+    for (region, f) in &s.wait_fraction {
+        ratio.with_label_values(&[region]).set(*f);
+    }
+    let limit = gauge_vec(
+        &r,
+        "flexq_quota_limit",
+        "Quota limit.",
+        &["project", "region", "metric"],
+    );
+    let usage = gauge_vec(
+        &r,
+        "flexq_quota_usage",
+        "Quota in use by allocated clusters.",
+        &["project", "region", "metric"],
+    );
+    for ((project, region, metric), (l, u)) in &s.quotas {
+        limit
+            .with_label_values(&[project, region, metric.name()])
+            .set(*l as f64);
+        usage
+            .with_label_values(&[project, region, metric.name()])
+            .set(*u as f64);
+    }
+    let held = gauge_vec(
+        &r,
+        "flexq_queue_held",
+        "1 for each queue an admin held: a project's in a region, or the whole region's (project \"-\").",
+        &["region", "project"],
+    );
+    for (region, project) in &s.held {
+        held.with_label_values(&[region, project]).set(1.0);
+    }
+    let fair_usage = gauge_vec(
+        &r,
+        "flexq_fair_share_usage_gpus",
+        "A project's usage in the fair-share order: GPUs held now plus past usage decayed with scheduling.usage_half_life.",
+        &["region", "project"],
+    );
+    let fair_share = gauge_vec(
+        &r,
+        "flexq_fair_share_ratio",
+        "A project's usage ÷ its weight: in each region, the lowest goes first.",
+        &["region", "project"],
+    );
+    for ((region, project), (usage, weight)) in &s.fair_share {
+        fair_usage.with_label_values(&[region, project]).set(*usage);
+        fair_share
+            .with_label_values(&[region, project])
+            .set(usage / weight.max(f64::MIN_POSITIVE));
+    }
+    let gpus = gauge_vec(
+        &r,
+        "flexq_capacity_gpus",
+        "GPUs of the nodes: allocated, free, or free on a cordoned node (not offered).",
+        &["region", "zone", "accelerator", "state"],
+    );
+    let ssd = gauge_vec(
+        &r,
+        "flexq_capacity_local_ssd_bytes",
+        "Local SSD of the nodes, allocated or free.",
+        &["region", "zone", "accelerator", "state"],
+    );
+    let nodes = gauge_vec(
+        &r,
+        "flexq_capacity_nodes",
+        "Nodes, registered by agents or virtual (declared for simulation).",
+        &["region", "zone", "accelerator", "kind"],
+    );
+    for row in &s.capacity {
+        let l = [
+            row.region.as_str(),
+            row.zone.as_str(),
+            row.accelerator.as_str(),
+        ];
+        gpus.with_label_values(&[l[0], l[1], l[2], "allocated"])
+            .set(row.allocated_gpus as f64);
+        gpus.with_label_values(&[l[0], l[1], l[2], "free"])
+            .set(row.free_gpus as f64);
+        gpus.with_label_values(&[l[0], l[1], l[2], "cordoned"])
+            .set(row.cordoned_gpus as f64);
+        let gb = 1e9;
+        ssd.with_label_values(&[l[0], l[1], l[2], "allocated"])
+            .set((row.total_local_ssd_gb - row.free_local_ssd_gb) as f64 * gb);
+        ssd.with_label_values(&[l[0], l[1], l[2], "free"])
+            .set(row.free_local_ssd_gb as f64 * gb);
+        nodes
+            .with_label_values(&[l[0], l[1], l[2], "agent"])
+            .set((row.nodes - row.virtual_nodes) as f64);
+        nodes
+            .with_label_values(&[l[0], l[1], l[2], "virtual"])
+            .set(row.virtual_nodes as f64);
+    }
+    let agents = gauge_vec(
+        &r,
+        "flexq_agent_nodes",
+        "Nodes whose agent holds a lease.",
+        &["state"],
+    );
+    agents
+        .with_label_values(&["active"])
+        .set(s.agent_nodes as f64);
+    r
+}
+
+/// Long polls waiting now, by kind: one server's own (a process may run
+/// several, the tests do), so in a registry of its own made at scrape time.
+fn long_poll_registry(long_polls: &[(&str, usize)]) -> Registry {
+    let r = Registry::new();
+    let g = gauge_vec(
+        &r,
+        "flexq_long_polls",
+        "Long polls waiting now, by kind: assignments (an agent's poll), output (a reader of a batch's output with waitFor), operation (gRPC WaitOperation).",
+        &["kind"],
+    );
+    for (kind, n) in long_polls {
+        g.with_label_values(&[kind]).set(*n as f64);
+    }
+    r
+}
+
+/// The text exposition: every event metric, the gauges of `snapshot`, and
+/// the long polls waiting now.
+pub fn render(snapshot: Option<&Snapshot>, long_polls: &[(&str, usize)]) -> String {
+    let mut families = METRICS.registry.gather();
+    if let Some(s) = snapshot {
+        families.extend(state_registry(s).gather());
+    }
+    families.extend(long_poll_registry(long_polls).gather());
+    families.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut buf = Vec::new();
+    if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
+        tracing::error!(error = %e, "cannot encode metrics");
+    }
+    String::from_utf8(buf).unwrap_or_default()
+}
