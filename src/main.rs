@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use flexq::cli::{admin, batches, local, simulate};
+use flexq::cli::{batches, capacity, local, simulate};
 
 /// mimalloc: the create path allocates many small, short-lived objects
 /// (JSON, maps, rows); glibc malloc showed up at ~15% of server CPU.
@@ -49,18 +49,18 @@ enum Command {
     /// Submit and manage batches.
     Batches(batches::BatchesArgs),
     /// Capacity per region, zone and GPU type.
-    Regions(admin::ListArgs),
+    Regions(capacity::ListArgs),
     /// GPU nodes, virtual ones marked; cordon, drain and uncordon them
     /// (admins).
-    Nodes(admin::NodesArgs),
+    Nodes(capacity::NodesArgs),
     /// A project's quotas in a region.
-    Quotas(admin::QuotasArgs),
+    Quotas(capacity::QuotasArgs),
     /// Hold and resume queues (admins): nothing in a held queue is
     /// allocated; deadlines keep counting.
-    Queues(admin::QueuesArgs),
+    Queues(capacity::QueuesArgs),
     /// GPU-hours, batches, waits and expiries per project and GPU type in
     /// a region over a window.
-    Usage(admin::UsageArgs),
+    Usage(capacity::UsageArgs),
     /// Replay a workload trace through the scheduler on virtual time and
     /// report waits, expiries and GPU shares per project (no server).
     Simulate(simulate::SimulateArgs),
@@ -75,11 +75,14 @@ async fn main() -> ExitCode {
         Command::Migrate(arg) => local::migrate(arg).await,
         Command::Config { action } => local::config(action).await,
         Command::Batches(args) => batches::run(args).await.map_err(Into::into),
-        Command::Regions(args) => admin::run_regions(args).await.map(ok).map_err(Into::into),
-        Command::Nodes(args) => admin::run_nodes(args).await.map(ok).map_err(Into::into),
-        Command::Quotas(args) => admin::run_quotas(args).await.map(ok).map_err(Into::into),
-        Command::Queues(args) => admin::run_queues(args).await.map(ok).map_err(Into::into),
-        Command::Usage(args) => admin::run_usage(args).await.map(ok).map_err(Into::into),
+        Command::Regions(args) => capacity::run_regions(args)
+            .await
+            .map(ok)
+            .map_err(Into::into),
+        Command::Nodes(args) => capacity::run_nodes(args).await.map(ok).map_err(Into::into),
+        Command::Quotas(args) => capacity::run_quotas(args).await.map(ok).map_err(Into::into),
+        Command::Queues(args) => capacity::run_queues(args).await.map(ok).map_err(Into::into),
+        Command::Usage(args) => capacity::run_usage(args).await.map(ok).map_err(Into::into),
         Command::Simulate(args) => Ok(simulate::run(args)),
     };
     done.unwrap_or_else(|e: anyhow::Error| {

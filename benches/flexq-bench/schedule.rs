@@ -383,7 +383,7 @@ async fn start_scheduler(
     store: &Store,
 ) -> Result<(flexq::engine::Engine, CancellationToken), CliError> {
     let shutdown = CancellationToken::new();
-    let service = flexq::engine::Engine::start(
+    let engine = flexq::engine::Engine::start(
         config.clone().into(),
         flexq::engine::ConfigSource::Given,
         store.clone(),
@@ -391,7 +391,7 @@ async fn start_scheduler(
     )
     .await
     .map_err(err)?;
-    Ok((service, shutdown))
+    Ok((engine, shutdown))
 }
 
 /// Part 2: 1,000 nodes arrive at once under a deep queue.
@@ -400,7 +400,7 @@ async fn flood(n: usize) -> Result<(), CliError> {
     let config = bench_config(0, dir.path())?;
     let store = open_store(dir.path()).await?;
     fill(&store, &config, n, 7200).await?;
-    let (service, shutdown) = start_scheduler(&config, &store).await?;
+    let (engine, shutdown) = start_scheduler(&config, &store).await?;
     // Let the first (empty) pass go by.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let far = Utc::now() + chrono::Duration::hours(1);
@@ -431,13 +431,13 @@ async fn flood(n: usize) -> Result<(), CliError> {
             }
         }
     }
-    service.add_nodes_for_bench(nodes, far).await;
+    engine.add_nodes_for_bench(nodes, far).await;
     // The runner holds the lock across pass and commit: once we get it
     // back after the wake, the allocations are durable.
     let mut allocated = 0;
     while t.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let now = service.running_keys().await.len();
+        let now = engine.running_keys().await.len();
         if now == allocated && now > 0 {
             break;
         }
@@ -557,7 +557,7 @@ async fn expiry(n: usize) -> Result<(), CliError> {
             "warning: the fill took {filled:?}; the first deadlines passed before the scheduler started"
         );
     }
-    let (_service, shutdown) = start_scheduler(&config, &store).await?;
+    let (_engine, shutdown) = start_scheduler(&config, &store).await?;
     let waited = Instant::now();
     while waited.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(500)).await;

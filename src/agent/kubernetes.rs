@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::config::KubernetesConfig;
+use super::settings::KubernetesConfig;
 use super::work::Ctx;
 use crate::api::State;
 use crate::launch::k8s::{K8sTarget, PartNode, application_name, batch_state, spark_application};

@@ -10,10 +10,10 @@
 //! batches already) and registers again with a new epoch.
 
 mod client;
-pub mod config;
 pub mod discovery;
 mod kubernetes;
 mod process;
+pub mod settings;
 mod work;
 
 use std::collections::HashMap;
@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{AgentConfig, Launcher};
+pub use settings::{AgentSettings, Launcher};
 
 use crate::protocol::{Action, Assignment, RegisterNode, ReportEvent};
 use client::{AgentClient, CallError};
@@ -51,7 +51,7 @@ type PartKey = (String, String, u32, u32);
 
 /// Finds Spark: the configured home, $SPARK_HOME, or the pyspark package of
 /// the configured Python.
-async fn spark_home(config: &AgentConfig) -> anyhow::Result<PathBuf> {
+async fn spark_home(config: &AgentSettings) -> anyhow::Result<PathBuf> {
     let home = if !config.spark_home.is_empty() {
         PathBuf::from(&config.spark_home)
     } else if let Some(h) = std::env::var_os("SPARK_HOME") {
@@ -91,7 +91,7 @@ fn parse_seconds(text: &str) -> Option<Duration> {
 }
 
 /// Runs the agent until `shutdown` fires.
-pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(config: AgentSettings, shutdown: CancellationToken) -> anyhow::Result<()> {
     // Spark runs on this node only with the standalone launcher.
     let spark_home = match config.launcher {
         Launcher::Standalone => spark_home(&config).await?,

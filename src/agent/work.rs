@@ -14,14 +14,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{AgentClient, CallError};
-use super::config::AgentConfig;
 use super::process::Group;
+use super::settings::AgentSettings;
 use crate::launch::{self, Rapids, SparkJob};
 use crate::protocol::{Action, Assignment, ReportEvent};
 
 /// What every part of this agent's session shares.
 pub struct Ctx {
-    pub config: AgentConfig,
+    pub config: AgentSettings,
     pub client: AgentClient,
     /// The epoch of this registration: every report carries it.
     pub epoch: String,

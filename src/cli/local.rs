@@ -71,21 +71,21 @@ pub enum ConfigAction {
     Check(ConfigArg),
     /// What `flexq config reload` would change on a running server: the
     /// server reads its config file again and compares (admins).
-    Diff(super::admin::ConfigRemoteArgs),
+    Diff(super::capacity::ConfigRemoteArgs),
     /// Have a running server read its config file again and put it in
     /// force, as SIGHUP does (admins).
-    Reload(super::admin::ConfigRemoteArgs),
+    Reload(super::capacity::ConfigRemoteArgs),
 }
 
 /// `flexq config print|check|diff|reload`.
 pub async fn config(action: ConfigAction) -> anyhow::Result<ExitCode> {
     match action {
         ConfigAction::Diff(args) => {
-            super::admin::run_config(args, false).await?;
+            super::capacity::run_config(args, false).await?;
             return Ok(ExitCode::SUCCESS);
         }
         ConfigAction::Reload(args) => {
-            super::admin::run_config(args, true).await?;
+            super::capacity::run_config(args, true).await?;
             return Ok(ExitCode::SUCCESS);
         }
         ConfigAction::Print(arg) => match arg.load() {
@@ -114,7 +114,7 @@ pub struct AgentArgs {
 /// `flexq agent`: register this GPU node, heartbeat, and run the Spark
 /// work of the batches allocated to it, until SIGINT/SIGTERM.
 pub async fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
-    let config = match crate::agent::AgentConfig::load(args.config.as_deref()) {
+    let config = match crate::agent::AgentSettings::load(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("flexq agent: {e}");

@@ -7,8 +7,8 @@
 //! The client commands talk to the server only through the HTTP API's
 //! types.
 
-pub mod admin;
 pub mod batches;
+pub mod capacity;
 pub mod local;
 pub mod simulate;
 

@@ -50,7 +50,7 @@ pub struct Config {
     pub provisioning: ProvisioningConfig,
     pub batches: BatchesConfig,
     pub log: LogConfig,
-    pub agents: AgentsConfig,
+    pub agents: AgentLeaseConfig,
     pub limits: LimitsConfig,
     /// How each region's queue is ordered. Absent: fair share, 24h.
     #[serde(default)]
@@ -267,10 +267,12 @@ pub const MAX_USAGE_HALF_LIFE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The largest fair-share weight accepted (and 1/it the smallest).
 pub const MAX_WEIGHT: f64 = 1e6;
 
-/// Executor agents: how long a node stays without a heartbeat.
+/// The server's `[agents]` section: how long a node's agent lease lasts
+/// without a heartbeat, and how much of a batch's driver output is kept.
+/// (The agent's own file is `agent::AgentSettings`.)
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AgentsConfig {
+pub struct AgentLeaseConfig {
     /// A node whose agent has not heartbeated for this long is lost: its
     /// capacity returns and its batches fail.
     #[serde(with = "humantime_serde")]

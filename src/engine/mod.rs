@@ -5,7 +5,8 @@
 //! replication role. Each use case — creating, reading, listing,
 //! cancelling and deleting batches ([`batches`]); registering nodes,
 //! heartbeats, polls, reports and output ([`nodes`]); quotas, capacity
-//! views and the metrics snapshot ([`admin`]); who may call
+//! views, queues, readiness and the metrics snapshot ([`capacity`]); the
+//! config's reload and generations ([`reload`]); who may call
 //! ([`principal`]) and how often ([`limits`]); the usage report
 //! ([`usage`]) — validates, bounds its database calls made under the
 //! core's lock ([`DB_UNDER_LOCK`]), takes the single, leader or follower
@@ -22,28 +23,28 @@
 //! ([`replica`]) runs passes; the others keep theirs as a mirror of the
 //! database for their views.
 
-mod admin;
 mod batches;
-mod config;
+mod capacity;
 mod error;
 mod limits;
 mod long_poll;
 mod nodes;
 mod passes;
 mod principal;
+mod reload;
 mod replica;
 mod stream;
 mod usage;
 
-pub use admin::{
+pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
+pub use capacity::{
     NodeView, ProjectQuotas, QueueEntries, QueueEntry, QueueView, QuotaChange, Readiness,
 };
-pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
-pub use config::{ConfigSource, ConfigStatus, Reloaded};
 pub use error::{Error, TOO_MANY_CONNECTIONS};
 pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
 pub use principal::{Access, Principal, token_hash};
+pub use reload::{ConfigSource, ConfigStatus, Reloaded};
 pub use stream::{Watch, WatchEvent, WatchRequest};
 
 use std::sync::Arc;
@@ -138,7 +139,7 @@ pub(crate) struct Shared {
     /// The config in force, swapped whole by a reload ([`config`]).
     pub(crate) live: ArcSwap<Live>,
     /// Reloads of the config: one at a time, and how the last went.
-    pub(crate) reloads: config::Reloads,
+    pub(crate) reloads: reload::Reloads,
     /// Taken under the core's lock, given up without it.
     role: watch::Sender<ReplicaRole>,
     /// This replica's name in the leader lease.
@@ -289,8 +290,8 @@ impl Engine {
             .clone()
             .unwrap_or_else(replica::default_replica_id);
         // The config this replica loaded is the one in force for every
-        // replica from now on (`config::publish`).
-        let stored = config::publish(&store, &config, &replica_id).await?;
+        // replica from now on (`reload::publish`).
+        let stored = reload::publish(&store, &config, &replica_id).await?;
         let started = Instant::now();
         let core = passes::rebuild(&config, &store, role.decides().then_some(None), None).await?;
         tracing::info!(
@@ -306,7 +307,7 @@ impl Engine {
             config,
             stored,
         };
-        let service = Engine {
+        let engine = Engine {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
                 wake: Notify::new(),
@@ -314,7 +315,7 @@ impl Engine {
                 output: watch::channel(0).0,
                 store,
                 live: ArcSwap::from_pointee(live),
-                reloads: config::Reloads::new(source),
+                reloads: reload::Reloads::new(source),
                 role: watch::channel(role).0,
                 replica_id,
                 mirror: Notify::new(),
@@ -327,13 +328,13 @@ impl Engine {
                 event_moves: watch::channel(std::sync::Arc::default()).0,
             }),
         };
-        service.event_tail();
+        engine.event_tail();
         if replicated {
-            replica::start(service.clone(), shutdown.clone());
+            replica::start(engine.clone(), shutdown.clone());
         } else {
-            service.shared.election_done.cancel();
+            engine.shared.election_done.cancel();
         }
-        let idle = service.clone();
+        let idle = engine.clone();
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
@@ -344,10 +345,10 @@ impl Engine {
                 }
             }
         });
-        let runner = service.clone();
+        let runner = engine.clone();
         tokio::spawn(async move { runner.run(shutdown).await });
-        service.wake();
-        Ok(service)
+        engine.wake();
+        Ok(engine)
     }
 
     /// Waits until, after shutdown, this replica has left leader election

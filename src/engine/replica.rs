@@ -50,10 +50,10 @@ pub(crate) fn default_replica_id() -> String {
 }
 
 /// Starts the leadership loop, the change listener and the mirror refresh.
-pub(crate) fn start(service: Engine, shutdown: CancellationToken) {
-    tokio::spawn(lead(service.clone(), shutdown.clone()));
-    tokio::spawn(listen(service.clone(), shutdown.clone()));
-    tokio::spawn(refresh_mirror(service, shutdown));
+pub(crate) fn start(engine: Engine, shutdown: CancellationToken) {
+    tokio::spawn(lead(engine.clone(), shutdown.clone()));
+    tokio::spawn(listen(engine.clone(), shutdown.clone()));
+    tokio::spawn(refresh_mirror(engine, shutdown));
 }
 
 impl Engine {
@@ -209,13 +209,13 @@ impl Engine {
                 self.wake();
             }
             Change::Cordon => {
-                let cordons = super::admin::cordons_of(store.node_cordons().await?);
+                let cordons = super::capacity::cordons_of(store.node_cordons().await?);
                 self.lock().await.set_cordons(cordons);
                 self.wake();
             }
             Change::Config { .. } => self.adopt_config().await?,
             Change::Hold => {
-                let holds = super::admin::holds_of(store.queue_holds().await?);
+                let holds = super::capacity::holds_of(store.queue_holds().await?);
                 self.lock().await.set_holds(holds);
                 self.wake();
             }
@@ -261,15 +261,15 @@ const WATCH_EVERY: Duration = Duration::from_millis(25);
 /// session ([`LeaderSession`]): a leader renews every `leader_renew`; a
 /// follower watches every [`WATCH_EVERY`] and claims the lease as soon as
 /// the leader's session ended or its lease lapsed.
-async fn lead(service: Engine, shutdown: CancellationToken) {
-    let config = service.config();
+async fn lead(engine: Engine, shutdown: CancellationToken) {
+    let config = engine.config();
     let db = &config.database;
     let (lease, every) = (db.leader_lease, db.leader_renew);
     // Every call on the session, its opening included, is bounded: a hung
     // session must not keep a leader from stepping down in time.
     let bound = lease / 2;
-    let me = service.shared.replica_id.clone();
-    let store = service.shared.store.clone();
+    let me = engine.shared.replica_id.clone();
+    let store = engine.shared.store.clone();
     let mut session: Option<LeaderSession> = None;
     // The rebuild of a term just taken runs beside the renewals: a long
     // one (a deep queue) must not let the lease lapse.
@@ -286,8 +286,8 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
-                if let Some(term) = service.held_term() {
-                    service.release("shutting down");
+                if let Some(term) = engine.held_term() {
+                    engine.release("shutting down");
                     let resigned = match session.as_mut() {
                         Some(s) => tokio::time::timeout(bound, s.resign(&me, term)).await,
                         None => tokio::time::timeout(bound, store.resign(&me, term)).await,
@@ -301,7 +301,7 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
                 if let Some(s) = session.take() {
                     s.close().await;
                 }
-                service.shared.election_done.cancel();
+                engine.shared.election_done.cancel();
                 return;
             }
             _ = tick.tick() => {}
@@ -309,7 +309,7 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
         if Instant::now() < next {
             continue;
         }
-        let held = service.held_term();
+        let held = engine.held_term();
         let s = match session.as_mut() {
             Some(s) => s,
             None => match tokio::time::timeout(bound, store.leader_session()).await {
@@ -322,7 +322,7 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
                     tracing::warn!(error, "cannot open the leadership session");
                     next = Instant::now() + every;
                     if held.is_some() && Instant::now() >= valid_until {
-                        service.release("the leader lease could not be renewed in time");
+                        engine.release("the leader lease could not be renewed in time");
                     }
                     continue;
                 }
@@ -351,19 +351,19 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
             Ok(Ok(Some((term, how)))) => {
                 valid_until = sent + lease;
                 if held != Some(term) {
-                    service.hold(Some(term));
+                    engine.hold(Some(term));
                     tracing::info!(replica = %me, term, how = how.name(), locked = s.locked(), "leader lease taken");
-                    let taker = service.clone();
+                    let taker = engine.clone();
                     taking = Some(tokio::spawn(async move {
                         taker.take_lead(term, Some(how)).await
                     }));
-                } else if !service.role().decides()
+                } else if !engine.role().decides()
                     && taking.as_ref().is_none_or(|t| t.is_finished())
                 {
                     // Stepped down (a refused commit, a failed rebuild),
                     // yet the lease is ours: give it up, and the lock, so
                     // another replica can lead.
-                    service.hold(None);
+                    engine.hold(None);
                     if !matches!(
                         tokio::time::timeout(bound, s.resign(&me, term)).await,
                         Ok(Ok(()))
@@ -373,7 +373,7 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
                 }
             }
             Ok(Ok(None)) if held.is_some() => {
-                service.release("another replica holds the leader lease");
+                engine.release("another replica holds the leader lease");
             }
             Ok(Ok(None)) => {}
             failed => {
@@ -392,11 +392,11 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
                         // A follower may take over as soon as it sees
                         // the lock free: stop deciding now, not when the
                         // lease runs out (the term fences us either way).
-                        service.release(
+                        engine.release(
                             "the leadership session was lost, and the leader lock with it",
                         );
                     } else if Instant::now() >= valid_until {
-                        service.release("the leader lease could not be renewed in time");
+                        engine.release("the leader lease could not be renewed in time");
                     }
                 }
             }
@@ -408,9 +408,9 @@ async fn lead(service: Engine, shutdown: CancellationToken) {
 /// can die without a word (a proxy or NAT dropping it): this replica
 /// announces a ping every second and, hearing nothing for
 /// [`LISTEN_SILENCE`], listens anew and rebuilds.
-async fn listen(service: Engine, shutdown: CancellationToken) {
-    let store = service.shared.store.clone();
-    let me = service.shared.replica_id.clone();
+async fn listen(engine: Engine, shutdown: CancellationToken) {
+    let store = engine.shared.store.clone();
+    let me = engine.shared.replica_id.clone();
     let mut pings: u64 = 0;
     loop {
         let mut changes = tokio::select! {
@@ -427,7 +427,7 @@ async fn listen(service: Engine, shutdown: CancellationToken) {
         // Whatever was committed before this LISTEN (at start: before the
         // first rebuild may have read) is read again.
         tracing::info!("listening for changes");
-        service.resync().await;
+        engine.resync().await;
         let mut heard = Instant::now();
         let mut ping = tokio::time::interval(Duration::from_secs(1));
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -455,7 +455,7 @@ async fn listen(service: Engine, shutdown: CancellationToken) {
             match next {
                 Some(Ok(announced)) => {
                     match announced {
-                        Heard::Change(change) => service.apply(change).await,
+                        Heard::Change(change) => engine.apply(change).await,
                         Heard::Unknown(payload) => {
                             tracing::warn!(payload, "unknown change announced")
                         }
@@ -478,19 +478,19 @@ async fn listen(service: Engine, shutdown: CancellationToken) {
 }
 
 /// Rebuilds a follower's core when asked, at most every [`MIRROR_EVERY`].
-async fn refresh_mirror(service: Engine, shutdown: CancellationToken) {
+async fn refresh_mirror(engine: Engine, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = service.shared.mirror.notified() => {}
+            _ = engine.shared.mirror.notified() => {}
         }
         {
-            let mut core = service.lock().await;
-            if service.role().decides() {
+            let mut core = engine.lock().await;
+            if engine.role().decides() {
                 continue;
             }
-            let shared = &service.shared;
-            let config = service.config();
+            let shared = &engine.shared;
+            let config = engine.config();
             let fresh = tokio::time::timeout(
                 DB_UNDER_LOCK,
                 rebuild(&config, &shared.store, None, Some(&core)),

@@ -11,7 +11,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::capacity::{Capacity, Node, NodeId, NodeSpec, PartNeed, Placement, needs, plan_zone};
-use super::fairshare::{FairShare, Order, Policy, share_key};
+use super::fairshare::{FairShare, FairSharePolicy, Order, share_key};
 use super::lease::{LeaseError, Leases};
 use super::quota::{Ledger, QuotaRule};
 use super::views::Blocker;
@@ -253,7 +253,7 @@ impl Scheduler {
 
     /// Sets how queues are ordered (fair share or strict, half-life,
     /// weights). Usage recorded so far stays.
-    pub fn set_fair_share(&mut self, policy: Policy) {
+    pub fn set_fair_share(&mut self, policy: FairSharePolicy) {
         self.dirty.extend(self.queues.keys().cloned());
         self.fair.set_policy(policy);
     }

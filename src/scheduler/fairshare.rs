@@ -27,18 +27,19 @@ pub enum Order {
     Strict,
 }
 
-/// The operator's fair-share settings.
+/// The operator's fair-share settings: queue order, usage half-life,
+/// weights. (What the batch rules read is `spec::Policy`.)
 #[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
+pub struct FairSharePolicy {
     pub order: Order,
     pub half_life: Duration,
     /// Weights of projects that do not have the default of 1.
     pub weights: HashMap<String, f64>,
 }
 
-impl Default for Policy {
-    fn default() -> Policy {
-        Policy {
+impl Default for FairSharePolicy {
+    fn default() -> FairSharePolicy {
+        FairSharePolicy {
             order: Order::FairShare,
             half_life: Duration::from_secs(24 * 3600),
             weights: HashMap::new(),
@@ -46,7 +47,7 @@ impl Default for Policy {
     }
 }
 
-impl Policy {
+impl FairSharePolicy {
     pub fn weight(&self, project: &str) -> f64 {
         self.weights.get(project).copied().unwrap_or(1.0)
     }
@@ -97,7 +98,7 @@ fn decay(later: DateTime<Utc>, earlier: DateTime<Utc>, tau: f64) -> f64 {
 /// Usage per (region, project), and the policy that orders by it.
 #[derive(Debug, Clone, Default)]
 pub struct FairShare {
-    policy: Policy,
+    policy: FairSharePolicy,
     usage: HashMap<(String, String), Usage>,
 }
 
@@ -114,7 +115,7 @@ pub struct Standing {
 impl FairShare {
     /// Replaces the policy; usage stays (it does not depend on it but for
     /// the half-life, which applies from now on).
-    pub fn set_policy(&mut self, policy: Policy) {
+    pub fn set_policy(&mut self, policy: FairSharePolicy) {
         self.policy = policy;
     }
 
@@ -226,16 +227,16 @@ mod tests {
             .expect("time")
     }
 
-    fn with(policy: Policy) -> FairShare {
+    fn with(policy: FairSharePolicy) -> FairShare {
         let mut f = FairShare::default();
         f.set_policy(policy);
         f
     }
 
     fn hour_half_life() -> FairShare {
-        with(Policy {
+        with(FairSharePolicy {
             half_life: Duration::from_secs(3600),
-            ..Policy::default()
+            ..FairSharePolicy::default()
         })
     }
 
@@ -284,9 +285,9 @@ mod tests {
 
     #[test]
     fn weight_divides_usage() {
-        let mut f = with(Policy {
+        let mut f = with(FairSharePolicy {
             weights: HashMap::from([("big".to_string(), 4.0)]),
-            ..Policy::default()
+            ..FairSharePolicy::default()
         });
         f.hold("r", "big", 8);
         f.hold("r", "small", 4);

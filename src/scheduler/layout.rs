@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::capacity::{Node, NodeId, NodeSpec};
 use super::core::{PoolDecl, Scheduler};
-use super::fairshare::Policy;
+use super::fairshare::FairSharePolicy;
 use super::quota::QuotaRule;
 
 /// (region, zone, pool).
@@ -29,7 +29,7 @@ pub struct Layout {
     pub pools: Vec<PoolDecl>,
     pub virtual_nodes: Vec<NodeSpec>,
     pub rules: Vec<QuotaRule>,
-    pub fair: Policy,
+    pub fair: FairSharePolicy,
 }
 
 /// The nodes a layout declares, kept to settle retired nodes later.

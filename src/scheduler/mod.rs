@@ -24,7 +24,7 @@ pub use core::{
     Allocation, BatchKey, Cordon, Decision, Hold, PendingBatch, PoolDecl, Scheduler,
     accelerator_label, shape_text,
 };
-pub use fairshare::{Order, Policy as FairSharePolicy};
+pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
 pub use lease::LeaseError;
 pub use quota::{QuotaRule, QuotaView, Shortfall};

@@ -5,10 +5,10 @@
 //! services of [`crate::grpc`] beside REST, its connections bounded by
 //! [`connections`].
 
-mod admin;
 mod agents;
 pub mod auth;
 mod batches;
+mod capacity;
 mod connections;
 mod console;
 mod error;
@@ -89,38 +89,38 @@ fn rest(app: App) -> Router {
             get(batches::get_operation).post(batches::post_operation),
         )
         .route("/v1/runtimes", get(runtimes))
-        .route("/v1/regions", get(admin::regions))
-        .route("/v1/nodes", get(admin::nodes))
+        .route("/v1/regions", get(capacity::regions))
+        .route("/v1/nodes", get(capacity::nodes))
         .route("/v1/nodes:register", axum::routing::post(agents::register))
         .route("/v1/nodes/{node}", axum::routing::post(agents::node_method))
         .route(
             "/v1/projects/{project}/regions/{region}/quotas",
-            get(admin::get_quotas).patch(admin::patch_quota),
+            get(capacity::get_quotas).patch(capacity::patch_quota),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/usage",
-            get(admin::usage),
+            get(capacity::usage),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue",
-            get(admin::get_queue),
+            get(capacity::get_queue),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue:hold",
-            axum::routing::post(admin::hold_queue),
+            axum::routing::post(capacity::hold_queue),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue:resume",
-            axum::routing::post(admin::resume_queue),
+            axum::routing::post(capacity::resume_queue),
         )
-        .route("/v1/queues", get(admin::held_queues))
+        .route("/v1/queues", get(capacity::held_queues))
         .route(
             "/v1/config:reload",
-            axum::routing::post(admin::reload_config),
+            axum::routing::post(capacity::reload_config),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue/entries",
-            get(admin::queue_entries),
+            get(capacity::queue_entries),
         )
         .route("/v1/principal", get(auth::principal))
         .route("/console", get(console::redirect))

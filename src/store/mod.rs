@@ -15,10 +15,10 @@
 //! any number of replicas. Creates on PostgreSQL are the exception (see
 //! [`Store::begin_create`]): the unique indexes order them.
 
-mod config;
 mod durability;
 mod events;
 pub mod filter;
+mod generations;
 pub mod leader;
 mod leader_lock;
 mod lifecycle;
@@ -43,10 +43,10 @@ use uuid::Uuid;
 use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
-pub use config::ConfigGeneration;
 pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
+pub use generations::ConfigGeneration;
 pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use leader_lock::{LeaderSession, Takeover};
 pub use lifecycle::Applied;

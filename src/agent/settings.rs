@@ -1,5 +1,7 @@
-//! The agent's configuration: `config/agent.toml` documents every key; any
-//! key can be overridden by `FLEXQ_AGENT_<KEY>` (e.g. FLEXQ_AGENT_SERVER).
+//! The agent's own settings, read from its file: `config/agent.toml`
+//! documents every key; any key can be overridden by `FLEXQ_AGENT_<KEY>`
+//! (e.g. FLEXQ_AGENT_SERVER). (The server's `[agents]` section is
+//! `config::AgentLeaseConfig`.)
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,9 +10,10 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+/// The agent's file, after defaults and `FLEXQ_AGENT_*` overrides.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct AgentConfig {
+pub struct AgentSettings {
     /// Base URL of the flexq server.
     pub server: String,
     /// A file holding this agent's bearer token (a principal with role
@@ -108,9 +111,9 @@ impl Default for KubernetesConfig {
     }
 }
 
-impl Default for AgentConfig {
+impl Default for AgentSettings {
     fn default() -> Self {
-        AgentConfig {
+        AgentSettings {
             server: "http://127.0.0.1:8080".into(),
             token_file: PathBuf::new(),
             ca_file: PathBuf::new(),
@@ -135,14 +138,14 @@ impl Default for AgentConfig {
     }
 }
 
-impl AgentConfig {
+impl AgentSettings {
     /// Defaults, then `file`, then FLEXQ_AGENT_* variables.
-    pub fn load(file: Option<&Path>) -> Result<AgentConfig, String> {
-        let mut figment = Figment::from(Serialized::defaults(AgentConfig::default()));
+    pub fn load(file: Option<&Path>) -> Result<AgentSettings, String> {
+        let mut figment = Figment::from(Serialized::defaults(AgentSettings::default()));
         if let Some(file) = file {
             figment = figment.merge(Toml::file_exact(file));
         }
-        let mut config: AgentConfig = figment
+        let mut config: AgentSettings = figment
             .merge(Env::prefixed("FLEXQ_AGENT_"))
             .extract()
             .map_err(|e| e.to_string())?;
@@ -197,11 +200,11 @@ impl AgentConfig {
 mod tests {
     use super::*;
 
-    fn load(text: &str) -> Result<AgentConfig, String> {
+    fn load(text: &str) -> Result<AgentSettings, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("agent.toml");
         std::fs::write(&path, text).expect("write");
-        AgentConfig::load(Some(&path))
+        AgentSettings::load(Some(&path))
     }
 
     const GOOD: &str = "node_id = \"n1\"\nregion = \"r\"\nzone = \"z\"\npool = \"l4\"\ncores = 8\nmemory_mb = 1024\nlocal_ssd_gb = 375\n";

@@ -1,6 +1,6 @@
 //! The config generations: each config a replica put in force whose live
 //! part differs from the one before, numbered. Every replica applies the
-//! latest (the engine's `config` module); the number is what `/readyz`
+//! latest (the engine's `reload` module); the number is what `/readyz`
 //! and the metrics call the config's generation.
 
 use chrono::{DateTime, Utc};
