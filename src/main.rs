@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use flexq::cli::{batches, capacity, local, simulate};
+use flexq::cli::{batches, capacity, local, queues, simulate};
 
 /// mimalloc: the create path allocates many small, short-lived objects
 /// (JSON, maps, rows); glibc malloc showed up at ~15% of server CPU.
@@ -57,7 +57,7 @@ enum Command {
     Quotas(capacity::QuotasArgs),
     /// Hold and resume queues (admins): nothing in a held queue is
     /// allocated; deadlines keep counting.
-    Queues(capacity::QueuesArgs),
+    Queues(queues::QueuesArgs),
     /// GPU-hours, batches, waits and expiries per project and GPU type in
     /// a region over a window.
     Usage(capacity::UsageArgs),
@@ -81,7 +81,7 @@ async fn main() -> ExitCode {
             .map_err(Into::into),
         Command::Nodes(args) => capacity::run_nodes(args).await.map(ok).map_err(Into::into),
         Command::Quotas(args) => capacity::run_quotas(args).await.map(ok).map_err(Into::into),
-        Command::Queues(args) => capacity::run_queues(args).await.map(ok).map_err(Into::into),
+        Command::Queues(args) => queues::run_queues(args).await.map(ok).map_err(Into::into),
         Command::Usage(args) => capacity::run_usage(args).await.map(ok).map_err(Into::into),
         Command::Simulate(args) => Ok(simulate::run(args)),
     };

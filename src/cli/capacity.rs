@@ -1,11 +1,13 @@
-//! `flexq regions list`, `flexq nodes list|cordon|drain|uncordon`,
-//! `flexq quotas list|set`, `flexq queues hold|resume|list`, `flexq usage`,
-//! `flexq config diff|reload`.
+//! The client side of capacity: `flexq regions list`,
+//! `flexq nodes list|cordon|drain|uncordon`, `flexq quotas list|set`,
+//! `flexq usage`.
 
 use reqwest::Method;
 use serde_json::Value;
 
-use super::{CliError, Client, OutputFormat, TargetArgs, print_structured, print_table};
+use super::{
+    CliError, Client, OutputFormat, TargetArgs, cell, print_structured, print_table, rows,
+};
 
 /// `flexq regions list`, `flexq nodes list`.
 #[derive(Debug, clap::Args)]
@@ -41,111 +43,6 @@ pub enum QuotasAction {
         metric: String,
         limit: u64,
     },
-}
-
-/// `flexq queues hold|resume|list`.
-#[derive(Debug, clap::Args)]
-pub struct QueuesArgs {
-    #[command(flatten)]
-    pub target: TargetArgs,
-    #[command(subcommand)]
-    pub action: QueuesAction,
-}
-
-#[derive(Debug, clap::Subcommand)]
-pub enum QueuesAction {
-    /// Hold the project's queue in the region (admin): nothing in it is
-    /// allocated until it is resumed; deadlines keep counting.
-    Hold {
-        /// Every project's queue of the region.
-        #[arg(long)]
-        all_projects: bool,
-    },
-    /// Resume a held queue (admin).
-    Resume {
-        /// The region's own hold (a project held on its own stays held).
-        #[arg(long)]
-        all_projects: bool,
-    },
-    /// Every held queue (admin); with --project and --region, that queue.
-    List,
-}
-
-/// `flexq queues hold|resume|list`.
-pub async fn run_queues(args: QueuesArgs) -> Result<(), CliError> {
-    let format = args.target.format;
-    let one = |all: bool, t: TargetArgs| -> Result<(Client, String), CliError> {
-        let region = t.region.clone();
-        let client = if all {
-            t.admin_client()?
-        } else {
-            t.project_client()?
-        };
-        let region = region.ok_or_else(|| {
-            CliError::Usage("no region: pass --region or set FLEXQ_REGION".into())
-        })?;
-        let project = if all {
-            "-".to_string()
-        } else {
-            client.target.project.clone()
-        };
-        Ok((
-            client,
-            format!("/v1/projects/{project}/regions/{region}/queue"),
-        ))
-    };
-    let (client, path, method) = match args.action {
-        QueuesAction::Hold { all_projects } => {
-            let (c, p) = one(all_projects, args.target)?;
-            (c, format!("{p}:hold"), Method::POST)
-        }
-        QueuesAction::Resume { all_projects } => {
-            let (c, p) = one(all_projects, args.target)?;
-            (c, format!("{p}:resume"), Method::POST)
-        }
-        QueuesAction::List if args.target.project.is_some() && args.target.region.is_some() => {
-            let (c, p) = one(false, args.target)?;
-            (c, p, Method::GET)
-        }
-        QueuesAction::List => {
-            let c = args.target.admin_client()?;
-            let v: Value = c.call::<(), _>(Method::GET, "/v1/queues", None).await?;
-            let list = v["queues"].as_array().cloned().unwrap_or_default();
-            return print_queues(&list, format);
-        }
-    };
-    let v: Value = client.call::<(), _>(method, &path, None).await?;
-    print_queues(&[v], format)
-}
-
-fn print_queues(list: &[Value], format: OutputFormat) -> Result<(), CliError> {
-    if format != OutputFormat::Table {
-        return print_structured(&list.to_vec(), format);
-    }
-    print_table(
-        &[
-            "REGION",
-            "PROJECT",
-            "HELD",
-            "SINCE",
-            "BY",
-            "REGION_WIDE",
-            "QUEUED",
-        ],
-        &rows(
-            list,
-            &[
-                "region",
-                "project",
-                "held",
-                "heldSince",
-                "heldBy",
-                "regionWide",
-                "queuedBatches",
-            ],
-        ),
-    );
-    Ok(())
 }
 
 /// `flexq nodes list|cordon|drain|uncordon`.
@@ -200,20 +97,6 @@ pub async fn run_quotas(args: QuotasArgs) -> Result<(), CliError> {
         QuotasAction::List => quotas(&client, format).await,
         QuotasAction::Set { metric, limit } => set_quota(&client, &metric, limit, format).await,
     }
-}
-
-fn cell(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
-fn rows(list: &[Value], keys: &[&str]) -> Vec<Vec<String>> {
-    list.iter()
-        .map(|item| keys.iter().map(|k| cell(&item[*k])).collect())
-        .collect()
 }
 
 /// Capacity per region, zone and GPU type: total, allocated, free.
@@ -415,70 +298,5 @@ pub async fn run_usage(mut args: UsageArgs) -> Result<(), CliError> {
         ],
         &table,
     );
-    Ok(())
-}
-
-/// `flexq config diff|reload`: the server reads its config file again.
-#[derive(Debug, clap::Args)]
-pub struct ConfigRemoteArgs {
-    #[command(flatten)]
-    pub target: TargetArgs,
-}
-
-/// `flexq config diff` (`apply` false: what a reload would change) and
-/// `flexq config reload` (admins).
-pub async fn run_config(args: ConfigRemoteArgs, apply: bool) -> Result<(), CliError> {
-    let format = args.target.format;
-    let client = args.target.admin_client()?;
-    let path = if apply {
-        "/v1/config:reload"
-    } else {
-        "/v1/config:reload?validateOnly=true"
-    };
-    let v: Value = client.call::<(), _>(Method::POST, path, None).await?;
-    if format != OutputFormat::Table {
-        return print_structured(&v, format);
-    }
-    let changes = v["changes"].as_array().cloned().unwrap_or_default();
-    let pending = v["pendingRestart"].as_array().cloned().unwrap_or_default();
-    let (before, after) = (&v["previousGeneration"], &v["generation"]);
-    match (apply, changes.is_empty()) {
-        (false, true) => println!(
-            "no live change: the server's config file is the config in force (generation {before})"
-        ),
-        (false, false) => println!("a reload would change (generation {before} in force now):"),
-        (true, true) => println!("reloaded: nothing live changed (generation {after})"),
-        (true, false) => println!("reloaded: generation {before} -> {after}"),
-    }
-    let table = |list: &[Value]| {
-        let rows: Vec<Vec<String>> = list
-            .iter()
-            .map(|c| {
-                ["key", "from", "to"]
-                    .iter()
-                    .map(|k| c[*k].as_str().unwrap_or("(absent)").to_string())
-                    .collect()
-            })
-            .collect();
-        print_table(&["KEY", "FROM", "TO"], &rows);
-    };
-    if !changes.is_empty() {
-        table(&changes);
-    }
-    if !pending.is_empty() {
-        println!("\nrestart-only keys that differ (they take effect at the next start):");
-        table(&pending);
-    }
-    for (key, what) in [
-        ("retiredNodes", "retired (no new work)"),
-        ("restoredNodes", "schedulable again"),
-        ("addedNodes", "added"),
-        ("removedNodes", "removed"),
-    ] {
-        if let Some(nodes) = v[key].as_array().filter(|n| !n.is_empty()) {
-            let names: Vec<&str> = nodes.iter().filter_map(Value::as_str).collect();
-            println!("nodes {what}: {}", names.join(", "));
-        }
-    }
     Ok(())
 }

@@ -71,21 +71,21 @@ pub enum ConfigAction {
     Check(ConfigArg),
     /// What `flexq config reload` would change on a running server: the
     /// server reads its config file again and compares (admins).
-    Diff(super::capacity::ConfigRemoteArgs),
+    Diff(super::reload::ConfigRemoteArgs),
     /// Have a running server read its config file again and put it in
     /// force, as SIGHUP does (admins).
-    Reload(super::capacity::ConfigRemoteArgs),
+    Reload(super::reload::ConfigRemoteArgs),
 }
 
 /// `flexq config print|check|diff|reload`.
 pub async fn config(action: ConfigAction) -> anyhow::Result<ExitCode> {
     match action {
         ConfigAction::Diff(args) => {
-            super::capacity::run_config(args, false).await?;
+            super::reload::run_config(args, false).await?;
             return Ok(ExitCode::SUCCESS);
         }
         ConfigAction::Reload(args) => {
-            super::capacity::run_config(args, true).await?;
+            super::reload::run_config(args, true).await?;
             return Ok(ExitCode::SUCCESS);
         }
         ConfigAction::Print(arg) => match arg.load() {

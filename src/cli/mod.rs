@@ -1,6 +1,7 @@
 //! The command line's subcommands, each with its clap arguments and its
-//! run: the client side (`flexq batches …`, `regions`, `nodes`, `quotas`)
-//! over the REST API, shaped like the batch CLI people already know, and
+//! run: the client side over the REST API ([`batches`]; [`capacity`]:
+//! `regions`, `nodes`, `quotas`, `usage`; [`queues`]; [`reload`]: `config
+//! diff|reload`), shaped like the batch CLI people already know, and
 //! the commands that run here ([`local`]: `serve`, `agent`, `migrate`,
 //! `config`, `auth`; [`simulate`]). `src/main.rs` only parses and dispatches.
 //!
@@ -10,6 +11,8 @@
 pub mod batches;
 pub mod capacity;
 pub mod local;
+pub mod queues;
+pub mod reload;
 pub mod simulate;
 
 use std::fmt;
@@ -263,4 +266,20 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     for row in rows {
         line(row.iter().map(String::as_str).collect());
     }
+}
+
+/// A JSON value as a table cell: strings bare, null empty.
+fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// Table rows of `keys` read from each item.
+fn rows(list: &[serde_json::Value], keys: &[&str]) -> Vec<Vec<String>> {
+    list.iter()
+        .map(|item| keys.iter().map(|k| cell(&item[*k])).collect())
+        .collect()
 }

@@ -4,8 +4,9 @@
 //! that nothing outside this module can take, the store, and the
 //! replication role. Each use case — creating, reading, listing,
 //! cancelling and deleting batches ([`batches`]); registering nodes,
-//! heartbeats, polls, reports and output ([`nodes`]); quotas, capacity
-//! views, queues, readiness and the metrics snapshot ([`capacity`]); the
+//! heartbeats, polls, reports and output ([`nodes`]); regions, node
+//! views, cordons and quotas ([`capacity`]); queues, their holds and pages
+//! ([`queues`]); readiness and the metrics snapshot ([`health`]); the
 //! config's reload and generations ([`reload`]); who may call
 //! ([`principal`]) and how often ([`limits`]); the usage report
 //! ([`usage`]) — validates, bounds its database calls made under the
@@ -26,24 +27,26 @@
 mod batches;
 mod capacity;
 mod error;
+mod health;
 mod limits;
 mod long_poll;
 mod nodes;
 mod passes;
 mod principal;
+mod queues;
 mod reload;
 mod replica;
 mod stream;
 mod usage;
 
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
-pub use capacity::{
-    NodeView, ProjectQuotas, QueueEntries, QueueEntry, QueueView, QuotaChange, Readiness,
-};
+pub use capacity::{NodeView, ProjectQuotas, QuotaChange};
 pub use error::{Error, TOO_MANY_CONNECTIONS};
+pub use health::Readiness;
 pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
 pub use principal::{Access, Principal, token_hash};
+pub use queues::{QueueEntries, QueueEntry, QueueView};
 pub use reload::{ConfigSource, ConfigStatus, Reloaded};
 pub use stream::{Watch, WatchEvent, WatchRequest};
 

@@ -280,7 +280,7 @@ pub(crate) async fn rebuild(
     for (project, region, metric, limit) in store.quota_overrides().await? {
         core.set_quota_limit(&project, &region, metric, limit);
     }
-    core.set_holds(super::capacity::holds_of(store.queue_holds().await?));
+    core.set_holds(super::queues::holds_of(store.queue_holds().await?));
     core.set_cordons(super::capacity::cordons_of(store.node_cordons().await?));
     // Agents keep heartbeating through a server restart; give every node a
     // full lease from now rather than failing them all at start.

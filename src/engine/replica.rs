@@ -215,7 +215,7 @@ impl Engine {
             }
             Change::Config { .. } => self.adopt_config().await?,
             Change::Hold => {
-                let holds = super::capacity::holds_of(store.queue_holds().await?);
+                let holds = super::queues::holds_of(store.queue_holds().await?);
                 self.lock().await.set_holds(holds);
                 self.wake();
             }

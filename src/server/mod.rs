@@ -14,6 +14,8 @@ mod console;
 mod error;
 mod extract;
 pub mod openapi;
+mod queues;
+mod reload;
 mod tls;
 
 use std::time::Instant;
@@ -103,24 +105,24 @@ fn rest(app: App) -> Router {
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue",
-            get(capacity::get_queue),
+            get(queues::get_queue),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue:hold",
-            axum::routing::post(capacity::hold_queue),
+            axum::routing::post(queues::hold_queue),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue:resume",
-            axum::routing::post(capacity::resume_queue),
+            axum::routing::post(queues::resume_queue),
         )
-        .route("/v1/queues", get(capacity::held_queues))
+        .route("/v1/queues", get(queues::held_queues))
         .route(
             "/v1/config:reload",
-            axum::routing::post(capacity::reload_config),
+            axum::routing::post(reload::reload_config),
         )
         .route(
             "/v1/projects/{project}/regions/{region}/queue/entries",
-            get(capacity::queue_entries),
+            get(queues::queue_entries),
         )
         .route("/v1/principal", get(auth::principal))
         .route("/console", get(console::redirect))
