@@ -127,6 +127,31 @@ pub(crate) async fn leads_within(r: &Replica, within: Duration) {
     }
 }
 
+/// Two replicas on a fresh database, with `config`: `r0` leading, then
+/// `r1` following. The database and the directory live as long as
+/// `guards`: bind it to a name (`guards: _guards`), since `..` or `_`
+/// would drop them at once.
+pub(crate) struct Pair {
+    pub(crate) leader: Replica,
+    pub(crate) follower: Replica,
+    pub(crate) guards: (crate::support::PgDatabase, tempfile::TempDir),
+}
+
+pub(crate) async fn leader_and_follower(config: impl FnOnce(&Path) -> PathBuf) -> Pair {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let database = fresh_postgres_database().await;
+    let url = database.url.clone();
+    let config = config(dir.path());
+    let leader = Replica::start("r0", &url, &config, dir.path()).await;
+    leads_within(&leader, Duration::from_secs(10)).await;
+    let follower = Replica::start("r1", &url, &config, dir.path()).await;
+    Pair {
+        leader,
+        follower,
+        guards: (database, dir),
+    }
+}
+
 /// The replica among `replicas` that says it leads, if one does.
 pub(crate) async fn leader(replicas: &[Replica]) -> Option<usize> {
     for (i, r) in replicas.iter().enumerate() {
@@ -938,13 +963,11 @@ fn the_kubernetes_manifest_runs_three_replicas_with_a_valid_config() {
 /// release, counts it once, the follower not at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_counted_once_across_replicas() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let database = fresh_postgres_database().await;
-    let url = database.url.clone();
-    let config = config_file(dir.path());
-    let r0 = Replica::start("r0", &url, &config, dir.path()).await;
-    leads_within(&r0, Duration::from_secs(10)).await;
-    let r1 = Replica::start("r1", &url, &config, dir.path()).await;
+    let Pair {
+        leader: r0,
+        follower: r1,
+        guards: _guards,
+    } = leader_and_follower(config_file).await;
     let http = reqwest::Client::new();
     let batch = format!(
         "{}/v1/projects/demo/locations/us-central1/batches/counted-once",
@@ -1030,13 +1053,11 @@ async fn a_release_is_counted_once_across_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fair_share_order_is_the_same_after_a_failover() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let database = fresh_postgres_database().await;
-    let url = database.url.clone();
-    let config = crate::fairshare::config(dir.path());
-    let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
-    leads_within(&r0, Duration::from_secs(10)).await;
-    let r1 = Replica::start("r1", &url, &config, dir.path()).await;
+    let Pair {
+        leader: mut r0,
+        follower: r1,
+        guards: _guards,
+    } = leader_and_follower(crate::fairshare::config).await;
     crate::fairshare::heavy_then_light(&r0.endpoint).await;
     // The leader dies; r1 takes over and rebuilds its core, usage
     // included, from the database.
@@ -1155,13 +1176,11 @@ async fn a_reload_on_one_replica_puts_one_config_generation_in_force_on_every_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_on_a_follower_goes_on_across_a_leader_failover() {
     use crate::watch::Sse;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let database = fresh_postgres_database().await;
-    let url = database.url.clone();
-    let config = config_file(dir.path());
-    let mut r0 = Replica::start("r0", &url, &config, dir.path()).await;
-    leads_within(&r0, Duration::from_secs(10)).await;
-    let r1 = Replica::start("r1", &url, &config, dir.path()).await;
+    let Pair {
+        leader: mut r0,
+        follower: r1,
+        guards: _guards,
+    } = leader_and_follower(config_file).await;
     let batches = format!(
         "{}/v1/projects/demo/locations/us-central1/batches",
         r1.endpoint
@@ -1238,13 +1257,11 @@ async fn a_watch_on_a_follower_goes_on_across_a_leader_failover() {
 /// follower.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_and_a_cordon_made_on_a_follower_reach_the_leader() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let database = fresh_postgres_database().await;
-    let url = database.url.clone();
-    let config = config_file(dir.path());
-    let leader = Replica::start("r0", &url, &config, dir.path()).await;
-    leads_within(&leader, Duration::from_secs(10)).await;
-    let follower = Replica::start("r1", &url, &config, dir.path()).await;
+    let Pair {
+        leader,
+        follower,
+        guards: _guards,
+    } = leader_and_follower(config_file).await;
     let http = reqwest::Client::new();
     let post = |replica: &Replica, path: &str| {
         let request = http.post(format!("{}{path}", replica.endpoint));
