@@ -1,132 +1,28 @@
 //! The scheduler core: pure and deterministic. It holds the region queues,
 //! the quota ledger and the capacity map, takes events and `now`, and
 //! returns decisions. No clock, no I/O: the runner persists each decision
-//! before anyone sees it.
+//! before anyone sees it. Here: the [`Scheduler`]'s state, the events that
+//! change it (nodes, leases, submits, forgets, quota) and the pass that
+//! walks each region's queue. What it takes and returns is `model.rs`;
+//! holds and cordons are `holds.rs`, where a batch fits and when it could
+//! start `estimate.rs`, what it shows `views.rs` and `snapshot.rs`.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 
 use chrono::{DateTime, Duration, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::capacity::{Capacity, Node, NodeId, NodeSpec, PartNeed, Placement, needs, plan_zone};
 use super::fairshare::{FairShare, FairSharePolicy, Order, share_key};
 use super::lease::{LeaseError, Leases};
+use super::model::{
+    Allocation, BatchKey, Cordon, Decision, PendingBatch, PoolDecl, RegionHolds, ShapeKey,
+    accelerator_label, shape_key, shape_text,
+};
 use super::quota::{Ledger, QuotaRule};
 use super::views::Blocker;
 use crate::api::EndReason;
-use crate::spec::{ClusterRequest, PartRole, ProvisioningMode, QuotaAmount};
-
-/// A batch's key: its store sequence number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct BatchKey(pub i64);
-
-/// A batch waiting for its cluster.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PendingBatch {
-    pub key: BatchKey,
-    /// The batch id, for logs (`batch.id`).
-    pub batch_id: String,
-    pub project: String,
-    pub region: String,
-    pub priority: i32,
-    pub queued_at: DateTime<Utc>,
-    /// Queue mode: queue time + allocation timeout. None: default mode.
-    pub deadline: Option<DateTime<Utc>>,
-    pub cluster: ClusterRequest,
-}
-
-/// A cluster holding capacity and quota.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Allocation {
-    pub key: BatchKey,
-    pub batch_id: String,
-    pub project: String,
-    pub region: String,
-    pub zone: String,
-    pub placements: Vec<Placement>,
-    pub quota: Vec<QuotaAmount>,
-    pub allocated_at: DateTime<Utc>,
-    /// allocated_at + ttl, when the batch has a ttl.
-    pub expected_end: Option<DateTime<Utc>>,
-    /// When the batch was queued (its wait is allocated_at − queued_at).
-    pub queued_at: DateTime<Utc>,
-    /// The GPU type, for metric labels ("cpu" without one).
-    pub accelerator: &'static str,
-}
-
-impl Allocation {
-    /// GPUs of the whole cluster.
-    pub fn gpus(&self) -> u64 {
-        self.placements.iter().map(|p| p.gpus.len() as u64).sum()
-    }
-
-    /// GPU-seconds held from the allocation until `until`.
-    pub fn gpu_seconds(&self, until: DateTime<Utc>) -> f64 {
-        let held = (until - self.allocated_at).num_milliseconds().max(0) as f64 / 1000.0;
-        self.gpus() as f64 * held
-    }
-}
-
-/// What the scheduler decided; the runner commits it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
-    /// Every node of the cluster, at once.
-    Allocate(Allocation),
-    /// The deadline passed first.
-    Expire {
-        key: BatchKey,
-        batch_id: String,
-        message: String,
-        region: String,
-        accelerator: &'static str,
-    },
-    /// Default mode: no capacity or quota right now.
-    Reject {
-        key: BatchKey,
-        batch_id: String,
-        message: String,
-        /// [`EndReason::Quota`] or [`EndReason::StockOut`].
-        reason: EndReason,
-    },
-    /// A node's lease lapsed: it leaves the capacity, and every batch that
-    /// held part of it fails (a partial cluster must not go on).
-    LoseNode {
-        node: NodeId,
-        /// The registration that lapsed; `None` for a node the config no
-        /// longer declares. A registration since (on another replica)
-        /// makes the decision void.
-        epoch: Option<u64>,
-        failed: Vec<BatchKey>,
-        /// The ids of `failed`, for logs.
-        failed_ids: Vec<String>,
-        message: String,
-        /// The clusters given back, for usage counts.
-        released: Vec<Allocation>,
-    },
-}
-
-impl Decision {
-    pub fn key(&self) -> BatchKey {
-        match self {
-            Decision::Allocate(a) => a.key,
-            Decision::Expire { key, .. } | Decision::Reject { key, .. } => *key,
-            // Not about one batch; never void.
-            Decision::LoseNode { .. } => BatchKey(0),
-        }
-    }
-}
-
-/// The declared (not registered) capacity of a zone pool: what the region
-/// could offer if every node were up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolDecl {
-    pub region: String,
-    pub zone: String,
-    pub node: NodeSpec,
-    pub max_nodes: u32,
-}
+use crate::spec::{ClusterRequest, ProvisioningMode};
 
 /// Queue order within a project, and across projects in strict order:
 /// higher priority first, then older first.
@@ -174,8 +70,6 @@ pub struct Scheduler {
     pub(super) tally: super::snapshot::QueuedTally,
 }
 
-type ShapeKey = (PartNeed, PartNeed, u32);
-
 /// Queued batches of one shape in a region: how many, and how many of each
 /// ttl (the shortest bounds whether any of them could backfill).
 #[derive(Debug, Default)]
@@ -186,30 +80,6 @@ struct ShapeStats {
 
 fn ttl_key(c: &ClusterRequest) -> u64 {
     c.ttl_s.unwrap_or(u64::MAX)
-}
-
-/// A queue an admin held: nothing in it is allocated until it is resumed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hold {
-    pub since: DateTime<Utc>,
-    /// The admin who held it.
-    pub by: String,
-}
-
-/// A node an admin cordoned: it takes no new work. Draining is the same,
-/// and the node shows drained once its running parts have ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cordon {
-    pub since: DateTime<Utc>,
-    pub by: String,
-    pub drain: bool,
-}
-
-/// The holds of one region: all of it, or some projects' queues.
-#[derive(Debug, Clone, Default)]
-pub(super) struct RegionHolds {
-    pub all: Option<Hold>,
-    pub projects: HashMap<String, Hold>,
 }
 
 /// What a pass keeps while it walks one region's queue.
@@ -289,36 +159,6 @@ impl Scheduler {
         self.fair.memory()
     }
 
-    /// Replaces every hold: (region, project or None for the whole
-    /// region, the hold). Regions whose holds changed are looked at again.
-    pub fn set_holds(&mut self, holds: Vec<(String, Option<String>, Hold)>) {
-        let mut next: HashMap<String, RegionHolds> = HashMap::new();
-        for (region, project, hold) in holds {
-            let r = next.entry(region).or_default();
-            match project {
-                None => r.all = Some(hold),
-                Some(p) => {
-                    r.projects.insert(p, hold);
-                }
-            }
-        }
-        let old = std::mem::replace(&mut self.holds, next);
-        self.dirty.extend(old.into_keys());
-        self.dirty.extend(self.holds.keys().cloned());
-    }
-
-    /// Replaces every cordon. Every region is looked at again (an
-    /// uncordoned node may admit work).
-    pub fn set_cordons(&mut self, cordons: Vec<(NodeId, Cordon)>) {
-        self.cordons = cordons.into_iter().collect();
-        self.refresh_unschedulable();
-        self.dirty.extend(self.queues.keys().cloned());
-    }
-
-    pub fn cordon_of(&self, node: &NodeId) -> Option<&Cordon> {
-        self.cordons.get(node)
-    }
-
     /// Whether a node is known: registered by an agent, or virtual.
     pub fn has_node(&self, node: &NodeId) -> bool {
         self.capacity.nodes.contains_key(node)
@@ -331,36 +171,6 @@ impl Scheduler {
             .flat_map(|a| &a.placements)
             .filter(|p| &p.node == node)
             .count()
-    }
-
-    /// The hold on `project`'s queue in `region`: the region's own first.
-    /// The bool says whether it holds the whole region.
-    pub fn hold_of(&self, region: &str, project: &str) -> Option<(&Hold, bool)> {
-        let r = self.holds.get(region)?;
-        r.all
-            .as_ref()
-            .map(|h| (h, true))
-            .or_else(|| r.projects.get(project).map(|h| (h, false)))
-    }
-
-    /// Every hold: (region, project or None, hold), in order.
-    pub fn holds(&self) -> Vec<(String, Option<String>, Hold)> {
-        let mut out: Vec<_> = self
-            .holds
-            .iter()
-            .flat_map(|(region, r)| {
-                r.all
-                    .iter()
-                    .map(|h| (region.clone(), None, h.clone()))
-                    .chain(
-                        r.projects
-                            .iter()
-                            .map(|(p, h)| (region.clone(), Some(p.clone()), h.clone())),
-                    )
-            })
-            .collect();
-        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        out
     }
 
     // ---- events ------------------------------------------------------
@@ -923,113 +733,6 @@ impl Scheduler {
         Considered::Passed
     }
 
-    /// The zone that fits every part with the least fragmentation left.
-    pub(super) fn best_zone(
-        &self,
-        region: &str,
-        parts: &[PartNeed],
-    ) -> Option<(String, Vec<Placement>)> {
-        best_zone_in(&self.capacity, region, parts)
-    }
-
-    /// When `batch` could start if the batches ahead of it (`ahead`, in
-    /// the region's order) go first: running clusters end at their ttl;
-    /// each batch ahead starts, in order, as soon as it fits (one whose
-    /// project is short of quota now is left out) and runs to its ttl;
-    /// `batch` starts at the first release after which it fits. None when
-    /// it would wait on something without a ttl. An estimate: the order is
-    /// taken as of now, and backfill is assumed wherever a batch fits.
-    pub(super) fn estimate_in_order(
-        &self,
-        batch: &PendingBatch,
-        ahead: &[BatchKey],
-        now: DateTime<Utc>,
-    ) -> Option<DateTime<Utc>> {
-        let region = batch.region.as_str();
-        let mut sim = self.capacity.region(region);
-        let mut releases: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = BinaryHeap::new();
-        let mut held: Vec<Vec<Placement>> = Vec::new();
-        for a in self.running.values().filter(|a| a.region == region) {
-            if let Some(end) = a.expected_end {
-                releases.push(Reverse((end.max(now), held.len())));
-                held.push(a.placements.clone());
-            }
-        }
-        let mut waiting: Vec<&PendingBatch> = ahead
-            .iter()
-            .filter_map(|k| self.pending.get(k).map(Box::as_ref))
-            .filter(|b| {
-                self.hold_of(region, &b.project).is_none()
-                    && self
-                        .ledger
-                        .shortfall(&b.project, region, &b.cluster.quota)
-                        .is_none()
-            })
-            .collect();
-        let mine = needs(&batch.cluster);
-        let mut at = now;
-        loop {
-            // Whatever fits now starts, in order; a shape that did not fit
-            // is not tried again until the next release.
-            let mut failed: HashSet<ShapeKey> = HashSet::new();
-            waiting.retain(|b| {
-                let shape = shape_key(&b.cluster);
-                if failed.contains(&shape) {
-                    return true;
-                }
-                match best_zone_in(&sim, region, &needs(&b.cluster)) {
-                    Some((_, placements)) if sim.take(&placements) => {
-                        if let Some(ttl) = b.cluster.ttl_s {
-                            releases
-                                .push(Reverse((at + Duration::seconds(ttl as i64), held.len())));
-                            held.push(placements);
-                        }
-                        false
-                    }
-                    _ => {
-                        failed.insert(shape);
-                        true
-                    }
-                }
-            });
-            if best_zone_in(&sim, region, &mine).is_some() {
-                return Some(at);
-            }
-            let Reverse((next, first)) = releases.pop()?;
-            at = next;
-            sim.give_back(&held[first]);
-            while let Some(Reverse((t, i))) = releases.peek().copied() {
-                if t > at {
-                    break;
-                }
-                releases.pop();
-                sim.give_back(&held[i]);
-            }
-        }
-    }
-
-    /// When `parts` could start if running clusters end at their ttl:
-    /// replays their releases in time order on a copy of the region.
-    pub(super) fn estimate_start(&self, region: &str, parts: &[PartNeed]) -> Option<DateTime<Utc>> {
-        let mut ends: Vec<&Allocation> = self
-            .running
-            .values()
-            .filter(|a| a.region == region && a.expected_end.is_some())
-            .collect();
-        ends.sort_by_key(|a| (a.expected_end, a.key));
-        let mut sim = self.capacity.region(region);
-        for a in ends {
-            sim.give_back(&a.placements);
-            if sim
-                .zones(region)
-                .any(|z| plan_zone(&sim.zone_nodes(region, z), parts).complete())
-            {
-                return a.expected_end;
-            }
-        }
-        None
-    }
-
     /// What stands in the way of a batch now.
     pub(super) fn blockers(&self, batch: &PendingBatch) -> Vec<Blocker> {
         let mut out = Vec::new();
@@ -1103,61 +806,4 @@ impl Scheduler {
             batch.cluster.allocation_timeout_s
         )
     }
-}
-
-/// The zone of `region` in `capacity` that fits every part with the least
-/// fragmentation left, and its placements.
-fn best_zone_in(
-    capacity: &Capacity,
-    region: &str,
-    parts: &[PartNeed],
-) -> Option<(String, Vec<Placement>)> {
-    capacity
-        .zones(region)
-        .filter_map(|z| {
-            let plan = plan_zone(&capacity.zone_nodes(region, z), parts);
-            plan.complete()
-                .then(|| (plan.crumbs, z.to_string(), plan.placements))
-        })
-        .min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)))
-        .map(|(_, z, p)| (z, p))
-}
-
-/// The GPU type of a cluster for metric labels: the executors', else the
-/// driver's, else "cpu".
-pub fn accelerator_label(c: &ClusterRequest) -> &'static str {
-    c.executor
-        .accelerator
-        .or(c.driver.accelerator)
-        .map_or("cpu", |a| a.name())
-}
-
-/// What a cluster needs, as a small key: two clusters with equal keys fit
-/// or fail alike.
-pub(super) fn shape_key(c: &ClusterRequest) -> ShapeKey {
-    (
-        PartNeed::of(PartRole::Driver, &c.driver),
-        PartNeed::of(PartRole::Executor, &c.executor),
-        c.executor_count,
-    )
-}
-
-/// "1 driver + 8 executors of l4 (4 cores, 1 GPU, 375 GB local SSD)".
-pub fn shape_text(c: &ClusterRequest) -> String {
-    let exec = match c.executor.accelerator {
-        Some(a) => format!(
-            "{} ({} cores, {} GPU{}, {} GB local SSD)",
-            a,
-            c.executor.cores,
-            c.executor.gpus,
-            if c.executor.gpus == 1 { "" } else { "s" },
-            c.executor.local_ssd_gb
-        ),
-        None => format!("CPU ({} cores)", c.executor.cores),
-    };
-    let driver = match c.driver.accelerator {
-        Some(a) => format!("{a} driver"),
-        None => "CPU driver".to_string(),
-    };
-    format!("1 {driver} + {} executors of {exec}", c.executor_count)
 }

@@ -16,8 +16,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::capacity::{Node, NodeId, NodeSpec};
-use super::core::{PoolDecl, Scheduler};
+use super::core::Scheduler;
 use super::fairshare::FairSharePolicy;
+use super::model::PoolDecl;
 use super::quota::QuotaRule;
 
 /// (region, zone, pool).

@@ -9,7 +9,7 @@
 //! state machine of docs/rules.md#states.
 
 use super::capacity::NodeId;
-use super::core::{BatchKey, Decision};
+use super::model::{BatchKey, Decision};
 use crate::api::{EndReason, State};
 use crate::spec::PartRole;
 

@@ -10,23 +10,27 @@
 
 mod capacity;
 mod core;
+mod estimate;
 mod fairshare;
+mod holds;
 mod layout;
 mod lease;
 pub mod lifecycle;
+mod model;
 mod quota;
 mod snapshot;
 mod views;
 
 pub use crate::spec::PartRole;
 pub use capacity::{NodeId, NodeSpec, Placement};
-pub use core::{
-    Allocation, BatchKey, Cordon, Decision, Hold, PendingBatch, PoolDecl, Scheduler,
-    accelerator_label, shape_text,
-};
+pub use core::Scheduler;
 pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
 pub use lease::LeaseError;
+pub use model::{
+    Allocation, BatchKey, Cordon, Decision, Hold, PendingBatch, PoolDecl, accelerator_label,
+    shape_text,
+};
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;
 pub use views::{Blocker, CapacityRow, ESTIMATE_DEPTH, PendingInfo, Verdict};

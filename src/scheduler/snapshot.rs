@@ -8,7 +8,8 @@ use rustc_hash::FxHashMap;
 
 use chrono::{DateTime, Utc};
 
-use super::core::{BatchKey, PendingBatch, Scheduler};
+use super::core::Scheduler;
+use super::model::{BatchKey, PendingBatch};
 use super::views::CapacityRow;
 use crate::spec::{QuotaAmount, QuotaMetric};
 

@@ -8,8 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::capacity::{NodeId, NodeSpec, needs, plan_zone};
-use super::core::{BatchKey, PendingBatch, QueueKey, Scheduler, shape_text};
+use super::core::{QueueKey, Scheduler};
 use super::fairshare::{Order, share_key};
+use super::model::{BatchKey, PendingBatch, shape_text};
 use super::quota::{QuotaView, Shortfall};
 use crate::spec::{ClusterRequest, ProvisioningMode};
 
