@@ -1,0 +1,316 @@
+//! The checks serde cannot express: relations between keys and ranges,
+//! run on every config loaded or reloaded ([`Config::check`]), each error
+//! naming the key. A bad value stops start-up, or refuses a reload, rather
+//! than fall back to a default.
+
+use std::time::Duration;
+
+use super::{
+    ALLOCATION_TIMEOUT_CEILING, Config, ConfigError, MAX_USAGE_HALF_LIFE, MAX_WEIGHT, PrincipalRole,
+};
+use crate::spec::RuntimeVersion;
+
+impl Config {
+    /// The checks serde cannot express: relations between keys and ranges.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        match (&self.server.tls_cert, &self.server.tls_key) {
+            (Some(_), None) => {
+                return Err(invalid("server.tls_key", "is needed with server.tls_cert"));
+            }
+            (None, Some(_)) => {
+                return Err(invalid("server.tls_cert", "is needed with server.tls_key"));
+            }
+            (Some(cert), Some(key)) => {
+                for (k, path) in [("server.tls_cert", cert), ("server.tls_key", key)] {
+                    if !path.is_file() {
+                        return Err(invalid(
+                            k,
+                            format!("{} is not a readable file", path.display()),
+                        ));
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+        for (key, v) in [
+            (
+                "limits.mutations_per_minute",
+                self.limits.mutations_per_minute,
+            ),
+            ("limits.reads_per_minute", self.limits.reads_per_minute),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        let stall = self.limits.watch_stall;
+        if stall < Duration::from_secs(1) || stall > Duration::from_secs(3600) {
+            return Err(invalid(
+                "limits.watch_stall",
+                format!(
+                    "{} is out of range: from 1s to 1h",
+                    humantime::format_duration(stall)
+                ),
+            ));
+        }
+        for (i, p) in self.principals.iter().enumerate() {
+            let key = |k: &str| format!("principals[{i}].{k}");
+            if p.token_sha256.len() != 64
+                || !p
+                    .token_sha256
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            {
+                return Err(invalid(
+                    key("token_sha256"),
+                    "must be 64 lowercase hex digits (the SHA-256 of the token; flexq auth new-token prints one)",
+                ));
+            }
+            if p.name.trim().is_empty() {
+                return Err(invalid(key("name"), "must not be empty"));
+            }
+            match p.role {
+                PrincipalRole::Submitter if p.projects.is_empty() => {
+                    return Err(invalid(
+                        key("projects"),
+                        "a submitter needs at least one project",
+                    ));
+                }
+                PrincipalRole::Agent if p.node.is_none() => {
+                    return Err(invalid(key("node"), "an agent needs the node it acts for"));
+                }
+                _ => {}
+            }
+            // In a path, "-" stands for every project (admins); "*" is a
+            // quota rule's wildcard. Neither is a project to give.
+            if let Some(wild) = p.projects.iter().find(|q| *q == "-" || *q == "*") {
+                return Err(invalid(
+                    key("projects"),
+                    format!(
+                        "{} is not a project id (\"-\" means every project, for admins); accepted: project ids, or role = \"admin\" for every project",
+                        crate::api::quote(wild)
+                    ),
+                ));
+            }
+        }
+        if self.principals.is_empty() && !self.server.bind.ip().is_loopback() {
+            return Err(invalid(
+                "server.bind",
+                format!(
+                    "{} is not a loopback address and no principals are configured: without tokens flexq serves only on loopback",
+                    self.server.bind
+                ),
+            ));
+        }
+        let half_life = self.scheduling.usage_half_life;
+        if half_life < Duration::from_secs(1) || half_life > MAX_USAGE_HALF_LIFE {
+            return Err(invalid(
+                "scheduling.usage_half_life",
+                format!(
+                    "{} is out of range: a duration from 1s to 365d, like \"24h\" or \"7d\"",
+                    humantime::format_duration(half_life)
+                ),
+            ));
+        }
+        for (project, pc) in &self.projects {
+            if let Some(w) = pc.weight {
+                if !w.is_finite() || !(1.0 / MAX_WEIGHT..=MAX_WEIGHT).contains(&w) {
+                    return Err(invalid(
+                        format!("projects.{project}.weight"),
+                        format!(
+                            "{w} is not a weight: a number from 0.000001 to 1000000, like 1 or 2.5"
+                        ),
+                    ));
+                }
+            }
+        }
+        let p = &self.provisioning;
+        if p.infrastructure_retries > crate::spec::MAX_INFRASTRUCTURE_RETRIES {
+            return Err(invalid(
+                "provisioning.infrastructure_retries",
+                format!(
+                    "{} is above the most accepted, {}",
+                    p.infrastructure_retries,
+                    crate::spec::MAX_INFRASTRUCTURE_RETRIES
+                ),
+            ));
+        }
+        if p.max_allocation_timeout > ALLOCATION_TIMEOUT_CEILING {
+            return Err(invalid(
+                "provisioning.max_allocation_timeout",
+                format!(
+                    "{} is above the ceiling of 2h (7200s)",
+                    humantime::format_duration(p.max_allocation_timeout)
+                ),
+            ));
+        }
+        for (key, d) in [
+            (
+                "provisioning.max_allocation_timeout",
+                p.max_allocation_timeout,
+            ),
+            (
+                "provisioning.default_allocation_timeout",
+                p.default_allocation_timeout,
+            ),
+        ] {
+            if d.as_secs() < 1 || d.subsec_nanos() != 0 {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} must be whole seconds, at least 1s",
+                        humantime::format_duration(d)
+                    ),
+                ));
+            }
+        }
+        if p.default_allocation_timeout > p.max_allocation_timeout {
+            return Err(invalid(
+                "provisioning.default_allocation_timeout",
+                format!(
+                    "{} is above provisioning.max_allocation_timeout ({}); the default is capped at the maximum, never above 2h (7200s)",
+                    humantime::format_duration(p.default_allocation_timeout),
+                    humantime::format_duration(p.max_allocation_timeout)
+                ),
+            ));
+        }
+        for version in self.runtimes.keys() {
+            if version.parse::<RuntimeVersion>().is_err() {
+                return Err(invalid(
+                    format!("runtimes.\"{version}\""),
+                    "a runtime version is MAJOR.MINOR, e.g. \"2.2\"",
+                ));
+            }
+        }
+        if !self.runtimes.contains_key(&self.batches.default_runtime) {
+            return Err(invalid(
+                "batches.default_runtime",
+                format!(
+                    "\"{}\" is not in [runtimes]; configured: {}",
+                    self.batches.default_runtime,
+                    self.runtimes.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        let ttl = self.batches.default_ttl;
+        if ttl < Duration::from_secs(600) || ttl > Duration::from_secs(14 * 86400) {
+            return Err(invalid(
+                "batches.default_ttl",
+                "must be between 10m and 14days",
+            ));
+        }
+        let lease = self.agents.lease_duration;
+        if lease < Duration::from_secs(1) || lease > Duration::from_secs(3600) {
+            return Err(invalid(
+                "agents.lease_duration",
+                "must be between 1s and 1h",
+            ));
+        }
+        if self.regions.is_empty() {
+            return Err(invalid("regions", "at least one region must be configured"));
+        }
+        for (name, region) in &self.regions {
+            if !crate::spec::is_resource_id(name) {
+                return Err(invalid(
+                    format!("regions.{name}"),
+                    "a region name is lowercase letters, digits and dashes",
+                ));
+            }
+            if region.zones.is_empty() {
+                return Err(invalid(
+                    format!("regions.{name}.zones"),
+                    "declare at least one zone",
+                ));
+            }
+            for (zone, z) in &region.zones {
+                if !crate::spec::is_resource_id(zone) {
+                    return Err(invalid(
+                        format!("regions.{name}.zones.{zone}"),
+                        "a zone name is lowercase letters, digits and dashes",
+                    ));
+                }
+                for (pool_name, pool) in &z.node_pools {
+                    let key = format!("regions.{name}.zones.{zone}.node_pools.{pool_name}");
+                    if pool.gpus_per_node == 0 || pool.gpus_per_node > 16 {
+                        return Err(invalid(format!("{key}.gpus_per_node"), "must be 1 to 16"));
+                    }
+                    if pool.cores == 0 || pool.memory_mb == 0 {
+                        return Err(invalid(key, "cores and memory_mb must be positive"));
+                    }
+                    if pool.virtual_nodes > pool.max_nodes {
+                        return Err(invalid(
+                            format!("{key}.virtual_nodes"),
+                            format!(
+                                "{} is above max_nodes ({})",
+                                pool.virtual_nodes, pool.max_nodes
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for (key, d) in [
+            (
+                "server.header_read_timeout",
+                self.server.header_read_timeout,
+            ),
+            ("server.idle_timeout", self.server.idle_timeout),
+            (
+                "server.grpc_message_timeout",
+                self.server.grpc_message_timeout,
+            ),
+        ] {
+            if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is out of range: from 10ms to 1h",
+                        humantime::format_duration(d)
+                    ),
+                ));
+            }
+        }
+        if self.server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        if self.server.reserved_fds < 64 {
+            return Err(invalid(
+                "server.reserved_fds",
+                "must be at least 64 (the database, the metrics listener and the connections over server.max_connections need them)",
+            ));
+        }
+        if self.server.max_body_bytes < 1024 {
+            return Err(invalid("server.max_body_bytes", "must be at least 1024"));
+        }
+        if self.database.group_commit_max == 0 {
+            return Err(invalid("database.group_commit_max", "must be at least 1"));
+        }
+        if self.database.leader_renew.is_zero()
+            || self.database.leader_renew * 3 > self.database.leader_lease
+        {
+            return Err(invalid(
+                "database.leader_renew",
+                format!(
+                    "{} with leader_lease {}: must be more than 0 and at most a third of the lease, so that a late renewal or two do not lose it",
+                    humantime::format_duration(self.database.leader_renew),
+                    humantime::format_duration(self.database.leader_lease)
+                ),
+            ));
+        }
+        if self.database.max_connections < 2 {
+            return Err(invalid(
+                "database.max_connections",
+                "must be at least 2 (one writer, one reader)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A config error naming `key`.
+pub(super) fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}

@@ -1,0 +1,247 @@
+//! Loading and checking the config, what a reload changes, and redaction.
+
+use super::*;
+use figment::Jail;
+
+#[test]
+fn embedded_default_is_valid() {
+    let config = Config::load_without_env(None).expect("default config loads");
+    assert_eq!(
+        config.provisioning.default_allocation_timeout,
+        Duration::from_secs(3600)
+    );
+    assert!(config.database_url().ends_with("data/flexq.db?mode=rwc"));
+}
+
+#[test]
+fn environment_overrides_a_key_with_humantime() {
+    Jail::expect_with(|jail| {
+        jail.set_env("FLEXQ_PROVISIONING__DEFAULT_ALLOCATION_TIMEOUT", "45m");
+        jail.set_env("FLEXQ_PROJECT", "not-a-config-key");
+        let config = Config::load(None).map_err(|e| e.to_string())?;
+        assert_eq!(
+            config.provisioning.default_allocation_timeout,
+            Duration::from_secs(45 * 60)
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn default_timeout_above_the_ceiling_names_the_key() {
+    Jail::expect_with(|jail| {
+        jail.set_env("FLEXQ_PROVISIONING__DEFAULT_ALLOCATION_TIMEOUT", "3h");
+        let err = Config::load(None).expect_err("3h is above 2h").to_string();
+        assert!(
+            err.contains("provisioning.default_allocation_timeout"),
+            "{err}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn maximum_above_two_hours_is_refused() {
+    Jail::expect_with(|jail| {
+        jail.set_env("FLEXQ_PROVISIONING__MAX_ALLOCATION_TIMEOUT", "7201s");
+        let err = Config::load(None).expect_err("above 7200s").to_string();
+        assert!(err.contains("provisioning.max_allocation_timeout"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn a_malformed_value_names_the_key() {
+    Jail::expect_with(|jail| {
+        jail.set_env("FLEXQ_SERVER__BIND", "not-an-address");
+        let err = Config::load(None).expect_err("bad bind").to_string();
+        assert!(err.to_lowercase().contains("server.bind"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn an_unknown_key_in_a_file_is_refused() {
+    Jail::expect_with(|jail| {
+        jail.create_file("bad.toml", "[server]\nbindd = \"127.0.0.1:1\"\n")?;
+        let err = Config::load_without_env(Some(Path::new("bad.toml")))
+            .expect_err("unknown key")
+            .to_string();
+        assert!(err.contains("bindd"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn an_unknown_gpu_type_in_a_region_is_refused() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "bad.toml",
+            "[regions.us-east1.zones.us-east1-b.node_pools.p]\naccelerator = \"h100\"\ngpus_per_node = 8\ncores = 96\nmemory_mb = 1\nlocal_ssd_gb = 1\nmax_nodes = 1\n",
+        )?;
+        let err = Config::load_without_env(Some(Path::new("bad.toml")))
+            .expect_err("unknown gpu")
+            .to_string();
+        assert!(
+            err.contains("regions.us-east1.zones.us-east1-b.node_pools.p.accelerator"),
+            "{err}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn fair_share_keys_that_make_no_sense_are_named() {
+    for (toml, key, says) in [
+        (
+            "[projects.team-a]\nweight = 0\n",
+            "projects.team-a.weight",
+            "0.000001 to 1000000",
+        ),
+        (
+            "[projects.team-a]\nweight = -2\n",
+            "projects.team-a.weight",
+            "-2 is not a weight",
+        ),
+        (
+            "[projects.team-a]\nweight = inf\n",
+            "projects.team-a.weight",
+            "inf is not a weight",
+        ),
+        (
+            "[projects.team-a]\nweight = \"heavy\"\n",
+            "projects.team-a.weight",
+            "heavy",
+        ),
+        (
+            "[scheduling]\nusage_half_life = \"0s\"\n",
+            "scheduling.usage_half_life",
+            "1s to 365d",
+        ),
+        (
+            "[scheduling]\nusage_half_life = \"400days\"\n",
+            "scheduling.usage_half_life",
+            "1s to 365d",
+        ),
+        (
+            "[scheduling]\nusage_half_life = \"soon\"\n",
+            "usage_half_life",
+            "soon",
+        ),
+        (
+            "[scheduling]\norder = \"fifo\"\n",
+            "scheduling.order",
+            "fair-share",
+        ),
+    ] {
+        let err = Config::with_overlay(toml).expect_err(toml).to_string();
+        assert!(err.contains(key) && err.contains(says), "{toml}: {err}");
+    }
+    let c = Config::with_overlay(
+        "[scheduling]\norder = \"strict\"\nusage_half_life = \"7d\"\n[projects.a]\nweight = 2.5\n",
+    )
+    .expect("valid");
+    let policy = c.fair_share();
+    assert_eq!(policy.order, crate::scheduler::Order::Strict);
+    assert_eq!(policy.half_life, Duration::from_secs(7 * 86400));
+    assert_eq!(policy.weight("a"), 2.5);
+    assert_eq!(policy.weight("b"), 1.0);
+}
+
+#[test]
+fn a_reload_keeps_restart_only_sections_and_names_every_changed_key() {
+    let in_force = Config::with_overlay(
+        "[server]\nrequest_timeout = \"30s\"\n[database]\nurl = \"postgres://u:secret@db/x\"\n",
+    )
+    .expect("valid");
+    let file = Config::with_overlay(
+        "[server]\nrequest_timeout = \"40s\"\n[provisioning]\ndefault_allocation_timeout = \"30m\"\n[projects.team-a]\nweight = 2\n[[quotas]]\nproject = \"*\"\nregion = \"*\"\nmetric = \"PREEMPTIBLE_NVIDIA_L4_GPUS\"\nlimit = 3\n",
+    )
+    .expect("valid");
+    let next = in_force.with_live(&file.live_value()).expect("applies");
+    assert_eq!(next.server.request_timeout, Duration::from_secs(30));
+    assert_eq!(next.database.url, in_force.database.url);
+    assert_eq!(
+        next.provisioning.default_allocation_timeout,
+        Duration::from_secs(1800)
+    );
+    assert_eq!(
+        next.digest(),
+        file.digest(),
+        "the digest is of live keys only"
+    );
+    assert_ne!(next.digest(), in_force.digest());
+    let (live, _) = in_force.changes(&next);
+    let keys: Vec<&str> = live.iter().map(|c| c.key.as_str()).collect();
+    assert!(
+        keys.contains(&"provisioning.default_allocation_timeout"),
+        "{keys:?}"
+    );
+    assert!(keys.contains(&"projects.team-a.weight"), "{keys:?}");
+    assert!(keys.iter().any(|k| k.starts_with("quotas[")), "{keys:?}");
+    let timeout = live
+        .iter()
+        .find(|c| c.key == "provisioning.default_allocation_timeout")
+        .expect("changed");
+    assert_eq!(
+        (timeout.from.as_deref(), timeout.to.as_deref()),
+        (Some("\"1h\""), Some("\"30m\""))
+    );
+    let (_, restart) = in_force.changes(&file);
+    let keys: Vec<&str> = restart.iter().map(|c| c.key.as_str()).collect();
+    assert_eq!(keys, vec!["database.url", "server.request_timeout"]);
+    assert!(
+        restart.iter().all(|c| !format!("{c:?}").contains("secret")),
+        "{restart:?}"
+    );
+    // A stored generation that breaks a rule is refused naming the key.
+    let mut live = file.live_value();
+    live["provisioning"]["default_allocation_timeout"] = "5h".into();
+    let e = in_force.with_live(&live).expect_err("above the ceiling");
+    assert!(
+        e.to_string()
+            .contains("provisioning.default_allocation_timeout"),
+        "{e}"
+    );
+}
+
+#[test]
+fn passwords_are_redacted() {
+    assert_eq!(
+        redact_url("postgres://flexq:s3cret@db:5432/flexq"),
+        "postgres://flexq:REDACTED@db:5432/flexq"
+    );
+    assert_eq!(redact_url("sqlite://data/x.db"), "sqlite://data/x.db");
+}
+
+#[test]
+fn principals_are_checked_and_no_tokens_means_loopback_only() {
+    let mut c = Config::load_without_env(None).expect("default");
+    c.server.bind = "0.0.0.0:8080".parse().expect("addr");
+    let e = c.check().expect_err("open bind without tokens");
+    assert!(e.to_string().contains("server.bind"), "{e}");
+    c.principals.push(PrincipalConfig {
+        name: "a".into(),
+        role: PrincipalRole::Submitter,
+        projects: vec![],
+        node: None,
+        token_sha256: "0".repeat(64),
+    });
+    let e = c.check().expect_err("submitter without projects");
+    assert!(e.to_string().contains("principals[0].projects"), "{e}");
+    c.principals[0].projects.push("demo".into());
+    c.principals[0].token_sha256 = "not-a-hash".into();
+    let e = c.check().expect_err("bad hash");
+    assert!(e.to_string().contains("principals[0].token_sha256"), "{e}");
+    c.principals[0].token_sha256 = "a".repeat(64);
+    c.check().expect("valid with a principal on 0.0.0.0");
+    for wild in ["-", "*"] {
+        c.principals[0].projects = vec!["demo".into(), wild.into()];
+        let e = c.check().expect_err("every project is not a submitter's");
+        let text = e.to_string();
+        assert!(
+            text.contains("principals[0].projects") && text.contains(&format!("\"{wild}\"")),
+            "{text}"
+        );
+    }
+}
