@@ -1,22 +1,21 @@
 //! The Batches and Operations use cases: create (with validate-only, the
 //! per-project queue limit and never-fit), get, list, cancel, delete, and
 //! the operation of a batch. Each answers the Dataproc resource (a
-//! [`Batch`], an [`Operation`]) that every front end encodes.
+//! [`Batch`], an [`Operation`]) that every front end encodes: how a record
+//! becomes one is `present.rs`, how a list is paged `paging.rs`.
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
 use uuid::Uuid;
 
+use super::present::{operation, to_batch, verdict_json};
 use super::{Engine, Error, Principal};
 use crate::api::{
-    AllocatedPart, BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, BatchName, Code, EndReason,
-    FlexqInfo, ListBatchesResponse, Operation, OperationError, OperationMetadata, OperationName,
-    State, quote,
+    AllocatedPart, Batch, BatchName, Code, FlexqInfo, ListBatchesResponse, Operation,
+    OperationName, State, quote,
 };
-use crate::scheduler::{BatchKey, PartRole, PendingBatch, Verdict, shape_text};
+use crate::scheduler::{BatchKey, PartRole, PendingBatch};
 use crate::spec;
-use crate::store::{BatchRecord, Filter, NewBatch, Provisioning, StoreError};
+use crate::store::{BatchRecord, NewBatch, Provisioning, StoreError};
 
 /// A create as a front end decoded it.
 #[derive(Debug, Clone)]
@@ -54,36 +53,6 @@ pub struct ListRequest {
     pub page_token: Option<String>,
     pub filter: Option<String>,
     pub order_by: Option<String>,
-}
-
-const DEFAULT_PAGE_SIZE: u32 = 20;
-const MAX_PAGE_SIZE: u32 = 1000;
-/// The most a page carries, counted as its batches' JSON: a page of big
-/// batches stops early, with a next-page token (AIP-158 allows short
-/// pages), rather than pass the 4 MiB that gRPC clients accept by
-/// default (a batch can be up to `server.max_body_bytes`).
-const MAX_PAGE_BYTES: usize = 3 << 20;
-/// What a listed batch carries beyond its spec (state, history, runtime
-/// info, flexq's extension), at most, in bytes of JSON.
-const LISTED_BEYOND_SPEC: usize = 4 << 10;
-
-/// The length of a value's JSON, without writing it anywhere.
-fn json_len<T: serde::Serialize>(value: &T) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter cannot fail; a value that cannot be written
-    // counts as nothing.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
 }
 
 impl Engine {
@@ -275,62 +244,6 @@ impl Engine {
         })
     }
 
-    /// The records of a list page and the token of the next.
-    async fn page(&self, req: ListRequest) -> Result<(Vec<BatchRecord>, String), Error> {
-        let ListRequest {
-            project,
-            region,
-            page_size,
-            page_token,
-            filter,
-            order_by,
-        } = req;
-        let page_size = page_size_of(page_size.as_deref(), DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
-        if let Some(order) = order_by.as_deref() {
-            let normal = order
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .to_ascii_lowercase();
-            if !normal.is_empty() && normal != "create_time desc" {
-                return Err(Error::invalid_field(
-                    "order_by",
-                    format!(
-                        "{} is not supported; accepted: \"create_time desc\" (the default)",
-                        quote(order)
-                    ),
-                ));
-            }
-        }
-        let filter_text = filter.unwrap_or_default();
-        let filter = Filter::parse(&filter_text).map_err(|e| Error::invalid_field("filter", e))?;
-        let before = match page_token.as_deref() {
-            None | Some("") => None,
-            Some(token) => Some(decode_token(token, &project, &region, &filter_text)?),
-        };
-        let page = self
-            .shared
-            .store
-            .list(&project, &region, &filter, page_size, before)
-            .await?;
-        let mut batches = page.batches;
-        let mut next_before = page.next_before_seq;
-        let mut bytes = 0;
-        let over = batches.iter().position(|b| {
-            bytes += json_len(&b.spec) + LISTED_BEYOND_SPEC;
-            bytes > MAX_PAGE_BYTES
-        });
-        // At least one batch a page, so every page moves on.
-        if let Some(cut) = over.map(|i| i.max(1)).filter(|&i| i < batches.len()) {
-            batches.truncate(cut);
-            next_before = batches.last().map(|b| b.seq);
-        }
-        let next = next_before
-            .map(|seq| encode_token(seq, &project, &region, &filter_text))
-            .unwrap_or_default();
-        Ok((batches, next))
-    }
-
     /// A page of a region's operations, newest first: the operations of
     /// the batches [`Self::list`] would answer (same page size, filter over
     /// the batches' fields, and tokens).
@@ -453,221 +366,6 @@ pub(super) fn not_found_as(e: StoreError, what: &str, name: &str) -> Error {
         StoreError::NotFound => Error::not_found(what, name),
         other => other.into(),
     }
-}
-
-fn op_name(project: &str, region: &str, id: &str) -> String {
-    OperationName {
-        project: project.into(),
-        region: region.into(),
-        operation_id: id.into(),
-    }
-    .to_string()
-}
-
-/// The wire Batch of a stored record.
-pub fn to_batch(r: &BatchRecord) -> Batch {
-    Batch {
-        name: Some(r.name.to_string()),
-        uuid: Some(r.uuid.clone()),
-        create_time: Some(r.create_time),
-        state: Some(r.state),
-        state_message: Some(r.state_message.clone()),
-        state_time: Some(r.state_time),
-        creator: Some(r.creator.clone()),
-        operation: Some(op_name(&r.name.project, &r.name.region, &r.operation_id)),
-        state_history: r.history.clone(),
-        runtime_info: runtime_info(r),
-        flexq: Some(FlexqInfo {
-            provisioning_state: r.provisioning.name().into(),
-            provisioning_mode: r.cluster.mode.name().into(),
-            allocation_deadline: r.deadline,
-            end_reason: r.end_reason.map(|e| e.name().to_string()),
-            attempt: (r.attempt > 1).then_some(r.attempt),
-            zone: r.zone.clone(),
-            allocate_time: r.allocate_time,
-            ..FlexqInfo::default()
-        }),
-        ..r.spec.clone()
-    }
-}
-
-/// Where the run can be seen once an agent started it, and what the
-/// cluster used once it was allocated.
-fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
-    let (approximate_usage, current_usage) = super::usage::of_batch(r, Utc::now());
-    if r.master_url.is_none() && r.run.start_time.is_none() {
-        return approximate_usage.map(|approximate| crate::api::RuntimeInfo {
-            approximate_usage: Some(approximate),
-            current_usage,
-            ..Default::default()
-        });
-    }
-    let mut endpoints = std::collections::BTreeMap::new();
-    if let Some(url) = &r.master_url {
-        endpoints.insert("Spark master".to_string(), url.clone());
-    }
-    Some(crate::api::RuntimeInfo {
-        endpoints,
-        output_uri: Some(format!("/v1/{}/output", r.name)),
-        diagnostic_output_uri: None,
-        rapids_accelerator: r.run.rapids.clone(),
-        driver_node: r.run.driver_node.clone(),
-        driver_exit_code: r.run.exit_code,
-        output_truncated: r.run.output_truncated,
-        approximate_usage,
-        current_usage,
-    })
-}
-
-fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde_json::Value {
-    let (verdict, reasons, zone) = match v {
-        Verdict::AllocateNow { zone } => ("ALLOCATE_NOW", vec![], Some(zone.clone())),
-        Verdict::WouldQueue { reasons } => ("WOULD_QUEUE", reasons.clone(), None),
-        Verdict::WouldFail { reason, stock_out } => (
-            "WOULD_FAIL",
-            vec![format!(
-                "RESOURCE_EXHAUSTED ({}): {reason}",
-                if *stock_out { "stock-out" } else { "quota" }
-            )],
-            None,
-        ),
-        Verdict::NeverFits { reason } => ("NEVER_FITS", vec![reason.clone()], None),
-    };
-    serde_json::json!({
-        "verdict": verdict,
-        "reasons": reasons,
-        "zone": zone,
-        "cluster": {
-            "shape": shape_text(cluster),
-            "provisioningMode": cluster.mode.name(),
-            "allocationTimeout": format!("{}s", cluster.allocation_timeout_s),
-            "gpus": cluster.total_gpus(),
-            "quota": cluster.quota.iter().map(|q| serde_json::json!({"metric": q.metric, "amount": q.amount})).collect::<Vec<_>>(),
-        },
-    })
-}
-
-/// The Operation of a stored batch: done once the batch is terminal.
-pub fn operation(r: &BatchRecord) -> Operation {
-    let done = r.state.is_terminal();
-    let (error, response) = match r.state {
-        State::Succeeded => {
-            let mut v = serde_json::to_value(to_batch(r)).unwrap_or_default();
-            if let Some(map) = v.as_object_mut() {
-                map.insert("@type".into(), BATCH_TYPE_URL.into());
-            }
-            (None, Some(v))
-        }
-        // The code is the typed reason's, never read out of the message.
-        State::Cancelled | State::Failed => {
-            let code =
-                r.end_reason
-                    .map(EndReason::code)
-                    .unwrap_or(if r.state == State::Cancelled {
-                        Code::Cancelled
-                    } else {
-                        Code::FailedPrecondition
-                    });
-            (
-                Some(OperationError {
-                    code: code.grpc_number(),
-                    message: r.state_message.clone(),
-                }),
-                None,
-            )
-        }
-        _ => (None, None),
-    };
-    Operation {
-        name: op_name(&r.name.project, &r.name.region, &r.operation_id),
-        metadata: OperationMetadata {
-            type_url: BATCH_METADATA_TYPE_URL.into(),
-            batch: r.name.to_string(),
-            batch_uuid: r.uuid.clone(),
-            create_time: r.create_time,
-            done_time: done.then_some(r.state_time),
-            operation_type: "BATCH".into(),
-            description: format!("Batch {}", r.name.batch_id),
-            labels: r.spec.labels.clone(),
-            warnings: Vec::new(),
-        },
-        done,
-        error,
-        response,
-    }
-}
-
-/// A requested page size: absent, empty or 0 is `default`; above `max`
-/// it is lowered to `max` (AIP-158); anything else is an error naming it.
-pub(super) fn page_size_of(raw: Option<&str>, default: u32, max: u32) -> Result<u32, Error> {
-    match raw.map(str::trim) {
-        None | Some("") | Some("0") => Ok(default),
-        Some(raw) => match raw.parse::<i64>() {
-            Ok(n) if n > 0 => Ok(n.min(i64::from(max)) as u32),
-            _ => Err(Error::invalid_field(
-                "page_size",
-                format!(
-                    "{} is not a page size; accepted: 1 to {max} (0 or absent: {default})",
-                    quote(raw)
-                ),
-            )),
-        },
-    }
-}
-
-/// Page tokens are opaque to clients: a version, the keyset position and a
-/// fingerprint of the query they continue, so a token cannot be replayed
-/// against another filter or collection.
-pub(super) fn encode_token(before_seq: i64, project: &str, region: &str, filter: &str) -> String {
-    URL_SAFE_NO_PAD.encode(format!(
-        "v1:{before_seq}:{:016x}",
-        fingerprint(project, region, filter)
-    ))
-}
-
-pub(super) fn decode_token(
-    token: &str,
-    project: &str,
-    region: &str,
-    filter: &str,
-) -> Result<i64, Error> {
-    let invalid = || {
-        Error::invalid_field(
-            "page_token",
-            format!(
-                "{} is not a page token of this list (same parent and filter); start again without a token",
-                crate::api::quote(token)
-            ),
-        )
-    };
-    let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
-    let raw = String::from_utf8(raw).map_err(|_| invalid())?;
-    let mut parts = raw.split(':');
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some("v1"), Some(seq), Some(fp), None)
-            if fp == format!("{:016x}", fingerprint(project, region, filter)) =>
-        {
-            seq.parse().map_err(|_| invalid())
-        }
-        _ => Err(invalid()),
-    }
-}
-
-/// FNV-1a over the query: stable across processes and versions (unlike
-/// `DefaultHasher`), so a token minted by one replica works on another.
-fn fingerprint(project: &str, region: &str, filter: &str) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in project
-        .bytes()
-        .chain([0])
-        .chain(region.bytes())
-        .chain([0])
-        .chain(filter.bytes())
-    {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
 }
 
 /// A request's `validateOnly`: absent is false.

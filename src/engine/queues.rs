@@ -184,13 +184,13 @@ impl Engine {
     ) -> Result<QueueEntries, Error> {
         self.check_region(region)?;
         let take =
-            super::batches::page_size_of(page_size, QUEUE_PAGE_SIZE, MAX_QUEUE_PAGE_SIZE)? as usize;
+            super::paging::page_size_of(page_size, QUEUE_PAGE_SIZE, MAX_QUEUE_PAGE_SIZE)? as usize;
         // Bound to the queue it pages (a list's token has another fingerprint).
         let fingerprint = "\0queue";
         let skip = match page_token {
             None | Some("") => 0,
             Some(token) => {
-                let at = super::batches::decode_token(token, project, region, fingerprint)?;
+                let at = super::paging::decode_token(token, project, region, fingerprint)?;
                 usize::try_from(at).map_err(|_| {
                     Error::invalid_field(
                         "page_token",
@@ -205,7 +205,7 @@ impl Engine {
         let (total_size, page) = core.queue_page(region, scope, skip, take, now);
         let next = skip + take;
         let next_page_token = if next < total_size {
-            super::batches::encode_token(next as i64, project, region, fingerprint)
+            super::paging::encode_token(next as i64, project, region, fingerprint)
         } else {
             String::new()
         };

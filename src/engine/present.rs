@@ -1,0 +1,156 @@
+//! A stored batch as the wire shows it: the Dataproc [`Batch`] (with its
+//! runtime info and flexq's extension), its [`Operation`], and a
+//! validate-only create's verdict. Every front end encodes these; nothing
+//! here reads the store.
+
+use chrono::Utc;
+
+use crate::api::{
+    BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, Code, EndReason, FlexqInfo, Operation,
+    OperationError, OperationMetadata, OperationName, State,
+};
+use crate::scheduler::{Verdict, shape_text};
+use crate::spec;
+use crate::store::BatchRecord;
+
+fn op_name(project: &str, region: &str, id: &str) -> String {
+    OperationName {
+        project: project.into(),
+        region: region.into(),
+        operation_id: id.into(),
+    }
+    .to_string()
+}
+
+/// The wire Batch of a stored record.
+pub fn to_batch(r: &BatchRecord) -> Batch {
+    Batch {
+        name: Some(r.name.to_string()),
+        uuid: Some(r.uuid.clone()),
+        create_time: Some(r.create_time),
+        state: Some(r.state),
+        state_message: Some(r.state_message.clone()),
+        state_time: Some(r.state_time),
+        creator: Some(r.creator.clone()),
+        operation: Some(op_name(&r.name.project, &r.name.region, &r.operation_id)),
+        state_history: r.history.clone(),
+        runtime_info: runtime_info(r),
+        flexq: Some(FlexqInfo {
+            provisioning_state: r.provisioning.name().into(),
+            provisioning_mode: r.cluster.mode.name().into(),
+            allocation_deadline: r.deadline,
+            end_reason: r.end_reason.map(|e| e.name().to_string()),
+            attempt: (r.attempt > 1).then_some(r.attempt),
+            zone: r.zone.clone(),
+            allocate_time: r.allocate_time,
+            ..FlexqInfo::default()
+        }),
+        ..r.spec.clone()
+    }
+}
+
+/// Where the run can be seen once an agent started it, and what the
+/// cluster used once it was allocated.
+fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
+    let (approximate_usage, current_usage) = super::usage::of_batch(r, Utc::now());
+    if r.master_url.is_none() && r.run.start_time.is_none() {
+        return approximate_usage.map(|approximate| crate::api::RuntimeInfo {
+            approximate_usage: Some(approximate),
+            current_usage,
+            ..Default::default()
+        });
+    }
+    let mut endpoints = std::collections::BTreeMap::new();
+    if let Some(url) = &r.master_url {
+        endpoints.insert("Spark master".to_string(), url.clone());
+    }
+    Some(crate::api::RuntimeInfo {
+        endpoints,
+        output_uri: Some(format!("/v1/{}/output", r.name)),
+        diagnostic_output_uri: None,
+        rapids_accelerator: r.run.rapids.clone(),
+        driver_node: r.run.driver_node.clone(),
+        driver_exit_code: r.run.exit_code,
+        output_truncated: r.run.output_truncated,
+        approximate_usage,
+        current_usage,
+    })
+}
+
+pub(super) fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde_json::Value {
+    let (verdict, reasons, zone) = match v {
+        Verdict::AllocateNow { zone } => ("ALLOCATE_NOW", vec![], Some(zone.clone())),
+        Verdict::WouldQueue { reasons } => ("WOULD_QUEUE", reasons.clone(), None),
+        Verdict::WouldFail { reason, stock_out } => (
+            "WOULD_FAIL",
+            vec![format!(
+                "RESOURCE_EXHAUSTED ({}): {reason}",
+                if *stock_out { "stock-out" } else { "quota" }
+            )],
+            None,
+        ),
+        Verdict::NeverFits { reason } => ("NEVER_FITS", vec![reason.clone()], None),
+    };
+    serde_json::json!({
+        "verdict": verdict,
+        "reasons": reasons,
+        "zone": zone,
+        "cluster": {
+            "shape": shape_text(cluster),
+            "provisioningMode": cluster.mode.name(),
+            "allocationTimeout": format!("{}s", cluster.allocation_timeout_s),
+            "gpus": cluster.total_gpus(),
+            "quota": cluster.quota.iter().map(|q| serde_json::json!({"metric": q.metric, "amount": q.amount})).collect::<Vec<_>>(),
+        },
+    })
+}
+
+/// The Operation of a stored batch: done once the batch is terminal.
+pub fn operation(r: &BatchRecord) -> Operation {
+    let done = r.state.is_terminal();
+    let (error, response) = match r.state {
+        State::Succeeded => {
+            let mut v = serde_json::to_value(to_batch(r)).unwrap_or_default();
+            if let Some(map) = v.as_object_mut() {
+                map.insert("@type".into(), BATCH_TYPE_URL.into());
+            }
+            (None, Some(v))
+        }
+        // The code is the typed reason's, never read out of the message.
+        State::Cancelled | State::Failed => {
+            let code =
+                r.end_reason
+                    .map(EndReason::code)
+                    .unwrap_or(if r.state == State::Cancelled {
+                        Code::Cancelled
+                    } else {
+                        Code::FailedPrecondition
+                    });
+            (
+                Some(OperationError {
+                    code: code.grpc_number(),
+                    message: r.state_message.clone(),
+                }),
+                None,
+            )
+        }
+        _ => (None, None),
+    };
+    Operation {
+        name: op_name(&r.name.project, &r.name.region, &r.operation_id),
+        metadata: OperationMetadata {
+            type_url: BATCH_METADATA_TYPE_URL.into(),
+            batch: r.name.to_string(),
+            batch_uuid: r.uuid.clone(),
+            create_time: r.create_time,
+            done_time: done.then_some(r.state_time),
+            operation_type: "BATCH".into(),
+            description: format!("Batch {}", r.name.batch_id),
+            labels: r.spec.labels.clone(),
+            warnings: Vec::new(),
+        },
+        done,
+        error,
+        response,
+    }
+}
