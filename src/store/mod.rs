@@ -15,6 +15,7 @@
 //! any number of replicas. Creates on PostgreSQL are the exception (see
 //! [`Store::begin_create`]): the unique indexes order them.
 
+mod admin;
 mod durability;
 mod events;
 pub mod filter;
@@ -23,6 +24,7 @@ mod generations;
 pub mod leader;
 mod leader_lock;
 mod lifecycle;
+mod nodes;
 mod open;
 mod rows;
 mod runs;
@@ -40,6 +42,7 @@ use uuid::Uuid;
 use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
+pub use admin::{NodeCordon, QueueHold};
 pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
@@ -50,7 +53,6 @@ pub use lifecycle::Applied;
 pub use open::{Backend, GroupObserver, SessionLimits, StoreOptions, migrate, migrate_only};
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
-pub use schedule::{NodeCordon, QueueHold};
 use sql::Sql;
 pub use usage::{CreatedBatch, HeldPart, ReleasedPart};
 
