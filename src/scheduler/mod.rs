@@ -11,12 +11,14 @@
 mod capacity;
 mod core;
 mod estimate;
+mod events;
 mod fairshare;
 mod holds;
 mod layout;
 mod lease;
 pub mod lifecycle;
 mod model;
+mod pass;
 mod quota;
 mod snapshot;
 mod views;

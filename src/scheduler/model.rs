@@ -2,7 +2,8 @@
 //! a queued batch, an allocation, a decision, a declared pool, an admin's
 //! hold or cordon, and what a cluster asks for as a shape (its key, its
 //! metric label, its text). Types and pure functions of them; the
-//! [`Scheduler`](super::Scheduler) that acts on them is `core.rs`.
+//! [`Scheduler`](super::Scheduler) that acts on them is `core.rs` (its
+//! state), `events.rs` and `pass.rs`.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

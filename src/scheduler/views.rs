@@ -1,5 +1,6 @@
 //! What the scheduler shows without deciding anything: why a batch waits
-//! and when it may start, validate-only verdicts, never-fit checks, quota
+//! (what stands in its way, which an expiry's message names too) and when
+//! it may start, validate-only verdicts, never-fit checks, quota
 //! and capacity views, and the invariant check the tests use.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -198,6 +199,44 @@ pub struct CapacityRow {
 }
 
 impl Scheduler {
+    /// What stands in the way of a batch now.
+    pub(super) fn blockers(&self, batch: &PendingBatch) -> Vec<Blocker> {
+        let mut out = Vec::new();
+        if let Some(s) = self
+            .ledger
+            .shortfall(&batch.project, &batch.region, &batch.cluster.quota)
+        {
+            out.push(Blocker::Quota(s));
+        }
+        let parts = needs(&batch.cluster);
+        let best = self
+            .capacity
+            .zones(&batch.region)
+            .map(|z| {
+                (
+                    plan_zone(&self.capacity.zone_nodes(&batch.region, z), &parts),
+                    z,
+                )
+            })
+            .max_by_key(|(p, z)| (p.placed, std::cmp::Reverse(*z)));
+        match best {
+            Some((plan, _)) if plan.complete() => {}
+            Some((plan, zone)) => out.push(Blocker::Capacity {
+                total: plan.total,
+                placed: plan.placed,
+                best_zone: Some(zone.to_string()),
+                shape: shape_text(&batch.cluster),
+            }),
+            None => out.push(Blocker::Capacity {
+                total: parts.len(),
+                placed: 0,
+                best_zone: None,
+                shape: shape_text(&batch.cluster),
+            }),
+        }
+        out
+    }
+
     /// Queue position (1-based) in the region's order, reasons and an
     /// estimated start, as of `now`.
     pub fn pending_info(&self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingInfo> {

@@ -1,0 +1,414 @@
+//! The pass: what the scheduler core decides at `now`. It fails the
+//! clusters of nodes whose lease lapsed, expires batches past their
+//! deadline (saying what was missing), then walks each dirty region's queue
+//! in strict or fair-share order, allocating what fits, rejecting what
+//! default mode cannot wait for, and holding back what would delay the
+//! first batch blocked by capacity (its reservation).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::capacity::{PartNeed, Placement, needs};
+use super::core::{QueueKey, Scheduler};
+use super::fairshare::Order;
+use super::model::{
+    Allocation, BatchKey, Decision, ShapeKey, accelerator_label, shape_key, shape_text,
+};
+use crate::api::EndReason;
+use crate::spec::ProvisioningMode;
+
+/// What a pass keeps while it walks one region's queue.
+#[derive(Default)]
+struct Walk {
+    /// The first batch blocked by capacity reserves it: later batches may
+    /// start only if their ttl ends before its estimated start.
+    reservation: Option<Reservation>,
+    /// Shapes that did not fit in this pass: free capacity only shrinks
+    /// during a pass, so they cannot fit later in it either.
+    failed_shapes: HashSet<ShapeKey>,
+    /// Shapes nothing more can be admitted of in this pass: failed, or
+    /// held back with even their shortest ttl ending after the reservation.
+    exhausted: HashSet<ShapeKey>,
+    /// Shapes that fit but were held back by the reservation, with their
+    /// plan: valid until the next allocation takes capacity.
+    fitting: HashMap<ShapeKey, (String, Vec<Placement>)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Considered {
+    Allocated,
+    Passed,
+}
+
+/// The first batch of a pass blocked by capacity: what it needs and, once
+/// computed, when it could start (None inside: never, as things stand).
+struct Reservation {
+    needs: Vec<PartNeed>,
+    until: Option<Option<DateTime<Utc>>>,
+}
+
+impl Scheduler {
+    /// Expires what is due, then admits what fits, region by region, and
+    /// applies every decision to its own state.
+    pub fn pass(&mut self, now: DateTime<Utc>) -> Vec<Decision> {
+        let mut decisions = Vec::new();
+        // Lost nodes first: their capacity must not be handed out again,
+        // and the clusters that used them fail whole.
+        for (node, epoch, expired_at) in self.leases.lapsed(now) {
+            let failed = self.remove_node(&node);
+            let failed_ids = failed
+                .iter()
+                .filter_map(|k| self.running.get(k).map(|a| a.batch_id.clone()))
+                .collect();
+            let released = failed
+                .iter()
+                .filter_map(|key| self.forget(*key, now))
+                .collect();
+            let message = format!(
+                "Node {node} was lost: its agent stopped heartbeating and its lease expired at {}; the batch's cluster was released.",
+                expired_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            decisions.push(Decision::LoseNode {
+                node,
+                epoch: Some(epoch),
+                failed,
+                failed_ids,
+                message,
+                released,
+            });
+        }
+        // Expiry next: a batch past its deadline is never allocated. What
+        // was missing is the same for batches of one project, region and shape.
+        let mut missing: HashMap<(String, String, ShapeKey), String> = HashMap::new();
+        while let Some(&(deadline, key)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            let message = self.expiry_message(key, now, &mut missing);
+            let (batch_id, region, accelerator) = self
+                .pending
+                .get(&key)
+                .map(|b| {
+                    (
+                        b.batch_id.clone(),
+                        b.region.clone(),
+                        accelerator_label(&b.cluster),
+                    )
+                })
+                .unwrap_or_default();
+            self.forget(key, now);
+            decisions.push(Decision::Expire {
+                key,
+                batch_id,
+                message,
+                region,
+                accelerator,
+            });
+        }
+        self.fair.prune(now);
+        let regions = std::mem::take(&mut self.dirty);
+        for region in regions {
+            self.admit_region(&region, now, &mut decisions);
+        }
+        decisions
+    }
+
+    fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        if self.holds.get(region).is_some_and(|h| h.all.is_some()) {
+            return;
+        }
+        match self.fair.order() {
+            Order::Strict => self.admit_strict(region, now, out),
+            Order::FairShare => self.admit_fair(region, now, out),
+        }
+    }
+
+    /// Strict order: the region's queue by priority, then age.
+    fn admit_strict(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        // The queue is walked in chunks from a cursor rather than copied
+        // whole: a pass usually stops after a few entries, and the queue
+        // may hold a million.
+        const CHUNK: usize = 256;
+        let mut cursor: Option<QueueKey> = None;
+        let mut buffer = Vec::new().into_iter();
+        let mut walk = Walk::default();
+        loop {
+            let queued = match buffer.next() {
+                Some(k) => k,
+                None => {
+                    let Some(queue) = self.queues.get(region) else {
+                        break;
+                    };
+                    let chunk: Vec<QueueKey> = match cursor {
+                        None => queue.iter().take(CHUNK).copied().collect(),
+                        Some(c) => queue
+                            .range((Bound::Excluded(c), Bound::Unbounded))
+                            .take(CHUNK)
+                            .copied()
+                            .collect(),
+                    };
+                    buffer = chunk.into_iter();
+                    match buffer.next() {
+                        Some(k) => k,
+                        None => break,
+                    }
+                }
+            };
+            cursor = Some(queued);
+            if self.nothing_more(region, &walk) {
+                break;
+            }
+            self.consider(queued.1, region, now, &mut walk, out);
+        }
+    }
+
+    /// Fair-share order: the project with the lowest usage ÷ weight first,
+    /// its batches by priority, then age. An allocation raises its
+    /// project's usage at once, so the order is taken again after each.
+    fn admit_fair(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        let Some(projects) = self.project_queues.get(region) else {
+            return;
+        };
+        let mut order: BTreeSet<(u64, String)> = projects
+            .keys()
+            .filter(|p| self.hold_of(region, p).is_none())
+            .map(|p| (self.fair_key(region, p, now), p.clone()))
+            .collect();
+        // Where each project's walk stands: its batches before it were
+        // considered in this pass.
+        let mut cursors: HashMap<String, QueueKey> = HashMap::new();
+        let mut walk = Walk::default();
+        while let Some((share, project)) = order.first().cloned() {
+            let next = self
+                .project_queues
+                .get(region)
+                .and_then(|m| m.get(&project))
+                .and_then(|q| match cursors.get(&project) {
+                    None => q.first().copied(),
+                    Some(c) => q
+                        .range((Bound::Excluded(*c), Bound::Unbounded))
+                        .next()
+                        .copied(),
+                });
+            let Some(queued) = next else {
+                order.pop_first();
+                continue;
+            };
+            cursors.insert(project.clone(), queued);
+            if self.nothing_more(region, &walk) {
+                break;
+            }
+            if self.consider(queued.1, region, now, &mut walk, out) == Considered::Allocated {
+                order.remove(&(share, project.clone()));
+                order.insert((self.fair_key(region, &project, now), project));
+            }
+        }
+    }
+
+    /// Whether nothing more can be admitted in this pass: every shape still
+    /// queued in the region either does not fit or cannot end before the
+    /// reservation, and no default-mode batch awaits its verdict.
+    fn nothing_more(&self, region: &str, walk: &Walk) -> bool {
+        let distinct = self.shapes.get(region).map_or(0, HashMap::len);
+        let defaults = self.defaults.get(region).copied().unwrap_or(0);
+        if defaults > 0 || walk.exhausted.len() < distinct {
+            return false;
+        }
+        // Counted against the shapes still queued: a rejected batch may
+        // have been a shape's last.
+        let present = self.shapes.get(region).map_or(0, |m| {
+            walk.exhausted.iter().filter(|s| m.contains_key(*s)).count()
+        });
+        present >= distinct
+    }
+
+    /// One queued batch in a pass's walk: allocated, rejected (default
+    /// mode), held back by the reservation, or left to wait.
+    fn consider(
+        &mut self,
+        key: BatchKey,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) -> Considered {
+        let Some(batch) = self.pending.get(&key) else {
+            return Considered::Passed;
+        };
+        // A held queue's batches wait, reserving nothing.
+        if self.hold_of(region, &batch.project).is_some() {
+            return Considered::Passed;
+        }
+        let default_mode = batch.cluster.mode == ProvisioningMode::Default;
+        if let Some(short) = self
+            .ledger
+            .shortfall(&batch.project, region, &batch.cluster.quota)
+        {
+            if default_mode {
+                let message = format!(
+                    "RESOURCE_EXHAUSTED: quota {} exceeded in {region}: limit {}, usage {}, asked {}",
+                    short.metric, short.limit, short.usage, short.needed
+                );
+                let batch_id = batch.batch_id.clone();
+                self.forget(key, now);
+                out.push(Decision::Reject {
+                    key,
+                    batch_id,
+                    message,
+                    reason: EndReason::Quota,
+                });
+            }
+            return Considered::Passed;
+        }
+        let shape = shape_key(&batch.cluster);
+        let ends = batch
+            .cluster
+            .ttl_s
+            .map(|t| now + Duration::seconds(t as i64));
+        let plan = if walk.failed_shapes.contains(&shape) {
+            None
+        } else if let Some(plan) = walk.fitting.get(&shape) {
+            Some(plan.clone())
+        } else {
+            self.best_zone(region, &needs(&batch.cluster))
+        };
+        match plan {
+            Some((zone, placements)) => {
+                walk.fitting
+                    .insert(shape, (zone.clone(), placements.clone()));
+                // Under a reservation, a batch that fits may start only
+                // if its ttl ends before the holder's estimated start.
+                // The estimate is costly and rarely needed: computed
+                // once, on first need.
+                if let Some(r) = walk.reservation.as_mut() {
+                    if !default_mode {
+                        let until = *r
+                            .until
+                            .get_or_insert_with(|| self.estimate_start(region, &r.needs));
+                        let delays_holder = match (until, ends) {
+                            (Some(u), Some(e)) => e > u,
+                            (Some(_), None) => true,
+                            (None, _) => false,
+                        };
+                        if delays_holder {
+                            self.held_back.insert(key);
+                            let shortest = self
+                                .shapes
+                                .get(region)
+                                .and_then(|m| m.get(&shape))
+                                .and_then(|st| st.ttls.keys().next().copied());
+                            let none_can = match (until, shortest) {
+                                (Some(u), Some(t)) if t != u64::MAX => {
+                                    now + Duration::seconds(t as i64) > u
+                                }
+                                (Some(_), _) => true,
+                                (None, _) => false,
+                            };
+                            if none_can {
+                                walk.exhausted.insert(shape);
+                            }
+                            return Considered::Passed;
+                        }
+                    }
+                }
+                self.held_back.remove(&key);
+                let batch = self.pending.get(&key).cloned();
+                let Some(batch) = batch else {
+                    return Considered::Passed;
+                };
+                // Capacity changes now: plans made before no longer hold.
+                walk.fitting.clear();
+                if !self.capacity.take(&placements) {
+                    walk.failed_shapes.insert(shape);
+                    walk.exhausted.insert(shape);
+                    return Considered::Passed;
+                }
+                self.forget(key, now);
+                self.ledger
+                    .charge(&batch.project, region, &batch.cluster.quota);
+                let alloc = Allocation {
+                    key,
+                    batch_id: batch.batch_id.clone(),
+                    project: batch.project.clone(),
+                    region: region.to_string(),
+                    zone,
+                    placements,
+                    quota: batch.cluster.quota.clone(),
+                    allocated_at: now,
+                    expected_end: batch
+                        .cluster
+                        .ttl_s
+                        .map(|t| now + Duration::seconds(t as i64)),
+                    queued_at: batch.queued_at,
+                    accelerator: accelerator_label(&batch.cluster),
+                };
+                self.fair.hold(region, &batch.project, alloc.gpus());
+                self.running.insert(key, alloc.clone());
+                out.push(Decision::Allocate(alloc));
+                return Considered::Allocated;
+            }
+            None => {
+                walk.failed_shapes.insert(shape);
+                walk.exhausted.insert(shape);
+                if default_mode {
+                    let message = format!(
+                        "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",
+                        shape_text(&batch.cluster)
+                    );
+                    let batch_id = batch.batch_id.clone();
+                    self.forget(key, now);
+                    out.push(Decision::Reject {
+                        key,
+                        batch_id,
+                        message,
+                        reason: EndReason::StockOut,
+                    });
+                } else if walk.reservation.is_none() {
+                    walk.reservation = Some(Reservation {
+                        needs: needs(&batch.cluster),
+                        until: None,
+                    });
+                }
+            }
+        }
+        Considered::Passed
+    }
+
+    fn expiry_message(
+        &self,
+        key: BatchKey,
+        now: DateTime<Utc>,
+        cache: &mut HashMap<(String, String, ShapeKey), String>,
+    ) -> String {
+        let Some(batch) = self.pending.get(&key) else {
+            return "allocation timeout passed".into();
+        };
+        let cache_key = (
+            batch.project.clone(),
+            batch.region.clone(),
+            shape_key(&batch.cluster),
+        );
+        let missing = cache
+            .entry(cache_key)
+            .or_insert_with(|| {
+                let reasons = self.blockers(batch);
+                if reasons.is_empty() {
+                    "capacity was reserved for earlier batches of the queue".to_string()
+                } else {
+                    reasons
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                }
+            })
+            .clone();
+        let waited = (now - batch.queued_at).num_seconds();
+        format!(
+            "Batch could not be allocated within its allocation timeout of {}s (waited {waited}s): {missing}.",
+            batch.cluster.allocation_timeout_s
+        )
+    }
+}
