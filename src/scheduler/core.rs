@@ -7,7 +7,7 @@
 //! submits, forgets, quota) are `events.rs`, the pass that walks each
 //! region's queue `pass.rs`. What it takes and returns is `model.rs`; holds
 //! and cordons are `holds.rs`, where a batch fits and when it could start
-//! `estimate.rs`, what it shows `views.rs` and `snapshot.rs`.
+//! `estimate.rs`, what it shows `pending.rs`, `views.rs` and `snapshot.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 

@@ -19,6 +19,7 @@ mod lease;
 pub mod lifecycle;
 mod model;
 mod pass;
+mod pending;
 mod quota;
 mod snapshot;
 mod views;
@@ -33,9 +34,10 @@ pub use model::{
     Allocation, BatchKey, Cordon, Decision, Hold, PendingBatch, PoolDecl, accelerator_label,
     shape_text,
 };
+pub use pending::{Blocker, ESTIMATE_DEPTH, PendingInfo, Verdict};
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;
-pub use views::{Blocker, CapacityRow, ESTIMATE_DEPTH, PendingInfo, Verdict};
+pub use views::CapacityRow;
 
 #[cfg(test)]
 mod tests;

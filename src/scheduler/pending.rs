@@ -1,0 +1,452 @@
+//! Why a batch waits and when it may start, without deciding anything:
+//! what stands in its way (quota, capacity; an expiry's message names it
+//! too), its place in the region's order (strict or fair share) and the
+//! start estimate for the first [`ESTIMATE_DEPTH`], the verdict of a
+//! validate-only create and the never-fit check. Queue pages, quota and
+//! capacity views are `views.rs`.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::capacity::{needs, plan_zone};
+use super::core::{QueueKey, Scheduler};
+use super::fairshare::{Order, share_key};
+use super::model::{BatchKey, PendingBatch, shape_text};
+use super::quota::Shortfall;
+use crate::spec::{ClusterRequest, ProvisioningMode};
+
+/// A project ahead of a batch's own in fair-share order.
+struct ProjectAhead<'a> {
+    project: &'a str,
+    /// Its usage ÷ weight.
+    share: f64,
+    /// Its queued batches in the region.
+    queued: usize,
+}
+
+/// The queued batches of the projects ahead of a batch's own.
+fn queued_in_all(before: &[ProjectAhead<'_>]) -> usize {
+    before.iter().map(|p| p.queued).sum()
+}
+
+/// Where a batch stands, when the caller knows it from its own walk.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Place {
+    Unknown,
+    /// Its 1-based position in the region's order.
+    Region(usize),
+    /// Its 1-based place among its own project's queued batches (fair
+    /// share: the projects before its own come first).
+    InProject(usize),
+}
+
+/// The most batches ahead of one for which an estimated start is given:
+/// deeper in the queue the estimate would cost too much and say little.
+pub const ESTIMATE_DEPTH: usize = 500;
+
+/// Why a batch is not admitted (yet).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Blocker {
+    Quota(Shortfall),
+    /// `placed` of `total` parts fit in the best zone.
+    Capacity {
+        total: usize,
+        placed: usize,
+        best_zone: Option<String>,
+        shape: String,
+    },
+    /// Fits, but would delay the reservation of an earlier, larger batch.
+    Reservation {
+        holder: BatchKey,
+        until: Option<DateTime<Utc>>,
+    },
+    /// An admin held the queue.
+    Held {
+        since: DateTime<Utc>,
+        by: String,
+        /// The whole region's queue, not only the project's.
+        region_wide: bool,
+    },
+    /// Other projects' batches come first in fair-share order.
+    FairShare {
+        /// Queued batches of the projects ahead.
+        batches: usize,
+        /// The projects ahead, lowest usage ÷ weight first (at most three),
+        /// with their usage ÷ weight.
+        ahead: Vec<(String, f64)>,
+        /// How many projects are ahead in all.
+        projects: usize,
+        /// The batch's own project's usage ÷ weight.
+        yours: f64,
+    },
+}
+
+impl std::fmt::Display for Blocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Blocker::Quota(s) => write!(f, "{s}"),
+            Blocker::Capacity {
+                total,
+                placed,
+                best_zone,
+                shape,
+            } => match best_zone {
+                Some(z) => write!(
+                    f,
+                    "needs all {total} parts of {shape} in one zone; the best zone, {z}, has room for {placed}"
+                ),
+                None => write!(
+                    f,
+                    "needs all {total} parts of {shape} in one zone; the region has no nodes for them"
+                ),
+            },
+            Blocker::Reservation { until, .. } => match until {
+                Some(t) => write!(
+                    f,
+                    "capacity is reserved for an earlier batch of the queue until about {}",
+                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+                None => write!(f, "capacity is reserved for an earlier batch of the queue"),
+            },
+            Blocker::Held {
+                since,
+                by,
+                region_wide,
+            } => write!(
+                f,
+                "{} held by an admin ({by}) since {}: nothing in it is allocated until it is resumed; the allocation timeout keeps counting",
+                if *region_wide {
+                    "the region's queue is"
+                } else {
+                    "this project's queue is"
+                },
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+            Blocker::FairShare {
+                batches,
+                ahead,
+                projects,
+                yours,
+            } => {
+                let theirs = ahead
+                    .iter()
+                    .map(|(p, s)| format!("{p} {s:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let more = if *projects > ahead.len() {
+                    format!(" and {} more", projects - ahead.len())
+                } else {
+                    String::new()
+                };
+                write!(
+                    f,
+                    "behind {batches} batch{} of {projects} project{} in fair-share order: usage ÷ weight (decayed GPUs) is {theirs}{more}; yours {yours:.2}",
+                    if *batches == 1 { "" } else { "es" },
+                    if *projects == 1 { "" } else { "s" },
+                )
+            }
+        }
+    }
+}
+
+/// What the API shows of a waiting batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingInfo {
+    pub queue_position: usize,
+    pub reasons: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_start_time: Option<DateTime<Utc>>,
+}
+
+/// The verdict of a validate-only create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    AllocateNow {
+        zone: String,
+    },
+    WouldQueue {
+        reasons: Vec<String>,
+    },
+    /// Default mode without room now: the batch would fail at once.
+    WouldFail {
+        reason: String,
+        stock_out: bool,
+    },
+    NeverFits {
+        reason: String,
+    },
+}
+
+impl Scheduler {
+    /// What stands in the way of a batch now.
+    pub(super) fn blockers(&self, batch: &PendingBatch) -> Vec<Blocker> {
+        let mut out = Vec::new();
+        if let Some(s) = self
+            .ledger
+            .shortfall(&batch.project, &batch.region, &batch.cluster.quota)
+        {
+            out.push(Blocker::Quota(s));
+        }
+        let parts = needs(&batch.cluster);
+        let best = self
+            .capacity
+            .zones(&batch.region)
+            .map(|z| {
+                (
+                    plan_zone(&self.capacity.zone_nodes(&batch.region, z), &parts),
+                    z,
+                )
+            })
+            .max_by_key(|(p, z)| (p.placed, std::cmp::Reverse(*z)));
+        match best {
+            Some((plan, _)) if plan.complete() => {}
+            Some((plan, zone)) => out.push(Blocker::Capacity {
+                total: plan.total,
+                placed: plan.placed,
+                best_zone: Some(zone.to_string()),
+                shape: shape_text(&batch.cluster),
+            }),
+            None => out.push(Blocker::Capacity {
+                total: parts.len(),
+                placed: 0,
+                best_zone: None,
+                shape: shape_text(&batch.cluster),
+            }),
+        }
+        out
+    }
+
+    /// Queue position (1-based) in the region's order, reasons and an
+    /// estimated start, as of `now`.
+    pub fn pending_info(&self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingInfo> {
+        self.pending_info_at(key, Place::Unknown, now)
+    }
+
+    /// [`Self::pending_info`], told the batch's place when the caller
+    /// walked the queue to it, so that it is not searched for again.
+    pub(super) fn pending_info_at(
+        &self,
+        key: BatchKey,
+        place: Place,
+        now: DateTime<Utc>,
+    ) -> Option<PendingInfo> {
+        let batch = self.pending.get(&key)?;
+        // Fair share: the projects ahead of the batch's own, lowest first.
+        let before = match self.fair.order() {
+            Order::Strict => None,
+            Order::FairShare => Some(self.projects_before(batch, now)?),
+        };
+        let position = match (&before, place) {
+            (_, Place::Region(position)) => position,
+            (None, _) => {
+                let queue = self.queues.get(&batch.region)?;
+                queue
+                    .iter()
+                    .position(|(_, k)| *k == key)
+                    .map_or(0, |p| p + 1)
+            }
+            (Some(before), Place::InProject(within)) => queued_in_all(before) + within,
+            (Some(before), Place::Unknown) => {
+                let within = self
+                    .project_queues
+                    .get(&batch.region)?
+                    .get(&batch.project)?
+                    .iter()
+                    .position(|(_, k)| *k == key)
+                    .map_or(0, |p| p + 1);
+                queued_in_all(before) + within
+            }
+        };
+        let behind = before
+            .as_deref()
+            .and_then(|before| self.behind_projects(batch, before, now));
+        let mut reasons: Vec<Blocker> = self
+            .hold_of(&batch.region, &batch.project)
+            .map(|(h, region_wide)| Blocker::Held {
+                since: h.since,
+                by: h.by.clone(),
+                region_wide,
+            })
+            .into_iter()
+            .collect();
+        reasons.extend(self.blockers(batch));
+        reasons.extend(behind);
+        let estimated_start_time = if reasons
+            .iter()
+            .any(|r| matches!(r, Blocker::Quota(_) | Blocker::Held { .. }))
+        {
+            None
+        } else {
+            self.ahead(batch, before.as_deref())
+                .and_then(|ahead| self.estimate_in_order(batch, &ahead, now))
+        };
+        Some(PendingInfo {
+            queue_position: position,
+            reasons: reasons.iter().map(ToString::to_string).collect(),
+            estimated_start_time,
+        })
+    }
+
+    /// The batches ahead of `batch` in its region's order, first first:
+    /// strict order, or the queues of the projects `before` it (fair
+    /// share) then its own project's. None when more than
+    /// [`ESTIMATE_DEPTH`] are (no estimate).
+    fn ahead(
+        &self,
+        batch: &PendingBatch,
+        before: Option<&[ProjectAhead<'_>]>,
+    ) -> Option<Vec<BatchKey>> {
+        let mut out = Vec::new();
+        let mut push = |k: BatchKey| {
+            out.push(k);
+            out.len() <= ESTIMATE_DEPTH
+        };
+        let own = (std::cmp::Reverse(batch.priority), batch.key);
+        let keys: Box<dyn Iterator<Item = &QueueKey>> = match before {
+            None => Box::new(self.queues.get(&batch.region)?.range(..own)),
+            Some(before) => {
+                let projects = self.project_queues.get(&batch.region)?;
+                let own_queue = projects.get(&batch.project)?;
+                Box::new(
+                    before
+                        .iter()
+                        .filter_map(|p| projects.get(p.project))
+                        .flat_map(|q| q.iter())
+                        .chain(own_queue.range(..own)),
+                )
+            }
+        };
+        for (_, k) in keys {
+            if !push(*k) {
+                return None;
+            }
+        }
+        Some(out)
+    }
+
+    /// The projects with queued batches in `batch`'s region that come
+    /// before its own in fair-share order at `now`, lowest usage ÷ weight
+    /// first (the order `admit_fair` walks).
+    fn projects_before<'a>(
+        &'a self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Option<Vec<ProjectAhead<'a>>> {
+        let projects = self.project_queues.get(&batch.region)?;
+        let mine = (
+            self.fair_key(&batch.region, &batch.project, now),
+            batch.project.as_str(),
+        );
+        let mut before: Vec<ProjectAhead<'a>> = projects
+            .iter()
+            .map(|(p, q)| ProjectAhead {
+                project: p.as_str(),
+                share: self.fair.standing(&batch.region, p, now).share,
+                queued: q.len(),
+            })
+            .filter(|p| (share_key(p.share), p.project) < mine)
+            .collect();
+        before.sort_unstable_by(|a, b| {
+            (share_key(a.share), a.project).cmp(&(share_key(b.share), b.project))
+        });
+        Some(before)
+    }
+
+    /// Why a batch waits on the projects `before` its own in fair-share
+    /// order, when any are.
+    fn behind_projects(
+        &self,
+        batch: &PendingBatch,
+        before: &[ProjectAhead<'_>],
+        now: DateTime<Utc>,
+    ) -> Option<Blocker> {
+        (!before.is_empty()).then(|| Blocker::FairShare {
+            batches: queued_in_all(before),
+            projects: before.len(),
+            ahead: before
+                .iter()
+                .take(3)
+                .map(|p| (p.project.to_string(), p.share))
+                .collect(),
+            yours: self.fair.standing(&batch.region, &batch.project, now).share,
+        })
+    }
+
+    /// Whether a request could ever fit: the quota limit and the region's
+    /// declared capacity (every pool at its maximum node count, all free).
+    pub fn never_fits(
+        &self,
+        project: &str,
+        region: &str,
+        cluster: &ClusterRequest,
+    ) -> Option<String> {
+        if let Some(s) = self.ledger.never_fits(project, region, &cluster.quota) {
+            return Some(format!(
+                "the request needs {} {}, above the project's quota limit of {} in {region} by {}",
+                s.needed,
+                s.metric,
+                s.limit,
+                s.needed - s.limit
+            ));
+        }
+        let parts = needs(cluster);
+        let mut best = 0;
+        for nodes in self
+            .declared
+            .get(region)
+            .into_iter()
+            .flat_map(|z| z.values())
+        {
+            let plan = plan_zone(&nodes.iter().collect::<Vec<_>>(), &parts);
+            if plan.complete() {
+                return None;
+            }
+            best = best.max(plan.placed);
+        }
+        Some(format!(
+            "the request needs all {} parts of {} in one zone, but the largest declared capacity of a zone of {region} holds {best} (short by {})",
+            parts.len(),
+            shape_text(cluster),
+            parts.len() - best
+        ))
+    }
+
+    /// What would happen to this request now (validate-only create).
+    pub fn verdict(&self, project: &str, region: &str, cluster: &ClusterRequest) -> Verdict {
+        if let Some(reason) = self.never_fits(project, region, cluster) {
+            return Verdict::NeverFits { reason };
+        }
+        let probe = PendingBatch {
+            key: BatchKey(i64::MAX),
+            batch_id: String::new(),
+            project: project.into(),
+            region: region.into(),
+            priority: 0,
+            queued_at: DateTime::<Utc>::MIN_UTC,
+            deadline: None,
+            cluster: cluster.clone(),
+        };
+        let blockers = self.blockers(&probe);
+        let queued_ahead = self.queues.get(region).is_some_and(|q| !q.is_empty());
+        if blockers.is_empty() && !queued_ahead {
+            let zone = self
+                .best_zone(region, &needs(cluster))
+                .map(|(z, _)| z)
+                .unwrap_or_default();
+            return Verdict::AllocateNow { zone };
+        }
+        let mut reasons: Vec<String> = blockers.iter().map(ToString::to_string).collect();
+        if blockers.is_empty() {
+            reasons.push("earlier batches of the region's queue go first".into());
+        }
+        if cluster.mode == ProvisioningMode::Default {
+            let stock_out = !blockers.iter().any(|b| matches!(b, Blocker::Quota(_)));
+            return Verdict::WouldFail {
+                reason: reasons.join("; "),
+                stock_out,
+            };
+        }
+        Verdict::WouldQueue { reasons }
+    }
+}
