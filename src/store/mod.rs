@@ -15,7 +15,6 @@
 //! any number of replicas. Creates on PostgreSQL are the exception (see
 //! [`Store::begin_create`]): the unique indexes order them.
 
-mod admin;
 mod durability;
 mod events;
 pub mod filter;
@@ -26,6 +25,7 @@ mod leader_lock;
 mod lifecycle;
 mod nodes;
 mod open;
+mod overrides;
 mod rows;
 mod runs;
 mod schedule;
@@ -42,7 +42,6 @@ use uuid::Uuid;
 use crate::api::{Batch, BatchName, State, StateHistory};
 use crate::spec::ClusterRequest;
 
-pub use admin::{NodeCordon, QueueHold};
 pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
@@ -51,6 +50,7 @@ pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use leader_lock::{LeaderSession, Takeover};
 pub use lifecycle::Applied;
 pub use open::{Backend, GroupObserver, SessionLimits, StoreOptions, migrate, migrate_only};
+pub use overrides::{NodeCordon, QueueHold};
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
 use sql::Sql;
