@@ -71,8 +71,7 @@ impl State {
 /// Why a batch ended without succeeding: stored with the batch, and the
 /// one thing its API error code, its metrics label and the console's badge
 /// are derived from (its message is free text, for people).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EndReason {
     /// Its allocation timeout passed in the queue (queue mode).
     Expired = 1,

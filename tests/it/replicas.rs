@@ -95,6 +95,22 @@ impl Replica {
         replica
     }
 
+    /// Creates batch `id` of demo in us-central1 through this replica;
+    /// answers the HTTP status.
+    pub(crate) async fn create(&self, id: &str, body: &Value) -> u16 {
+        reqwest::Client::new()
+            .post(format!(
+                "{}/v1/projects/demo/locations/us-central1/batches?batchId={id}",
+                self.endpoint
+            ))
+            .json(body)
+            .send()
+            .await
+            .expect("create")
+            .status()
+            .as_u16()
+    }
+
     pub(crate) async fn readyz(&self) -> Option<Value> {
         let r = reqwest::Client::new()
             .get(format!("{}/readyz", self.endpoint))
@@ -973,16 +989,7 @@ async fn a_release_is_counted_once_across_replicas() {
         "{}/v1/projects/demo/locations/us-central1/batches/counted-once",
         r1.endpoint
     );
-    let r = http
-        .post(format!(
-            "{}/v1/projects/demo/locations/us-central1/batches?batchId=counted-once",
-            r1.endpoint
-        ))
-        .json(&gpu_batch(2, "600s"))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(r.status(), 200);
+    assert_eq!(r1.create("counted-once", &gpu_batch(2, "600s")).await, 200);
     let get = || async {
         http.get(&batch)
             .send()
@@ -1145,16 +1152,11 @@ async fn a_reload_on_one_replica_puts_one_config_generation_in_force_on_every_re
     assert!(metrics.contains("flexq_config_file_differs 1"), "{metrics}");
     assert!(metrics.contains(&format!("flexq_config_generation {generation}")));
     // A create through r0 gets the new default.
-    let created = http
-        .post(format!(
-            "{}/v1/projects/demo/locations/us-central1/batches?batchId=after-reload",
-            r0.endpoint
-        ))
-        .json(&crate::reload::default_timeout_batch())
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(created.status().as_u16(), 200);
+    assert_eq!(
+        r0.create("after-reload", &crate::reload::default_timeout_batch())
+            .await,
+        200
+    );
     let b: Value = reqwest::get(format!(
         "{}/v1/projects/demo/locations/us-central1/batches/after-reload",
         r0.endpoint
@@ -1308,16 +1310,12 @@ async fn a_hold_and_a_cordon_made_on_a_follower_reach_the_leader() {
         "/v1/projects/demo/regions/us-central1/queue:hold",
     )
     .await;
-    let r = http
-        .post(format!(
-            "{}/v1/projects/demo/locations/us-central1/batches?batchId=behind-a-hold",
-            follower.endpoint
-        ))
-        .json(&gpu_batch(2, "600s"))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        follower
+            .create("behind-a-hold", &gpu_batch(2, "600s"))
+            .await,
+        200
+    );
     until(
         "said the batch waits on the hold",
         |b| {

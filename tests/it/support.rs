@@ -77,7 +77,10 @@ impl TestServer {
 
     /// The same config (the default, then `tune`) served by a `flexq
     /// serve` process of its own: its metrics move for this test alone,
-    /// so a test can assert exact deltas of process-wide counters.
+    /// so a test can assert exact deltas of process-wide counters. The
+    /// config file is layered over the embedded default, as `flexq serve
+    /// --config` does: a zone or pool `tune` removes comes back from the
+    /// default, so empty it (`max_nodes`, `virtual_nodes` 0) instead.
     pub async fn start_process_with(tune: impl FnOnce(&mut Config)) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = Config::load_without_env(None).expect("default config");
