@@ -38,13 +38,20 @@ impl Engine {
                 _ = sleep => {}
             }
             if self.role().decides() {
-                self.pass_once(Utc::now()).await;
+                self.pass_once().await;
             }
         }
     }
 
-    /// One pass and its commit, under the core's lock.
-    pub async fn pass_once(&self, now: DateTime<Utc>) {
+    /// One pass and its commit, under the core's lock. The pass's `now`
+    /// (its decisions' time: allocation, expiry) is read under the lock,
+    /// after every change the core holds: a release another replica
+    /// committed, which this core applied while the pass waited for the
+    /// lock, is then never stamped later than the allocation that reuses
+    /// its GPUs, and no batch is allocated at a time before the moment
+    /// its allocation was decided (its deadline is checked against the
+    /// real time).
+    pub async fn pass_once(&self) {
         let mut core = self.lock().await;
         let role = self.role();
         if !role.decides() {
@@ -59,6 +66,7 @@ impl Engine {
                 return;
             }
         }
+        let now = Utc::now();
         let started = Instant::now();
         let decisions = core.pass(now);
         let decide_time = started.elapsed();

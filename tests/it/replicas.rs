@@ -285,7 +285,12 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_killed_again_and_again_loses_nothing_and_overcommits_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let mut dir = tempfile::tempdir().expect("tempdir");
+    if std::env::var_os("FLEXQ_TEST_KEEP_FAILED").is_some() {
+        // For a failure's post-mortem: the replicas' logs stay.
+        dir.disable_cleanup(true);
+        eprintln!("replica logs in {}", dir.path().display());
+    }
     let database = fresh_postgres_database().await;
     let url = database.url.clone();
     let config = config_file(dir.path());

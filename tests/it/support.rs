@@ -385,6 +385,13 @@ pub struct PgDatabase {
 
 impl Drop for PgDatabase {
     fn drop(&mut self) {
+        if std::thread::panicking() && std::env::var_os("FLEXQ_TEST_KEEP_FAILED").is_some() {
+            eprintln!(
+                "kept the failed test's database {} (FLEXQ_TEST_KEEP_FAILED)",
+                self.name
+            );
+            return;
+        }
         // Drop runs inside the test's runtime: the drop is made on a
         // thread of its own, with a runtime of its own, and waited for.
         let name = self.name.clone();
