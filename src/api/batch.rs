@@ -64,6 +64,21 @@ pub struct Batch {
     pub flexq: Option<FlexqInfo>,
 }
 
+/// The placement a batch was allocated with on one of its alternatives.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementInfo {
+    /// 1 and up: its place in `alternatives`.
+    pub alternative: u32,
+    pub region: String,
+    /// The GPU type it runs on.
+    pub accelerator: String,
+    /// "1 l4 driver + 8 executors of a100-40 (12 cores, 1 GPU, …)".
+    pub shape: String,
+    pub executor_cores: u32,
+    pub executor_count: u32,
+}
+
 /// flexq's view of a batch's provisioning.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -79,6 +94,14 @@ pub struct FlexqInfo {
     /// error code follows from it, never from the message's words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
+    /// Its placement alternatives, in order, as `GPU_TYPE after DELAY`,
+    /// `region REGION after DELAY` or `on-demand after DELAY`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<String>,
+    /// Once allocated on one of its alternatives: which, and the placement
+    /// it runs with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementInfo>,
     /// Which attempt runs, once an infrastructure failure requeued the
     /// batch (2, 3…); absent for the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]

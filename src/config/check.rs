@@ -53,6 +53,7 @@ impl Config {
                 ),
             ));
         }
+        self.check_alternatives()?;
         for (i, p) in self.principals.iter().enumerate() {
             let key = |k: &str| format!("principals[{i}].{k}");
             if p.token_sha256.len() != 64
@@ -308,6 +309,67 @@ impl Config {
 }
 
 /// A config error naming `key`.
+impl Config {
+    /// Each ladder parses, names served regions (its filter and its region
+    /// rungs) and keeps its delays within the longest allocation timeout.
+    fn check_alternatives(&self) -> Result<(), ConfigError> {
+        use crate::spec::alternatives::Target;
+        let max = self.provisioning.max_allocation_timeout.as_secs();
+        for (i, entry) in self.alternatives.iter().enumerate() {
+            let key = |k: &str| format!("alternatives[{i}].{k}");
+            let ladder = entry.ladder().map_err(|e| invalid(key("rungs"), e))?;
+            let served = |r: &str| self.regions.contains_key(r);
+            let regions = || self.regions.keys().cloned().collect::<Vec<_>>().join(", ");
+            if let Some(r) = ladder.region.as_deref().filter(|r| !served(r)) {
+                return Err(invalid(
+                    key("region"),
+                    format!("region {r:?} is not served; served regions: {}", regions()),
+                ));
+            }
+            let targets = ladder
+                .rungs
+                .iter()
+                .map(|r| &r.target)
+                .chain(ladder.allow.iter());
+            for target in targets {
+                if let Target::Region(r) = target {
+                    if !served(r) {
+                        return Err(invalid(
+                            key("rungs"),
+                            format!(
+                                "{target}: region {r:?} is not served; served regions: {}",
+                                regions()
+                            ),
+                        ));
+                    }
+                }
+            }
+            let mut seen = Vec::new();
+            for rung in &ladder.rungs {
+                if rung.after_s >= max {
+                    return Err(invalid(
+                        key("rungs"),
+                        format!(
+                            "{rung}: the delay is not within provisioning.max_allocation_timeout ({max}s), so the rung would never be tried"
+                        ),
+                    ));
+                }
+                if seen.contains(&&rung.target) {
+                    return Err(invalid(
+                        key("rungs"),
+                        format!(
+                            "{} is named twice; each target may appear once",
+                            rung.target
+                        ),
+                    ));
+                }
+                seen.push(&rung.target);
+            }
+        }
+        Ok(())
+    }
+}
+
 pub(super) fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),

@@ -31,6 +31,12 @@ impl Config {
                 .map(|(name, _)| name.clone())
                 .collect(),
             default_infrastructure_retries: self.provisioning.infrastructure_retries,
+            // Checked at load (`check.rs`): none fails here.
+            ladders: self
+                .alternatives
+                .iter()
+                .filter_map(|l| l.ladder().ok())
+                .collect(),
         }
     }
 
@@ -124,5 +130,18 @@ fn pool_node(
         memory_mb: p.memory_mb,
         local_ssd_gb: p.local_ssd_gb,
         is_virtual,
+    }
+}
+
+impl super::LadderConfig {
+    /// The pure layer's ladder, or what is wrong with this entry.
+    pub(crate) fn ladder(&self) -> Result<crate::spec::alternatives::Ladder, String> {
+        crate::spec::alternatives::ladder_from_config(
+            self.region.as_deref(),
+            self.project.as_deref(),
+            self.accelerator.as_deref(),
+            &self.rungs,
+            &self.allow,
+        )
     }
 }

@@ -50,6 +50,7 @@ const SECTIONS: &[&str] = &[
     "regions",
     "projects",
     "quotas",
+    "alternatives",
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,6 +78,32 @@ pub struct Config {
     /// loopback, to anyone there, as an admin.
     #[serde(default)]
     pub principals: Vec<PrincipalConfig>,
+    /// Placement ladders (docs/rules.md#placement-alternatives): where
+    /// else a queued batch may run after a delay. The most specific entry
+    /// that matches a batch applies. Live on reload, for batches created
+    /// after it.
+    #[serde(default)]
+    pub alternatives: Vec<LadderConfig>,
+}
+
+/// One `[[alternatives]]` entry: which batches (each filter absent: any),
+/// their default rungs (`"a100-40 after 15m"`, `"region europe-west4
+/// after 30m"`, `"on-demand after 20m"`), and the further targets a batch
+/// may name in its own ladder (`"a100-80"`, `"region europe-west4"`,
+/// `"on-demand"`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LadderConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<String>,
+    #[serde(default)]
+    pub rungs: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
 }
 
 /// A principal: a bearer token (stored as its SHA-256) and what it may do.

@@ -83,7 +83,20 @@ impl Engine {
             let core = self.lock().await;
             if validate_only {
                 let verdict = core.verdict(&project, &region, &cluster);
-                return Ok(CreateAnswer::Verdict(verdict_json(&verdict, &cluster)));
+                let rungs: Vec<_> = cluster
+                    .alternatives
+                    .iter()
+                    .map(|r| (r, core.verdict(&project, &r.region, &r.cluster)))
+                    .collect();
+                // The operator's rungs that do not apply, and why.
+                let policy = &self.live().policy;
+                let skipped =
+                    spec::alternatives::resolve(&batch, &cluster, &project, &region, policy)
+                        .map(|(_, s)| s)
+                        .unwrap_or_default();
+                let mut answer = verdict_json(&verdict, &cluster);
+                answer["alternatives"] = super::present::rungs_json(&rungs, &skipped);
+                return Ok(CreateAnswer::Verdict(answer));
             }
             let queued = core.pending_of(&project);
             let max = self.config().limits.max_pending_per_project;
@@ -97,7 +110,7 @@ impl Engine {
                 )
                 .with_meta("limit", "limits.max_pending_per_project"));
             }
-            if let Some(reason) = core.never_fits(&project, &region, &cluster) {
+            if let Some(reason) = core.never_fits_anywhere(&project, &region, &cluster) {
                 return Err(Error::new(
                     Code::ResourceExhausted,
                     "NEVER_FITS",

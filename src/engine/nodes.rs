@@ -278,11 +278,16 @@ impl Engine {
             } else {
                 Vec::new()
             };
-            let job = (part.role == PartRole::Driver).then(|| SparkJob {
-                batch: b.name.to_string(),
-                uuid: b.uuid.clone(),
-                spec: b.spec.clone(),
-                cluster: b.cluster.clone(),
+            let job = (part.role == PartRole::Driver).then(|| {
+                // On a rung, Spark gets the rung's batch and shape.
+                let (spec, cluster) =
+                    crate::spec::alternatives::as_placed(&b.spec, &b.cluster, b.alternative);
+                SparkJob {
+                    batch: b.name.to_string(),
+                    uuid: b.uuid.clone(),
+                    spec,
+                    cluster,
+                }
             });
             out.push(Assignment {
                 batch: b.name.to_string(),

@@ -40,6 +40,19 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
             provisioning_mode: r.cluster.mode.name().into(),
             allocation_deadline: r.deadline,
             end_reason: r.end_reason.map(|e| e.name().to_string()),
+            alternatives: r
+                .cluster
+                .alternatives
+                .iter()
+                .map(|a| {
+                    crate::spec::alternatives::RungSpec {
+                        target: a.target.clone(),
+                        after_s: a.after_s,
+                    }
+                    .to_string()
+                })
+                .collect(),
+            placement: placement(r),
             attempt: (r.attempt > 1).then_some(r.attempt),
             zone: r.zone.clone(),
             allocate_time: r.allocate_time,
@@ -47,6 +60,23 @@ pub fn to_batch(r: &BatchRecord) -> Batch {
         }),
         ..r.spec.clone()
     }
+}
+
+/// The placement of a batch allocated on one of its alternatives.
+fn placement(r: &BatchRecord) -> Option<crate::api::PlacementInfo> {
+    let rung = r
+        .cluster
+        .alternatives
+        .get(r.alternative.checked_sub(1)? as usize)?;
+    let c = &rung.cluster;
+    Some(crate::api::PlacementInfo {
+        alternative: rung.index,
+        region: rung.region.clone(),
+        accelerator: crate::scheduler::accelerator_label(c).to_string(),
+        shape: shape_text(c),
+        executor_cores: c.executor.cores,
+        executor_count: c.executor_count,
+    })
 }
 
 /// Where the run can be seen once an agent started it, and what the
@@ -103,6 +133,39 @@ pub(super) fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde
             "quota": cluster.quota.iter().map(|q| serde_json::json!({"metric": q.metric, "amount": q.amount})).collect::<Vec<_>>(),
         },
     })
+}
+
+/// A validate-only create's alternatives: each rung with its translated
+/// shape, its quota and what would happen to it now; then the operator's
+/// rungs that do not apply to the batch, and why.
+pub(super) fn rungs_json(
+    rungs: &[(&spec::alternatives::Rung, Verdict)],
+    skipped: &[spec::alternatives::Skipped],
+) -> serde_json::Value {
+    let mut out: Vec<serde_json::Value> = rungs
+        .iter()
+        .map(|(r, v)| {
+            let mut one = verdict_json(v, &r.cluster);
+            one["alternative"] = r.index.into();
+            one["rung"] = spec::alternatives::RungSpec {
+                target: r.target.clone(),
+                after_s: r.after_s,
+            }
+            .to_string()
+            .into();
+            one["after"] = format!("{}s", r.after_s).into();
+            one["region"] = r.region.clone().into();
+            one
+        })
+        .collect();
+    out.extend(skipped.iter().map(|s| {
+        serde_json::json!({
+            "rung": s.rung.to_string(),
+            "verdict": "NOT_APPLICABLE",
+            "reasons": [s.why],
+        })
+    }));
+    out.into()
 }
 
 /// The Operation of a stored batch: done once the batch is terminal.

@@ -90,6 +90,16 @@ pub fn record_admitted(region: &str, accelerator: &str, waited: Duration) {
         .observe(waited.as_secs_f64());
 }
 
+/// A whole cluster allocated on `rung` (0: its own placement), of the GPU
+/// type `asked`, on `given`.
+pub fn record_rung(rung: u32, asked: &str, given: &str) {
+    // Bounded: rungs are at most spec::alternatives::MAX_RUNGS.
+    METRICS
+        .alternatives
+        .with_label_values(&[&rung.to_string(), asked, given])
+        .inc();
+}
+
 /// A batch ended without succeeding, for `reason`.
 pub fn record_ended(reason: EndReason) {
     METRICS.ended.with_label_values(&[reason.label()]).inc();

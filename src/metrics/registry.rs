@@ -30,6 +30,7 @@ pub(super) struct Metrics {
     pub(super) ended: IntCounterVec,
     pub(super) gpu_seconds: prometheus::CounterVec,
     pub(super) admitted: IntCounterVec,
+    pub(super) alternatives: IntCounterVec,
     pub(super) expired: IntCounterVec,
     pub(super) rejected: IntCounterVec,
     pub(super) wait_seconds: HistogramVec,
@@ -215,6 +216,11 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Whole clusters allocated.",
             &["region", "accelerator"],
         ),
+        alternatives: counter_vec(
+            "flexq_alternative_allocations_total",
+            "Whole clusters allocated, by the rung they took (0: the batch's own placement; 1 and up: its placement alternatives) and by the GPU type asked and given.",
+            &["rung", "asked", "given"],
+        ),
         expired: counter_vec(
             "flexq_batches_expired_total",
             "Queued batches failed because their allocation timeout passed.",
@@ -351,6 +357,7 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.ended.clone()),
         Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
+        Box::new(m.alternatives.clone()),
         Box::new(m.expired.clone()),
         Box::new(m.rejected.clone()),
         Box::new(m.wait_seconds.clone()),

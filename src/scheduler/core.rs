@@ -61,6 +61,14 @@ pub struct Scheduler {
     /// failed and no default-mode batch awaits its verdict.
     pub(super) shapes: HashMap<String, HashMap<ShapeKey, ShapeStats>>,
     pub(super) defaults: HashMap<String, usize>,
+    /// When each placement alternative of a queued batch may be tried:
+    /// (its queue time + the rung's delay, the batch, the rung). A pass
+    /// moves those due into `rung_options` (`rungs.rs`).
+    pub(super) ripening: BTreeSet<(DateTime<Utc>, BatchKey, u32)>,
+    /// Per home region: the rungs its queued batches may try now, as
+    /// (the rung's region, its shape), counted. A pass goes on past the
+    /// point where every own shape failed while any of these has not.
+    pub(super) rung_options: HashMap<String, HashMap<(String, ShapeKey), usize>>,
     /// The queued batches counted as a scrape reports them
     /// (`snapshot.rs`), kept as they come and go.
     pub(super) tally: super::snapshot::QueuedTally,
@@ -141,11 +149,14 @@ impl Scheduler {
 
     /// The earliest deadline still ahead.
     pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
-        let batch = self.deadlines.first().map(|(d, _)| *d);
-        match (batch, self.leases.next_expiry()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.deadlines.first().map(|(d, _)| *d),
+            self.leases.next_expiry(),
+            self.ripening.first().map(|(t, _, _)| *t),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The current epoch of a registered node.

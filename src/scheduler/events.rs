@@ -69,6 +69,7 @@ impl Scheduler {
             .pending_by_project
             .entry(batch.project.clone())
             .or_default() += 1;
+        self.schedule_rungs(&batch);
         self.tally.add(&batch);
         self.pending.insert(batch.key, Box::new(batch));
     }
@@ -135,6 +136,7 @@ impl Scheduler {
             if let Some(d) = b.deadline {
                 self.deadlines.remove(&(d, key));
             }
+            self.drop_rungs(&b);
         }
         let a = self.running.remove(&key)?;
         self.dirty.insert(a.region.clone());

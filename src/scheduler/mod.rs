@@ -21,6 +21,7 @@ mod model;
 mod pass;
 mod pending;
 mod quota;
+mod rungs;
 mod snapshot;
 mod views;
 
@@ -31,8 +32,8 @@ pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
 pub use lease::LeaseError;
 pub use model::{
-    Allocation, BatchKey, Cordon, Decision, Hold, PendingBatch, PoolDecl, accelerator_label,
-    shape_text,
+    Allocation, BatchKey, Cordon, Decision, Hold, OnRung, PendingBatch, PoolDecl,
+    accelerator_label, shape_text,
 };
 pub use pending::{Blocker, ESTIMATE_DEPTH, PendingInfo, Verdict};
 pub use quota::{QuotaRule, QuotaView, Shortfall};

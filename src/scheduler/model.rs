@@ -49,6 +49,27 @@ pub struct Allocation {
     pub queued_at: DateTime<Utc>,
     /// The GPU type, for metric labels ("cpu" without one).
     pub accelerator: &'static str,
+    /// On a placement alternative: which, and why; None on its own
+    /// placement.
+    pub rung: Option<OnRung>,
+}
+
+/// A cluster allocated on a placement alternative ("rung").
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnRung {
+    /// 1 and up: its place in `ClusterRequest::alternatives`.
+    pub index: u32,
+    /// The GPU type the batch asked for ("cpu" without one).
+    pub asked: &'static str,
+    /// Why its own placement did not serve, for its history.
+    pub note: String,
+}
+
+impl Allocation {
+    /// The rung it holds: 0 its own placement.
+    pub fn rung_index(&self) -> u32 {
+        self.rung.as_ref().map_or(0, |r| r.index)
+    }
 }
 
 impl Allocation {

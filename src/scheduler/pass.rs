@@ -14,8 +14,9 @@ use super::capacity::{PartNeed, Placement, needs};
 use super::core::{QueueKey, Scheduler};
 use super::fairshare::Order;
 use super::model::{
-    Allocation, BatchKey, Decision, ShapeKey, accelerator_label, shape_key, shape_text,
+    Allocation, BatchKey, Decision, OnRung, ShapeKey, accelerator_label, shape_key, shape_text,
 };
+use super::rungs::ripe_at;
 use crate::api::EndReason;
 use crate::spec::ProvisioningMode;
 
@@ -34,6 +35,9 @@ struct Walk {
     /// Shapes that fit but were held back by the reservation, with their
     /// plan: valid until the next allocation takes capacity.
     fitting: HashMap<ShapeKey, (String, Vec<Placement>)>,
+    /// Rungs (their region and shape) that cannot be allocated in this
+    /// pass.
+    rung_failed: HashSet<(String, ShapeKey)>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -108,7 +112,8 @@ impl Scheduler {
             });
         }
         self.fair.prune(now);
-        let regions = std::mem::take(&mut self.dirty);
+        self.ripen(now);
+        let regions = self.regions_to_scan();
         for region in regions {
             self.admit_region(&region, now, &mut decisions);
         }
@@ -216,6 +221,14 @@ impl Scheduler {
         if defaults > 0 || walk.exhausted.len() < distinct {
             return false;
         }
+        // A batch whose own shape failed may still fit on a rung.
+        if self
+            .rung_options
+            .get(region)
+            .is_some_and(|options| options.keys().any(|o| !walk.rung_failed.contains(o)))
+        {
+            return false;
+        }
         // Counted against the shapes still queued: a rejected batch may
         // have been a shape's last.
         let present = self.shapes.get(region).map_or(0, |m| {
@@ -259,8 +272,9 @@ impl Scheduler {
                     message,
                     reason: EndReason::Quota,
                 });
+                return Considered::Passed;
             }
-            return Considered::Passed;
+            return self.try_rungs(key, region, now, walk, out);
         }
         let shape = shape_key(&batch.cluster);
         let ends = batch
@@ -343,6 +357,7 @@ impl Scheduler {
                         .map(|t| now + Duration::seconds(t as i64)),
                     queued_at: batch.queued_at,
                     accelerator: accelerator_label(&batch.cluster),
+                    rung: None,
                 };
                 self.fair.hold(region, &batch.project, alloc.gpus());
                 self.running.insert(key, alloc.clone());
@@ -365,15 +380,135 @@ impl Scheduler {
                         message,
                         reason: EndReason::StockOut,
                     });
-                } else if walk.reservation.is_none() {
-                    walk.reservation = Some(Reservation {
-                        needs: needs(&batch.cluster),
-                        until: None,
-                    });
+                } else {
+                    if self.try_rungs(key, region, now, walk, out) == Considered::Allocated {
+                        return Considered::Allocated;
+                    }
+                    if walk.reservation.is_none() {
+                        walk.reservation = self.pending.get(&key).map(|b| Reservation {
+                            needs: needs(&b.cluster),
+                            until: None,
+                        });
+                    }
                 }
             }
         }
         Considered::Passed
+    }
+
+    /// A queued batch whose own placement cannot be allocated now tries
+    /// the rungs whose delay has passed, in their order, at its own place
+    /// in the walk (a rung never jumps the queue): the first whose quota
+    /// and capacity take the whole cluster, in one zone, is allocated. A
+    /// rung in the batch's region also yields to the reservation of an
+    /// earlier blocked batch; a rung in another region only takes capacity
+    /// that region's own queue leaves (its queue is empty).
+    fn try_rungs(
+        &mut self,
+        key: BatchKey,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) -> Considered {
+        let Some(batch) = self.pending.get(&key) else {
+            return Considered::Passed;
+        };
+        let ends = batch
+            .cluster
+            .ttl_s
+            .map(|t| now + Duration::seconds(t as i64));
+        let mut chosen = None;
+        for rung in &batch.cluster.alternatives {
+            if ripe_at(batch.queued_at, rung) > now {
+                continue;
+            }
+            let option = (rung.region.clone(), shape_key(&rung.cluster));
+            if walk.rung_failed.contains(&option) {
+                continue;
+            }
+            if rung.region != region && self.queues.get(&rung.region).is_some_and(|q| !q.is_empty())
+            {
+                walk.rung_failed.insert(option);
+                continue;
+            }
+            if self
+                .ledger
+                .shortfall(&batch.project, &rung.region, &rung.cluster.quota)
+                .is_some()
+            {
+                continue;
+            }
+            let Some(plan) = self.best_zone(&rung.region, &needs(&rung.cluster)) else {
+                walk.rung_failed.insert(option);
+                continue;
+            };
+            if rung.region == region {
+                if let Some(r) = walk.reservation.as_mut() {
+                    let until = *r
+                        .until
+                        .get_or_insert_with(|| self.estimate_start(region, &r.needs));
+                    let delays_holder = match (until, ends) {
+                        (Some(u), Some(e)) => e > u,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    };
+                    if delays_holder {
+                        walk.rung_failed.insert(option);
+                        continue;
+                    }
+                }
+            }
+            chosen = Some((rung.clone(), plan));
+            break;
+        }
+        let Some((rung, (zone, placements))) = chosen else {
+            return Considered::Passed;
+        };
+        let Some(batch) = self.pending.get(&key).map(|b| (**b).clone()) else {
+            return Considered::Passed;
+        };
+        walk.fitting.clear();
+        if !self.capacity.take(&placements) {
+            walk.rung_failed
+                .insert((rung.region.clone(), shape_key(&rung.cluster)));
+            return Considered::Passed;
+        }
+        let blockers = self.blockers(&batch);
+        let note = if blockers.is_empty() {
+            "its own placement was held for earlier batches".to_string()
+        } else {
+            blockers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        self.forget(key, now);
+        self.ledger
+            .charge(&batch.project, &rung.region, &rung.cluster.quota);
+        let alloc = Allocation {
+            key,
+            batch_id: batch.batch_id.clone(),
+            project: batch.project.clone(),
+            region: rung.region.clone(),
+            zone,
+            placements,
+            quota: rung.cluster.quota.clone(),
+            allocated_at: now,
+            expected_end: ends,
+            queued_at: batch.queued_at,
+            accelerator: accelerator_label(&rung.cluster),
+            rung: Some(OnRung {
+                index: rung.index,
+                asked: accelerator_label(&batch.cluster),
+                note,
+            }),
+        };
+        self.fair.hold(&rung.region, &batch.project, alloc.gpus());
+        self.running.insert(key, alloc.clone());
+        out.push(Decision::Allocate(alloc));
+        Considered::Allocated
     }
 
     fn expiry_message(

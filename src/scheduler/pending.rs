@@ -281,9 +281,11 @@ impl Scheduler {
             self.ahead(batch, before.as_deref())
                 .and_then(|ahead| self.estimate_in_order(batch, &ahead, now))
         };
+        let mut reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+        reasons.extend(self.rung_reasons(batch, now));
         Some(PendingInfo {
             queue_position: position,
-            reasons: reasons.iter().map(ToString::to_string).collect(),
+            reasons,
             estimated_start_time,
         })
     }

@@ -110,16 +110,19 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
                 break;
             }
             next += 1;
-            let cluster =
-                spec::validate(&tb.batch, &tb.project, &tb.region, &policy).map_err(|r| {
-                    Refused {
-                        line: tb.line,
-                        message: r.message(),
-                    }
-                })?;
+            // The server's create rules, placement alternatives included.
+            let ids = spec::Identifiers::default();
+            let cluster = spec::validate_create(&tb.batch, ids, &tb.project, &tb.region, &policy)
+                .map_err(|r| Refused {
+                line: tb.line,
+                message: r.message(),
+            })?;
             let stats = report.project(&tb.project);
             stats.submitted += 1;
-            if core.never_fits(&tb.project, &tb.region, &cluster).is_some() {
+            if core
+                .never_fits_anywhere(&tb.project, &tb.region, &cluster)
+                .is_some()
+            {
                 stats.refused += 1;
                 continue;
             }

@@ -24,6 +24,9 @@ pub struct Report {
     pub projects: BTreeMap<String, ProjectStats>,
     pub total: ProjectStats,
     pub zones: BTreeMap<String, ZoneStats>,
+    /// Allocations by the rung they took: 0 the batch's own placement, 1
+    /// and up its placement alternatives.
+    pub rungs: BTreeMap<u32, u64>,
     #[serde(skip)]
     waits: HashMap<String, Vec<f64>>,
     #[serde(skip)]
@@ -37,6 +40,8 @@ pub struct ProjectStats {
     pub weight: f64,
     pub submitted: u64,
     pub allocated: u64,
+    /// Of `allocated`, those on a placement alternative.
+    pub on_alternatives: u64,
     pub expired: u64,
     /// Refused at create: they could never fit (quota limit or declared
     /// capacity).
@@ -98,7 +103,10 @@ impl Report {
     }
 
     pub(super) fn allocated(&mut self, a: &Allocation) {
-        self.project(&a.project).allocated += 1;
+        let p = self.project(&a.project);
+        p.allocated += 1;
+        p.on_alternatives += u64::from(a.rung.is_some());
+        *self.rungs.entry(a.rung_index()).or_default() += 1;
         let waited = (a.allocated_at - a.queued_at).num_milliseconds() as f64 / 1000.0;
         self.waits
             .entry(a.project.clone())
@@ -133,6 +141,7 @@ impl Report {
             p.weight_share = ratio(p.weight, weights);
             total.submitted += p.submitted;
             total.allocated += p.allocated;
+            total.on_alternatives += p.on_alternatives;
             total.expired += p.expired;
             total.refused += p.refused;
             total.rejected += p.rejected;
@@ -160,11 +169,12 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>10} {:>7} {:>7}",
+            "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>10} {:>7} {:>7}",
             "PROJECT",
             "WEIGHT",
             "BATCHES",
             "ALLOCATED",
+            "ON_ALT",
             "EXPIRED",
             "REFUSED",
             "WAIT_P50",
@@ -183,11 +193,12 @@ impl Report {
         for (name, p) in rows {
             let _ = writeln!(
                 out,
-                "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8.1} {:>10.1} {:>7.1} {:>7.1}",
+                "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8.1} {:>10.1} {:>7.1} {:>7.1}",
                 name,
                 trim(p.weight),
                 p.submitted,
                 p.allocated,
+                p.on_alternatives,
                 p.expired,
                 p.refused + p.rejected,
                 wait(p.wait_p50_s),
@@ -214,8 +225,24 @@ impl Report {
                 z.utilisation * 100.0
             );
         }
+        let _ = writeln!(out, "\nallocations by rung: {}", rungs_line(&self.rungs));
         out
     }
+}
+
+/// "own 950, alternative 1: 40, alternative 2: 3".
+fn rungs_line(rungs: &BTreeMap<u32, u64>) -> String {
+    if rungs.is_empty() {
+        return "none".into();
+    }
+    rungs
+        .iter()
+        .map(|(r, n)| match r {
+            0 => format!("own {n}"),
+            r => format!("alternative {r}: {n}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Two reports side by side: per project, each measure under A and B.
@@ -226,7 +253,7 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
     );
     let _ = writeln!(
         out,
-        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7}",
+        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6}",
         "PROJECT",
         "P50_A",
         "P50_B",
@@ -237,7 +264,9 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
         "EXP%_A",
         "EXP%_B",
         "SHR%_A",
-        "SHR%_B"
+        "SHR%_B",
+        "ALT_A",
+        "ALT_B"
     );
     let mut names: Vec<&String> = a.projects.keys().chain(b.projects.keys()).collect();
     names.sort();
@@ -256,7 +285,7 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
     for (name, x, y) in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>8.1} {:>7.1} {:>7.1}",
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>8.1} {:>7.1} {:>7.1} {:>6} {:>6}",
             name,
             wait(x.wait_p50_s),
             wait(y.wait_p50_s),
@@ -267,7 +296,9 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
             x.expired_pct,
             y.expired_pct,
             x.gpu_share * 100.0,
-            y.gpu_share * 100.0
+            y.gpu_share * 100.0,
+            x.on_alternatives,
+            y.on_alternatives
         );
     }
     let _ = writeln!(out, "\n{:<24} {:>8} {:>8}", "ZONE", "UTIL%_A", "UTIL%_B");
@@ -278,6 +309,12 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
         let util = |r: &Report| r.zones.get(z).map_or(0.0, |s| s.utilisation * 100.0);
         let _ = writeln!(out, "{:<24} {:>8.1} {:>8.1}", z, util(a), util(b));
     }
+    let _ = writeln!(
+        out,
+        "\nallocations by rung: A {}; B {}",
+        rungs_line(&a.rungs),
+        rungs_line(&b.rungs)
+    );
     out
 }
 

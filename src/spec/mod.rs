@@ -8,6 +8,7 @@
 //! computed by the caller from the queue time and
 //! [`ClusterRequest::allocation_timeout_s`].
 
+pub mod alternatives;
 mod node;
 mod properties;
 mod shape;
@@ -154,6 +155,25 @@ pub struct ClusterRequest {
     /// (docs/rules.md#requeue-after-an-infrastructure-failure).
     #[serde(default)]
     pub infrastructure_retries: u32,
+    /// Where else it may run once it has waited (its placement
+    /// alternatives, in order; docs/rules.md#placement-alternatives).
+    /// Fixed at create.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<alternatives::Rung>,
+}
+
+impl ClusterRequest {
+    /// The cluster it holds on `rung` (0: its own; 1 and up: its
+    /// alternatives), and that rung's region (None: its own).
+    pub fn on_rung(&self, rung: u32) -> (&ClusterRequest, Option<&str>) {
+        match rung
+            .checked_sub(1)
+            .and_then(|i| self.alternatives.get(i as usize))
+        {
+            Some(r) => (&r.cluster, Some(r.region.as_str())),
+            None => (self, None),
+        }
+    }
 }
 
 impl ClusterRequest {
@@ -297,6 +317,8 @@ pub struct Policy {
     pub shielded_vm_projects: BTreeSet<String>,
     /// Requeues after infrastructure failures of a batch without the label.
     pub default_infrastructure_retries: u32,
+    /// The operator's placement ladders ([`alternatives`]).
+    pub ladders: Vec<alternatives::Ladder>,
 }
 
 /// What a create names beside its batch: the id it asks for and the
@@ -319,7 +341,23 @@ pub fn validate(
 
 /// [`validate`] for a create: its batch id and requestId are checked with
 /// the batch, their violations reported with the batch's, in one answer.
+/// The cluster request carries the batch's placement alternatives
+/// ([`alternatives::resolve`]), each a whole batch checked by these rules.
 pub fn validate_create(
+    batch: &Batch,
+    ids: Identifiers<'_>,
+    project: &str,
+    region: &str,
+    policy: &Policy,
+) -> Result<ClusterRequest, Rejection> {
+    let mut cluster = check_create(batch, ids, project, region, policy)?;
+    let (rungs, _) = alternatives::resolve(batch, &cluster, project, region, policy)?;
+    cluster.alternatives = rungs;
+    Ok(cluster)
+}
+
+/// Every rule but the alternatives: what a rung's batch is checked by.
+fn check_create(
     batch: &Batch,
     ids: Identifiers<'_>,
     project: &str,
@@ -444,6 +482,7 @@ pub fn validate_create(
         ttl_s,
         quota,
         infrastructure_retries,
+        alternatives: Vec::new(),
     })
 }
 

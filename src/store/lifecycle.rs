@@ -94,8 +94,8 @@ async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Resu
     let deadline = cluster.deadline(now).map(micros);
     sqlx::query(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
-         allocate_time = null, zone = null, master_url = null, run_info = null, \
-         end_reason = null where seq = $3",
+         allocate_time = null, zone = null, alternative = null, master_url = null, \
+         run_info = null, end_reason = null where seq = $3",
     )
     .bind(Provisioning::Queued as i64)
     .bind(deadline)

@@ -185,6 +185,9 @@ pub struct BatchRecord {
     pub attempt: u32,
     /// Why it ended without succeeding (FAILED or CANCELLED).
     pub end_reason: Option<crate::api::EndReason>,
+    /// The rung its cluster was allocated on: 0 its own placement, 1 and
+    /// up its placement alternatives (`cluster.alternatives`).
+    pub alternative: u32,
     /// What the agents reported about the run.
     pub run: RunInfo,
     pub history: Vec<StateHistory>,

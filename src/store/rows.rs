@@ -14,7 +14,7 @@ use crate::api::{BatchName, State, StateHistory};
 
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
      create_time, state, state_message, state_time, creator, spec, cluster, deadline, provisioning, \
-     priority, zone, allocate_time, master_url, run_info, attempt, end_reason";
+     priority, zone, allocate_time, master_url, run_info, attempt, end_reason, alternative";
 
 pub(super) fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
@@ -61,6 +61,10 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
         end_reason: row
             .try_get::<Option<i64>, _>("end_reason")?
             .and_then(crate::api::EndReason::from_number),
+        alternative: row
+            .try_get::<Option<i64>, _>("alternative")?
+            .and_then(|a| u32::try_from(a).ok())
+            .unwrap_or(0),
         run: match row.try_get::<Option<&str>, _>("run_info")? {
             Some(json) => serde_json::from_str(json).map_err(|e| corrupt("run", e))?,
             None => super::RunInfo::default(),

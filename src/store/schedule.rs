@@ -197,7 +197,8 @@ impl Store {
     pub async fn active_allocations(&self) -> Result<Vec<Allocation>, StoreError> {
         let mut rows = sqlx::query(
             "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
-             a.allocated_at, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time \
+             a.allocated_at, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time, \
+             b.alternative \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is null order by a.batch_seq, a.id",
         )
@@ -210,7 +211,23 @@ impl Store {
                 a.placements.push(placement);
                 continue;
             }
-            let cluster = decode_cluster(row.try_get("cluster")?)?;
+            let stored = decode_cluster(row.try_get("cluster")?)?;
+            let rung = row
+                .try_get::<Option<i64>, _>("alternative")?
+                .and_then(|a| u32::try_from(a).ok())
+                .unwrap_or(0);
+            // On a rung, the cluster, region and quota it holds are the
+            // rung's.
+            let (cluster, rung_region) = stored.on_rung(rung);
+            let on_rung = (rung > 0).then(|| crate::scheduler::OnRung {
+                index: rung,
+                asked: crate::scheduler::accelerator_label(&stored),
+                note: String::new(),
+            });
+            let region = match rung_region {
+                Some(r) => r.to_string(),
+                None => row.try_get("region")?,
+            };
             let allocated_at = from_micros(row.try_get("allocated_at")?);
             out.insert(
                 seq,
@@ -218,7 +235,7 @@ impl Store {
                     key: BatchKey(seq),
                     batch_id: row.try_get("batch_id")?,
                     project: row.try_get("project")?,
-                    region: row.try_get("region")?,
+                    region,
                     zone: row
                         .try_get::<Option<String>, _>("zone")?
                         .unwrap_or_default(),
@@ -229,7 +246,8 @@ impl Store {
                         .ttl_s
                         .map(|t| allocated_at + Duration::seconds(t as i64)),
                     queued_at: from_micros(row.try_get("create_time")?),
-                    accelerator: crate::scheduler::accelerator_label(&cluster),
+                    accelerator: crate::scheduler::accelerator_label(cluster),
+                    rung: on_rung,
                 },
             );
         }
@@ -304,14 +322,15 @@ impl Store {
                     let message = allocated_message(a);
                     let done = sqlx::query(
                         "update batches set provisioning = $1, zone = $2, allocate_time = $3, \
-                         state_message = $4, state_time = $5 \
-                         where seq = $6 and state = 1 and provisioning = 0",
+                         state_message = $4, state_time = $5, alternative = $6 \
+                         where seq = $7 and state = 1 and provisioning = 0",
                     )
                     .bind(Provisioning::Provisioned as i64)
                     .bind(&a.zone)
                     .bind(micros(now))
                     .bind(&message)
                     .bind(micros(now))
+                    .bind(a.rung.as_ref().map(|r| i64::from(r.index)))
                     .bind(a.key.0)
                     .execute(&mut *tx)
                     .await?
@@ -425,8 +444,19 @@ fn allocated_message(a: &Allocation) -> String {
     let mut nodes: Vec<&str> = a.placements.iter().map(|p| p.node.0.as_str()).collect();
     nodes.sort();
     nodes.dedup();
+    let rung = match &a.rung {
+        None => String::new(),
+        Some(r) => format!(
+            " on alternative {}, {} in {}, after {} min: {}",
+            r.index,
+            a.accelerator,
+            a.zone,
+            (a.allocated_at - a.queued_at).num_minutes(),
+            r.note
+        ),
+    };
     format!(
-        "Allocated: the whole cluster (1 driver and {executors} executors, {gpus} GPUs) on {} node{} in {}; waiting for the agents to start it.",
+        "Allocated{rung}: the whole cluster (1 driver and {executors} executors, {gpus} GPUs) on {} node{} in {}; waiting for the agents to start it.",
         nodes.len(),
         if nodes.len() == 1 { "" } else { "s" },
         a.zone

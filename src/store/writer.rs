@@ -354,6 +354,7 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         master_url: None,
         attempt: 1,
         end_reason: None,
+        alternative: 0,
         run: super::RunInfo::default(),
         history: vec![StateHistory {
             state: State::Pending,

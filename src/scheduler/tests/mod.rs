@@ -68,6 +68,7 @@ fn cluster(
         allocation_timeout_s: timeout_s,
         ttl_s,
         infrastructure_retries: 0,
+        alternatives: Vec::new(),
         quota: vec![
             QuotaAmount {
                 metric,

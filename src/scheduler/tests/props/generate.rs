@@ -222,6 +222,7 @@ impl Submit {
             allocation_timeout_s: self.timeout_s,
             ttl_s: Some(self.ttl_s),
             infrastructure_retries: self.retries,
+            alternatives: Vec::new(),
         }
     }
 }

@@ -1,0 +1,161 @@
+//! The bookkeeping of placement alternatives ("rungs",
+//! docs/rules.md#placement-alternatives): when each rung of a queued
+//! batch may be tried, which rungs a region's batches may try now, and
+//! which regions a pass must scan because capacity changed where their
+//! batches' rungs run. Where a rung is tried in a pass is `pass.rs`.
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::core::Scheduler;
+use super::model::{PendingBatch, ShapeKey, shape_key};
+use crate::spec::alternatives::{Rung, RungSpec};
+
+/// When `rung` of a batch queued at `queued_at` may be tried.
+pub(super) fn ripe_at(queued_at: DateTime<Utc>, rung: &Rung) -> DateTime<Utc> {
+    queued_at + Duration::seconds(rung.after_s as i64)
+}
+
+fn option_of(rung: &Rung) -> (String, ShapeKey) {
+    (rung.region.clone(), shape_key(&rung.cluster))
+}
+
+impl Scheduler {
+    /// A batch entered the queue: its rungs wait for their delays.
+    pub(super) fn schedule_rungs(&mut self, batch: &PendingBatch) {
+        for rung in &batch.cluster.alternatives {
+            self.ripening
+                .insert((ripe_at(batch.queued_at, rung), batch.key, rung.index));
+        }
+    }
+
+    /// A batch left the queue: its rungs no longer wait, nor count.
+    pub(super) fn drop_rungs(&mut self, batch: &PendingBatch) {
+        for rung in &batch.cluster.alternatives {
+            let waiting =
+                self.ripening
+                    .remove(&(ripe_at(batch.queued_at, rung), batch.key, rung.index));
+            if waiting {
+                continue;
+            }
+            if let Some(options) = self.rung_options.get_mut(&batch.region) {
+                let option = option_of(rung);
+                if let Some(n) = options.get_mut(&option) {
+                    *n -= 1;
+                    if *n == 0 {
+                        options.remove(&option);
+                    }
+                }
+                if options.is_empty() {
+                    self.rung_options.remove(&batch.region);
+                }
+            }
+        }
+    }
+
+    /// Rungs whose delay has passed at `now` may be tried: they count in
+    /// their batch's region, which the pass scans.
+    pub(super) fn ripen(&mut self, now: DateTime<Utc>) {
+        while let Some(&(at, key, index)) = self.ripening.first() {
+            if at > now {
+                break;
+            }
+            self.ripening.pop_first();
+            let Some(batch) = self.pending.get(&key) else {
+                continue;
+            };
+            let Some(rung) = batch.cluster.alternatives.iter().find(|r| r.index == index) else {
+                continue;
+            };
+            let option = option_of(rung);
+            let region = batch.region.clone();
+            *self
+                .rung_options
+                .entry(region.clone())
+                .or_default()
+                .entry(option)
+                .or_default() += 1;
+            self.dirty.insert(region);
+        }
+    }
+
+    /// Why each placement alternative of a queued batch has not taken it,
+    /// with numbers: not tried yet (and from when), or what stands in its
+    /// way in its region.
+    pub(super) fn rung_reasons(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Vec<String> {
+        batch
+            .cluster
+            .alternatives
+            .iter()
+            .map(|rung| {
+                let name = format!(
+                    "alternative {} ({})",
+                    rung.index,
+                    RungSpec {
+                        target: rung.target.clone(),
+                        after_s: rung.after_s,
+                    }
+                );
+                let from = ripe_at(batch.queued_at, rung);
+                if from > now {
+                    return format!(
+                        "{name}: tried from {}",
+                        from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    );
+                }
+                if rung.region != batch.region
+                    && self.queues.get(&rung.region).is_some_and(|q| !q.is_empty())
+                {
+                    return format!(
+                        "{name}: {} has batches of its own queued, and an alternative only takes what its queue leaves",
+                        rung.region
+                    );
+                }
+                let probe = PendingBatch {
+                    region: rung.region.clone(),
+                    cluster: rung.cluster.clone(),
+                    ..batch.clone()
+                };
+                let blockers = self.blockers(&probe);
+                if blockers.is_empty() {
+                    format!("{name}: fits now; tried at its place in the queue")
+                } else {
+                    let why: Vec<String> = blockers.iter().map(ToString::to_string).collect();
+                    format!("{name}: {}", why.join("; "))
+                }
+            })
+            .collect()
+    }
+
+    /// Why a batch can never be allocated, neither on its own placement
+    /// nor on any of its alternatives (the reason of its own); None when
+    /// one of them can.
+    pub fn never_fits_anywhere(
+        &self,
+        project: &str,
+        region: &str,
+        cluster: &crate::spec::ClusterRequest,
+    ) -> Option<String> {
+        let own = self.never_fits(project, region, cluster)?;
+        cluster
+            .alternatives
+            .iter()
+            .all(|r| self.never_fits(project, &r.region, &r.cluster).is_some())
+            .then_some(own)
+    }
+
+    /// The regions a pass scans: those that changed, and those whose
+    /// batches may try a rung in a region that changed.
+    pub(super) fn regions_to_scan(&mut self) -> std::collections::BTreeSet<String> {
+        let mut regions = std::mem::take(&mut self.dirty);
+        let homes: Vec<String> = self
+            .rung_options
+            .iter()
+            .filter(|(home, options)| {
+                !regions.contains(*home) && options.keys().any(|(r, _)| regions.contains(r))
+            })
+            .map(|(home, _)| home.clone())
+            .collect();
+        regions.extend(homes);
+        regions
+    }
+}

@@ -1,0 +1,526 @@
+//! Placement alternatives, "rungs" (docs/rules.md#placement-alternatives):
+//! where else a queued batch may run once it has waited a while, and the
+//! batch it becomes there. A rung is one change to the batch's own
+//! placement — another GPU type in its region, another region, or
+//! on-demand quota — with a delay after which it may be tried. The
+//! operator sets default ladders in config; a batch may opt out or name
+//! its own within what the operator allows.
+//!
+//! A rung is a whole batch: [`reshape`] rewrites the batch's properties
+//! for the new GPU type (cores, GPUs per node, executors, memory and disk
+//! from the type's table), and the result passes the same rules as any
+//! create. What Spark receives on a rung is that batch.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Accelerator, ClusterRequest, PartRole, Policy, ProvisioningMode, Rejection, check_create,
+    property_field,
+};
+use crate::api::{Batch, quote};
+
+/// The property through which a batch opts out (`none`) or names its own
+/// ladder. A `spark.*` key, so that every Dataproc client sends it
+/// unchanged and Spark ignores it.
+pub const ALTERNATIVES_PROPERTY: &str = "spark.flexq.alternatives";
+
+/// The most rungs a ladder may have.
+pub const MAX_RUNGS: usize = 4;
+
+/// What a rung changes of the batch's own placement.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Target {
+    /// Another GPU type, in the batch's region.
+    Accelerator(Accelerator),
+    /// The same batch in another region.
+    Region(String),
+    /// On-demand (standard) quota instead of preemptible: provisioning
+    /// mode `default` for the rung.
+    OnDemand,
+}
+
+impl fmt::Display for Target {
+    /// The form the ladder syntax uses: `a100-40`, `region europe-west4`,
+    /// `on-demand`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Accelerator(a) => write!(f, "{a}"),
+            Target::Region(r) => write!(f, "region {r}"),
+            Target::OnDemand => f.write_str("on-demand"),
+        }
+    }
+}
+
+/// A rung as a ladder names it: a target and its delay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RungSpec {
+    pub target: Target,
+    /// Seconds the batch must have waited before the rung is tried.
+    pub after_s: u64,
+}
+
+impl fmt::Display for RungSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} after {}",
+            self.target,
+            humantime::format_duration(Duration::from_secs(self.after_s))
+        )
+    }
+}
+
+/// The accepted form of a ladder, for error messages.
+pub const LADDER_FORM: &str = "\"none\", or up to 4 comma-separated rungs, each \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\" (DELAY like 15m)";
+
+/// Parses one rung: `a100-40 after 15m`, `region europe-west4 after 30m`,
+/// `on-demand after 20m`.
+pub fn parse_rung(text: &str) -> Result<RungSpec, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let (target, delay) = match words.as_slice() {
+        ["region", name, "after", delay] => (Target::Region((*name).to_string()), *delay),
+        ["on-demand", "after", delay] => (Target::OnDemand, *delay),
+        [gpu, "after", delay] => match Accelerator::parse(gpu) {
+            Some(a) => (Target::Accelerator(a), *delay),
+            None => {
+                return Err(format!(
+                    "rung {}: GPU type {} is not supported; accepted: {}",
+                    quote(text.trim()),
+                    quote(gpu),
+                    Accelerator::accepted_names()
+                ));
+            }
+        },
+        _ => {
+            return Err(format!(
+                "rung {} is not of the form \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\"",
+                quote(text.trim())
+            ));
+        }
+    };
+    let after = humantime::parse_duration(delay).map_err(|e| {
+        format!(
+            "rung {}: delay {} is not a duration like 15m ({e})",
+            quote(text.trim()),
+            quote(delay)
+        )
+    })?;
+    Ok(RungSpec {
+        target,
+        after_s: after.as_secs(),
+    })
+}
+
+/// Parses a ladder: comma-separated rungs, at most [`MAX_RUNGS`]; `none`
+/// is the empty ladder.
+pub fn parse_ladder(text: &str) -> Result<Vec<RungSpec>, String> {
+    let text = text.trim();
+    if text == "none" {
+        return Ok(Vec::new());
+    }
+    let rungs = text
+        .split(',')
+        .map(parse_rung)
+        .collect::<Result<Vec<_>, _>>()?;
+    if rungs.len() > MAX_RUNGS {
+        return Err(format!(
+            "{} rungs given; at most {MAX_RUNGS} are accepted",
+            rungs.len()
+        ));
+    }
+    Ok(rungs)
+}
+
+/// An operator's ladder: the batches it applies to (each filter absent:
+/// any), its rungs, and the further targets a batch may name itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ladder {
+    pub region: Option<String>,
+    pub project: Option<String>,
+    pub accelerator: Option<Accelerator>,
+    pub rungs: Vec<RungSpec>,
+    pub allow: Vec<Target>,
+}
+
+impl Ladder {
+    fn matches(&self, project: &str, region: &str, accelerator: Option<Accelerator>) -> bool {
+        self.region.as_deref().is_none_or(|r| r == region)
+            && self.project.as_deref().is_none_or(|p| p == project)
+            && self.accelerator.is_none_or(|a| Some(a) == accelerator)
+    }
+
+    fn specificity(&self) -> usize {
+        usize::from(self.region.is_some())
+            + usize::from(self.project.is_some())
+            + usize::from(self.accelerator.is_some())
+    }
+
+    /// Whether a batch may name `target` under this ladder.
+    fn allows(&self, target: &Target) -> bool {
+        self.rungs.iter().any(|r| &r.target == target) || self.allow.contains(target)
+    }
+}
+
+/// The operator's ladder for a batch: the most specific that matches (the
+/// first of equals, in config order).
+pub fn ladder_for<'a>(
+    ladders: &'a [Ladder],
+    project: &str,
+    region: &str,
+    own: &ClusterRequest,
+) -> Option<&'a Ladder> {
+    let accelerator = own.executor.accelerator.or(own.driver.accelerator);
+    let mut best: Option<&Ladder> = None;
+    for l in ladders
+        .iter()
+        .filter(|l| l.matches(project, region, accelerator))
+    {
+        if best.is_none_or(|b| l.specificity() > b.specificity()) {
+            best = Some(l);
+        }
+    }
+    best
+}
+
+/// One resolved rung of a batch: where it runs and the cluster it is
+/// there, checked by the same rules as a create.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rung {
+    /// 1 for the first alternative (0 is the batch's own placement).
+    pub index: u32,
+    pub after_s: u64,
+    pub target: Target,
+    /// The region the rung runs in.
+    pub region: String,
+    pub cluster: ClusterRequest,
+}
+
+/// A rung of the operator's ladder that does not apply to a batch, and
+/// why: shown by validate-only, never an error (the batch did not ask).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub rung: RungSpec,
+    pub why: String,
+}
+
+/// A batch's rungs: its own ladder (property [`ALTERNATIVES_PROPERTY`]),
+/// each rung allowed by the operator's ladder, or else the operator's.
+/// A rung the batch named that can never be valid is an error naming it;
+/// one of the operator's that does not apply is skipped, with the reason.
+/// Default-mode batches never wait, so they have no rungs.
+pub fn resolve(
+    batch: &Batch,
+    own: &ClusterRequest,
+    project: &str,
+    region: &str,
+    policy: &Policy,
+) -> Result<(Vec<Rung>, Vec<Skipped>), Rejection> {
+    let field = property_field(ALTERNATIVES_PROPERTY);
+    let ladder = ladder_for(&policy.ladders, project, region, own);
+    let asked = batch
+        .properties()
+        .get(ALTERNATIVES_PROPERTY)
+        .map(|v| (v.clone(), parse_ladder(v)));
+    let reject = |description: String| Rejection {
+        code: crate::api::Code::InvalidArgument,
+        violations: vec![crate::api::FieldViolation {
+            field: field.clone(),
+            description,
+        }],
+    };
+    let (specs, own_ladder) = match asked {
+        Some((value, Err(e))) => {
+            return Err(reject(format!(
+                "{} is not a ladder: {e}; accepted: {LADDER_FORM}",
+                quote(&value)
+            )));
+        }
+        Some((_, Ok(specs))) => (specs, true),
+        None => (ladder.map(|l| l.rungs.clone()).unwrap_or_default(), false),
+    };
+    if own.mode == ProvisioningMode::Default {
+        if own_ladder && !specs.is_empty() {
+            return Err(reject(
+                "a batch in provisioning mode \"default\" is allocated at once or refused, so it has no alternatives; use queue mode (runtime 3.0+) or \"none\"".into(),
+            ));
+        }
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut rungs = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let why = why_not(spec, &specs[..i], own, region, policy).or_else(|| {
+            (own_ladder && !ladder.is_some_and(|l| l.allows(&spec.target))).then(|| {
+                let allowed: Vec<String> = ladder
+                    .map(|l| {
+                        l.rungs
+                            .iter()
+                            .map(|r| r.target.to_string())
+                            .chain(l.allow.iter().map(ToString::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "the operator does not allow {} for this batch; allowed: {}",
+                    spec.target,
+                    if allowed.is_empty() {
+                        "none".to_string()
+                    } else {
+                        allowed.join(", ")
+                    }
+                )
+            })
+        });
+        let shaped = match why {
+            Some(why) => Err(why),
+            None => {
+                let rung_region = match &spec.target {
+                    Target::Region(r) => r.as_str(),
+                    _ => region,
+                };
+                let ids = super::Identifiers::default();
+                check_create(
+                    &reshape(batch, own, &spec.target),
+                    ids,
+                    project,
+                    rung_region,
+                    policy,
+                )
+                .map(|cluster| (rung_region.to_string(), cluster))
+                .map_err(|r| format!("as a batch it is invalid: {}", r.message()))
+            }
+        };
+        match shaped {
+            Ok((rung_region, cluster)) => rungs.push(Rung {
+                index: rungs.len() as u32 + 1,
+                after_s: spec.after_s,
+                target: spec.target.clone(),
+                region: rung_region,
+                cluster,
+            }),
+            Err(why) if own_ladder => {
+                return Err(reject(format!("rung {} ({spec}): {why}", i + 1)));
+            }
+            Err(why) => skipped.push(Skipped {
+                rung: spec.clone(),
+                why,
+            }),
+        }
+    }
+    Ok((rungs, skipped))
+}
+
+/// Why a rung can never be tried for a batch, if so: a delay past the
+/// allocation timeout, the batch's own placement again, a rung named
+/// twice, a region not served or a GPU type the region does not offer.
+fn why_not(
+    spec: &RungSpec,
+    before: &[RungSpec],
+    own: &ClusterRequest,
+    region: &str,
+    policy: &Policy,
+) -> Option<String> {
+    if spec.after_s >= own.allocation_timeout_s {
+        return Some(format!(
+            "its delay of {}s is not within the batch's allocation timeout of {}s, so it would never be tried",
+            spec.after_s, own.allocation_timeout_s
+        ));
+    }
+    if before.iter().any(|b| b.target == spec.target) {
+        return Some(format!(
+            "{} is named twice; each target may appear once",
+            spec.target
+        ));
+    }
+    match &spec.target {
+        Target::Accelerator(a) => {
+            let own_type = own.executor.accelerator.or(own.driver.accelerator);
+            if own_type.is_none() {
+                return Some("the batch uses no GPU, so it has no GPU type to change".into());
+            }
+            if own_type == Some(*a) {
+                return Some(format!("{a} is the batch's own GPU type"));
+            }
+        }
+        Target::Region(r) => {
+            if r == region {
+                return Some(format!("{r} is the batch's own region"));
+            }
+            if !policy.regions.contains_key(r) {
+                return Some(format!(
+                    "region {} is not served; served regions: {}",
+                    quote(r),
+                    policy
+                        .regions
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+        Target::OnDemand => {}
+    }
+    None
+}
+
+/// The batch as it would be on `target`: for another GPU type, every part
+/// of the batch's own type moves to it with the node shape the type's
+/// table gives (the largest GPU count per node not above the original,
+/// then the core count nearest the original), as many executors as keep
+/// the cluster's GPUs, and the memory, disk and GPU amounts the shape's
+/// defaults give; for on-demand, provisioning mode `default`; for another
+/// region, the same batch. The caller validates the result.
+pub fn reshape(batch: &Batch, own: &ClusterRequest, target: &Target) -> Batch {
+    let mut out = batch.clone();
+    let Some(rc) = out.runtime_config.as_mut() else {
+        return out;
+    };
+    let props = &mut rc.properties;
+    props.remove(ALTERNATIVES_PROPERTY);
+    match target {
+        Target::Region(_) => {}
+        Target::OnDemand => {
+            for key in [
+                "spark.dataproc.driver.provisioning.mode",
+                "spark.dataproc.executor.provisioning.mode",
+            ] {
+                props.insert(key.into(), "default".into());
+            }
+        }
+        Target::Accelerator(to) => {
+            let from = own.executor.accelerator.or(own.driver.accelerator);
+            for (role, shape) in [
+                (PartRole::Executor, &own.executor),
+                (PartRole::Driver, &own.driver),
+            ] {
+                if shape.accelerator.is_none() || shape.accelerator != from {
+                    continue;
+                }
+                let (cores, gpus) = translate(shape.gpus, shape.cores, *to);
+                let part = role.name();
+                props.insert(role.accelerator_key().into(), to.name().into());
+                props.insert(format!("spark.{part}.cores"), cores.to_string());
+                for key in [
+                    format!("spark.{part}.memory"),
+                    format!("spark.{part}.memoryOverhead"),
+                    format!("spark.dataproc.{part}.disk.size"),
+                    format!("spark.{part}.resource.gpu.amount"),
+                ] {
+                    props.remove(&key);
+                }
+                if role == PartRole::Executor {
+                    props.remove("spark.task.resource.gpu.amount");
+                    let total = u64::from(own.executor_count) * u64::from(shape.gpus);
+                    let count = total.div_ceil(u64::from(gpus.max(1)));
+                    props.insert("spark.executor.instances".into(), count.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The batch and cluster a batch runs as once allocated on `rung` (0: its
+/// own placement): on a rung, the reshaped batch, whose properties are
+/// what Spark receives, and the rung's cluster.
+pub fn as_placed(batch: &Batch, own: &ClusterRequest, rung: u32) -> (Batch, ClusterRequest) {
+    match rung
+        .checked_sub(1)
+        .and_then(|i| own.alternatives.get(i as usize))
+    {
+        Some(r) => (reshape(batch, own, &r.target), r.cluster.clone()),
+        None => (batch.clone(), own.clone()),
+    }
+}
+
+/// A node of `gpus` GPUs and `cores` cores on GPU type `to`: the largest
+/// GPU count per node `to` offers that is not above `gpus` (else its
+/// smallest), then the core count nearest `cores` among its shapes with
+/// that many GPUs (the larger on a tie). Answers (cores, GPUs).
+pub fn translate(gpus: u32, cores: u32, to: Accelerator) -> (u32, u32) {
+    let shapes: Vec<(u32, u32)> = to
+        .allowed_cores()
+        .into_iter()
+        .filter_map(|c| to.gpus_for_cores(c).map(|g| (c, g)))
+        .collect();
+    let per_node = shapes
+        .iter()
+        .map(|s| s.1)
+        .filter(|g| *g <= gpus)
+        .max()
+        .or_else(|| shapes.iter().map(|s| s.1).min())
+        .unwrap_or(1);
+    let best = shapes
+        .iter()
+        .filter(|s| s.1 == per_node)
+        .min_by_key(|s| (s.0.abs_diff(cores), std::cmp::Reverse(s.0)))
+        .map_or((to.default_cores(), per_node), |s| *s);
+    best
+}
+
+/// The ladders of the config, checked: each rung parses and each filter
+/// names a known GPU type. Answers the ladders or an error naming the
+/// entry, the value and what is accepted.
+pub fn ladder_from_config(
+    region: Option<&str>,
+    project: Option<&str>,
+    accelerator: Option<&str>,
+    rungs: &[String],
+    allow: &[String],
+) -> Result<Ladder, String> {
+    let accelerator = match accelerator {
+        None => None,
+        Some(a) => Some(Accelerator::parse(a).ok_or_else(|| {
+            format!(
+                "accelerator {} is not a GPU type; accepted: {}",
+                quote(a),
+                Accelerator::accepted_names()
+            )
+        })?),
+    };
+    if rungs.len() > MAX_RUNGS {
+        return Err(format!(
+            "{} rungs given; at most {MAX_RUNGS} are accepted",
+            rungs.len()
+        ));
+    }
+    let rungs = rungs
+        .iter()
+        .map(|r| parse_rung(r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let allow = allow
+        .iter()
+        .map(|t| parse_rung(&format!("{t} after 0s")).map(|r| r.target))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("allow: {e}"))?;
+    Ok(Ladder {
+        region: region.map(str::to_string),
+        project: project.map(str::to_string),
+        accelerator,
+        rungs,
+        allow,
+    })
+}
+
+/// Every rung's target for a pair of types, for docs and tests: what an
+/// executor of `cores` cores on `from` becomes on `to`.
+pub fn translation_table() -> BTreeMap<(Accelerator, u32, Accelerator), (u32, u32)> {
+    let mut table = BTreeMap::new();
+    for from in Accelerator::ALL {
+        for cores in from.allowed_cores() {
+            let gpus = from.gpus_for_cores(cores).unwrap_or(1);
+            for to in Accelerator::ALL {
+                if to != from {
+                    table.insert((from, cores, to), translate(gpus, cores, to));
+                }
+            }
+        }
+    }
+    table
+}
