@@ -8,6 +8,11 @@ use crate::api::{Code, FieldViolation};
 use crate::spec::Rejection;
 use crate::store::StoreError;
 
+/// The ErrorInfo metadata key of a refusal to retry later (a rate limit,
+/// a full disk): whole seconds until a retry can pass (REST sends it as
+/// `Retry-After` too, gRPC as a RetryInfo).
+pub const RETRY_AFTER_SECONDS: &str = "retryAfterSeconds";
+
 /// The reason of the refusal a connection over `server.max_connections`
 /// gets (503 UNAVAILABLE, with `Retry-After`): the server's state, yet the
 /// caller must hear it whole to retry, and nothing in it is secret, so it
@@ -145,7 +150,7 @@ impl From<StoreError> for Error {
                     "STORE_FULL",
                     "the database's disk is full: flexq cannot write until space is freed (nothing it acknowledged is lost, and reads still work); retry later",
                 )
-                .with_meta(super::RETRY_AFTER_SECONDS, "5")
+                .with_meta(RETRY_AFTER_SECONDS, "5")
             }
             StoreError::Unavailable(m) | StoreError::Fenced(m) | StoreError::Conflict(m) => {
                 Error::new(Code::Unavailable, "STORE_UNAVAILABLE", m)

@@ -10,14 +10,10 @@ use std::num::NonZeroU32;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
+use super::error::RETRY_AFTER_SECONDS;
 use super::{Engine, Error};
 use crate::api::Code;
 use crate::config::LimitsConfig;
-
-/// The ErrorInfo metadata key of a rate-limit refusal: whole seconds until
-/// a retry can pass (REST sends it as `Retry-After` too, gRPC as a
-/// RetryInfo).
-pub const RETRY_AFTER_SECONDS: &str = "retryAfterSeconds";
 
 /// The two limiters, keyed by (project, region).
 pub struct RateLimits {

@@ -43,9 +43,8 @@ mod usage;
 
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use capacity::{NodeView, ProjectQuotas, QuotaChange};
-pub use error::{Error, TOO_MANY_CONNECTIONS};
+pub use error::{Error, RETRY_AFTER_SECONDS, TOO_MANY_CONNECTIONS};
 pub use health::Readiness;
-pub use limits::RETRY_AFTER_SECONDS;
 pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
 pub use principal::{Access, Principal, token_hash};
 pub use queues::{QueueEntries, QueueEntry, QueueView};

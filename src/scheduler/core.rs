@@ -45,7 +45,7 @@ pub struct Scheduler {
     pub(super) cordons: HashMap<NodeId, Cordon>,
     /// What the config declares of nodes, once a layout is set
     /// (`layout.rs`): they and the retired nodes it implies.
-    pub(super) layout: Option<super::layout::Declared>,
+    pub(super) layout: Option<super::declared::Declared>,
     pub(super) retired: HashSet<NodeId>,
     pub(super) deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     pub(super) running: HashMap<BatchKey, Allocation>,
@@ -70,8 +70,8 @@ pub struct Scheduler {
     /// point where every own shape failed while any of these has not.
     pub(super) rung_options: HashMap<String, HashMap<(String, ShapeKey), usize>>,
     /// The queued batches counted as a scrape reports them
-    /// (`snapshot.rs`), kept as they come and go.
-    pub(super) tally: super::snapshot::QueuedTally,
+    /// (`tally.rs`), kept as they come and go.
+    pub(super) tally: super::tally::QueuedTally,
 }
 
 /// Queued batches of one shape in a region: how many, and how many of each
@@ -89,7 +89,7 @@ pub(super) fn ttl_key(c: &ClusterRequest) -> u64 {
 impl Scheduler {
     pub fn new(pools: Vec<PoolDecl>, rules: Vec<QuotaRule>) -> Scheduler {
         Scheduler {
-            declared: super::layout::declared_of(&pools),
+            declared: super::declared::declared_of(&pools),
             ledger: Ledger::new(rules),
             ..Scheduler::default()
         }

@@ -13,10 +13,11 @@
 //! agent nodes, those holding work and those already schedulable keep the
 //! slots first.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use super::capacity::{Node, NodeId, NodeSpec};
 use super::core::Scheduler;
+use super::declared::{Declared, declared_of};
 use super::fairshare::FairSharePolicy;
 use super::model::PoolDecl;
 use super::quota::QuotaRule;
@@ -31,14 +32,6 @@ pub struct Layout {
     pub virtual_nodes: Vec<NodeSpec>,
     pub rules: Vec<QuotaRule>,
     pub fair: FairSharePolicy,
-}
-
-/// The nodes a layout declares, kept to settle retired nodes later.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Declared {
-    /// (region, zone, pool) → max_nodes.
-    slots: HashMap<(String, String, String), u32>,
-    virtual_nodes: BTreeMap<NodeId, NodeSpec>,
 }
 
 /// What settling the nodes against the layout changed.
@@ -62,25 +55,6 @@ impl Settled {
             && self.retired.is_empty()
             && self.restored.is_empty()
     }
-}
-
-/// Every pool at its maximum node count, all free: what never-fit checks
-/// compare with.
-pub(crate) fn declared_of(pools: &[PoolDecl]) -> HashMap<String, BTreeMap<String, Vec<Node>>> {
-    let mut declared: HashMap<String, BTreeMap<String, Vec<Node>>> = HashMap::new();
-    for p in pools {
-        let zone = declared
-            .entry(p.region.clone())
-            .or_default()
-            .entry(p.zone.clone())
-            .or_default();
-        zone.extend((0..p.max_nodes).map(|i| {
-            let mut spec = p.node.clone();
-            spec.id = NodeId(format!("{}#{i}", spec.id));
-            Node::new(spec)
-        }));
-    }
-    declared
 }
 
 impl Scheduler {

@@ -10,6 +10,7 @@
 
 mod capacity;
 mod core;
+mod declared;
 mod estimate;
 mod events;
 mod fairshare;
@@ -23,6 +24,7 @@ mod pending;
 mod quota;
 mod rungs;
 mod snapshot;
+mod tally;
 mod views;
 
 pub use crate::spec::PartRole;

@@ -20,13 +20,11 @@ use std::time::Duration;
 
 use sqlx::AnyConnection;
 
+use super::leader_lock::{DB_NOW_US, resign_on};
 use super::{Backend, Store, StoreError};
 
 /// The `LISTEN`/`NOTIFY` channel of the change announcements.
 pub const CHANNEL: &str = "flexq";
-
-/// The database's clock, in unix microseconds.
-pub(super) const DB_NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
 
 /// What a committed transaction changed, as announced to every replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,23 +284,6 @@ mod tests {
         assert_eq!(Change::parse("created x"), None);
         assert_eq!(Change::parse("nonsense"), None);
     }
-}
-
-/// Gives `me`'s lease of `term` up: lapsed, and no longer locked.
-pub(super) async fn resign_on<'c>(
-    db: impl sqlx::Executor<'c, Database = sqlx::any::Any>,
-    me: &str,
-    term: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "update leader_lease set expires_at = 0, locked = false \
-         where id = 1 and holder = $1 and term = $2",
-    )
-    .bind(me)
-    .bind(term)
-    .execute(db)
-    .await?;
-    Ok(())
 }
 
 /// What the change stream hears.

@@ -24,8 +24,10 @@
 use sqlx::any::Any;
 use sqlx::{AnyConnection, Connection};
 
-use super::leader::DB_NOW_US;
 use super::{Backend, Store, StoreError};
+
+/// The database's clock, in unix microseconds.
+pub(super) const DB_NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
 
 /// The session-level advisory lock of the leader: "flexq\0\0\2" in ASCII
 /// (the write lock is "flexq\0\0\1").
@@ -189,7 +191,7 @@ impl LeaderSession {
     /// Gives the lease up (a clean stop, or a leader that stepped down)
     /// and the lock with it, so the next replica leads at once.
     pub async fn resign(&mut self, me: &str, term: i64) -> Result<(), StoreError> {
-        super::leader::resign_on(&mut self.conn, me, term).await?;
+        resign_on(&mut self.conn, me, term).await?;
         self.unlock().await
     }
 
@@ -205,4 +207,21 @@ impl LeaderSession {
     pub async fn close(self) {
         let _ = self.conn.close().await;
     }
+}
+
+/// Gives `me`'s lease of `term` up: lapsed, and no longer locked.
+pub(super) async fn resign_on<'c>(
+    db: impl sqlx::Executor<'c, Database = sqlx::any::Any>,
+    me: &str,
+    term: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "update leader_lease set expires_at = 0, locked = false \
+         where id = 1 and holder = $1 and term = $2",
+    )
+    .bind(me)
+    .bind(term)
+    .execute(db)
+    .await?;
+    Ok(())
 }

@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 use sqlx::AnyConnection;
 
 use super::rows::{from_micros, micros, transition};
-use super::schedule::release;
 use super::{Change, Provisioning, RunInfo, Store, StoreError};
 use crate::api::State;
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
@@ -103,6 +102,23 @@ async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Resu
     .execute(&mut *conn)
     .await?;
     sqlx::query("delete from batch_output where batch_seq = $1")
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Marks every active part of a batch's cluster released.
+async fn release(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Result<(), StoreError> {
+    sqlx::query(
+        "update allocations set released_at = $1 where batch_seq = $2 and released_at is null",
+    )
+    .bind(micros(now))
+    .bind(seq)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("update batches set provisioning = $1 where seq = $2")
+        .bind(Provisioning::Released as i64)
         .bind(seq)
         .execute(&mut *conn)
         .await?;

@@ -49,10 +49,11 @@ pub use generations::ConfigGeneration;
 pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
 pub use leader_lock::{LeaderSession, Takeover};
 pub use lifecycle::Applied;
-pub use open::{Backend, GroupObserver, SessionLimits, StoreOptions, migrate, migrate_only};
+pub use open::{GroupObserver, SessionLimits, StoreOptions, migrate, migrate_only};
 pub use overrides::{NodeCordon, QueueHold};
 use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{NodePart, OutputChunk};
+pub use sql::Backend;
 use sql::Sql;
 pub use usage::{CreatedBatch, HeldPart, ReleasedPart};
 

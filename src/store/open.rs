@@ -1,5 +1,5 @@
-//! Opening the store: which database a URL names ([`Backend`]), the
-//! connection settings ([`StoreOptions`]) and the bounds of every
+//! Opening the store: which database a URL names ([`Backend`], `sql.rs`),
+//! the connection settings ([`StoreOptions`]) and the bounds of every
 //! PostgreSQL session ([`SessionLimits`]), the pools (`connect`) and the
 //! embedded migrations, and [`Store::open`], which puts them together and
 //! starts the group-commit writer.
@@ -13,36 +13,8 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::sqlite::SqliteConnectOptions;
 use tokio::sync::mpsc;
 
+use super::sql::Backend;
 use super::{Store, StoreError, writer};
-
-/// Which database a URL names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-impl Backend {
-    pub fn of_url(url: &str) -> Result<Backend, StoreError> {
-        if url.starts_with("sqlite:") {
-            Ok(Backend::Sqlite)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Backend::Postgres)
-        } else {
-            Err(StoreError::Unavailable(format!(
-                "database.url {:?}: expected sqlite:PATH or postgres://HOST/DATABASE",
-                crate::config::redact_url(url)
-            )))
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-        }
-    }
-}
 
 /// Connection settings the store needs.
 #[derive(Clone)]

@@ -40,27 +40,6 @@ fn decode_cluster(text: &str) -> Result<ClusterRequest, StoreError> {
         .map_err(|e| StoreError::Unavailable(format!("stored cluster cannot be read: {e}")))
 }
 
-/// Marks every active part of a batch's cluster released.
-pub(super) async fn release(
-    conn: &mut AnyConnection,
-    seq: i64,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "update allocations set released_at = $1 where batch_seq = $2 and released_at is null",
-    )
-    .bind(micros(now))
-    .bind(seq)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query("update batches set provisioning = $1 where seq = $2")
-        .bind(Provisioning::Released as i64)
-        .bind(seq)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
 /// Fences a lost node (new epoch) and fails every batch that held part
 /// of it, releasing their clusters. Void (`false`) when the node is no
 /// longer in registration `epoch`: it registered again meanwhile.

@@ -1,4 +1,5 @@
-//! SQL text built together with its arguments, for both backends.
+//! The two backends ([`Backend`]: which database a URL names) and SQL text
+//! built together with its arguments, for both.
 //!
 //! sqlx's `QueryBuilder<Any>` writes `?` placeholders, which PostgreSQL
 //! does not accept. The store's fixed statements use numbered `$N`
@@ -14,7 +15,36 @@ use std::fmt::Write;
 use sqlx::any::{Any, AnyArguments, AnyQueryResult, AnyRow};
 use sqlx::{Arguments, Encode, Executor, Type};
 
-use super::{Backend, StoreError};
+use super::StoreError;
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn of_url(url: &str) -> Result<Backend, StoreError> {
+        if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "database.url {:?}: expected sqlite:PATH or postgres://HOST/DATABASE",
+                crate::config::redact_url(url)
+            )))
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
 
 /// A statement being built.
 pub(super) struct Sql<'a> {
