@@ -1,0 +1,213 @@
+//! What a valid batch becomes: the [`ClusterRequest`] the scheduler
+//! allocates as one unit, and its parts (runtime version, provisioning
+//! mode, workload, node shapes, quota amounts), with the priority a
+//! batch's labels give it. The rules that build it are `mod.rs`.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::shape::{Accelerator, QuotaMetric};
+
+/// A runtime version, `MAJOR.MINOR`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RuntimeVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl RuntimeVersion {
+    pub const fn new(major: u32, minor: u32) -> RuntimeVersion {
+        RuntimeVersion { major, minor }
+    }
+}
+
+impl Ord for RuntimeVersion {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.major, self.minor).cmp(&(other.major, other.minor))
+    }
+}
+
+impl PartialOrd for RuntimeVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl FromStr for RuntimeVersion {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let (major, minor) = s.split_once('.').ok_or(())?;
+        let digits =
+            |p: &str| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit());
+        if !digits(major) || !digits(minor) {
+            return Err(());
+        }
+        Ok(RuntimeVersion::new(
+            major.parse().map_err(|_| ())?,
+            minor.parse().map_err(|_| ())?,
+        ))
+    }
+}
+
+impl fmt::Display for RuntimeVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// `queue` (flex start: wait for capacity) or `default` (on demand: now or
+/// fail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProvisioningMode {
+    Queue,
+    Default,
+}
+
+impl ProvisioningMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProvisioningMode::Queue => "queue",
+            ProvisioningMode::Default => "default",
+        }
+    }
+}
+
+/// The kind of Spark workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    Pyspark,
+    Spark,
+    SparkSql,
+}
+
+/// The resources one node of the cluster needs (the driver, or each
+/// executor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeShape {
+    /// None: a CPU node.
+    pub accelerator: Option<Accelerator>,
+    pub cores: u32,
+    pub gpus: u32,
+    pub memory_mb: u64,
+    pub memory_overhead_mb: u64,
+    pub local_ssd_gb: u64,
+}
+
+/// How much of one quota metric the whole cluster needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct QuotaAmount {
+    pub metric: QuotaMetric,
+    pub amount: u64,
+}
+
+/// The label that sets a batch's queue priority: a whole number, higher
+/// goes first; absent or not a number, 0 (docs/rules.md).
+pub const PRIORITY_LABEL: &str = "flexq-priority";
+
+/// A batch's queue priority, from its labels ([`PRIORITY_LABEL`]).
+pub fn priority(labels: &BTreeMap<String, String>) -> i32 {
+    labels
+        .get(PRIORITY_LABEL)
+        .and_then(|p| p.parse::<i32>().ok())
+        .unwrap_or(0)
+}
+
+/// A batch turned into what the scheduler allocates as one unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRequest {
+    pub workload: Workload,
+    pub runtime: RuntimeVersion,
+    pub driver: NodeShape,
+    pub executor: NodeShape,
+    pub executor_count: u32,
+    pub mode: ProvisioningMode,
+    /// The smaller of the driver's and the executors' timeouts
+    /// (docs/rules.md#provisioning-and-timeouts).
+    pub allocation_timeout_s: u64,
+    /// Maximum run time; None on 1.x runtimes without an explicit ttl.
+    pub ttl_s: Option<u64>,
+    /// Every quota metric the cluster draws from, with its amount.
+    pub quota: Vec<QuotaAmount>,
+    /// How many times the batch goes back to the queue after a failure of
+    /// the infrastructure, not of its own code
+    /// (docs/rules.md#requeue-after-an-infrastructure-failure).
+    #[serde(default)]
+    pub infrastructure_retries: u32,
+    /// Where else it may run once it has waited (its placement
+    /// alternatives, in order; docs/rules.md#placement-alternatives).
+    /// Fixed at create.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<super::alternatives::Rung>,
+}
+
+impl ClusterRequest {
+    /// The cluster it holds on `rung` (0: its own; 1 and up: its
+    /// alternatives), and that rung's region (None: its own).
+    pub fn on_rung(&self, rung: u32) -> (&ClusterRequest, Option<&str>) {
+        match rung
+            .checked_sub(1)
+            .and_then(|i| self.alternatives.get(i as usize))
+        {
+            Some(r) => (&r.cluster, Some(r.region.as_str())),
+            None => (self, None),
+        }
+    }
+}
+
+impl ClusterRequest {
+    /// Its allocation deadline when queued at `queued_at` (at create, or
+    /// again at a requeue): in queue mode, `queued_at` plus its allocation
+    /// timeout; none in default mode, which never waits
+    /// (docs/rules.md#provisioning-and-timeouts). The server's store and
+    /// the simulator both take it from here.
+    pub fn deadline(
+        &self,
+        queued_at: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        (self.mode == ProvisioningMode::Queue)
+            .then(|| queued_at + chrono::Duration::seconds(self.allocation_timeout_s as i64))
+    }
+
+    /// Whether any node of the cluster has a GPU.
+    pub fn uses_gpus(&self) -> bool {
+        self.driver.accelerator.is_some() || self.executor.accelerator.is_some()
+    }
+
+    /// GPUs of the whole cluster.
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.driver.gpus) + u64::from(self.executor.gpus) * u64::from(self.executor_count)
+    }
+
+    /// The cluster's GPUs by type, in a stable order (the executors' type
+    /// first).
+    pub fn gpus_by_type(&self) -> Vec<(Accelerator, u64)> {
+        let mut by_type: Vec<(Accelerator, u64)> = Vec::new();
+        let parts = [
+            (&self.executor, u64::from(self.executor_count)),
+            (&self.driver, 1),
+        ];
+        for (shape, count) in parts {
+            let Some(accelerator) = shape.accelerator else {
+                continue;
+            };
+            let gpus = u64::from(shape.gpus) * count;
+            match by_type.iter_mut().find(|(a, _)| *a == accelerator) {
+                Some((_, n)) => *n += gpus,
+                None => by_type.push((accelerator, gpus)),
+            }
+        }
+        by_type.retain(|(_, n)| *n > 0);
+        by_type
+    }
+
+    /// Local SSD of the whole cluster, in GB.
+    pub fn local_ssd_gb(&self) -> u64 {
+        self.driver.local_ssd_gb + self.executor.local_ssd_gb * u64::from(self.executor_count)
+    }
+}
