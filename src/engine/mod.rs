@@ -4,8 +4,8 @@
 //! that nothing outside this module can take, the store, and the
 //! replication role. Each use case — creating, reading, listing,
 //! cancelling and deleting batches ([`batches`]); registering nodes,
-//! heartbeats, polls, reports and output ([`nodes`]); regions, node
-//! views, cordons and quotas ([`capacity`]); queues, their holds and pages
+//! heartbeats, polls and reports ([`nodes`]), the driver's output
+//! ([`output`]); regions, node views, cordons and quotas ([`capacity`]); queues, their holds and pages
 //! ([`queues`]); readiness and the metrics snapshot ([`health`]); the
 //! config's reload and generations ([`reload`]); who may call
 //! ([`principal`]) and how often ([`limits`]); the usage report
@@ -31,6 +31,7 @@ mod health;
 mod limits;
 mod long_poll;
 mod nodes;
+mod output;
 mod paging;
 mod passes;
 mod present;
@@ -45,7 +46,8 @@ pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use capacity::{NodeView, ProjectQuotas, QuotaChange};
 pub use error::{Error, RETRY_AFTER_SECONDS, TOO_MANY_CONNECTIONS};
 pub use health::Readiness;
-pub use nodes::{NodeRegistration, OutputRead, parse_epoch, parse_epoch_str};
+pub use nodes::{NodeRegistration, parse_epoch, parse_epoch_str};
+pub use output::OutputRead;
 pub use principal::{Access, Principal, token_hash};
 pub use queues::{QueueEntries, QueueEntry, QueueView};
 pub use reload::{ConfigSource, ConfigStatus, Reloaded};
