@@ -3,7 +3,7 @@
 //! It finds the node's GPUs, registers the node (region, zone, pool, shape)
 //! and keeps its lease by heartbeat. It long-polls the server for its
 //! assignments — the parts of allocated batches this node holds — and
-//! turns each into Spark processes ([`work`]): a per-batch standalone
+//! turns each into Spark processes ([`work`], [`driver`], [`executor`]): a per-batch standalone
 //! Spark cluster whose master and driver run on the driver's node and
 //! whose workers each see exactly the GPUs allocated to them. When the
 //! lease is lost the agent stops everything (the server failed those
@@ -11,7 +11,10 @@
 
 mod client;
 pub mod discovery;
+mod driver;
+mod executor;
 mod kubernetes;
+mod output;
 mod process;
 pub mod settings;
 mod work;
@@ -360,10 +363,10 @@ fn reconcile(
         let run: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
             match (ctx.config.launcher, a.is_driver()) {
                 (Launcher::Standalone, true) => {
-                    Box::pin(work::run_driver(ctx.clone(), rx, cancel.clone()))
+                    Box::pin(driver::run_driver(ctx.clone(), rx, cancel.clone()))
                 }
                 (Launcher::Standalone, false) => {
-                    Box::pin(work::run_executor(ctx.clone(), rx, cancel.clone()))
+                    Box::pin(executor::run_executor(ctx.clone(), rx, cancel.clone()))
                 }
                 (Launcher::Kubernetes, true) => {
                     Box::pin(kubernetes::run_driver(ctx.clone(), rx, cancel.clone()))
