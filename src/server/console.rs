@@ -1,4 +1,5 @@
-//! The web console, `/console/`: one page, its script, style and icon,
+//! The web console, `/console/`: one page, its scripts (`app.js` and the
+//! modules it imports: one per page and what they share), style and icon,
 //! embedded in the binary (no CDN, nothing fetched from elsewhere). The
 //! page only reads and acts through the REST API and its event stream,
 //! with the caller's own bearer token, so it can do exactly what the
@@ -21,7 +22,7 @@ use super::Error;
 use crate::api::Code;
 
 /// The files: name, content type, bytes.
-const FILES: [(&str, &str, &[u8]); 4] = [
+const FILES: [(&str, &str, &[u8]); 12] = [
     (
         "index.html",
         "text/html; charset=utf-8",
@@ -31,6 +32,46 @@ const FILES: [(&str, &str, &[u8]); 4] = [
         "app.js",
         "text/javascript; charset=utf-8",
         include_bytes!("console/app.js"),
+    ),
+    (
+        "dom.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/dom.js"),
+    ),
+    (
+        "session.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/session.js"),
+    ),
+    (
+        "page.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/page.js"),
+    ),
+    (
+        "capacity.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/capacity.js"),
+    ),
+    (
+        "queue.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/queue.js"),
+    ),
+    (
+        "batch.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/batch.js"),
+    ),
+    (
+        "quotas.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/quotas.js"),
+    ),
+    (
+        "usage.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("console/usage.js"),
     ),
     (
         "app.css",
@@ -75,7 +116,7 @@ pub(super) async fn index(headers: HeaderMap) -> Response {
     serve("index.html", &headers)
 }
 
-/// `GET /console/{file}`: the page's script, style and icon.
+/// `GET /console/{file}`: the page's scripts, style and icon.
 pub(super) async fn file(Path(name): Path<String>, headers: HeaderMap) -> Response {
     serve(&name, &headers)
 }

@@ -1,0 +1,267 @@
+// A batch's page: its state, cluster, nodes and timeline, its place and
+// start estimate while queued, and its Cancel button.
+
+import { h, enc, duration, when, clock, stateBadge, number } from "./dom.js";
+import { api, mayWrite } from "./session.js";
+import { show } from "./page.js";
+
+export async function batchPage(main, r, ctx) {
+  const [project, region, id] = r.parts;
+  const base = `v1/projects/${enc(project)}/locations/${enc(region)}/batches/${enc(id)}`;
+  let batch = await api(base);
+  let deleted = null;
+  const body = h("div", { id: "batch" });
+  const output = h("pre", { class: "output", id: "output" });
+  const outputNote = h("p", { class: "muted", id: "output-note" }, "No driver output yet.");
+  let offset = "0";
+  let outputDone = false;
+  let reading = null;
+  let again = false;
+  // A requeued batch runs again from its first byte of output.
+  const attemptOf = (b) => (b.flexq && b.flexq.attempt) || 1;
+  let attempt = attemptOf(batch);
+  const restartOutput = () => {
+    output.replaceChildren();
+    offset = "0";
+    outputDone = false;
+  };
+
+  // Reads the driver's output from where it stopped until none is left;
+  // a call while a read is on its way reads once more after it.
+  const pull = () => {
+    if (reading) {
+      again = true;
+      return reading;
+    }
+    reading = (async () => {
+      try {
+        do {
+          again = false;
+          while (!outputDone && ctx.alive()) {
+            const o = await api(`${base}/output?offset=${offset}`);
+            if (Number(o.totalBytes) < Number(offset)) {
+              restartOutput();
+              continue;
+            }
+            if (o.data) {
+              output.append(o.data);
+              output.scrollTop = output.scrollHeight;
+            }
+            outputNote.textContent =
+              Number(o.totalBytes) === 0
+                ? o.done
+                  ? "The driver wrote nothing."
+                  : "No driver output yet."
+                : `${number(o.totalBytes)} bytes${o.truncated ? " (the rest was not kept: a batch's stored output is bounded)" : ""}${o.done ? ", complete" : ""}`;
+            outputDone = o.done;
+            if (o.nextOffset === offset) break;
+            offset = o.nextOffset;
+          }
+        } while (again && !outputDone && ctx.alive());
+      } finally {
+        reading = null;
+      }
+    })();
+    return reading;
+  };
+  // A newer batch than a read in flight: events count, and a read's answer
+  // is shown only if no event came while it was on its way.
+  let events = 0;
+  const take = (b) => {
+    if (attemptOf(b) !== attempt) {
+      attempt = attemptOf(b);
+      restartOutput();
+    }
+    batch = b;
+  };
+
+  // One Cancel control for the page's life: repaints move it, so a first
+  // click's confirmation survives the events that arrive meanwhile.
+  const cancel = cancelControl(project, () => batch);
+  const paint = () => {
+    cancel.update();
+    body.replaceChildren(...batchView(batch, deleted, project, region, cancel.el));
+  };
+  paint();
+  show(
+    ctx,
+    main,
+    body,
+    h("h2", null, "Driver output"),
+    outputNote,
+    output,
+  );
+  await pull().catch(() => {});
+  const stream = `v1/projects/${enc(project)}/locations/${enc(region)}/batches:watch?batchId=${enc(id)}`;
+  ctx.watch(stream, (event, data) => {
+    if (event === "batch") {
+      events += 1;
+      take(data.batch);
+      paint();
+      if (data.changes.includes("output") || batch.state !== "PENDING") pull().catch(() => {});
+    } else if (event === "position" && batch.flexq) {
+      batch.flexq.queuePosition = data.queuePosition;
+      batch.flexq.estimatedStartTime = data.estimatedStartTime;
+      paint();
+    } else if (event === "deleted") {
+      deleted = data.deleteTime;
+      paint();
+    } else if (event === "ready") {
+      const seen = events;
+      api(base)
+        .then((b) => {
+          if (seen !== events || !ctx.alive()) return;
+          take(b);
+          paint();
+        })
+        .catch(() => {});
+      pull().catch(() => {});
+    }
+  });
+}
+
+export function batchView(b, deleted, project, region, cancel) {
+  const f = b.flexq ?? {};
+  const id = b.name.split("/").pop();
+  const out = [];
+  if (deleted) out.push(h("p", { class: "banner", id: "deleted" }, `This batch was deleted at ${when(deleted)}.`));
+  out.push(
+    h(
+      "h1",
+      null,
+      `Batch ${id} `,
+      stateBadge(b.state, "batch-state"),
+      " ",
+      // Why it ended, from its typed reason (never from the message).
+      f.endReason ? h("span", { class: `badge reason-${f.endReason}`, id: "end-reason", title: "Why it ended" }, f.endReason.replaceAll("_", " ")) : "",
+      f.endReason ? " " : "",
+      cancel,
+    ),
+  );
+  if (b.stateMessage) out.push(h("p", { id: "state-message" }, b.stateMessage));
+  const facts = [
+    ["Project", project],
+    ["Region", region],
+    ["Created", when(b.createTime)],
+    ["Creator", b.creator],
+    ["Provisioning", f.provisioningState ? `${f.provisioningState} (${f.provisioningMode} mode)` : ""],
+    ["Zone", f.zone],
+    ["Allocated", f.allocateTime ? when(f.allocateTime) : ""],
+    ["Allocation deadline", f.allocationDeadline && f.provisioningState === "QUEUED" ? clock(f.allocationDeadline, "until") : ""],
+    ["Queue position", f.queuePosition ? h("span", { id: "queue-position" }, number(f.queuePosition)) : ""],
+    ["Estimated start", f.estimatedStartTime ? when(f.estimatedStartTime) : ""],
+    ["Attempt", f.attempt],
+    ["Operation", b.operation],
+  ].filter(([, v]) => v !== undefined && v !== null && v !== "");
+  const left = [
+    h("h2", null, "Facts"),
+    h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", null, k), h("dd", null, v)])),
+  ];
+  if (f.notAdmittedReasons && f.notAdmittedReasons.length) {
+    left.push(
+      h("h2", null, "Why it waits"),
+      h("ul", { class: "reasons", id: "reasons" }, f.notAdmittedReasons.map((x) => h("li", null, x))),
+    );
+  }
+  left.push(
+    h("h2", null, f.provisioningState === "RELEASED" ? "Nodes (released)" : "Nodes"),
+    nodesView(f.nodes ?? []),
+  );
+  out.push(h("div", { class: "cols" }, h("div", null, left), h("div", null, h("h2", null, "History"), timeline(b))));
+  return out;
+}
+
+export function nodesView(parts) {
+  if (!parts.length) return h("p", { class: "muted", id: "nodes-none" }, "No nodes: the cluster is not allocated.");
+  return h(
+    "table",
+    { id: "nodes" },
+    h("thead", null, h("tr", null, h("th", null, "Part"), h("th", null, "Node"), h("th", null, "GPUs"), h("th", { class: "num" }, "Cores"), h("th", { class: "num" }, "Memory"), h("th", { class: "num" }, "Local SSD"))),
+    h(
+      "tbody",
+      null,
+      parts.map((p) =>
+        h(
+          "tr",
+          null,
+          h("td", null, p.index == null ? p.role : `${p.role} ${p.index}`),
+          h("td", null, p.node, p.isVirtual ? h("span", { class: "muted" }, " (virtual)") : null),
+          h("td", { class: "gpus" }, p.gpus.join(", ")),
+          h("td", { class: "num" }, p.cores),
+          h("td", { class: "num" }, `${number(p.memoryMb / 1024, 1)} GiB`),
+          h("td", { class: "num" }, `${p.localSsdGb} GB`),
+        ),
+      ),
+    ),
+  );
+}
+
+export function timeline(b) {
+  const steps = (b.stateHistory ?? []).map((s) => ({ state: s.state, message: s.stateMessage, at: s.stateStartTime }));
+  // flexq's history already ends with the state now (with its message)
+  // when that state was entered with a message; then the last step is now.
+  const last = steps[steps.length - 1];
+  if (last && last.state === b.state && last.message === b.stateMessage) last.now = true;
+  else steps.push({ state: b.state, message: b.stateMessage, at: b.stateTime, now: true });
+  return h(
+    "ol",
+    { class: "timeline", id: "timeline" },
+    steps.map((s, i) => {
+      const nextAt = steps[i + 1] ? steps[i + 1].at : null;
+      const terminal = ["SUCCEEDED", "FAILED", "CANCELLED"].includes(s.state);
+      return h(
+        "li",
+        { class: s.now ? "now" : null, "data-state": s.state },
+        stateBadge(s.state),
+        " ",
+        h("span", { class: "when" }, when(s.at)),
+        nextAt ? h("span", { class: "when" }, ` · ${duration((Date.parse(nextAt) - Date.parse(s.at)) / 1000)}`) : null,
+        s.now && !terminal ? h("span", { class: "when" }, " · for ", clock(s.at, "since")) : null,
+        s.message ? h("div", null, s.message) : null,
+      );
+    }),
+  );
+}
+
+/** The Cancel button of a batch's page: shown while the batch may be
+ * cancelled by this caller; a second click within 5 s confirms. */
+export function cancelControl(project, current) {
+  const el = h("span", { class: "cancel" });
+  const button = h("button", { class: "danger", id: "cancel" }, "Cancel batch");
+  let armed = null;
+  let sent = false;
+  const disarm = () => {
+    clearTimeout(armed);
+    armed = null;
+    button.classList.remove("armed");
+    button.textContent = "Cancel batch";
+  };
+  button.addEventListener("click", async () => {
+    if (!armed) {
+      button.classList.add("armed");
+      button.textContent = "Click again to cancel";
+      armed = setTimeout(disarm, 5000);
+      return;
+    }
+    clearTimeout(armed);
+    sent = true;
+    button.disabled = true;
+    button.textContent = "Cancelling…";
+    try {
+      await api(`v1/${current().operation}:cancel`, { method: "POST", body: {} });
+    } catch (e) {
+      el.replaceChildren(h("span", { class: "error", id: "cancel-error" }, e.message));
+    }
+  });
+  const update = () => {
+    const b = current();
+    const offered = mayWrite(project) && ["PENDING", "RUNNING"].includes(b.state) && b.operation;
+    if (!offered) {
+      disarm();
+      el.replaceChildren();
+    } else if (!el.contains(button) && !sent) {
+      el.replaceChildren(button);
+    }
+  };
+  return { el, update };
+}
