@@ -1,0 +1,109 @@
+//! The estimated start of a queued batch, in strict and fair-share order,
+//! and when there is none.
+
+use super::*;
+
+/// One node of 4 GPUs: batch 1 (3 GPUs, ttl 1h) of `running` holds it;
+/// batch 2 of `second` (ttl 30 min) and batch 3 of `third` (ttl 10 min)
+/// wait, in that age order.
+fn two_behind_one(order: Order, second: &str, third: &str) -> Scheduler {
+    let mut s = Scheduler::new(vec![pool("a", 4, 1)], rules(100));
+    s.set_fair_share(FairSharePolicy {
+        order,
+        ..FairSharePolicy::default()
+    });
+    s.add_node(l4_node("n0", "a", 4));
+    let c = |ttl| cluster(2, ProvisioningMode::Queue, 7200, Some(ttl));
+    s.submit(batch(1, "heavy", c(3600), t0()));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    s.submit(batch(2, second, c(1800), t0()));
+    s.submit(batch(3, third, c(600), t0()));
+    assert!(allocated(&s.pass(t0())).is_empty());
+    s
+}
+
+#[test]
+fn the_estimated_start_counts_the_batches_ahead_in_strict_order() {
+    let s = two_behind_one(Order::Strict, "heavy", "light");
+    let eta = |k| {
+        s.pending_info(BatchKey(k), t0())
+            .expect("queued")
+            .estimated_start_time
+    };
+    // 2 starts when 1 ends; 3 only when 2 ends after it (not when 1 ends,
+    // as an estimate blind to the queue would say).
+    assert_eq!(eta(2), Some(t0() + Duration::seconds(3600)));
+    assert_eq!(eta(3), Some(t0() + Duration::seconds(3600 + 1800)));
+}
+
+#[test]
+fn the_estimated_start_follows_the_fair_share_order() {
+    // heavy holds the node, so light's younger batch goes first.
+    let s = two_behind_one(Order::FairShare, "heavy", "light");
+    let info = |k| s.pending_info(BatchKey(k), t0()).expect("queued");
+    assert_eq!(info(3).queue_position, 1);
+    assert_eq!(info(2).queue_position, 2);
+    assert_eq!(
+        info(3).estimated_start_time,
+        Some(t0() + Duration::seconds(3600))
+    );
+    assert_eq!(
+        info(2).estimated_start_time,
+        Some(t0() + Duration::seconds(3600 + 600))
+    );
+    let why = info(2).reasons.join(" | ");
+    assert!(
+        why.contains("behind 1 batch of 1 project in fair-share order")
+            && why.contains("light 0.00; yours 3.00"),
+        "{why}"
+    );
+}
+
+#[test]
+fn no_estimate_behind_a_cluster_without_a_ttl_or_too_deep_a_queue() {
+    let mut s = Scheduler::new(vec![pool("a", 4, 1)], rules(100_000));
+    s.add_node(l4_node("n0", "a", 4));
+    s.submit(batch(
+        1,
+        "p",
+        cluster(2, ProvisioningMode::Queue, 7200, None),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    for k in 2..(ESTIMATE_DEPTH as i64 + 5) {
+        s.submit(batch(
+            k,
+            "p",
+            cluster(2, ProvisioningMode::Queue, 7200, Some(60)),
+            t0(),
+        ));
+    }
+    s.pass(t0());
+    // Batch 1 never ends: nothing behind it has an estimate.
+    assert_eq!(
+        s.pending_info(BatchKey(2), t0())
+            .expect("queued")
+            .estimated_start_time,
+        None
+    );
+    s.forget(BatchKey(1), t0());
+    assert_eq!(allocated(&s.pass(t0())), vec![2]);
+    // Batch k waits for batch 2 (running, a minute) and the k − 3 queued
+    // before it, a minute each: it starts after k − 2 minutes. The last
+    // with an estimate has ESTIMATE_DEPTH batches queued ahead.
+    let last_in_reach = ESTIMATE_DEPTH as i64 + 3;
+    assert_eq!(
+        s.pending_info(BatchKey(last_in_reach), t0())
+            .expect("queued")
+            .estimated_start_time,
+        Some(t0() + Duration::seconds(60 * (last_in_reach - 2)))
+    );
+    // One more ahead than ESTIMATE_DEPTH: none.
+    let too_deep = BatchKey(last_in_reach + 1);
+    assert_eq!(
+        s.pending_info(too_deep, t0())
+            .expect("queued")
+            .estimated_start_time,
+        None
+    );
+}
