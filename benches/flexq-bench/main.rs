@@ -1,11 +1,11 @@
 //! flexq's benchmarks, outside the product binary:
 //!
 //! ```sh
-//! cargo bench --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|rest-h2c|grpc|all]
-//! cargo bench --bench flexq-bench -- schedule --pending 100000
-//! cargo bench --bench flexq-bench -- fairshare --pending 100000 --batches 100000
-//! cargo bench --bench flexq-bench -- replicas
-//! cargo bench --bench flexq-bench -- agent --runs 10
+//! cargo bench --features bench-hooks --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|rest-h2c|grpc|all]
+//! cargo bench --features bench-hooks --bench flexq-bench -- schedule --pending 100000
+//! cargo bench --features bench-hooks --bench flexq-bench -- fairshare --pending 100000 --batches 100000
+//! cargo bench --features bench-hooks --bench flexq-bench -- replicas
+//! cargo bench --features bench-hooks --bench flexq-bench -- agent --runs 10
 //! ```
 //!
 //! They start `flexq serve` (and `flexq agent`) from the `flexq` binary

@@ -252,10 +252,11 @@ impl Engine {
         self.lock().await.running_keys()
     }
 
-    /// Benchmarks only: adds nodes to the core as if their agents had
-    /// registered, without the store (how `cargo bench --bench flexq-bench -- schedule` measures
-    /// a flood of capacity under a deep queue), and wakes the loop.
-    #[doc(hidden)]
+    /// Benchmarks only (feature `bench-hooks`): adds nodes to the core as
+    /// if their agents had registered, without the store (how `cargo bench
+    /// --features bench-hooks --bench flexq-bench -- schedule` measures a
+    /// flood of capacity under a deep queue), and wakes the loop.
+    #[cfg(feature = "bench-hooks")]
     pub async fn add_nodes_for_bench(
         &self,
         nodes: Vec<crate::scheduler::NodeSpec>,
