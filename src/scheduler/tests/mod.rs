@@ -1,5 +1,6 @@
 //! The core against its invariants: unit cases for each rule, by topic
-//! ([`allocation`], [`estimate`], [`holds`], [`reload`], [`views`]), on the
+//! ([`allocation`], [`estimate`], [`holds`], [`reload`], [`rungs`],
+//! [`views`]), on the
 //! fixtures here, and property tests over random event sequences in
 //! [`props`].
 
@@ -8,6 +9,7 @@ mod estimate;
 mod holds;
 mod props;
 mod reload;
+mod rungs;
 mod views;
 
 use std::collections::BTreeMap;
