@@ -2,6 +2,7 @@
 //! SQLite files, real HTTP.
 
 mod agents;
+mod alternatives;
 mod api;
 mod architecture;
 mod auth;

@@ -1,0 +1,123 @@
+//! Placement alternatives through the API: an L4 batch falls back to A100s
+//! once its rung's delay passes, and the batch, its history, validate-only
+//! and the metrics say so; a batch that opted out never moves.
+
+use std::collections::BTreeMap;
+
+use flexq::config::{Config, LadderConfig, PoolConfig, ZoneConfig};
+use flexq::spec::Accelerator;
+use serde_json::{Value, json};
+
+use crate::scheduler::{gpu_batch, world};
+use crate::support::{TestServer, until};
+
+/// us-central1: one virtual L4 node of 4 GPUs in us-central1-a, one
+/// virtual A100-40 node of 8 in us-central1-c; L4 batches may take A100s
+/// after 1s.
+fn l4_and_a100(c: &mut Config) {
+    world(c, 1, 4, 1, 100);
+    let region = c.regions.get_mut("us-central1").expect("region");
+    region.zones.insert(
+        "us-central1-c".into(),
+        ZoneConfig {
+            node_pools: BTreeMap::from([(
+                "a100-40".to_string(),
+                PoolConfig {
+                    accelerator: Accelerator::A100_40,
+                    gpus_per_node: 8,
+                    cores: 96,
+                    memory_mb: 696_320,
+                    local_ssd_gb: 6000,
+                    max_nodes: 1,
+                    virtual_nodes: 1,
+                },
+            )]),
+        },
+    );
+    c.quotas.push(flexq::scheduler::QuotaRule {
+        project: "*".into(),
+        region: "*".into(),
+        metric: flexq::spec::QuotaMetric::PreemptibleNvidiaA100Gpus,
+        limit: 100,
+    });
+    c.alternatives = vec![LadderConfig {
+        accelerator: Some("l4".into()),
+        rungs: vec!["a100-40 after 1s".into()],
+        ..LadderConfig::default()
+    }];
+}
+
+const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
+
+fn provisioned(b: &Value) -> bool {
+    b["flexq"]["provisioningState"] == "PROVISIONED"
+}
+
+#[tokio::test]
+async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
+    let s = TestServer::start_with(l4_and_a100).await;
+    // Fills the L4 node: a driver and 3 executors.
+    let (status, _) = s.create("batchId=fill", &gpu_batch(3, "3600s")).await;
+    assert_eq!(status, 200);
+    until(&s, &format!("{BATCHES}/fill"), "provisioned", provisioned).await;
+
+    // What would happen: queued on L4, and on its rung it fits now.
+    let (status, v) = s
+        .create("batchId=probe&validateOnly=true", &gpu_batch(2, "3600s"))
+        .await;
+    assert_eq!(status, 200, "{v:#}");
+    let rung = &v["alternatives"][0];
+    assert_eq!(rung["rung"], "a100-40 after 1s", "{v:#}");
+    assert_eq!(rung["verdict"], "ALLOCATE_NOW", "{v:#}");
+    assert!(
+        rung["cluster"]["shape"]
+            .as_str()
+            .is_some_and(|s| s.contains("a100-40 (12 cores, 1 GPU")),
+        "{v:#}"
+    );
+    assert_eq!(
+        rung["cluster"]["quota"][0]["metric"], "PREEMPTIBLE_NVIDIA_A100_GPUS",
+        "{v:#}"
+    );
+
+    let (status, _) = s.create("batchId=moves", &gpu_batch(2, "3600s")).await;
+    assert_eq!(status, 200);
+    let mut stays = gpu_batch(2, "3600s");
+    stays["runtimeConfig"]["properties"]["spark.flexq.alternatives"] = json!("none");
+    let (status, _) = s.create("batchId=stays", &stays).await;
+    assert_eq!(status, 200);
+
+    let b = until(&s, &format!("{BATCHES}/moves"), "provisioned", provisioned).await;
+    let placement = &b["flexq"]["placement"];
+    assert_eq!(placement["alternative"], 1, "{b:#}");
+    assert_eq!(placement["accelerator"], "a100-40", "{b:#}");
+    assert_eq!(placement["executorCores"], 12, "{b:#}");
+    assert_eq!(b["flexq"]["zone"], "us-central1-c", "{b:#}");
+    assert_eq!(b["flexq"]["alternatives"][0], "a100-40 after 1s", "{b:#}");
+    let history: Vec<&str> = b["stateHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h["stateMessage"].as_str())
+        .chain(b["stateMessage"].as_str())
+        .collect();
+    assert!(
+        history
+            .iter()
+            .any(|m| m.starts_with("Allocated on alternative 1, a100-40 in us-central1-c")),
+        "{history:#?}"
+    );
+    // Its operation's metadata and the metrics agree.
+    let text = s.scrape().await;
+    let n = crate::metrics::value(
+        &text,
+        "flexq_alternative_allocations_total",
+        &[("rung", "1"), ("asked", "l4"), ("given", "a100-40")],
+    );
+    assert!(n.is_some_and(|n| n >= 1.0), "{n:?}");
+
+    // The batch that opted out is still waiting for L4, and says why.
+    let (_, b) = s.get(&format!("{BATCHES}/stays")).await;
+    assert_eq!(b["flexq"]["provisioningState"], "QUEUED", "{b:#}");
+    assert!(b["flexq"].get("alternatives").is_none(), "{b:#}");
+}
