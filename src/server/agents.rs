@@ -24,7 +24,7 @@ pub(super) struct Heartbeat {
 /// `POST /v1/nodes:register`
 #[utoipa::path(post, path = "/v1/nodes:register", tag = "agents",
     request_body = crate::protocol::RegisterNode,
-    responses((status = 200, body = crate::protocol::Lease), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, body = crate::protocol::Lease)))]
 pub(super) async fn register(
     AppState(app): AppState<App>,
     axum::Extension(principal): axum::Extension<super::Principal>,
@@ -42,7 +42,7 @@ pub(super) async fn register(
     description = "`{node}` is `NODE:heartbeat` ({epoch}), `NODE:poll` (Poll → Assignments), `NODE:report` (Report) or `NODE:output` (OutputUpload) for the node's agent; `NODE:cordon`, `NODE:drain` or `NODE:uncordon` (no body; admins) answer the node.",
     params(("node" = String, Path)),
     request_body(content = Object),
-    responses((status = 200, description = "Lease, Assignments, {} or {nextOffset}"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "Lease, Assignments, {} or {nextOffset}")))]
 pub(super) async fn node_method(
     AppState(app): AppState<App>,
     ApiPath(path): ApiPath<String>,
@@ -95,8 +95,8 @@ pub(super) async fn node_method(
 
 /// The methods of `POST /v1/nodes/{node}`, read from the *decoded* path
 /// parameter `NODE:METHOD`: the one reading both the access check
-/// ([`super::auth::need`]) and the handler go by, so what is authorised is
-/// exactly what runs. Exact and case-sensitive, as every route is.
+/// ([`super::auth::Rule::NodeMethod`]) and the handler go by, so what is
+/// authorised is exactly what runs. Exact and case-sensitive, as every route is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum NodeMethod {
     Heartbeat,
@@ -158,8 +158,6 @@ pub(super) struct OutputParams {
     offset: Option<String>,
     #[serde(default)]
     wait_for: Option<String>,
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
 }
 
 /// `GET /v1/projects/{p}/locations/{r}/batches/{b}/output`: the driver's
@@ -167,7 +165,7 @@ pub(super) struct OutputParams {
 /// of the batch (how `flexq batches wait` streams it).
 #[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches/{batch}/output", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path), ("offset" = Option<String>, Query), ("waitFor" = Option<String>, Query)),
-    responses((status = 200, body = crate::protocol::BatchOutput), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, body = crate::protocol::BatchOutput)))]
 pub(super) async fn read_output(
     AppState(app): AppState<App>,
     ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,

@@ -1,10 +1,14 @@
-//! Who may call which REST route. What a route needs is one table
-//! ([`need`]), applied in one middleware before any handler runs, so the
-//! policy can be read (and tested) in one place; who the caller is,
-//! whether they may and the project's rate are the engine's
-//! ([`Engine::admit`]), the same for every front end.
+//! Who may call which REST route. What a route needs is its [`Rule`],
+//! said where the route is registered (`super::routes`), which fills the
+//! [`Rules`] table as it goes; one middleware ([`enforce`]) applies it
+//! before any handler runs. Who the caller is, whether they may and the
+//! project's rate are the engine's ([`Engine::admit`]), the same for every
+//! front end.
 //!
 //! [`Engine::admit`]: crate::engine::Engine::admit
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::RequestExt;
 use axum::extract::{MatchedPath, RawPathParams, Request, State as AppState};
@@ -16,57 +20,121 @@ use super::App;
 use super::agents::NodeMethod;
 use crate::engine::{Access, Error};
 
-/// The table: what each route and method needs, from the route template
-/// the router matched and its *percent-decoded* parameters — what the
-/// handlers read — never from the raw path, whose text an attacker
-/// chooses (`/v1/nodes/N:uncordo%6E` is the route `/v1/nodes/{node}` with
-/// `node` = `N:uncordon`, an admin's method).
-pub fn need(method: &Method, route: Option<&str>, params: &[(&str, &str)]) -> Access {
-    let param = |name: &str| {
-        params
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.to_string())
-    };
-    let Some(route) = route else {
-        return Access::Nobody;
-    };
-    let read = method == Method::GET || method == Method::HEAD;
-    match route {
-        "/healthz" | "/readyz" | "/openapi.json" => Access::Nobody,
-        // The console's files; what it shows comes from the API, with the
-        // caller's token.
-        "/console" | "/console/" | "/console/{file}" => Access::Nobody,
-        "/v1/runtimes" | "/v1/regions" | "/v1/principal" => Access::Anyone,
-        "/v1/nodes" => Access::Admin,
-        "/v1/nodes:register" => Access::Agent(None),
-        "/v1/nodes/{node}" => {
-            let node = param("node").unwrap_or_default();
-            match NodeMethod::parse(&node) {
-                (_, Some(m)) if m.is_admin() => Access::Admin,
-                (node, _) => Access::Agent(Some(node.to_string())),
+/// What a route needs, read from the route template the router matched
+/// and its *percent-decoded* parameters — what the handlers read — never
+/// from the raw path, whose text an attacker chooses
+/// (`/v1/nodes/N:uncordo%6E` is the route `/v1/nodes/{node}` with `node` =
+/// `N:uncordon`, an admin's method).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// No token: the health checks, the console's files (what the console
+    /// shows comes from the API, with the caller's token) and the
+    /// document.
+    Nobody,
+    /// Any principal.
+    Anyone,
+    Admin,
+    /// An agent, for the node its request names (`:register`).
+    Agent,
+    /// `/v1/nodes/{node}`, `NODE:METHOD`: an admin's method (cordon, drain,
+    /// uncordon) needs an admin, any other the node's own agent.
+    NodeMethod,
+    /// `{project}`'s readers for GET and HEAD, its writers otherwise.
+    Project,
+    /// `{project}`'s readers for GET and HEAD, admins otherwise (a
+    /// project's quota limits are the admins' to set).
+    ProjectAdminWrites,
+}
+
+impl Rule {
+    /// What a call of `method` with the route's decoded `params` needs.
+    pub(crate) fn need(self, method: &Method, params: &[(&str, &str)]) -> Access {
+        let param = |name: &str| {
+            params
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_default()
+        };
+        let read = method == Method::GET || method == Method::HEAD;
+        match self {
+            Rule::Nobody => Access::Nobody,
+            Rule::Anyone => Access::Anyone,
+            Rule::Admin => Access::Admin,
+            Rule::Agent => Access::Agent(None),
+            Rule::NodeMethod => {
+                let node = param("node");
+                match NodeMethod::parse(&node) {
+                    (_, Some(m)) if m.is_admin() => Access::Admin,
+                    (node, _) => Access::Agent(Some(node.to_string())),
+                }
             }
+            Rule::Project if read => Access::ReadProject(param("project")),
+            Rule::Project => Access::WriteProject(param("project")),
+            Rule::ProjectAdminWrites if read => Access::ReadProject(param("project")),
+            Rule::ProjectAdminWrites => Access::Admin,
         }
-        "/v1/projects/{project}/regions/{region}/quotas" if !read => Access::Admin,
-        "/v1/projects/{project}/regions/{region}/queue:hold"
-        | "/v1/projects/{project}/regions/{region}/queue:resume" => Access::Admin,
-        r if r.starts_with("/v1/projects/{project}/") => {
-            let project = param("project").unwrap_or_default();
-            if read {
-                Access::ReadProject(project)
-            } else {
-                Access::WriteProject(project)
-            }
-        }
-        _ => Access::Admin,
     }
 }
 
-/// The middleware: authenticates the caller, applies [`need`] and the
-/// project's rate limit, and hands the principal to handlers as a request
-/// extension.
+/// The table: each route template's [`Rule`], as the routes were
+/// registered.
+#[derive(Debug, Default)]
+pub(crate) struct Rules(HashMap<String, Rule>);
+
+impl Rules {
+    /// Records `route`'s rule. A route has one rule, whatever its methods:
+    /// a second, different one is a mistake in the routes' declaration,
+    /// found when the router is built (and by its tests), never served.
+    pub(super) fn insert(&mut self, route: &str, rule: Rule) {
+        if let Some(before) = self.0.insert(route.to_string(), rule) {
+            assert_eq!(
+                before, rule,
+                "{route} is registered with two access rules: {before:?} and {rule:?}"
+            );
+        }
+    }
+
+    /// `route`'s rule, if it has one.
+    pub(crate) fn get(&self, route: &str) -> Option<Rule> {
+        self.0.get(route).copied()
+    }
+
+    /// What a call needs: nothing when no route matched (the answer is a
+    /// 404); an admin for a route without a rule, which the routes'
+    /// declaration makes impossible, so that a slip fails closed.
+    pub(crate) fn need(
+        &self,
+        method: &Method,
+        route: Option<&str>,
+        params: &[(&str, &str)],
+    ) -> Access {
+        let Some(route) = route else {
+            return Access::Nobody;
+        };
+        match self.get(route) {
+            Some(rule) => rule.need(method, params),
+            None => {
+                tracing::error!(route, "a route without an access rule: admins only");
+                Access::Admin
+            }
+        }
+    }
+}
+
+/// The middleware's state: the app, and the table of the router it
+/// guards.
+#[derive(Clone)]
+pub(super) struct Guard {
+    pub(super) app: App,
+    pub(super) rules: Arc<Rules>,
+}
+
+/// The middleware: authenticates the caller, applies the route's rule
+/// ([`Rules::need`]) and the project's rate limit, and hands the principal
+/// to handlers as a request extension.
 pub(super) async fn enforce(
-    AppState(app): AppState<App>,
+    AppState(Guard { app, rules }): AppState<Guard>,
     mut req: Request,
     next: Next,
 ) -> Response {
@@ -95,7 +163,7 @@ pub(super) async fn enforce(
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_str()))
         .collect();
-    let need = need(req.method(), route.as_deref(), &params);
+    let need = rules.need(req.method(), route.as_deref(), &params);
     // `/v1/projects/{p}/locations|regions/{r}/...`: the rate's region.
     let region = params
         .iter()
@@ -117,7 +185,7 @@ pub(super) async fn enforce(
 /// whether it is the anonymous admin of a server without principals —
 /// so a client (the console) can show what it may do.
 #[utoipa::path(get, path = "/v1/principal", tag = "auth",
-    responses((status = 200, description = "The caller: name, role (submitter, admin, agent), projects, anonymous"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "The caller: name, role (submitter, admin, agent), projects, anonymous")))]
 pub(super) async fn principal(
     axum::Extension(p): axum::Extension<crate::engine::Principal>,
     format: super::extract::Format,
@@ -137,24 +205,74 @@ pub(super) async fn principal(
 mod tests {
     use super::*;
 
+    /// The table the routes' declaration fills, against what each route
+    /// must need, written out here rather than read from the declaration.
     #[test]
     fn the_route_table() {
+        let rules = super::super::routes::declare().rules;
+        let need = |method: &Method, route: &str, params: &[(&str, &str)]| {
+            assert!(rules.get(route).is_some(), "{route} has no rule");
+            rules.need(method, Some(route), params)
+        };
         let route = "/v1/projects/{project}/locations/{region}/batches";
         let params = [("project", "demo"), ("region", "r")];
         assert_eq!(
-            need(&Method::GET, Some(route), &params),
+            need(&Method::GET, route, &params),
             Access::ReadProject("demo".into())
         );
         assert_eq!(
-            need(&Method::POST, Some(route), &params),
+            need(&Method::HEAD, route, &params),
+            Access::ReadProject("demo".into())
+        );
+        assert_eq!(
+            need(&Method::POST, route, &params),
             Access::WriteProject("demo".into())
         );
-        let node = |param| need(&Method::POST, Some("/v1/nodes/{node}"), &[("node", param)]);
+        let node = |param| need(&Method::POST, "/v1/nodes/{node}", &[("node", param)]);
         assert_eq!(node("gpu-1:poll"), Access::Agent(Some("gpu-1".into())));
         assert_eq!(node("gpu-1:uncordon"), Access::Admin);
         assert_eq!(node("gpu-1:drain"), Access::Admin);
         // Not a method: the agent's own node, which answers 404.
         assert_eq!(node("gpu-1:Uncordon"), Access::Agent(Some("gpu-1".into())));
-        assert_eq!(need(&Method::GET, None, &[]), Access::Nobody);
+        assert_eq!(
+            need(&Method::POST, "/v1/nodes:register", &[]),
+            Access::Agent(None)
+        );
+        let quotas = "/v1/projects/{project}/regions/{region}/quotas";
+        assert_eq!(
+            need(&Method::GET, quotas, &params),
+            Access::ReadProject("demo".into())
+        );
+        assert_eq!(need(&Method::PATCH, quotas, &params), Access::Admin);
+        for admins in [
+            "/v1/projects/{project}/regions/{region}/queue:hold",
+            "/v1/projects/{project}/regions/{region}/queue:resume",
+        ] {
+            assert_eq!(need(&Method::POST, admins, &params), Access::Admin);
+        }
+        for admins in ["/v1/nodes", "/v1/queues"] {
+            assert_eq!(need(&Method::GET, admins, &[]), Access::Admin);
+        }
+        assert_eq!(need(&Method::POST, "/v1/config:reload", &[]), Access::Admin);
+        for anyone in ["/v1/runtimes", "/v1/regions", "/v1/principal"] {
+            assert_eq!(need(&Method::GET, anyone, &[]), Access::Anyone);
+        }
+        for nobody in [
+            "/healthz",
+            "/readyz",
+            "/openapi.json",
+            "/console",
+            "/console/",
+            "/console/{file}",
+        ] {
+            assert_eq!(need(&Method::GET, nobody, &[]), Access::Nobody);
+        }
+        // No route matched: a 404 follows, for anybody.
+        assert_eq!(rules.need(&Method::GET, None, &[]), Access::Nobody);
+        // A route the table does not know fails closed.
+        assert_eq!(
+            rules.need(&Method::GET, Some("/v1/unruled"), &[]),
+            Access::Admin
+        );
     }
 }

@@ -17,12 +17,6 @@ pub(super) struct CreateParams {
     batch_id: Option<String>,
     request_id: Option<String>,
     validate_only: Option<String>,
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
-    #[serde(rename = "$fields", alias = "fields")]
-    _fields: Option<String>,
-    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
-    _pretty: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -32,30 +26,19 @@ pub(super) struct ListParams {
     page_token: Option<String>,
     filter: Option<String>,
     order_by: Option<String>,
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
-    #[serde(rename = "$fields", alias = "fields")]
-    _fields: Option<String>,
-    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
-    _pretty: Option<String>,
 }
 
+/// The query of a route with no parameters of its own: only the system
+/// parameters, which [`ApiQuery`] sets aside; anything else is refused.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct PlainParams {
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
-    #[serde(rename = "$fields", alias = "fields")]
-    _fields: Option<String>,
-    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
-    _pretty: Option<String>,
-}
+pub(super) struct PlainParams {}
 
 /// `POST /v1/projects/{project}/locations/{region}/batches`
 #[utoipa::path(post, path = "/v1/projects/{project}/locations/{region}/batches", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("batchId" = Option<String>, Query), ("requestId" = Option<String>, Query), ("validateOnly" = Option<bool>, Query)),
     request_body = crate::api::Batch,
-    responses((status = 200, description = "The batch's Operation (or, with validateOnly, a verdict)", body = crate::api::Operation), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "The batch's Operation (or, with validateOnly, a verdict)", body = crate::api::Operation)))]
 pub(super) async fn create(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -81,7 +64,7 @@ pub(super) async fn create(
 /// `GET /v1/projects/{project}/locations/{region}/batches/{batch}`
 #[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches/{batch}", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path)),
-    responses((status = 200, body = crate::api::Batch), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, body = crate::api::Batch)))]
 pub(super) async fn get(
     AppState(app): AppState<App>,
     ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,
@@ -96,7 +79,7 @@ pub(super) async fn get(
 /// `GET /v1/projects/{project}/locations/{region}/batches`
 #[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("pageSize" = Option<u32>, Query), ("pageToken" = Option<String>, Query), ("filter" = Option<String>, Query), ("orderBy" = Option<String>, Query)),
-    responses((status = 200, body = crate::api::ListBatchesResponse), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, body = crate::api::ListBatchesResponse)))]
 pub(super) async fn list(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -118,7 +101,7 @@ pub(super) async fn list(
 /// `DELETE /v1/projects/{project}/locations/{region}/batches/{batch}`
 #[utoipa::path(delete, path = "/v1/projects/{project}/locations/{region}/batches/{batch}", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path)),
-    responses((status = 200, description = "Deleted (terminal batches only)"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "Deleted (terminal batches only)")))]
 pub(super) async fn delete(
     AppState(app): AppState<App>,
     ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,
@@ -133,7 +116,7 @@ pub(super) async fn delete(
 /// `GET /v1/projects/{project}/regions/{region}/operations/{operation}`
 #[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/operations/{operation}", tag = "operations",
     params(("project" = String, Path), ("region" = String, Path), ("operation" = String, Path)),
-    responses((status = 200, body = crate::api::Operation), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, body = crate::api::Operation)))]
 pub(super) async fn get_operation(
     AppState(app): AppState<App>,
     ApiPath((project, region, operation_id)): ApiPath<(String, String, String)>,
@@ -153,7 +136,7 @@ pub(super) async fn get_operation(
 #[utoipa::path(post, path = "/v1/projects/{project}/regions/{region}/operations/{operation}", tag = "operations",
     description = "`{operation}` is `ID:cancel`: cancels the batch of the operation.",
     params(("project" = String, Path), ("region" = String, Path), ("operation" = String, Path)),
-    responses((status = 200, description = "Cancellation requested"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "Cancellation requested")))]
 pub(super) async fn post_operation(
     AppState(app): AppState<App>,
     ApiPath((project, region, operation)): ApiPath<(String, String, String)>,
@@ -184,8 +167,6 @@ pub(super) async fn post_operation(
 pub(super) struct WatchParams {
     batch_id: Option<String>,
     last_event_id: Option<String>,
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
 }
 
 /// `GET /v1/projects/{project}/locations/{region}/batches:watch`: the
@@ -193,7 +174,7 @@ pub(super) struct WatchParams {
 /// admins).
 #[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches:watch", tag = "batches",
     params(("project" = String, Path, description = "A project, or - for every project (admins)"), ("region" = String, Path), ("batchId" = Option<String>, Query, description = "Only this batch"), ("lastEventId" = Option<String>, Query, description = "Resume after this event (the Last-Event-ID header wins)")),
-    responses((status = 200, description = "text/event-stream: ready, batch, deleted and position events", content_type = "text/event-stream"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "text/event-stream: ready, batch, deleted and position events", content_type = "text/event-stream")))]
 pub(super) async fn watch(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,

@@ -14,7 +14,7 @@ use crate::engine::{Error, QuotaChange};
 /// `GET /v1/regions`: the configured regions, and GPUs and local SSD per
 /// region, zone and GPU type (a region without nodes has no rows).
 #[utoipa::path(get, path = "/v1/regions", tag = "capacity",
-    responses((status = 200, description = "regions: the configured regions; capacity: GPUs and local SSD total / allocated / free per region, zone and GPU type"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "regions: the configured regions; capacity: GPUs and local SSD total / allocated / free per region, zone and GPU type")))]
 pub(super) async fn regions(AppState(app): AppState<App>, format: Format) -> Response {
     let rows = app.engine.capacity().await;
     let regions = app.engine.regions();
@@ -26,7 +26,7 @@ pub(super) async fn regions(AppState(app): AppState<App>, format: Format) -> Res
 
 /// `GET /v1/nodes`: every node, virtual ones marked, with what is free.
 #[utoipa::path(get, path = "/v1/nodes", tag = "capacity",
-    responses((status = 200, description = "Every node, virtual ones marked, with what is free"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "Every node, virtual ones marked, with what is free")))]
 pub(super) async fn nodes(AppState(app): AppState<App>, format: Format) -> Response {
     let nodes = app.engine.nodes().await;
     format.respond(StatusCode::OK, &serde_json::json!({ "nodes": nodes }))
@@ -38,7 +38,7 @@ pub(super) async fn nodes(AppState(app): AppState<App>, format: Format) -> Respo
 /// `{"projects": [{"project", "quotas"}]}`.
 #[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/quotas", tag = "quotas",
     params(("project" = String, Path, description = "A project, or - for every project's (admins)"), ("region" = String, Path)),
-    responses((status = 200, description = "The project's quota limits and usage in the region"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "The project's quota limits and usage in the region")))]
 pub(super) async fn get_quotas(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -71,7 +71,7 @@ pub(super) struct QuotaPatch {
 #[utoipa::path(patch, path = "/v1/projects/{project}/regions/{region}/quotas", tag = "quotas",
     params(("project" = String, Path), ("region" = String, Path)),
     request_body(content = Object, description = "{\"metric\": \"NVIDIA_L4_GPUS\", \"limit\": 8}"),
-    responses((status = 200, description = "The project's quotas after the change"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "The project's quotas after the change")))]
 pub(super) async fn patch_quota(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -96,12 +96,6 @@ pub(super) async fn patch_quota(
 pub(super) struct UsageParams {
     start_time: Option<String>,
     end_time: Option<String>,
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
-    #[serde(rename = "$fields", alias = "fields")]
-    _fields: Option<String>,
-    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
-    _pretty: Option<String>,
 }
 
 /// `GET /v1/projects/{project}/regions/{region}/usage?startTime=&endTime=`:
@@ -111,7 +105,7 @@ pub(super) struct UsageParams {
     params(("project" = String, Path, description = "A project, or - for every project (admins)"), ("region" = String, Path),
         ("startTime" = Option<String>, Query, description = "RFC 3339; default endTime minus 7 days"),
         ("endTime" = Option<String>, Query, description = "RFC 3339; default now")),
-    responses((status = 200, body = crate::api::UsageReport), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, body = crate::api::UsageReport)))]
 pub(super) async fn usage(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,

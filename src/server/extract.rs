@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -130,8 +130,17 @@ where
     }
 }
 
-/// Query parameters; unknown ones are refused (a misspelt `pageSize` must
-/// not silently give the default).
+/// The system parameters of Google's APIs, which every route accepts
+/// whatever its own parameters: `$alt` (read by [`Format`]), `$fields`
+/// and `$prettyPrint` (accepted and ignored: answers carry every field,
+/// compact), the last two also without their `$`, as Google's APIs take
+/// them. Said here once; a handler's own query type never names them, and
+/// the document gets them from [`super::openapi::Shared`].
+pub(super) const SYSTEM_PARAMETERS: &[&str] =
+    &["$alt", "$fields", "fields", "$prettyPrint", "prettyPrint"];
+
+/// Query parameters, less the [`SYSTEM_PARAMETERS`]; unknown ones are
+/// refused (a misspelt `pageSize` must not silently give the default).
 pub struct ApiQuery<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for ApiQuery<T>
@@ -141,9 +150,15 @@ where
 {
     type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
-        Query::<T>::from_request_parts(parts, state)
-            .await
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Error> {
+        let own = own_query(parts.uri.query().unwrap_or_default());
+        // The handler's own parameters are read by axum's `Query` from
+        // their pieces as sent, so what it refuses and how it says so is
+        // as it was before the system parameters were set aside.
+        let uri: Uri = format!("/?{own}")
+            .parse()
+            .map_err(|e| invalid_query(format!("{e}")))?;
+        Query::<T>::try_from_uri(&uri)
             .map(|Query(v)| ApiQuery(v))
             .map_err(|e| {
                 let text = e.body_text();
@@ -151,14 +166,34 @@ where
                     .strip_prefix("Failed to deserialize query string: ")
                     .unwrap_or(&text)
                     .to_string();
-                Error::new(
-                    Code::InvalidArgument,
-                    "INVALID_QUERY",
-                    format!("invalid query parameters: {detail}"),
-                )
-                .with_meta("detail", detail)
+                invalid_query(detail)
             })
     }
+}
+
+fn invalid_query(detail: String) -> Error {
+    Error::new(
+        Code::InvalidArgument,
+        "INVALID_QUERY",
+        format!("invalid query parameters: {detail}"),
+    )
+    .with_meta("detail", detail)
+}
+
+/// `query` without its system parameters: the pieces (`name=value`,
+/// split at `&` as a form is) whose decoded name is not one, kept as sent.
+fn own_query(query: &str) -> String {
+    query
+        .split('&')
+        .filter(|piece| {
+            let name = serde_urlencoded::from_str::<Vec<(String, String)>>(piece)
+                .ok()
+                .and_then(|pairs| pairs.into_iter().next())
+                .map(|(name, _)| name);
+            !name.is_some_and(|n| SYSTEM_PARAMETERS.contains(&n.as_str()))
+        })
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// How to encode enums in the answer: names (proto3 JSON default) or
@@ -257,6 +292,20 @@ mod tests {
                 "stateHistory": [{"state": 2}],
                 "metadata": {"operationType": 1}
             })
+        );
+    }
+
+    #[test]
+    fn system_parameters_are_set_aside_and_the_rest_kept_as_sent() {
+        assert_eq!(
+            own_query("%24alt=json%3Benum-encoding%3Dint&pageSize=5&$fields=x&prettyPrint=false"),
+            "pageSize=5"
+        );
+        assert_eq!(own_query("fields=a&$prettyPrint=1"), "");
+        // Not a system parameter: left for the handler's type to refuse.
+        assert_eq!(
+            own_query("$alt=json&$foo=1&alt=json&pageToken=a%26b"),
+            "$foo=1&alt=json&pageToken=a%26b"
         );
     }
 

@@ -16,6 +16,7 @@ mod extract;
 pub mod openapi;
 mod queues;
 mod reload;
+mod routes;
 mod tls;
 
 use std::time::Instant;
@@ -69,71 +70,22 @@ pub fn router(app: App, shutdown: CancellationToken) -> anyhow::Result<Router> {
     Ok(rest(app).merge(grpc))
 }
 
-/// The REST API of docs/api.md.
+/// The REST API of docs/api.md: the routes of [`routes::declare`], each
+/// behind its access rule.
 fn rest(app: App) -> Router {
     // `server` is read at start only (a restart-only section).
     let server = app.engine.config().server.clone();
     let (timeout, body_limit) = (server.request_timeout, server.max_body_bytes);
-    let batches = "/v1/projects/{project}/locations/{region}/batches";
-    Router::new()
-        .route(batches, get(batches::list).post(batches::create))
-        .route(&format!("{batches}:watch"), get(batches::watch))
-        .route(
-            &format!("{batches}/{{batch}}"),
-            get(batches::get).delete(batches::delete),
-        )
-        .route(
-            &format!("{batches}/{{batch}}/output"),
-            get(agents::read_output),
-        )
-        .route(
-            "/v1/projects/{project}/regions/{region}/operations/{operation}",
-            get(batches::get_operation).post(batches::post_operation),
-        )
-        .route("/v1/runtimes", get(runtimes))
-        .route("/v1/regions", get(capacity::regions))
-        .route("/v1/nodes", get(capacity::nodes))
-        .route("/v1/nodes:register", axum::routing::post(agents::register))
-        .route("/v1/nodes/{node}", axum::routing::post(agents::node_method))
-        .route(
-            "/v1/projects/{project}/regions/{region}/quotas",
-            get(capacity::get_quotas).patch(capacity::patch_quota),
-        )
-        .route(
-            "/v1/projects/{project}/regions/{region}/usage",
-            get(capacity::usage),
-        )
-        .route(
-            "/v1/projects/{project}/regions/{region}/queue",
-            get(queues::get_queue),
-        )
-        .route(
-            "/v1/projects/{project}/regions/{region}/queue:hold",
-            axum::routing::post(queues::hold_queue),
-        )
-        .route(
-            "/v1/projects/{project}/regions/{region}/queue:resume",
-            axum::routing::post(queues::resume_queue),
-        )
-        .route("/v1/queues", get(queues::held_queues))
-        .route(
-            "/v1/config:reload",
-            axum::routing::post(reload::reload_config),
-        )
-        .route(
-            "/v1/projects/{project}/regions/{region}/queue/entries",
-            get(queues::queue_entries),
-        )
-        .route("/v1/principal", get(auth::principal))
-        .route("/console", get(console::redirect))
-        .route("/console/", get(console::index))
-        .route("/console/{file}", get(console::file))
-        .route("/openapi.json", get(openapi::document))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    let routes = routes::declare();
+    let guard = auth::Guard {
+        app: app.clone(),
+        rules: std::sync::Arc::new(routes.rules),
+    };
+    routes
+        .router
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(app.clone(), auth::enforce))
+        .layer(middleware::from_fn_with_state(guard, auth::enforce))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(
             ServiceBuilder::new()

@@ -1,10 +1,17 @@
 //! The OpenAPI document of the whole API, generated from the code: the
 //! wire types derive their schemas (`utoipa::ToSchema`) and every handler
-//! carries its path, parameters and answers (`#[utoipa::path]`). Served at
-//! `GET /openapi.json`.
+//! carries its path, parameters and answers (`#[utoipa::path]`), from
+//! which the router also takes its path (`super::routes`). What every
+//! operation of the API shares — the system parameters and the error
+//! answer — is added here once, by [`Shared`], not written on each
+//! handler. Served at `GET /openapi.json`.
 
-use axum::Json;
+use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn, PathItem};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{ContentBuilder, Ref, Required, ResponseBuilder};
 use utoipa::{OpenApi, ToSchema};
+
+use super::extract::SYSTEM_PARAMETERS;
 
 /// `google.rpc.Status` as every error travels.
 #[derive(ToSchema)]
@@ -26,38 +33,20 @@ pub struct ErrorStatus {
     details: Vec<serde_json::Value>,
 }
 
+/// The whole document, as `GET /openapi.json` serves it.
+pub fn document() -> utoipa::openapi::OpenApi {
+    std::sync::Arc::unwrap_or_clone(super::routes::declare().document)
+}
+
+/// What the document says besides its operations: its title, the schemas
+/// no operation names (the agent protocol's messages) and the bearer
+/// scheme. The operations come from the routes as they are registered
+/// ([`document`] is the whole).
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "flexq",
         description = "A capacity-aware flex start queue for GPU Spark batches (Dataproc Batches v1 compatible)."
-    ),
-    paths(
-        super::batches::create,
-        super::batches::list,
-        super::batches::get,
-        super::batches::delete,
-        super::batches::get_operation,
-        super::batches::post_operation,
-        super::agents::read_output,
-        super::agents::register,
-        super::agents::node_method,
-        super::capacity::regions,
-        super::capacity::nodes,
-        super::capacity::get_quotas,
-        super::capacity::patch_quota,
-        super::capacity::usage,
-        super::queues::get_queue,
-        super::queues::queue_entries,
-        super::queues::hold_queue,
-        super::queues::resume_queue,
-        super::queues::held_queues,
-        super::reload::reload_config,
-        super::batches::watch,
-        super::runtimes,
-        super::auth::principal,
-        super::healthz,
-        super::readyz,
     ),
     components(schemas(
         ErrorSchema,
@@ -70,7 +59,7 @@ pub struct ErrorStatus {
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
-pub struct ApiDoc;
+pub(super) struct ApiDoc;
 
 struct BearerAuth;
 
@@ -85,7 +74,97 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-/// `GET /openapi.json`
-pub(super) async fn document() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+/// The operations of the API proper: what is under `/v1/`. The health
+/// checks are not called by API clients and answer neither system
+/// parameters nor a `google.rpc.Status` (readiness's 503 says so itself).
+fn is_api(path: &str) -> bool {
+    path.starts_with("/v1/")
+}
+
+/// The description of the error answer every API operation has, unless
+/// its handler says more of its own.
+const ERROR_DESCRIPTION: &str = "google.rpc.Status error";
+
+/// Adds to every API operation, once here rather than on each handler:
+/// the system parameters (`$alt`, `$fields`, `$prettyPrint`, which every
+/// route accepts and [`super::extract::ApiQuery`] sets aside) and the
+/// `4XX` answer with the `google.rpc.Status` body ([`ErrorSchema`]),
+/// unless the handler describes its own. Applied once the routes are
+/// registered (not among [`ApiDoc`]'s modifiers, which run before there
+/// are operations).
+pub(super) struct Shared;
+
+impl utoipa::Modify for Shared {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if !is_api(path) {
+                continue;
+            }
+            for operation in operations(item) {
+                let parameters = operation.parameters.get_or_insert_with(Vec::new);
+                for p in system_parameters() {
+                    if !parameters.iter().any(|q| q.name == p.name) {
+                        parameters.push(p);
+                    }
+                }
+                operation
+                    .responses
+                    .responses
+                    .entry("4XX".to_string())
+                    .or_insert_with(|| error_response().into());
+            }
+        }
+    }
+}
+
+/// Every operation of a path, whatever its method.
+fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.options,
+        &mut item.head,
+        &mut item.patch,
+        &mut item.trace,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+fn system_parameters() -> Vec<Parameter> {
+    SYSTEM_PARAMETERS
+        .iter()
+        .filter(|p| p.starts_with('$'))
+        .map(|&name| {
+            let (ty, description) = match name {
+                "$alt" => (
+                    Type::String,
+                    "`json;enum-encoding=int`: enums as numbers (Google's client libraries send it); otherwise as names",
+                ),
+                "$prettyPrint" => (Type::Boolean, "Accepted; answers are always compact"),
+                _ => (Type::String, "Accepted; answers always carry every field"),
+            };
+            ParameterBuilder::new()
+                .name(name)
+                .parameter_in(ParameterIn::Query)
+                .required(Required::False)
+                .description(Some(description))
+                .schema(Some(ObjectBuilder::new().schema_type(ty)))
+                .build()
+        })
+        .collect()
+}
+
+fn error_response() -> utoipa::openapi::Response {
+    ResponseBuilder::new()
+        .description(ERROR_DESCRIPTION)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorSchema")))
+                .build(),
+        )
+        .build()
 }

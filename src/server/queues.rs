@@ -16,7 +16,7 @@ use crate::engine::Error;
 /// how many batches wait in it; project `-`: the region's queue.
 #[utoipa::path(get, path = "/v1/projects/{project}/regions/{region}/queue", tag = "queues",
     params(("project" = String, Path, description = "A project, or - for the region's queue (admins)"), ("region" = String, Path)),
-    responses((status = 200, description = "The queue: held, heldSince, heldBy, regionWide, queuedBatches"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "The queue: held, heldSince, heldBy, regionWide, queuedBatches")))]
 pub(super) async fn get_queue(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -31,12 +31,6 @@ pub(super) async fn get_queue(
 pub(super) struct QueuePageParams {
     page_size: Option<String>,
     page_token: Option<String>,
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
-    #[serde(rename = "$fields", alias = "fields")]
-    _fields: Option<String>,
-    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
-    _pretty: Option<String>,
 }
 
 /// `GET /v1/projects/{project}/regions/{region}/queue/entries`: a page of
@@ -47,7 +41,7 @@ pub(super) struct QueuePageParams {
     params(("project" = String, Path, description = "A project, or - for the region's whole queue (admins)"), ("region" = String, Path),
         ("pageSize" = Option<i32>, Query, description = "1 to 100; 0 or absent: 50; more is lowered to 100"),
         ("pageToken" = Option<String>, Query, description = "nextPageToken of the page before")),
-    responses((status = 200, body = crate::engine::QueueEntries), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, body = crate::engine::QueueEntries)))]
 pub(super) async fn queue_entries(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -72,7 +66,7 @@ pub(super) async fn queue_entries(
 /// `-` holds every project's queue of the region.
 #[utoipa::path(post, path = "/v1/projects/{project}/regions/{region}/queue:hold", tag = "queues",
     params(("project" = String, Path, description = "A project, or - for every project of the region"), ("region" = String, Path)),
-    responses((status = 200, description = "The queue, held"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "The queue, held")))]
 pub(super) async fn hold_queue(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -86,7 +80,7 @@ pub(super) async fn hold_queue(
 /// `POST /v1/projects/{project}/regions/{region}/queue:resume` (admins).
 #[utoipa::path(post, path = "/v1/projects/{project}/regions/{region}/queue:resume", tag = "queues",
     params(("project" = String, Path, description = "A project, or - for the region's own hold"), ("region" = String, Path)),
-    responses((status = 200, description = "The queue after the resume"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "The queue after the resume")))]
 pub(super) async fn resume_queue(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,
@@ -98,7 +92,7 @@ pub(super) async fn resume_queue(
 
 /// `GET /v1/queues` (admins): every held queue.
 #[utoipa::path(get, path = "/v1/queues", tag = "queues",
-    responses((status = 200, description = "Every held queue"), (status = "4XX", description = "google.rpc.Status error", body = super::openapi::ErrorSchema)))]
+    responses((status = 200, description = "Every held queue")))]
 pub(super) async fn held_queues(AppState(app): AppState<App>, format: Format) -> Response {
     let queues = app.engine.held_queues().await;
     format.respond(StatusCode::OK, &serde_json::json!({ "queues": queues }))

@@ -13,12 +13,6 @@ use crate::engine::Error;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct ReloadParams {
     validate_only: Option<String>,
-    #[serde(rename = "$alt")]
-    _alt: Option<String>,
-    #[serde(rename = "$fields", alias = "fields")]
-    _fields: Option<String>,
-    #[serde(rename = "$prettyPrint", alias = "prettyPrint")]
-    _pretty: Option<String>,
 }
 
 /// `POST /v1/config:reload` (admins): reads the config again and puts it
