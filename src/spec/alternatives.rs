@@ -456,12 +456,11 @@ pub fn translate(gpus: u32, cores: u32, to: Accelerator) -> (u32, u32) {
         .max()
         .or_else(|| shapes.iter().map(|s| s.1).min())
         .unwrap_or(1);
-    let best = shapes
+    shapes
         .iter()
         .filter(|s| s.1 == per_node)
         .min_by_key(|s| (s.0.abs_diff(cores), std::cmp::Reverse(s.0)))
-        .map_or((to.default_cores(), per_node), |s| *s);
-    best
+        .map_or((to.default_cores(), per_node), |s| *s)
 }
 
 /// The ladders of the config, checked: each rung parses and each filter
