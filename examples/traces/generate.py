@@ -14,6 +14,18 @@ embedded default config):
 - training: a 16-GPU gang (a driver and 15 executors) every 6 hours,
   about two hours each, with a 2-hour allocation timeout.
 
+With --mixed, a heavier trace over two regions and several GPU types
+(docs/simulate.md, "placement alternatives"):
+
+    python3 examples/traces/generate.py --seed 1 --days 7 --mixed > examples/traces/mixed.csv
+
+adds, in us-central1 (64 L4, 16 A100-40 and 16 A100-80 GPUs):
+
+- vision: weekday-morning bursts of 9-GPU L4 batches (a driver and eight
+  executors), 30 to 90 minutes each, far more than the region's L4s hold;
+  the config's default allocation timeout;
+- nlp: a 5-GPU A100-80 batch every 3 hours, about an hour each.
+
 The same seed writes the same file (Python's random.Random is
 deterministic for a seed).
 """
@@ -22,13 +34,15 @@ import argparse
 import random
 import sys
 
-HEADER = "submit_s,project,region,run_s,allocation_timeout,executors,priority"
+HEADER = "submit_s,project,region,run_s,allocation_timeout,executors,priority,accelerator"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--mixed", action="store_true",
+                        help="add us-central1's teams on several GPU types")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     rows = []
@@ -42,21 +56,37 @@ def main() -> None:
             for i in range(rng.randint(10, 40)):
                 # No allocation timeout: the config's default applies.
                 rows.append((start + i * rng.randint(5, 60), "research",
-                             rng.randint(20, 90) * 60, "", 2, ""))
+                             rng.randint(20, 90) * 60, "", 2, "", "europe-west4", ""))
     # etl: every 10 minutes, all week.
     for t in range(0, span, 600):
         rows.append((t + rng.randint(0, 59), "etl", rng.randint(10, 20) * 60,
-                     "1800s", 2, ""))
+                     "1800s", 2, "", "europe-west4", ""))
     # training: a big gang every 6 hours.
     for t in range(3600, span, 6 * 3600):
         rows.append((t + rng.randint(0, 600), "training",
-                     rng.randint(100, 140) * 60, "7200s", 15, ""))
+                     rng.randint(100, 140) * 60, "7200s", 15, "", "europe-west4", ""))
+    if args.mixed:
+        # vision: bursts of 9-GPU L4 batches on weekday mornings.
+        for day in range(args.days):
+            if day % 7 >= 5:
+                continue
+            for _ in range(rng.randint(2, 4)):
+                start = day * 86400 + rng.randint(8 * 3600, 12 * 3600)
+                for i in range(rng.randint(8, 20)):
+                    rows.append((start + i * rng.randint(30, 120), "vision",
+                                 rng.randint(30, 90) * 60, "", 8, "", "us-central1", "l4"))
+        # nlp: a 5-GPU A100-80 batch every 3 hours.
+        for t in range(1800, span, 3 * 3600):
+            rows.append((t + rng.randint(0, 600), "nlp", rng.randint(50, 70) * 60,
+                         "3600s", 4, "", "us-central1", "a100-80"))
     rows.sort()
     out = sys.stdout
-    out.write(HEADER + "\n")
+    # The week trace keeps its seven columns; --mixed adds accelerator.
+    out.write((HEADER if args.mixed else HEADER.rsplit(",", 1)[0]) + "\n")
     for r in rows:
-        submit, project, run, timeout, executors, priority = r
-        out.write(f"{submit},{project},europe-west4,{run},{timeout},{executors},{priority}\n")
+        submit, project, run, timeout, executors, priority, region, accelerator = r
+        line = f"{submit},{project},{region},{run},{timeout},{executors},{priority}"
+        out.write(line + (f",{accelerator}" if args.mixed else "") + "\n")
 
 
 if __name__ == "__main__":
