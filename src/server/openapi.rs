@@ -1,7 +1,7 @@
 //! The OpenAPI document of the whole API, generated from the code: the
 //! wire types derive their schemas (`utoipa::ToSchema`) and every handler
 //! carries its path, parameters and answers (`#[utoipa::path]`), from
-//! which the router also takes its path (`super::routes`). What every
+//! which the router also takes its path (`routes.rs`). What every
 //! operation of the API shares — the system parameters and the error
 //! answer — is added here once, by [`Shared`], not written on each
 //! handler. Served at `GET /openapi.json`.
@@ -33,15 +33,10 @@ pub struct ErrorStatus {
     details: Vec<serde_json::Value>,
 }
 
-/// The whole document, as `GET /openapi.json` serves it.
-pub fn document() -> utoipa::openapi::OpenApi {
-    std::sync::Arc::unwrap_or_clone(super::routes::declare().document)
-}
-
 /// What the document says besides its operations: its title, the schemas
 /// no operation names (the agent protocol's messages) and the bearer
 /// scheme. The operations come from the routes as they are registered
-/// ([`document`] is the whole).
+/// (`routes.rs` serves the whole).
 #[derive(OpenApi)]
 #[openapi(
     info(

@@ -121,3 +121,77 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
     assert_eq!(b["flexq"]["provisioningState"], "QUEUED", "{b:#}");
     assert!(b["flexq"].get("alternatives").is_none(), "{b:#}");
 }
+
+#[tokio::test]
+async fn a_region_rung_runs_the_batch_in_another_region_of_the_server() {
+    let s = TestServer::start_with(|c| {
+        world(c, 1, 4, 1, 100);
+        // europe-west4-a: one virtual L4 node of 4 GPUs.
+        let eu = c.regions.get_mut("europe-west4").expect("europe-west4");
+        for zone in eu.zones.values_mut() {
+            for pool in zone.node_pools.values_mut() {
+                pool.virtual_nodes = 0;
+            }
+        }
+        let pool = eu
+            .zones
+            .get_mut("europe-west4-a")
+            .and_then(|z| z.node_pools.get_mut("l4"))
+            .expect("europe-west4-a l4 pool");
+        pool.virtual_nodes = 1;
+        c.alternatives = vec![LadderConfig {
+            region: Some("us-central1".into()),
+            accelerator: Some("l4".into()),
+            rungs: vec!["region europe-west4 after 1s".into()],
+            ..LadderConfig::default()
+        }];
+    })
+    .await;
+    let (status, _) = s.create("batchId=fill", &gpu_batch(3, "3600s")).await;
+    assert_eq!(status, 200);
+    until(&s, &format!("{BATCHES}/fill"), "provisioned", provisioned).await;
+    let (status, _) = s.create("batchId=abroad", &gpu_batch(2, "3600s")).await;
+    assert_eq!(status, 200);
+    let b = until(&s, &format!("{BATCHES}/abroad"), "provisioned", provisioned).await;
+    assert_eq!(b["flexq"]["placement"]["region"], "europe-west4", "{b:#}");
+    assert_eq!(b["flexq"]["zone"], "europe-west4-a", "{b:#}");
+    // Still the us-central1 batch it was created as.
+    assert!(
+        b["name"]
+            .as_str()
+            .is_some_and(|n| n.contains("/locations/us-central1/")),
+        "{b:#}"
+    );
+}
+
+#[tokio::test]
+async fn a_reload_changes_the_ladders_of_batches_created_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    // One virtual L4 node (4 GPUs) in us-central1-a, one virtual A100-40
+    // node (8 GPUs) in us-central1-c.
+    let world = "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 1\n\
+                 [regions.us-central1.zones.us-central1-c.node_pools.a100-40]\nvirtual_nodes = 1\n";
+    std::fs::write(&file, world).expect("config");
+    let s = crate::support::ServerProcess::start_with(dir.path(), Some(&file)).await;
+    assert_eq!(s.create("fill", &gpu_batch(3, "3600s")).await, 200);
+    s.until("demo", "fill", provisioned).await;
+    assert_eq!(s.create("before", &gpu_batch(2, "3600s")).await, 200);
+
+    let ladder = "[[alternatives]]\naccelerator = \"l4\"\nrungs = [\"a100-40 after 1s\"]\n";
+    std::fs::write(&file, format!("{world}{ladder}")).expect("config");
+    let (status, body) = s.post("/v1/config:reload").await;
+    assert_eq!(status, 200, "{body:#}");
+    assert_eq!(s.create("after", &gpu_batch(2, "3600s")).await, 200);
+    let after = s.until("demo", "after", provisioned).await;
+    assert_eq!(
+        after["flexq"]["placement"]["accelerator"], "a100-40",
+        "{after:#}"
+    );
+    // A batch's ladder is fixed at its create: the one queued before the
+    // reload has none, and still waits for L4.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let before = s.batch("before").await;
+    assert_eq!(before["flexq"]["provisioningState"], "QUEUED", "{before:#}");
+    assert!(before["flexq"].get("alternatives").is_none(), "{before:#}");
+}

@@ -32,6 +32,21 @@ struct Agent {
 
 impl Agent {
     fn start(server: &TestServer, dir: &Path, node: &str) -> Agent {
+        Agent::start_in(server, dir, node, ZONE, "l4", 8, 65536)
+    }
+
+    /// An agent of pool `pool` in `zone` whose node has `cores` and
+    /// `memory_mb` (declared: Spark's standalone worker takes them as
+    /// given).
+    fn start_in(
+        server: &TestServer,
+        dir: &Path,
+        node: &str,
+        zone: &str,
+        pool: &str,
+        cores: u32,
+        memory_mb: u64,
+    ) -> Agent {
         let work = dir.join(node);
         std::fs::create_dir_all(&work).expect("agent dir");
         // A FAKE GPU: the discovery script names two addresses; no GPU is
@@ -44,10 +59,10 @@ impl Agent {
                 r#"server = "http://{addr}"
 node_id = "{node}"
 region = "us-central1"
-zone = "{ZONE}"
-pool = "l4"
-cores = 8
-memory_mb = 65536
+zone = "{zone}"
+pool = "{pool}"
+cores = {cores}
+memory_mb = {memory_mb}
 local_ssd_gb = 1500
 gpu_discovery_script = "{script}"
 advertise_host = "127.0.0.1"
@@ -277,7 +292,17 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         pyspark_available(),
         "these tests run real Spark: pip install pyspark (.ci/run does)"
     );
-    let s = TestServer::start_for_agents(Duration::from_secs(3)).await;
+    let s = TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        c.agents.lease_duration = Duration::from_secs(3);
+        // A batch may name A100-40s as its placement alternative.
+        c.alternatives = vec![flexq::config::LadderConfig {
+            accelerator: Some("l4".into()),
+            allow: vec!["a100-40".into()],
+            ..Default::default()
+        }];
+    })
+    .await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut agents: Vec<Agent> = ["node-a", "node-b", "node-c"]
         .iter()
@@ -586,6 +611,68 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     assert!(output(&s, "retried").await.contains("sleeps: done"));
     let victim = agent_of(&mut agents, &first_driver);
     victim.restart();
+
+    // 6. Placement alternatives: with no L4 quota left, an L4 batch runs
+    //    on its A100-40 rung, and Spark gets the rung's shape: 12-core
+    //    executors of one GPU each (a GPU per 12 tasks), not 4-core L4
+    //    ones.
+    let a100 = Agent::start_in(
+        &s,
+        dir.path(),
+        "node-d",
+        "us-central1-c",
+        "a100-40",
+        36,
+        262144,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node(&s, &a100.node).await.is_none() {
+        assert!(Instant::now() < deadline, "node-d did not register");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agents.push(a100);
+    let quota = |limit: u64| {
+        s.http
+            .patch(s.url("/v1/projects/demo/regions/us-central1/quotas"))
+            .json(&json!({"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": limit}))
+            .send()
+    };
+    assert_eq!(quota(0).await.expect("patch quota").status(), 200);
+    let (st, body) = s
+        .create(
+            "batchId=on-a100",
+            &gpu_batch(
+                "spark_conf.py",
+                &[],
+                &[("spark.flexq.alternatives", "a100-40 after 1s")],
+            ),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    let b = until(
+        &s,
+        "on-a100",
+        "finished",
+        Duration::from_secs(240),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    let out = output(&s, "on-a100").await;
+    assert_eq!(b["state"], "SUCCEEDED", "{b:#}\n{out}");
+    assert_eq!(b["flexq"]["placement"]["accelerator"], "a100-40", "{b:#}");
+    for line in [
+        "spark_conf: spark.executor.instances=2",
+        "spark_conf: spark.executor.cores=12",
+        "spark_conf: spark.executor.resource.gpu.amount=1",
+        "spark_conf: spark.task.resource.gpu.amount=0.083333",
+    ] {
+        assert!(
+            out.contains(line),
+            "{line} not in the driver's output:\n{out}"
+        );
+    }
+    assert_eq!(quota(24).await.expect("patch quota").status(), 200);
 
     // Agents stop cleanly on SIGTERM.
     for a in &mut agents {

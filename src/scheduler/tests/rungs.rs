@@ -57,6 +57,12 @@ fn with_a100_rung(mut c: ClusterRequest, after_s: u64) -> ClusterRequest {
     c
 }
 
+/// An A100-40 driver and `executors` A100-40 executors, asked directly.
+fn a100_gang(executors: u32) -> ClusterRequest {
+    let c = with_a100_rung(cluster(executors, ProvisioningMode::Queue, 3600, None), 0);
+    c.alternatives[0].cluster.clone()
+}
+
 /// One L4 node of 4 GPUs in z1 and one A100-40 node of 8 in z2, quota
 /// for both.
 fn two_types() -> Scheduler {
@@ -172,21 +178,11 @@ fn a_rung_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
         with_a100_rung(cluster(2, ProvisioningMode::Queue, 3600, None), 600),
         t0(),
     ));
-    let mut big = with_a100_rung(cluster(7, ProvisioningMode::Queue, 3600, None), 0);
-    big = big.alternatives[0].cluster.clone();
-    s.submit(batch(3, "p", big, t0() + Duration::seconds(1)));
+    s.submit(batch(3, "p", a100_gang(7), t0() + Duration::seconds(1)));
     let d = s.pass(t0() + Duration::seconds(1));
     assert_eq!(allocated(&d), vec![3], "before the rung ripens, 3 fits");
     s.forget(BatchKey(3), t0() + Duration::seconds(2));
-    s.submit(batch(
-        4,
-        "p",
-        {
-            let c = with_a100_rung(cluster(7, ProvisioningMode::Queue, 3600, None), 0);
-            c.alternatives[0].cluster.clone()
-        },
-        t0() + Duration::seconds(3),
-    ));
+    s.submit(batch(4, "p", a100_gang(7), t0() + Duration::seconds(3)));
     let d = s.pass(t0() + Duration::seconds(600));
     assert_eq!(
         allocated(&d),

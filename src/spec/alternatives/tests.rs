@@ -1,0 +1,269 @@
+//! The ladders, the translation table and the reshaping of
+//! docs/rules.md#placement-alternatives, and every bad ladder's error.
+
+use super::*;
+use crate::api::{PySparkBatch, RuntimeConfig};
+use crate::spec::{QuotaMetric, validate_create};
+
+/// The embedded default's policy with `ladders`.
+fn policy(ladders: &[(&[&str], &[&str])]) -> Policy {
+    let mut p = crate::config::Config::load_without_env(None)
+        .expect("embedded config")
+        .policy();
+    p.ladders = ladders
+        .iter()
+        .map(|(rungs, allow)| {
+            let rungs: Vec<String> = rungs.iter().map(|r| r.to_string()).collect();
+            let allow: Vec<String> = allow.iter().map(|r| r.to_string()).collect();
+            ladder_from_config(None, None, Some("l4"), &rungs, &allow).expect("ladder")
+        })
+        .collect();
+    p
+}
+
+/// The flex start example of docs/rules.md#example plus `extra`.
+fn flex(extra: &[(&str, &str)]) -> Batch {
+    let mut props: BTreeMap<String, String> = [
+        ("spark.dataproc.driver.resource.accelerator.type", "l4"),
+        ("spark.dataproc.executor.resource.accelerator.type", "l4"),
+        ("spark.dataproc.executor.compute.tier", "premium"),
+        ("spark.dataproc.executor.disk.tier", "premium"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    props.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Batch {
+        pyspark_batch: Some(PySparkBatch {
+            main_python_file_uri: "file:///jobs/etl.py".into(),
+            ..Default::default()
+        }),
+        runtime_config: Some(RuntimeConfig {
+            version: Some("3.0".into()),
+            properties: props,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn create(b: &Batch, p: &Policy) -> Result<ClusterRequest, Rejection> {
+    validate_create(b, Default::default(), "demo", "us-central1", p)
+}
+
+#[test]
+fn every_pair_of_gpu_types_translates_to_a_shape_the_target_allows() {
+    let table = translation_table();
+    // Every source shape to every other type.
+    let shapes: usize = Accelerator::ALL
+        .iter()
+        .map(|a| a.allowed_cores().len())
+        .sum();
+    assert_eq!(table.len(), shapes * (Accelerator::ALL.len() - 1));
+    for ((from, cores, to), (to_cores, to_gpus)) in &table {
+        let gpus = from.gpus_for_cores(*cores).expect("a source shape");
+        assert_eq!(
+            to.gpus_for_cores(*to_cores),
+            Some(*to_gpus),
+            "{from} {cores} cores → {to}: ({to_cores}, {to_gpus}) is not a shape of {to}"
+        );
+        // Never more GPUs per node than asked, unless the target has
+        // no shape that small.
+        let smallest = to
+            .allowed_cores()
+            .iter()
+            .filter_map(|c| to.gpus_for_cores(*c))
+            .min()
+            .expect("shapes");
+        assert!(*to_gpus <= gpus.max(smallest), "{from} {cores} → {to}");
+    }
+    // The rows docs/rules.md spells out.
+    use Accelerator::*;
+    assert_eq!(table[&(L4, 4, A100_40)], (12, 1));
+    assert_eq!(table[&(L4, 24, A100_40)], (12, 1));
+    assert_eq!(table[&(L4, 96, A100_80)], (12, 1));
+    assert_eq!(table[&(A100_40, 12, L4)], (12, 1));
+    assert_eq!(table[&(A100_80, 12, A100_40)], (12, 1));
+}
+
+#[test]
+fn an_l4_batch_on_an_a100_rung_is_a_whole_valid_a100_batch() {
+    let p = policy(&[(&["a100-40 after 15m"], &[])]);
+    let c = create(&flex(&[("spark.executor.instances", "4")]), &p).expect("valid");
+    let [rung] = c.alternatives.as_slice() else {
+        panic!("one rung: {:?}", c.alternatives);
+    };
+    assert_eq!((rung.index, rung.after_s), (1, 900));
+    assert_eq!(rung.region, "us-central1");
+    let r = &rung.cluster;
+    assert_eq!(r.executor.accelerator, Some(Accelerator::A100_40));
+    assert_eq!((r.executor.cores, r.executor.gpus), (12, 1));
+    assert_eq!(r.executor_count, 4, "the cluster keeps its 4 executor GPUs");
+    assert_eq!(r.driver.accelerator, Some(Accelerator::A100_40));
+    assert!(r.executor.memory_mb + r.executor.memory_overhead_mb <= 78040);
+    assert!(
+        r.quota
+            .iter()
+            .any(|q| q.metric == QuotaMetric::PreemptibleNvidiaA100Gpus && q.amount == 5),
+        "{:?}",
+        r.quota
+    );
+    // The rung is what a user asking for A100s directly gets.
+    let direct = create(
+        &flex(&[
+            ("spark.executor.instances", "4"),
+            (
+                "spark.dataproc.executor.resource.accelerator.type",
+                "a100-40",
+            ),
+            ("spark.dataproc.driver.resource.accelerator.type", "a100-40"),
+            ("spark.executor.cores", "12"),
+            ("spark.driver.cores", "12"),
+        ]),
+        &policy(&[]),
+    )
+    .expect("direct a100");
+    assert_eq!(r, &direct);
+    // And Spark gets the reshaped batch.
+    let (spec, cluster) = as_placed(&flex(&[("spark.executor.instances", "4")]), &c, 1);
+    assert_eq!(&cluster, r);
+    assert_eq!(spec.properties()["spark.executor.cores"], "12");
+    assert_eq!(
+        spec.properties()["spark.dataproc.executor.resource.accelerator.type"],
+        "a100-40"
+    );
+}
+
+#[test]
+fn two_gpu_l4_executors_become_twice_as_many_one_gpu_a100_executors() {
+    let p = policy(&[(&["a100-40 after 15m"], &[])]);
+    let c = create(
+        &flex(&[
+            ("spark.executor.cores", "24"),
+            ("spark.executor.instances", "3"),
+            ("spark.executor.memory", "90g"),
+            ("spark.task.resource.gpu.amount", "0.5"),
+        ]),
+        &p,
+    )
+    .expect("valid");
+    let r = &c.alternatives[0].cluster;
+    assert_eq!(
+        (r.executor.cores, r.executor.gpus, r.executor_count),
+        (12, 1, 6)
+    );
+    let (spec, _) = as_placed(&flex(&[("spark.task.resource.gpu.amount", "0.5")]), &c, 1);
+    assert!(
+        !spec
+            .properties()
+            .contains_key("spark.task.resource.gpu.amount"),
+        "the rung's shape sets the task's GPU amount"
+    );
+}
+
+#[test]
+fn on_demand_draws_the_standard_quota() {
+    let p = policy(&[(&["on-demand after 20m"], &[])]);
+    let c = create(&flex(&[]), &p).expect("valid");
+    let r = &c.alternatives[0].cluster;
+    assert_eq!(r.mode, ProvisioningMode::Default);
+    assert!(
+        r.quota
+            .iter()
+            .any(|q| q.metric == QuotaMetric::NvidiaL4Gpus)
+    );
+    assert_eq!(r.allocation_timeout_s, c.allocation_timeout_s);
+}
+
+#[test]
+fn a_batch_opts_out_or_names_its_own_ladder_within_what_is_allowed() {
+    let p = policy(&[(
+        &["a100-40 after 15m"],
+        &["on-demand", "region europe-west4"],
+    )]);
+    let none = create(&flex(&[(ALTERNATIVES_PROPERTY, "none")]), &p).expect("valid");
+    assert!(none.alternatives.is_empty());
+    let own = create(
+        &flex(&[(
+            ALTERNATIVES_PROPERTY,
+            "region europe-west4 after 5m, on-demand after 10m",
+        )]),
+        &p,
+    )
+    .expect("valid");
+    let targets: Vec<String> = own
+        .alternatives
+        .iter()
+        .map(|r| r.target.to_string())
+        .collect();
+    assert_eq!(targets, ["region europe-west4", "on-demand"]);
+    assert_eq!(own.alternatives[0].region, "europe-west4");
+    // Without an operator's ladder, nothing to opt into.
+    let e = create(
+        &flex(&[(ALTERNATIVES_PROPERTY, "a100-40 after 5m")]),
+        &policy(&[]),
+    )
+    .expect_err("not allowed");
+    assert!(
+        e.message().contains("does not allow a100-40"),
+        "{}",
+        e.message()
+    );
+}
+
+#[test]
+fn a_bad_ladder_names_the_field_the_value_and_what_is_accepted() {
+    let p = policy(&[(
+        &["a100-40 after 15m"],
+        &["a100-80", "on-demand", "region europe-west4"],
+    )]);
+    let field = property_field(ALTERNATIVES_PROPERTY);
+    let cases = [
+        (
+            "h100 after 5m",
+            "GPU type \"h100\" is not supported; accepted: l4, a100-40, a100-80",
+        ),
+        ("region mars-1 after 5m", "region \"mars-1\" is not served"),
+        ("l4 after 5m", "l4 is the batch's own GPU type"),
+        (
+            "region us-central1 after 5m",
+            "us-central1 is the batch's own region",
+        ),
+        ("a100-40 after 5m, a100-40 after 9m", "named twice"),
+        (
+            "a100-40 after 2h",
+            "not within the batch's allocation timeout of 3600s",
+        ),
+        ("a100-40 soon", "is not of the form"),
+        ("a100-40 after 5parsecs", "is not a duration"),
+        (
+            "a100-40 after 1m, a100-80 after 2m, on-demand after 3m, region europe-west4 after 4m, a100-40 after 5m",
+            "at most 4 are accepted",
+        ),
+    ];
+    for (value, fragment) in cases {
+        let e = create(&flex(&[(ALTERNATIVES_PROPERTY, value)]), &p).expect_err(value);
+        let [v] = e.violations.as_slice() else {
+            panic!("{value}: one violation: {e:?}");
+        };
+        assert_eq!(v.field, field, "{value}");
+        assert!(
+            v.description.contains(fragment),
+            "{value}: {:?} lacks {fragment:?}",
+            v.description
+        );
+    }
+}
+
+#[test]
+fn an_operator_rung_that_does_not_apply_is_skipped_not_an_error() {
+    // asia-southeast1 offers only L4: the A100 rung cannot apply there.
+    let p = policy(&[(&["a100-40 after 15m"], &[])]);
+    let b = flex(&[]);
+    let own =
+        validate_create(&b, Default::default(), "demo", "asia-southeast1", &p).expect("valid");
+    assert!(own.alternatives.is_empty());
+    let (_, skipped) = resolve(&b, &own, "demo", "asia-southeast1", &p).expect("resolves");
+    assert_eq!(skipped.len(), 1);
+    assert!(skipped[0].why.contains("not offered"), "{}", skipped[0].why);
+}
