@@ -31,7 +31,7 @@ fn err(e: impl std::fmt::Display) -> CliError {
     CliError::Transport(e.to_string())
 }
 
-pub struct AgentBenchOptions {
+pub(crate) struct AgentBenchOptions {
     pub runs: usize,
 }
 
@@ -110,7 +110,7 @@ fn write_agent_files(dir: &Path, server: &str) -> Result<std::path::PathBuf, Cli
     Ok(config)
 }
 
-pub async fn run(opts: AgentBenchOptions) -> Result<(), CliError> {
+pub(crate) async fn run(opts: AgentBenchOptions) -> Result<(), CliError> {
     let dir = tempfile::tempdir().map_err(err)?;
     let mut config = Config::load_without_env(None).map_err(err)?;
     config.database.data_dir = dir.path().join("data");

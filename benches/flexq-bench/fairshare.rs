@@ -24,7 +24,7 @@ use crate::schedule::{
 };
 
 #[derive(Debug, Clone)]
-pub struct FairShareOptions {
+pub(crate) struct FairShareOptions {
     pub pending: usize,
     pub releases: usize,
     pub projects: usize,
@@ -32,7 +32,7 @@ pub struct FairShareOptions {
     pub batches: usize,
 }
 
-pub async fn run(opts: FairShareOptions) -> Result<(), CliError> {
+pub(crate) async fn run(opts: FairShareOptions) -> Result<(), CliError> {
     println!(
         "flexq-bench fairshare — {} ({} pending over {} projects, {} releases × {} rounds per order)",
         Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),

@@ -22,7 +22,7 @@ use sqlx::{Connection, Executor};
 use crate::submit::{self as bench, BenchOptions, Server};
 use flexq::cli::CliError;
 
-pub struct ReplicasOptions {
+pub(crate) struct ReplicasOptions {
     /// Of the creates phase, per backend.
     pub duration: Duration,
     pub clients: usize,
@@ -285,7 +285,7 @@ async fn drop_database(admin: &str, name: &str) {
     }
 }
 
-pub async fn run(opts: ReplicasOptions) -> Result<(), CliError> {
+pub(crate) async fn run(opts: ReplicasOptions) -> Result<(), CliError> {
     let load_before = bench::loadavg();
     let sqlite = measure(Deployment::sqlite().await?, &opts).await?;
     let (url, name) = with_database(&opts.postgres).await?;

@@ -31,7 +31,7 @@ const UNIFORM: u64 = u64::MAX;
 const ZONES: [&str; 3] = ["a", "b", "c"];
 
 #[derive(Debug, Clone)]
-pub struct ScheduleOptions {
+pub(crate) struct ScheduleOptions {
     pub pending: Vec<usize>,
     pub releases: usize,
     /// Only these parts (core, flood, end-to-end, expiry, restart); all
@@ -179,7 +179,7 @@ pub(crate) fn ms(h: &Histogram<u64>, q: f64) -> f64 {
 }
 
 /// Runs every part and prints the report.
-pub async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
+pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     println!(
         "flexq-bench schedule — {} ({} regions × {} zones, L4 nodes of 8 GPUs)",
         Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),

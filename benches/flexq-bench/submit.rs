@@ -35,7 +35,7 @@ use flexq::cli::CliError;
 
 /// Which front end a run drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     Rest,
     /// REST over HTTP/2 in plaintext (h2c).
     RestH2c,
@@ -132,7 +132,7 @@ impl Load {
 }
 
 #[derive(Debug, Clone)]
-pub struct BenchOptions {
+pub(crate) struct BenchOptions {
     pub clients: usize,
     pub duration: Duration,
     pub rate: Option<u64>,
@@ -285,7 +285,7 @@ pub(crate) fn loadavg() -> String {
 }
 
 /// Runs the benchmark and prints its report.
-pub async fn submit(opts: BenchOptions) -> Result<(), CliError> {
+pub(crate) async fn submit(opts: BenchOptions) -> Result<(), CliError> {
     let (server, endpoint) = match &opts.endpoint {
         Some(e) => (None, e.clone()),
         None => {

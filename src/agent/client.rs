@@ -9,7 +9,7 @@ use crate::protocol::{Assignments, Lease, OutputUpload, Poll, RegisterNode, Repo
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
-pub enum CallError {
+pub(super) enum CallError {
     /// The node's lease is gone or another registration replaced this one:
     /// the agent must stop its work and register again.
     #[error("lease lost: {0}")]
@@ -23,7 +23,7 @@ pub enum CallError {
 }
 
 #[derive(Clone)]
-pub struct AgentClient {
+pub(super) struct AgentClient {
     http: reqwest::Client,
     base: String,
     node: String,
@@ -31,7 +31,7 @@ pub struct AgentClient {
 }
 
 impl AgentClient {
-    pub fn new(
+    pub(super) fn new(
         base: &str,
         node: &str,
         token: Option<String>,
@@ -100,12 +100,12 @@ impl AgentClient {
         format!("/v1/nodes/{}:{name}", self.node)
     }
 
-    pub async fn register(&self, req: &RegisterNode) -> Result<Lease, CallError> {
+    pub(super) async fn register(&self, req: &RegisterNode) -> Result<Lease, CallError> {
         self.post("/v1/nodes:register", req, Duration::from_secs(30))
             .await
     }
 
-    pub async fn heartbeat(&self, epoch: &str) -> Result<Lease, CallError> {
+    pub(super) async fn heartbeat(&self, epoch: &str) -> Result<Lease, CallError> {
         self.post(
             &self.method("heartbeat"),
             &serde_json::json!({"epoch": epoch}),
@@ -114,7 +114,7 @@ impl AgentClient {
         .await
     }
 
-    pub async fn poll(
+    pub(super) async fn poll(
         &self,
         epoch: &str,
         version: &str,
@@ -129,7 +129,7 @@ impl AgentClient {
             .await
     }
 
-    pub async fn report(
+    pub(super) async fn report(
         &self,
         epoch: &str,
         uuid: &str,
@@ -148,7 +148,7 @@ impl AgentClient {
     /// A report that must arrive: retried while the server is unreachable,
     /// for up to ten minutes, or until `stop` fires (the part was torn
     /// down or the agent is stopping).
-    pub async fn report_surely(
+    pub(super) async fn report_surely(
         &self,
         epoch: &str,
         uuid: &str,
@@ -172,7 +172,7 @@ impl AgentClient {
         }
     }
 
-    pub async fn output(
+    pub(super) async fn output(
         &self,
         epoch: &str,
         uuid: &str,

@@ -29,7 +29,7 @@ enum End {
 }
 
 /// Runs the driver's part of a batch and reports how it ended.
-pub async fn run_driver(
+pub(super) async fn run_driver(
     ctx: Arc<Ctx>,
     mut rx: watch::Receiver<Assignment>,
     cancel: CancellationToken,

@@ -15,7 +15,7 @@ use crate::protocol::{Action, Assignment, ReportEvent};
 
 /// Runs an executor's part: a Spark worker that offers exactly the
 /// allocated cores, memory and GPUs, once the batch's master is known.
-pub async fn run_executor(
+pub(super) async fn run_executor(
     ctx: Arc<Ctx>,
     mut rx: watch::Receiver<Assignment>,
     cancel: CancellationToken,

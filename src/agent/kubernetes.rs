@@ -18,7 +18,7 @@ use crate::launch::k8s::{K8sTarget, PartNode, application_name, batch_state, spa
 use crate::protocol::{Action, Assignment, ReportEvent};
 
 /// A client of the Kubernetes API for `SparkApplication`s.
-pub struct Kube {
+pub(super) struct Kube {
     http: reqwest::Client,
     base: String,
     /// Read at each request: mounted service-account tokens rotate.
@@ -27,7 +27,7 @@ pub struct Kube {
 }
 
 impl Kube {
-    pub fn new(config: &KubernetesConfig) -> Result<Kube, String> {
+    pub(super) fn new(config: &KubernetesConfig) -> Result<Kube, String> {
         let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
         if let Ok(pem) = std::fs::read(&config.ca_file) {
             let cert = reqwest::Certificate::from_pem(&pem)
@@ -74,7 +74,7 @@ impl Kube {
     }
 
     /// Server-side apply: creates or updates the application.
-    pub async fn apply(&self, manifest: &Value) -> Result<(), String> {
+    pub(super) async fn apply(&self, manifest: &Value) -> Result<(), String> {
         let name = manifest["metadata"]["name"].as_str().unwrap_or_default();
         let body = serde_json::to_vec(manifest).map_err(|e| e.to_string())?;
         let r = self
@@ -91,7 +91,7 @@ impl Kube {
     }
 
     /// The application's `status`, or None when it is gone.
-    pub async fn status(&self, name: &str) -> Result<Option<Value>, String> {
+    pub(super) async fn status(&self, name: &str) -> Result<Option<Value>, String> {
         let r = self
             .auth(self.http.get(self.url(name)))
             .send()
@@ -103,7 +103,7 @@ impl Kube {
         Self::check(r).await.map(|v| Some(v["status"].clone()))
     }
 
-    pub async fn delete(&self, name: &str) -> Result<(), String> {
+    pub(super) async fn delete(&self, name: &str) -> Result<(), String> {
         let r = self
             .auth(self.http.delete(self.url(name)))
             .send()
@@ -117,7 +117,7 @@ impl Kube {
 }
 
 /// Runs the driver's part of a batch as a `SparkApplication`.
-pub async fn run_driver(
+pub(super) async fn run_driver(
     ctx: Arc<Ctx>,
     mut rx: watch::Receiver<Assignment>,
     cancel: CancellationToken,

@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 /// A running process and its group.
-pub struct Group {
+pub(super) struct Group {
     pub name: String,
     child: Child,
     pgid: Option<i32>,
@@ -27,7 +27,7 @@ fn records(work_dir: &Path) -> PathBuf {
 impl Group {
     /// Starts `cmd` as the leader of a new process group. Output goes where
     /// `cmd`'s stdio says (the caller sets it).
-    pub fn spawn(name: &str, mut cmd: Command, work_dir: &Path) -> std::io::Result<Group> {
+    pub(super) fn spawn(name: &str, mut cmd: Command, work_dir: &Path) -> std::io::Result<Group> {
         cmd.process_group(0).stdin(Stdio::null()).kill_on_drop(true);
         let child = cmd.spawn()?;
         let pgid = child.id().map(|p| p as i32);
@@ -46,12 +46,12 @@ impl Group {
         })
     }
 
-    pub fn child(&mut self) -> &mut Child {
+    pub(super) fn child(&mut self) -> &mut Child {
         &mut self.child
     }
 
     /// Waits for the leader to exit.
-    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+    pub(super) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         self.child.wait().await
     }
 
@@ -64,7 +64,7 @@ impl Group {
 
     /// Stops the whole group: SIGTERM, then SIGKILL after `grace`. Returns
     /// once the leader has exited.
-    pub async fn stop(mut self, grace: Duration) -> Option<ExitStatus> {
+    pub(super) async fn stop(mut self, grace: Duration) -> Option<ExitStatus> {
         self.signal(Signal::SIGTERM);
         let status = match tokio::time::timeout(grace, self.child.wait()).await {
             Ok(status) => status.ok(),
@@ -84,7 +84,7 @@ impl Group {
     }
 
     /// The leader exited by itself: make sure nothing of its group is left.
-    pub fn reap(mut self) {
+    pub(super) fn reap(mut self) {
         self.signal(Signal::SIGKILL);
         self.forget();
     }
@@ -109,7 +109,7 @@ impl Drop for Group {
 /// Stops the process groups an earlier agent recorded and did not stop
 /// (it crashed or was killed). Only groups whose leader is still a Spark
 /// process are signalled, so a recycled pid is left alone.
-pub fn stop_leftovers(work_dir: &Path) -> usize {
+pub(super) fn stop_leftovers(work_dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(records(work_dir)) else {
         return 0;
     };

@@ -17,7 +17,7 @@ use super::settings::AgentSettings;
 use crate::launch;
 
 /// What every part of this agent's session shares.
-pub struct Ctx {
+pub(super) struct Ctx {
     pub config: AgentSettings,
     pub client: AgentClient,
     /// The epoch of this registration: every report carries it.

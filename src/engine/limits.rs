@@ -16,14 +16,14 @@ use crate::api::Code;
 use crate::config::LimitsConfig;
 
 /// The two limiters, keyed by (project, region).
-pub struct RateLimits {
+pub(crate) struct RateLimits {
     mutations: DefaultKeyedRateLimiter<(String, String)>,
     reads: DefaultKeyedRateLimiter<(String, String)>,
     config: LimitsConfig,
 }
 
 impl RateLimits {
-    pub fn new(config: &LimitsConfig) -> RateLimits {
+    pub(crate) fn new(config: &LimitsConfig) -> RateLimits {
         let per_minute = |n: u32| Quota::per_minute(NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN));
         RateLimits {
             mutations: RateLimiter::keyed(per_minute(config.mutations_per_minute)),
@@ -33,7 +33,7 @@ impl RateLimits {
     }
 
     /// Counts a call; an error when over the limit.
-    pub fn check(&self, project: &str, region: &str, read: bool) -> Result<(), Error> {
+    pub(crate) fn check(&self, project: &str, region: &str, read: bool) -> Result<(), Error> {
         let (limiter, per_minute, key, what) = if read {
             (
                 &self.reads,
@@ -70,7 +70,7 @@ impl RateLimits {
     }
 
     /// Drops idle keys (called now and then so the maps stay small).
-    pub fn shrink(&self) {
+    pub(crate) fn shrink(&self) {
         self.mutations.retain_recent();
         self.reads.retain_recent();
     }

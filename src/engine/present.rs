@@ -23,7 +23,7 @@ fn op_name(project: &str, region: &str, id: &str) -> String {
 }
 
 /// The wire Batch of a stored record.
-pub fn to_batch(r: &BatchRecord) -> Batch {
+pub(super) fn to_batch(r: &BatchRecord) -> Batch {
     Batch {
         name: Some(r.name.to_string()),
         uuid: Some(r.uuid.clone()),
@@ -169,7 +169,7 @@ pub(super) fn rungs_json(
 }
 
 /// The Operation of a stored batch: done once the batch is terminal.
-pub fn operation(r: &BatchRecord) -> Operation {
+pub(super) fn operation(r: &BatchRecord) -> Operation {
     let done = r.state.is_terminal();
     let (error, response) = match r.state {
         State::Succeeded => {

@@ -32,7 +32,7 @@ use crate::scheduler::{BatchKey, NodeId};
 use crate::store::{Change, Heard, LeaderSession, Takeover};
 
 /// How often at most a follower rebuilds its core from the database.
-pub const MIRROR_EVERY: Duration = Duration::from_secs(1);
+pub(super) const MIRROR_EVERY: Duration = Duration::from_secs(1);
 
 /// How long the listening connection may stay silent (its own pings, one a
 /// second, included) before it is replaced.

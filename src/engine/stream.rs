@@ -38,9 +38,9 @@ const BUFFERED: usize = 64;
 /// Events read from the log at once.
 const PAGE: usize = 256;
 /// How often queue positions are looked at.
-pub const POSITION_EVERY: Duration = Duration::from_secs(2);
+pub(super) const POSITION_EVERY: Duration = Duration::from_secs(2);
 /// Queued batches whose position a watch follows.
-pub const POSITIONS_KEPT: usize = 100;
+pub(super) const POSITIONS_KEPT: usize = 100;
 /// How often the log's new events are read for every watcher.
 const TAIL_EVERY: Duration = Duration::from_millis(100);
 /// New events read at once by the tail.

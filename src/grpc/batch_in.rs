@@ -26,7 +26,7 @@ use crate::engine::Error;
 /// A CreateBatch's batch as the engine reads it: directly when
 /// [`user_batch`] takes it, else through its proto3 JSON, which names
 /// what it refuses (as `batch.…`).
-pub fn request_batch(b: &dp::Batch) -> Result<Batch, Error> {
+pub(super) fn request_batch(b: &dp::Batch) -> Result<Batch, Error> {
     match user_batch(b) {
         Some(direct) => Ok(direct),
         None => decode(BATCH, "batch", b),
@@ -35,7 +35,7 @@ pub fn request_batch(b: &dp::Batch) -> Result<Batch, Error> {
 
 /// The batch, when it sets only fields mapped here; None when the JSON
 /// route must judge it.
-pub fn user_batch(b: &dp::Batch) -> Option<Batch> {
+pub(super) fn user_batch(b: &dp::Batch) -> Option<Batch> {
     // Output-only fields: taken (and then ignored) by the JSON route.
     let output_only = !b.name.is_empty()
         || !b.uuid.is_empty()

@@ -13,7 +13,7 @@ use crate::engine::{CreateAnswer, CreateRequest, Error, ListRequest};
 
 const LIST_RESPONSE: &str = "google.cloud.dataproc.v1.ListBatchesResponse";
 
-pub struct Batches {
+pub(super) struct Batches {
     front: Front,
 }
 

@@ -28,7 +28,7 @@ use crate::api::{
 };
 use crate::engine::Error;
 
-pub const BATCH: &str = "google.cloud.dataproc.v1.Batch";
+pub(super) const BATCH: &str = "google.cloud.dataproc.v1.Batch";
 #[cfg(test)]
 const BATCH_METADATA: &str = "google.cloud.dataproc.v1.BatchOperationMetadata";
 
@@ -46,7 +46,7 @@ fn descriptor(full_name: &str) -> Result<prost_reflect::MessageDescriptor, Error
 /// not accept is refused with its path, as the REST body would be. The
 /// JSON goes through bytes, not a `serde_json::Value`: a tree of maps costs
 /// more to build than the text (see BENCHMARKS.md, gRPC).
-pub fn decode<M: prost::Message, T: DeserializeOwned>(
+pub(super) fn decode<M: prost::Message, T: DeserializeOwned>(
     full_name: &str,
     field: &str,
     message: &M,
@@ -89,7 +89,7 @@ pub fn decode<M: prost::Message, T: DeserializeOwned>(
 /// of the REST shape (a Batch's `flexq`, some `runtimeInfo` fields) and an
 /// `Any`'s `@type`; a test (`the_rest_batch_and_the_proto_differ_only_where_said`)
 /// keeps the list of what is left out exact.
-pub fn encode<T: serde::Serialize, M: prost::Message + Default>(
+pub(super) fn encode<T: serde::Serialize, M: prost::Message + Default>(
     full_name: &str,
     value: &T,
 ) -> Result<M, Error> {
@@ -111,7 +111,7 @@ pub fn encode<T: serde::Serialize, M: prost::Message + Default>(
 /// done one crosses through its proto3 JSON like every other resource.
 /// (Transcoding the whole Operation as JSON made prost-reflect buffer each
 /// `Any` to find its `@type`: a fifth of a gRPC create's conversion cost.)
-pub fn encode_operation(op: &Operation) -> Result<lro::Operation, Error> {
+pub(super) fn encode_operation(op: &Operation) -> Result<lro::Operation, Error> {
     use prost::Message;
     let metadata = operation_metadata(&op.metadata);
     let result = match (&op.error, &op.response) {
@@ -145,7 +145,7 @@ pub fn encode_operation(op: &Operation) -> Result<lro::Operation, Error> {
 /// proto3 JSON crossing cost a sixth of a gRPC create's server time. A
 /// test (`operation_metadata_is_what_its_proto3_json_gives`) holds it equal
 /// to that crossing, and fails when either side gains a field.
-pub fn operation_metadata(m: &OperationMetadata) -> dp::BatchOperationMetadata {
+pub(super) fn operation_metadata(m: &OperationMetadata) -> dp::BatchOperationMetadata {
     use dp::batch_operation_metadata::BatchOperationType;
     let timestamp = |t: &chrono::DateTime<chrono::Utc>| {
         prost_types::Timestamp::from(std::time::SystemTime::from(*t))
@@ -170,7 +170,7 @@ pub fn operation_metadata(m: &OperationMetadata) -> dp::BatchOperationMetadata {
 /// The project and region of a parent `projects/P/{collection}/R`
 /// ([`crate::api::parse_region_parent`]: either spelling of a region is
 /// taken; `collection` is the one the error shows).
-pub fn parent(field: &str, text: &str, collection: &str) -> Result<(String, String), Error> {
+pub(super) fn parent(field: &str, text: &str, collection: &str) -> Result<(String, String), Error> {
     crate::api::parse_region_parent(text).ok_or_else(|| {
         Error::invalid_field(
             field,
@@ -184,7 +184,7 @@ pub fn parent(field: &str, text: &str, collection: &str) -> Result<(String, Stri
 
 /// A resource name parsed by `parse`, or INVALID_ARGUMENT naming `field`
 /// and the accepted `form`.
-pub fn name<T>(
+pub(super) fn name<T>(
     field: &str,
     text: &str,
     parse: impl FnOnce(&str) -> Option<T>,
@@ -199,18 +199,18 @@ pub fn name<T>(
 }
 
 /// An optional string field: proto3 sends the empty string for none.
-pub fn non_empty(s: String) -> Option<String> {
+pub(super) fn non_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
 /// A request's page size as the engine reads it (REST's text form); 0 is
 /// none, as proto3 says.
-pub fn page_size(n: i32) -> Option<String> {
+pub(super) fn page_size(n: i32) -> Option<String> {
     (n != 0).then(|| n.to_string())
 }
 
 /// The gRPC code of an engine error.
-pub fn grpc_code(code: Code) -> tonic::Code {
+pub(super) fn grpc_code(code: Code) -> tonic::Code {
     match code {
         Code::Cancelled => tonic::Code::Cancelled,
         Code::InvalidArgument => tonic::Code::InvalidArgument,
@@ -234,7 +234,7 @@ pub fn grpc_code(code: Code) -> tonic::Code {
 /// metadata), the BadRequest field violations and, for a rate limit, a
 /// RetryInfo. A server error's details stay in the server log
 /// ([`Error::for_caller`]), as over REST.
-pub fn status(e: Error) -> Status {
+pub(super) fn status(e: Error) -> Status {
     let e = e.for_caller();
     let code = grpc_code(e.code);
     let retry = e

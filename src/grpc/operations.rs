@@ -18,7 +18,7 @@ use crate::engine::{Error, ListRequest};
 /// deadline may cut it shorter).
 const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 
-pub struct Operations {
+pub(super) struct Operations {
     front: Front,
 }
 

@@ -47,7 +47,7 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub fn new(spec: NodeSpec) -> Node {
+    pub(super) fn new(spec: NodeSpec) -> Node {
         Node {
             gpu_free: vec![true; spec.gpu_addresses.len()],
             free_cores: spec.cores,
@@ -57,7 +57,7 @@ impl Node {
         }
     }
 
-    pub fn free_gpus(&self) -> u32 {
+    pub(super) fn free_gpus(&self) -> u32 {
         self.gpu_free.iter().filter(|f| **f).count() as u32
     }
 }
@@ -130,7 +130,7 @@ pub(crate) struct ZonePlan {
 }
 
 impl ZonePlan {
-    pub fn complete(&self) -> bool {
+    pub(super) fn complete(&self) -> bool {
         self.placed == self.total
     }
 }
@@ -217,7 +217,7 @@ pub(crate) struct Capacity {
 
 impl Capacity {
     /// Adds or replaces a node; answers the node it replaced.
-    pub fn insert(&mut self, node: Node) -> Option<Node> {
+    pub(super) fn insert(&mut self, node: Node) -> Option<Node> {
         let old = self.remove(&node.spec.id);
         self.zones
             .entry(node.spec.region.clone())
@@ -229,7 +229,7 @@ impl Capacity {
         old
     }
 
-    pub fn remove(&mut self, id: &NodeId) -> Option<Node> {
+    pub(super) fn remove(&mut self, id: &NodeId) -> Option<Node> {
         let node = self.nodes.remove(id)?;
         if let Some(zones) = self.zones.get_mut(&node.spec.region) {
             if let Some(ids) = zones.get_mut(&node.spec.zone) {
@@ -246,7 +246,7 @@ impl Capacity {
     }
 
     /// The zones of `region` that have nodes, in name order.
-    pub fn zones<'a>(&'a self, region: &str) -> impl Iterator<Item = &'a str> + 'a {
+    pub(super) fn zones<'a>(&'a self, region: &str) -> impl Iterator<Item = &'a str> + 'a {
         self.zones
             .get(region)
             .into_iter()
@@ -254,7 +254,7 @@ impl Capacity {
     }
 
     /// The nodes of a zone that take new work, in id order.
-    pub fn zone_nodes<'a>(&'a self, region: &str, zone: &str) -> Vec<&'a Node> {
+    pub(super) fn zone_nodes<'a>(&'a self, region: &str, zone: &str) -> Vec<&'a Node> {
         self.zones
             .get(region)
             .and_then(|z| z.get(zone))
@@ -266,16 +266,16 @@ impl Capacity {
     }
 
     /// Which nodes take no new work.
-    pub fn set_unschedulable(&mut self, ids: HashSet<NodeId>) {
+    pub(super) fn set_unschedulable(&mut self, ids: HashSet<NodeId>) {
         self.unschedulable = ids;
     }
 
-    pub fn is_unschedulable(&self, id: &NodeId) -> bool {
+    pub(super) fn is_unschedulable(&self, id: &NodeId) -> bool {
         self.unschedulable.contains(id)
     }
 
     /// A copy of one region's nodes that take new work.
-    pub fn region(&self, region: &str) -> Capacity {
+    pub(super) fn region(&self, region: &str) -> Capacity {
         let mut out = Capacity::default();
         for zone in self.zones(region) {
             for n in self.zone_nodes(region, zone) {
@@ -288,7 +288,7 @@ impl Capacity {
     /// Takes the resources of `placements`. False (and nothing taken) when
     /// any part no longer fits: the invariant "no node given twice" is
     /// checked here, not assumed.
-    pub fn take(&mut self, placements: &[Placement]) -> bool {
+    pub(super) fn take(&mut self, placements: &[Placement]) -> bool {
         let ok = placements.iter().all(|p| {
             self.nodes.get(&p.node).is_some_and(|n| {
                 n.free_cores >= p.cores
@@ -324,7 +324,7 @@ impl Capacity {
     }
 
     /// Gives back what `placements` took (nodes that left are skipped).
-    pub fn give_back(&mut self, placements: &[Placement]) {
+    pub(super) fn give_back(&mut self, placements: &[Placement]) {
         for p in placements {
             if let Some(n) = self.nodes.get_mut(&p.node) {
                 n.free_cores = (n.free_cores + p.cores).min(n.spec.cores);

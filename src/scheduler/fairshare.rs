@@ -97,14 +97,14 @@ fn decay(later: DateTime<Utc>, earlier: DateTime<Utc>, tau: f64) -> f64 {
 
 /// Usage per (region, project), and the policy that orders by it.
 #[derive(Debug, Clone, Default)]
-pub struct FairShare {
+pub(super) struct FairShare {
     policy: FairSharePolicy,
     usage: HashMap<(String, String), Usage>,
 }
 
 /// A project's place in a region's fair-share order.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Standing {
+pub(super) struct Standing {
     /// Decayed usage, in GPUs.
     pub usage: f64,
     pub weight: f64,
@@ -115,13 +115,13 @@ pub struct Standing {
 impl FairShare {
     /// Replaces the policy; usage stays (it does not depend on it but for
     /// the half-life, which applies from now on).
-    pub fn set_policy(&mut self, policy: FairSharePolicy) {
+    pub(super) fn set_policy(&mut self, policy: FairSharePolicy) {
         self.policy = policy;
     }
 
     /// Forgets the usage of ended clusters (what running clusters hold
     /// stays), to record it again under a new half-life.
-    pub fn clear_history(&mut self) {
+    pub(super) fn clear_history(&mut self) {
         for u in self.usage.values_mut() {
             u.history = 0.0;
             u.at = None;
@@ -129,17 +129,17 @@ impl FairShare {
         self.usage.retain(|_, u| u.held > 0);
     }
 
-    pub fn order(&self) -> Order {
+    pub(super) fn order(&self) -> Order {
         self.policy.order
     }
 
     /// A cluster of `gpus` GPUs was allocated.
-    pub fn hold(&mut self, region: &str, project: &str, gpus: u64) {
+    pub(super) fn hold(&mut self, region: &str, project: &str, gpus: u64) {
         self.entry(region, project).held += gpus;
     }
 
     /// A cluster of `gpus` GPUs held from `from` was given back at `to`.
-    pub fn release(
+    pub(super) fn release(
         &mut self,
         region: &str,
         project: &str,
@@ -154,7 +154,7 @@ impl FairShare {
 
     /// A cluster that ended before this core was built (its usage, read
     /// back from the store).
-    pub fn record_past(
+    pub(super) fn record_past(
         &mut self,
         region: &str,
         project: &str,
@@ -170,7 +170,7 @@ impl FairShare {
     }
 
     /// Where `project` stands in `region` at `now`.
-    pub fn standing(&self, region: &str, project: &str, now: DateTime<Utc>) -> Standing {
+    pub(super) fn standing(&self, region: &str, project: &str, now: DateTime<Utc>) -> Standing {
         let tau = self.policy.tau();
         let usage = self
             .usage
@@ -186,20 +186,20 @@ impl FairShare {
 
     /// Forgets projects that hold nothing and whose past usage has decayed
     /// below a millionth of a GPU (they count as none).
-    pub fn prune(&mut self, now: DateTime<Utc>) {
+    pub(super) fn prune(&mut self, now: DateTime<Utc>) {
         let tau = self.policy.tau();
         self.usage
             .retain(|_, u| u.held > 0 || u.history_at(now, tau) / tau >= 1e-6);
     }
 
     /// Every (region, project) with usage recorded.
-    pub fn projects(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(super) fn projects(&self) -> impl Iterator<Item = (&str, &str)> {
         self.usage.keys().map(|(r, p)| (r.as_str(), p.as_str()))
     }
 
     /// How far back ended clusters still count for something (their
     /// weight has fallen below one in a thousand after ten half-lives).
-    pub fn memory(&self) -> Duration {
+    pub(super) fn memory(&self) -> Duration {
         self.policy.half_life.saturating_mul(10)
     }
 

@@ -30,7 +30,7 @@ pub(crate) struct Leases {
 
 impl Leases {
     /// Grants (or re-grants) a lease.
-    pub fn grant(&mut self, node: NodeId, epoch: u64, expires: DateTime<Utc>) {
+    pub(super) fn grant(&mut self, node: NodeId, epoch: u64, expires: DateTime<Utc>) {
         if let Some((_, old)) = self.by_node.insert(node.clone(), (epoch, expires)) {
             self.expiries.remove(&(old, node.clone()));
         }
@@ -38,7 +38,7 @@ impl Leases {
     }
 
     /// Renews a lease for the holder of `epoch`.
-    pub fn renew(
+    pub(super) fn renew(
         &mut self,
         node: &NodeId,
         epoch: u64,
@@ -58,21 +58,21 @@ impl Leases {
         Ok(())
     }
 
-    pub fn epoch(&self, node: &NodeId) -> Option<u64> {
+    pub(super) fn epoch(&self, node: &NodeId) -> Option<u64> {
         self.by_node.get(node).map(|(e, _)| *e)
     }
 
     /// Nodes holding a lease now.
-    pub fn active(&self) -> usize {
+    pub(super) fn active(&self) -> usize {
         self.by_node.len()
     }
 
-    pub fn next_expiry(&self) -> Option<DateTime<Utc>> {
+    pub(super) fn next_expiry(&self) -> Option<DateTime<Utc>> {
         self.expiries.first().map(|(t, _)| *t)
     }
 
     /// Removes and returns every lease lapsed at `now`, with its epoch.
-    pub fn lapsed(&mut self, now: DateTime<Utc>) -> Vec<(NodeId, u64, DateTime<Utc>)> {
+    pub(super) fn lapsed(&mut self, now: DateTime<Utc>) -> Vec<(NodeId, u64, DateTime<Utc>)> {
         let mut out = Vec::new();
         while let Some((t, node)) = self.expiries.first().cloned() {
             if t > now {

@@ -77,7 +77,7 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    pub fn new(rules: Vec<QuotaRule>) -> Ledger {
+    pub(super) fn new(rules: Vec<QuotaRule>) -> Ledger {
         Ledger {
             rules,
             ..Ledger::default()
@@ -85,11 +85,11 @@ impl Ledger {
     }
 
     /// Replaces the config's rules; admins' overrides and usage stay.
-    pub fn set_rules(&mut self, rules: Vec<QuotaRule>) {
+    pub(super) fn set_rules(&mut self, rules: Vec<QuotaRule>) {
         self.rules = rules;
     }
 
-    pub fn limit(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
+    pub(super) fn limit(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
         if let Some(l) = self
             .overrides
             .get(project)
@@ -111,7 +111,7 @@ impl Ledger {
             .unwrap_or(0)
     }
 
-    pub fn usage(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
+    pub(super) fn usage(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
         self.usage
             .get(project)
             .and_then(|r| r.get(region))
@@ -119,7 +119,13 @@ impl Ledger {
             .unwrap_or(0)
     }
 
-    pub fn set_limit(&mut self, project: &str, region: &str, metric: QuotaMetric, limit: u64) {
+    pub(super) fn set_limit(
+        &mut self,
+        project: &str,
+        region: &str,
+        metric: QuotaMetric,
+        limit: u64,
+    ) {
         self.overrides
             .entry(project.to_string())
             .or_default()
@@ -128,7 +134,7 @@ impl Ledger {
     }
 
     /// The first metric that does not have room for `amounts`.
-    pub fn shortfall(
+    pub(super) fn shortfall(
         &self,
         project: &str,
         region: &str,
@@ -139,7 +145,7 @@ impl Ledger {
 
     /// The first metric whose *limit* is below `amounts`: the request can
     /// never fit, whatever finishes.
-    pub fn never_fits(
+    pub(super) fn never_fits(
         &self,
         project: &str,
         region: &str,
@@ -170,7 +176,7 @@ impl Ledger {
         })
     }
 
-    pub fn charge(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+    pub(super) fn charge(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
         let usage = self
             .usage
             .entry(project.to_string())
@@ -182,7 +188,7 @@ impl Ledger {
         }
     }
 
-    pub fn refund(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+    pub(super) fn refund(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
         if let Some(usage) = self.usage.get_mut(project).and_then(|r| r.get_mut(region)) {
             for a in amounts {
                 let u = &mut usage[slot(a.metric)];
@@ -194,7 +200,7 @@ impl Ledger {
     /// Every (project, region) with usage, an override or a rule naming
     /// both: the quota series metrics export (bounded by the config and
     /// the projects that used flexq).
-    pub fn pairs(&self) -> std::collections::BTreeSet<(String, String)> {
+    pub(super) fn pairs(&self) -> std::collections::BTreeSet<(String, String)> {
         let mut out = std::collections::BTreeSet::new();
         for map in [&self.usage] {
             for (p, regions) in map {
@@ -214,7 +220,7 @@ impl Ledger {
     }
 
     /// Every metric of a project in a region with a limit or usage.
-    pub fn view(&self, project: &str, region: &str) -> Vec<QuotaView> {
+    pub(super) fn view(&self, project: &str, region: &str) -> Vec<QuotaView> {
         crate::spec::QuotaMetric::ALL
             .iter()
             .map(|&metric| QuotaView {

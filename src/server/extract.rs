@@ -15,7 +15,7 @@ use crate::api::{Code, State};
 use crate::engine::Error;
 
 /// A JSON request body, checked for content type, size and unknown fields.
-pub struct JsonBody<T>(pub T);
+pub(super) struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
 where
@@ -113,7 +113,7 @@ fn body_rejection(r: BytesRejection) -> Error {
 }
 
 /// Path parameters.
-pub struct ApiPath<T>(pub T);
+pub(super) struct ApiPath<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for ApiPath<T>
 where
@@ -141,7 +141,7 @@ pub(super) const SYSTEM_PARAMETERS: &[&str] =
 
 /// Query parameters, less the [`SYSTEM_PARAMETERS`]; unknown ones are
 /// refused (a misspelt `pageSize` must not silently give the default).
-pub struct ApiQuery<T>(pub T);
+pub(super) struct ApiQuery<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for ApiQuery<T>
 where
@@ -200,13 +200,13 @@ fn own_query(query: &str) -> String {
 /// numbers (`$alt=json;enum-encoding=int`, sent by Google's client
 /// libraries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(super) enum Format {
     EnumNames,
     EnumInts,
 }
 
 impl Format {
-    pub fn from_query(query: Option<&str>) -> Format {
+    pub(super) fn from_query(query: Option<&str>) -> Format {
         let Some(query) = query else {
             return Format::EnumNames;
         };
@@ -222,7 +222,7 @@ impl Format {
     }
 
     /// Encodes `value` as the answer body.
-    pub fn respond<T: Serialize>(self, status: StatusCode, value: &T) -> Response {
+    pub(super) fn respond<T: Serialize>(self, status: StatusCode, value: &T) -> Response {
         if self == Format::EnumNames {
             return (status, axum::Json(value)).into_response();
         }

@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
 /// A TLS acceptor for the configured certificate and key.
-pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+pub(super) fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| anyhow::anyhow!("server.tls_cert {}: {e}", cert.display()))?;

@@ -56,7 +56,7 @@ pub(super) struct Sql<'a> {
 }
 
 impl<'a> Sql<'a> {
-    pub fn new(backend: Backend, text: impl Into<String>) -> Sql<'a> {
+    pub(super) fn new(backend: Backend, text: impl Into<String>) -> Sql<'a> {
         Sql {
             backend,
             text: text.into(),
@@ -66,13 +66,13 @@ impl<'a> Sql<'a> {
     }
 
     /// Appends SQL text.
-    pub fn push(&mut self, text: &str) -> &mut Self {
+    pub(super) fn push(&mut self, text: &str) -> &mut Self {
         self.text.push_str(text);
         self
     }
 
     /// Appends a placeholder and binds `value` to it.
-    pub fn bind<T>(&mut self, value: T) -> &mut Self
+    pub(super) fn bind<T>(&mut self, value: T) -> &mut Self
     where
         T: 'a + Encode<'a, Any> + Type<Any>,
     {
@@ -89,7 +89,7 @@ impl<'a> Sql<'a> {
     }
 
     /// Appends `v1, v2, ...`, each bound.
-    pub fn list<T, I>(&mut self, values: I) -> &mut Self
+    pub(super) fn list<T, I>(&mut self, values: I) -> &mut Self
     where
         I: IntoIterator<Item = T>,
         T: 'a + Encode<'a, Any> + Type<Any>,
@@ -104,7 +104,7 @@ impl<'a> Sql<'a> {
     }
 
     /// Appends `values (..), (..)`: `row` binds the columns of one item.
-    pub fn values<T, I>(
+    pub(super) fn values<T, I>(
         &mut self,
         items: I,
         mut row: impl FnMut(&mut Tuple<'_, 'a>, T),
@@ -128,7 +128,7 @@ impl<'a> Sql<'a> {
     }
 
     #[cfg(test)]
-    pub fn text(&self) -> &str {
+    pub(super) fn text(&self) -> &str {
         &self.text
     }
 
@@ -141,7 +141,7 @@ impl<'a> Sql<'a> {
         }
     }
 
-    pub async fn fetch_all<'e, E>(self, executor: E) -> Result<Vec<AnyRow>, StoreError>
+    pub(super) async fn fetch_all<'e, E>(self, executor: E) -> Result<Vec<AnyRow>, StoreError>
     where
         E: Executor<'e, Database = Any>,
     {
@@ -149,7 +149,7 @@ impl<'a> Sql<'a> {
         Ok(sqlx::query_with(&text, args).fetch_all(executor).await?)
     }
 
-    pub async fn execute<'e, E>(self, executor: E) -> Result<AnyQueryResult, StoreError>
+    pub(super) async fn execute<'e, E>(self, executor: E) -> Result<AnyQueryResult, StoreError>
     where
         E: Executor<'e, Database = Any>,
     {
@@ -158,7 +158,7 @@ impl<'a> Sql<'a> {
     }
 
     /// The first column of every row.
-    pub async fn fetch_scalars<'e, T, E>(self, executor: E) -> Result<Vec<T>, StoreError>
+    pub(super) async fn fetch_scalars<'e, T, E>(self, executor: E) -> Result<Vec<T>, StoreError>
     where
         E: Executor<'e, Database = Any>,
         T: Send + Unpin + for<'r> sqlx::Decode<'r, Any> + Type<Any>,
@@ -177,7 +177,7 @@ pub(super) struct Tuple<'s, 'a> {
 }
 
 impl<'a> Tuple<'_, 'a> {
-    pub fn bind<T>(&mut self, value: T) -> &mut Self
+    pub(super) fn bind<T>(&mut self, value: T) -> &mut Self
     where
         T: 'a + Encode<'a, Any> + Type<Any>,
     {

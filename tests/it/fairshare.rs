@@ -12,7 +12,7 @@ use crate::support::{ServerProcess, flex_batch, virtual_l4_config};
 /// One virtual node of 4 L4 GPUs in us-central1-a: one 3-GPU batch (a
 /// driver and 2 executors) at a time. A 30 s half-life, so what a batch
 /// held a few seconds ago still counts clearly.
-pub fn config(dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("fair.toml");
     virtual_l4_config(&path, 1);
     let mut text = std::fs::read_to_string(&path).expect("config");
@@ -98,7 +98,7 @@ fn reasons(b: &Value) -> String {
 }
 
 /// The order of the two queued batches, as positions and reasons say.
-pub async fn light_goes_first(s: &str) {
+pub(crate) async fn light_goes_first(s: &str) {
     // On PostgreSQL the scheduler learns of a create through the change
     // stream: wait until both are queued in it.
     let queued = |b: &Value| b["flexq"]["queuePosition"].is_number();
@@ -133,7 +133,7 @@ pub async fn light_goes_first(s: &str) {
 /// "other" takes the node next; then light queues after heavy-2 — and goes
 /// ahead of it: heavy's past use counts, light has none (by name alone,
 /// heavy would come first).
-pub async fn heavy_then_light(s: &str) {
+pub(crate) async fn heavy_then_light(s: &str) {
     create(s, "heavy", "heavy-1").await;
     provisioned(s, "heavy", "heavy-1").await;
     create(s, "heavy", "heavy-2").await;
@@ -154,7 +154,7 @@ pub async fn heavy_then_light(s: &str) {
 }
 
 /// When the node frees, light's batch gets it; then heavy-2 is first.
-pub async fn light_gets_the_node(s: &str) {
+pub(crate) async fn light_gets_the_node(s: &str) {
     cancel(s, "other", "other-1").await;
     provisioned(s, "light", "light-1").await;
     let heavy = get(s, "heavy", "heavy-2").await;

@@ -264,7 +264,7 @@ async fn a_browser_gets_answers_over_http2() {
 
 /// What a unary gRPC call answered, read off the wire.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub code: i32,
     pub message: String,
     pub details: Option<googleapis_tonic_google_rpc::google::rpc::Status>,
@@ -273,7 +273,7 @@ pub struct Answer {
 
 impl Answer {
     /// The response message (after the 5-byte gRPC frame header).
-    pub fn message<M: Message + Default>(&self) -> M {
+    pub(crate) fn message<M: Message + Default>(&self) -> M {
         assert_eq!(self.code, 0, "{self:?}");
         assert!(self.body.len() >= 5, "{self:?}");
         M::decode(&self.body[5..]).expect("response message")
@@ -281,7 +281,7 @@ impl Answer {
 }
 
 /// The gRPC frame of one message: not compressed, its length, its bytes.
-pub fn frame(message: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(message: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8];
     out.extend((message.len() as u32).to_be_bytes());
     out.extend(message);
@@ -290,7 +290,7 @@ pub fn frame(message: &[u8]) -> Vec<u8> {
 
 /// One unary gRPC call over h2c with exactly `body` as the request
 /// stream: answers within 10 s or fails the test (never a hang).
-pub async fn call_raw(
+pub(crate) async fn call_raw(
     addr: SocketAddr,
     path: &str,
     body: Vec<u8>,
@@ -343,10 +343,10 @@ pub async fn call_raw(
     }
 }
 
-pub const GET_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/GetBatch";
-pub const CREATE_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/CreateBatch";
+pub(crate) const GET_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/GetBatch";
+pub(crate) const CREATE_BATCH: &str = "/google.cloud.dataproc.v1.BatchController/CreateBatch";
 
-pub const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+pub(crate) const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 
 /// A `grpc.health.v1.HealthCheckRequest` for `service`, framed.
 fn health_check(service: &str) -> Vec<u8> {

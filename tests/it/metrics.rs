@@ -14,7 +14,7 @@ const REGION: &str = "mtest-east1";
 
 /// A server with `region` (one zone, `{region}-a`): one virtual node of 4
 /// L4 GPUs.
-pub async fn server(region: &str) -> TestServer {
+pub(crate) async fn server(region: &str) -> TestServer {
     let region = region.to_string();
     TestServer::start_with(|c| {
         let pool = PoolConfig {
@@ -42,7 +42,7 @@ pub async fn server(region: &str) -> TestServer {
 }
 
 /// The value of the series `name` whose labels include `labels`.
-pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
@@ -54,14 +54,14 @@ pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-pub fn batch(executors: u32, timeout: &str) -> Value {
+pub(crate) fn batch(executors: u32, timeout: &str) -> Value {
     let mut b = flex_with("spark.executor.instances", &executors.to_string());
     b["runtimeConfig"]["properties"]["spark.dataproc.executor.provisioning.allocationTimeout"] =
         json!(timeout);
     b
 }
 
-pub async fn create(s: &TestServer, region: &str, id: &str, body: &Value) -> Value {
+pub(crate) async fn create(s: &TestServer, region: &str, id: &str, body: &Value) -> Value {
     let r = s
         .http
         .post(s.url(&format!(
@@ -89,7 +89,7 @@ async fn until(s: &TestServer, region: &str, id: &str, pred: impl Fn(&Value) -> 
 }
 
 /// Queue, allocate, expire, cancel in `region` — then every metric says so.
-pub async fn scenario(s: &TestServer, region: &str) {
+pub(crate) async fn scenario(s: &TestServer, region: &str) {
     create(s, region, "m-small", &batch(2, "3600s")).await;
     until(s, region, "m-small", |b| {
         b["flexq"]["provisioningState"] == "PROVISIONED"

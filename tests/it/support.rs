@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub struct TestServer {
+pub(crate) struct TestServer {
     pub addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     pub http: reqwest::Client,
@@ -31,12 +31,12 @@ pub struct TestServer {
 impl TestServer {
     /// The default config without its virtual nodes: batches stay
     /// queued, so API tests see exactly what they create.
-    pub async fn start() -> TestServer {
+    pub(crate) async fn start() -> TestServer {
         Self::start_with(no_virtual_nodes).await
     }
 
     /// Capacity only from agents, with a lease of `lease`.
-    pub async fn start_for_agents(lease: Duration) -> TestServer {
+    pub(crate) async fn start_for_agents(lease: Duration) -> TestServer {
         Self::start_with(|c| {
             no_virtual_nodes(c);
             c.agents.lease_duration = lease;
@@ -44,7 +44,7 @@ impl TestServer {
         .await
     }
 
-    pub async fn start_with(tune: impl FnOnce(&mut Config)) -> TestServer {
+    pub(crate) async fn start_with(tune: impl FnOnce(&mut Config)) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = Config::load_without_env(None).expect("default config");
         config.database.data_dir = dir.path().join("data");
@@ -81,7 +81,7 @@ impl TestServer {
     /// config file is layered over the embedded default, as `flexq serve
     /// --config` does: a zone or pool `tune` removes comes back from the
     /// default, so empty it (`max_nodes`, `virtual_nodes` 0) instead.
-    pub async fn start_process_with(tune: impl FnOnce(&mut Config)) -> TestServer {
+    pub(crate) async fn start_process_with(tune: impl FnOnce(&mut Config)) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = Config::load_without_env(None).expect("default config");
         tune(&mut config);
@@ -110,7 +110,7 @@ impl TestServer {
     }
 
     /// HTTPS only, with `tls`'s certificate, no virtual nodes, then `tune`.
-    pub async fn start_https(tls: &Tls, tune: impl FnOnce(&mut Config)) -> TestServer {
+    pub(crate) async fn start_https(tls: &Tls, tune: impl FnOnce(&mut Config)) -> TestServer {
         let (cert, key) = (tls.cert.clone(), tls.key.clone());
         Self::start_with(move |c| {
             no_virtual_nodes(c);
@@ -123,7 +123,7 @@ impl TestServer {
 
     /// The URL of the server's own database (SQLite file or PostgreSQL),
     /// for tests that look at or change what is stored directly.
-    pub async fn database_url(&self) -> String {
+    pub(crate) async fn database_url(&self) -> String {
         match database_url(self._dir.path()).await {
             Some(url) => url,
             None => format!(
@@ -133,12 +133,12 @@ impl TestServer {
         }
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
 
     /// The text of `/metrics`.
-    pub async fn scrape(&self) -> String {
+    pub(crate) async fn scrape(&self) -> String {
         self.http
             .get(format!("http://{}/metrics", self.metrics_addr))
             .send()
@@ -149,12 +149,12 @@ impl TestServer {
             .expect("text")
     }
 
-    pub fn batches(&self) -> String {
+    pub(crate) fn batches(&self) -> String {
         self.url("/v1/projects/demo/locations/us-central1/batches")
     }
 
     /// POSTs a create; returns status and body.
-    pub async fn create(&self, query: &str, body: &Value) -> (u16, Value) {
+    pub(crate) async fn create(&self, query: &str, body: &Value) -> (u16, Value) {
         let resp = self
             .http
             .post(format!("{}?{query}", self.batches()))
@@ -166,14 +166,14 @@ impl TestServer {
         (status, resp.json().await.expect("JSON body"))
     }
 
-    pub async fn get(&self, path: &str) -> (u16, Value) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, Value) {
         let resp = self.http.get(self.url(path)).send().await.expect("get");
         let status = resp.status().as_u16();
         (status, resp.json().await.expect("JSON body"))
     }
 
     /// POSTs `body` as JSON; returns status and body.
-    pub async fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
+    pub(crate) async fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
         let resp = self
             .http
             .post(self.url(path))
@@ -185,13 +185,13 @@ impl TestServer {
         (status, resp.json().await.expect("JSON body"))
     }
 
-    pub async fn post(&self, path: &str) -> (u16, Value) {
+    pub(crate) async fn post(&self, path: &str) -> (u16, Value) {
         let resp = self.http.post(self.url(path)).send().await.expect("post");
         let status = resp.status().as_u16();
         (status, resp.json().await.expect("JSON body"))
     }
 
-    pub async fn delete(&self, path: &str) -> (u16, Value) {
+    pub(crate) async fn delete(&self, path: &str) -> (u16, Value) {
         let resp = self
             .http
             .delete(self.url(path))
@@ -203,7 +203,7 @@ impl TestServer {
     }
 
     /// Every batch of the demo project's region, following page tokens.
-    pub async fn list_all(&self, query: &str) -> Vec<Value> {
+    pub(crate) async fn list_all(&self, query: &str) -> Vec<Value> {
         let mut out = Vec::new();
         let mut token = String::new();
         loop {
@@ -234,7 +234,7 @@ impl Drop for TestServer {
 }
 
 /// Removes the config's virtual nodes: capacity comes only from agents.
-pub fn no_virtual_nodes(c: &mut Config) {
+pub(crate) fn no_virtual_nodes(c: &mut Config) {
     for region in c.regions.values_mut() {
         for zone in region.zones.values_mut() {
             for pool in zone.node_pools.values_mut() {
@@ -246,7 +246,7 @@ pub fn no_virtual_nodes(c: &mut Config) {
 
 /// Writes a FAKE GPU discovery script into `dir`: two addresses in
 /// Spark's format, no GPU behind them (these machines have none).
-pub fn fake_gpu_script(dir: &Path) -> PathBuf {
+pub(crate) fn fake_gpu_script(dir: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.join("fake-gpus.sh");
     let script = flexq::launch::discovery_script(&["0".into(), "1".into()]).replace(
@@ -259,7 +259,7 @@ pub fn fake_gpu_script(dir: &Path) -> PathBuf {
 }
 
 /// Starts `flexq agent --config CONFIG`, its output appended to `log`.
-pub fn spawn_agent(config: &Path, log: &Path) -> Child {
+pub(crate) fn spawn_agent(config: &Path, log: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -276,7 +276,7 @@ pub fn spawn_agent(config: &Path, log: &Path) -> Child {
 }
 
 /// The flex start example of docs/rules.md#example as a create body.
-pub fn flex_batch() -> Value {
+pub(crate) fn flex_batch() -> Value {
     json!({
         "pysparkBatch": {"mainPythonFileUri": "file:///jobs/etl.py"},
         "runtimeConfig": {"version": "3.0", "properties": {
@@ -291,7 +291,7 @@ pub fn flex_batch() -> Value {
 }
 
 /// The flex start batch with one property replaced.
-pub fn flex_with(key: &str, value: &str) -> Value {
+pub(crate) fn flex_with(key: &str, value: &str) -> Value {
     let mut b = flex_batch();
     b["runtimeConfig"]["properties"][key] = json!(value);
     b
@@ -299,7 +299,7 @@ pub fn flex_with(key: &str, value: &str) -> Value {
 
 /// Asserts a `google.rpc.Status` body with the given HTTP code and status.
 #[track_caller]
-pub fn assert_status(status: u16, body: &Value, code: u16, name: &str) {
+pub(crate) fn assert_status(status: u16, body: &Value, code: u16, name: &str) {
     assert_eq!(status, code, "{body:#}");
     assert_eq!(body["error"]["code"], code, "{body:#}");
     assert_eq!(body["error"]["status"], name, "{body:#}");
@@ -318,12 +318,12 @@ pub fn assert_status(status: u16, body: &Value, code: u16, name: &str) {
 
 /// The `flexq` binary built for these tests.
 /// Whether this run of the suite is on PostgreSQL.
-pub fn on_postgres() -> bool {
+pub(crate) fn on_postgres() -> bool {
     std::env::var("FLEXQ_TEST_DATABASE").is_ok_and(|v| v == "postgres")
 }
 
 /// The PostgreSQL that test databases are made on.
-pub fn postgres_admin_url() -> String {
+pub(crate) fn postgres_admin_url() -> String {
     std::env::var("FLEXQ_TEST_PG")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
 }
@@ -332,7 +332,7 @@ pub fn postgres_admin_url() -> String {
 /// default SQLite file there; on PostgreSQL a database made for `dir`
 /// (the same one again when the server restarts on `dir`), dropped once
 /// `dir` is gone (see [`sweep_databases_of_removed_dirs`]).
-pub async fn database_url(dir: &Path) -> Option<String> {
+pub(crate) async fn database_url(dir: &Path) -> Option<String> {
     if !on_postgres() {
         return None;
     }
@@ -361,7 +361,7 @@ static DIR_DATABASES: std::sync::Mutex<Vec<(PathBuf, PgDatabase)>> =
 /// Drops the databases whose test directory is gone. Called whenever a
 /// test server stops or a new database is made; `scripts/test` drops
 /// what the last tests of a run leave.
-pub fn sweep_databases_of_removed_dirs() {
+pub(crate) fn sweep_databases_of_removed_dirs() {
     drop(take_databases(|dir| !dir.exists()));
 }
 
@@ -378,7 +378,7 @@ fn take_databases(which: impl Fn(&Path) -> bool) -> Vec<PgDatabase> {
 
 /// A database of its own on the test PostgreSQL (`flexq_t_*`), dropped
 /// (its sessions ended) when this value is.
-pub struct PgDatabase {
+pub(crate) struct PgDatabase {
     pub url: String,
     name: String,
 }
@@ -422,7 +422,7 @@ impl Drop for PgDatabase {
 /// A new, empty database on the test PostgreSQL (`flexq_t_*`), dropped
 /// with the value answered. Its own database, not a schema: `NOTIFY`
 /// channels and advisory locks are per database.
-pub async fn fresh_postgres_database() -> PgDatabase {
+pub(crate) async fn fresh_postgres_database() -> PgDatabase {
     use sqlx::{Connection, Executor};
     let admin = postgres_admin_url();
     let name = format!("flexq_t_{}", uuid::Uuid::new_v4().simple());
@@ -446,13 +446,13 @@ pub async fn fresh_postgres_database() -> PgDatabase {
     }
 }
 
-pub fn flexq_bin() -> PathBuf {
+pub(crate) fn flexq_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_flexq"))
 }
 
 /// The value of one series in a Prometheus exposition, named exactly as
 /// it is written (`name{label="value",...}`); None when it is not there.
-pub fn sample(exposition: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(exposition: &str, series: &str) -> Option<f64> {
     exposition.lines().find_map(|line| {
         let value = line.strip_prefix(series)?.strip_prefix(' ')?;
         value.trim().parse().ok()
@@ -460,7 +460,7 @@ pub fn sample(exposition: &str, series: &str) -> Option<f64> {
 }
 
 /// A `flexq serve` child process on a given data directory.
-pub struct ServerProcess {
+pub(crate) struct ServerProcess {
     pub child: Child,
     pub endpoint: String,
     pub metrics_endpoint: String,
@@ -469,7 +469,7 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `flexq serve` with its data under `dir`, and waits until it
     /// answers `/readyz`.
-    pub async fn start(dir: &Path) -> ServerProcess {
+    pub(crate) async fn start(dir: &Path) -> ServerProcess {
         Self::start_with(dir, None).await
     }
 
@@ -482,13 +482,13 @@ impl ServerProcess {
     /// replica id, not another test's server on a port it took. Its log
     /// (warnings and errors) is kept in `dir/flexq-serve.log` and shown
     /// when it does not start.
-    pub async fn start_with(dir: &Path, config: Option<&Path>) -> ServerProcess {
+    pub(crate) async fn start_with(dir: &Path, config: Option<&Path>) -> ServerProcess {
         Self::start_limited(dir, config, None).await
     }
 
     /// The same, under a limit of `fd_limit` file descriptors (`ulimit -n`
     /// in a shell that then becomes the server) when one is given.
-    pub async fn start_limited(
+    pub(crate) async fn start_limited(
         dir: &Path,
         config: Option<&Path>,
         fd_limit: Option<u64>,
@@ -499,7 +499,7 @@ impl ServerProcess {
     /// Starts it with a config whose API port serves HTTPS only, with a
     /// certificate that `ca` signs (it is ready when `/readyz` answers
     /// over TLS).
-    pub async fn start_tls(dir: &Path, config: &Path, ca: &Path) -> ServerProcess {
+    pub(crate) async fn start_tls(dir: &Path, config: &Path, ca: &Path) -> ServerProcess {
         Self::start_serving(dir, Some(config), None, Some(ca)).await
     }
 
@@ -601,7 +601,7 @@ impl ServerProcess {
     }
 
     /// GET `path` on this server, as JSON.
-    pub async fn get(&self, path: &str) -> Value {
+    pub(crate) async fn get(&self, path: &str) -> Value {
         reqwest::get(format!("{}{path}", self.endpoint))
             .await
             .expect("get")
@@ -611,7 +611,7 @@ impl ServerProcess {
     }
 
     /// A batch of the demo project's us-central1 queue.
-    pub async fn batch(&self, id: &str) -> Value {
+    pub(crate) async fn batch(&self, id: &str) -> Value {
         self.get(&format!(
             "/v1/projects/demo/locations/us-central1/batches/{id}"
         ))
@@ -619,7 +619,7 @@ impl ServerProcess {
     }
 
     /// Batch `id` of `project` in us-central1.
-    pub async fn batch_of(&self, project: &str, id: &str) -> Value {
+    pub(crate) async fn batch_of(&self, project: &str, id: &str) -> Value {
         self.get(&format!(
             "/v1/projects/{project}/locations/us-central1/batches/{id}"
         ))
@@ -628,7 +628,12 @@ impl ServerProcess {
 
     /// Reads batch `id` of `project` until `done` holds; after 20 s fails
     /// with the batch.
-    pub async fn until(&self, project: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn until(
+        &self,
+        project: &str,
+        id: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let b = self.batch_of(project, id).await;
@@ -641,7 +646,7 @@ impl ServerProcess {
     }
 
     /// Creates a batch with id `id`; returns the HTTP status.
-    pub async fn create(&self, id: &str, body: &Value) -> u16 {
+    pub(crate) async fn create(&self, id: &str, body: &Value) -> u16 {
         reqwest::Client::new()
             .post(format!(
                 "{}/v1/projects/demo/locations/us-central1/batches?batchId={id}",
@@ -657,7 +662,7 @@ impl ServerProcess {
 
     /// POSTs to `path` without a body; the status and the JSON answer
     /// (null when there is none).
-    pub async fn post(&self, path: &str) -> (u16, Value) {
+    pub(crate) async fn post(&self, path: &str) -> (u16, Value) {
         let r = reqwest::Client::new()
             .post(format!("{}{path}", self.endpoint))
             .send()
@@ -669,7 +674,7 @@ impl ServerProcess {
 
     /// The text of this server's `/metrics` (its own process: its own
     /// metrics).
-    pub async fn scrape(&self) -> String {
+    pub(crate) async fn scrape(&self) -> String {
         reqwest::get(format!("{}/metrics", self.metrics_endpoint))
             .await
             .expect("scrape")
@@ -678,7 +683,7 @@ impl ServerProcess {
             .expect("text")
     }
 
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reap");
     }
@@ -686,14 +691,19 @@ impl ServerProcess {
 
 /// Writes a config layer giving us-central1-a's L4 pool `n` virtual nodes
 /// (and every other pool none).
-pub fn virtual_l4_config(path: &Path, n: u32) {
+pub(crate) fn virtual_l4_config(path: &Path, n: u32) {
     let base = Config::load_without_env(None).expect("embedded config");
     std::fs::write(path, base.virtual_nodes_only("us-central1-a", "l4", n)).expect("config");
 }
 
 /// Reads the batch at `path` until `done` holds; after 20 s fails saying it
 /// never became `what`, with the batch.
-pub async fn until(s: &TestServer, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn until(
+    s: &TestServer,
+    path: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (_, b) = s.get(path).await;
@@ -718,13 +728,13 @@ impl Drop for ServerProcess {
 
 /// A self-signed certificate for 127.0.0.1 and localhost (its own CA),
 /// in a directory that lives as long as the value.
-pub struct Tls {
+pub(crate) struct Tls {
     _dir: tempfile::TempDir,
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
-pub fn self_signed() -> Tls {
+pub(crate) fn self_signed() -> Tls {
     let dir = tempfile::tempdir().expect("tempdir");
     let ck =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
@@ -740,7 +750,7 @@ pub fn self_signed() -> Tls {
 }
 
 /// The long polls of `kind` waiting now on `s` (`flexq_long_polls{kind}`).
-pub async fn long_polls(s: &TestServer, kind: &str) -> u64 {
+pub(crate) async fn long_polls(s: &TestServer, kind: &str) -> u64 {
     let text = s.scrape().await;
     crate::metrics::value(&text, "flexq_long_polls", &[("kind", kind)])
         .unwrap_or_else(|| panic!("no flexq_long_polls{{kind={kind:?}}} in the metrics:\n{text}"))
@@ -751,7 +761,7 @@ pub async fn long_polls(s: &TestServer, kind: &str) -> u64 {
 /// and found nothing to answer, so whatever the test does next is what
 /// wakes it (not a sleep that may end before the waiter waits). Fails
 /// after 10 s.
-pub async fn until_long_polls(s: &TestServer, kind: &str, n: u64) {
+pub(crate) async fn until_long_polls(s: &TestServer, kind: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now = long_polls(s, kind).await;

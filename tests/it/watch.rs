@@ -13,21 +13,21 @@ use crate::support::{ServerProcess, TestServer, flex_batch, flex_with};
 
 /// One server-sent event.
 #[derive(Debug, Clone)]
-pub struct SseEvent {
+pub(crate) struct SseEvent {
     pub event: String,
     pub id: Option<String>,
     pub data: Value,
 }
 
 /// A watch as a client reads it.
-pub struct Sse {
+pub(crate) struct Sse {
     resp: reqwest::Response,
     text: String,
 }
 
 impl Sse {
     /// Opens `url`; with `last` as `Last-Event-ID`. Panics unless 200.
-    pub async fn open(url: &str, last: Option<&str>) -> Sse {
+    pub(crate) async fn open(url: &str, last: Option<&str>) -> Sse {
         match Self::try_open(url, last).await {
             (_, Ok(sse)) => sse,
             (status, Err(body)) => panic!("watch {url}: {status} {body}"),
@@ -35,7 +35,7 @@ impl Sse {
     }
 
     /// The status, and the stream or the error's body.
-    pub async fn try_open(url: &str, last: Option<&str>) -> (u16, Result<Sse, Value>) {
+    pub(crate) async fn try_open(url: &str, last: Option<&str>) -> (u16, Result<Sse, Value>) {
         let mut req = reqwest::Client::new().get(url);
         if let Some(last) = last {
             req = req.header("last-event-id", last);
@@ -61,7 +61,7 @@ impl Sse {
     }
 
     /// The next event (keep-alive comments skipped), or None after `wait`.
-    pub async fn next(&mut self, wait: Duration) -> Option<SseEvent> {
+    pub(crate) async fn next(&mut self, wait: Duration) -> Option<SseEvent> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             while let Some(end) = self.text.find("\n\n") {
