@@ -40,18 +40,7 @@ pub(super) fn to_batch(r: &BatchRecord) -> Batch {
             provisioning_mode: r.cluster.mode.name().into(),
             allocation_deadline: r.deadline,
             end_reason: r.end_reason.map(|e| e.name().to_string()),
-            alternatives: r
-                .cluster
-                .alternatives
-                .iter()
-                .map(|a| {
-                    crate::spec::alternatives::RungSpec {
-                        target: a.target.clone(),
-                        after_s: a.after_s,
-                    }
-                    .to_string()
-                })
-                .collect(),
+            alternatives: ladder(&r.cluster),
             placement: placement(r),
             attempt: (r.attempt > 1).then_some(r.attempt),
             zone: r.zone.clone(),
@@ -60,6 +49,21 @@ pub(super) fn to_batch(r: &BatchRecord) -> Batch {
         }),
         ..r.spec.clone()
     }
+}
+
+/// A batch's placement alternatives, in order, as its ladder names them
+/// (`a100-40 after 15m`): what `flexq.alternatives` and a queue entry show.
+pub(super) fn ladder(c: &spec::ClusterRequest) -> Vec<String> {
+    c.alternatives
+        .iter()
+        .map(|a| {
+            spec::alternatives::RungSpec {
+                target: a.target.clone(),
+                after_s: a.after_s,
+            }
+            .to_string()
+        })
+        .collect()
 }
 
 /// The placement of a batch allocated on one of its alternatives.

@@ -51,6 +51,11 @@ pub struct QueueEntry {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub estimated_start_time: Option<chrono::DateTime<Utc>>,
     pub not_admitted_reasons: Vec<String>,
+    /// Its placement alternatives, in order, as the batch's
+    /// `flexq.alternatives` names them (`a100-40 after 15m`); absent
+    /// without any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<String>,
 }
 
 /// A page of a region's queue, in its order.
@@ -223,6 +228,7 @@ impl Engine {
                 allocation_deadline: b.deadline,
                 estimated_start_time: info.estimated_start_time,
                 not_admitted_reasons: info.reasons,
+                alternatives: super::present::ladder(&b.cluster),
             })
             .collect();
         Ok(QueueEntries {

@@ -14,7 +14,7 @@ use crate::support::{TestServer, until};
 /// us-central1: one virtual L4 node of 4 GPUs in us-central1-a, one
 /// virtual A100-40 node of 8 in us-central1-c; L4 batches may take A100s
 /// after 1s.
-fn l4_and_a100(c: &mut Config) {
+pub(crate) fn l4_and_a100(c: &mut Config) {
     world(c, 1, 4, 1, 100);
     let region = c.regions.get_mut("us-central1").expect("region");
     region.zones.insert(

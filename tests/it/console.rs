@@ -10,6 +10,7 @@ use fantoccini::elements::Element;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
+use crate::scheduler::gpu_batch;
 use crate::support::{TestServer, assert_status, flex_batch, flex_with, no_virtual_nodes, until};
 
 const REGION: &str = "us-central1";
@@ -850,5 +851,92 @@ async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
     b.text_with("#timeline", "SUCCEEDED").await;
     b.assert_not_reloaded().await;
     b.shot("batch-succeeded").await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_ladder() {
+    // One L4 node of 4 GPUs, one A100-40 node of 8; L4 batches may take
+    // A100s after 1s.
+    let s = TestServer::start_with(crate::alternatives::l4_and_a100).await;
+    let path = |id: &str| format!("/v1/projects/demo/locations/{REGION}/batches/{id}");
+    let provisioned = |b: &Value| b["flexq"]["provisioningState"] == "PROVISIONED";
+    // Fills the L4 node: a driver and 3 executors.
+    let (st, body) = s.create("batchId=fill", &gpu_batch(3, "3600s")).await;
+    assert_eq!(st, 200, "{body:#}");
+    until(&s, &path("fill"), "fill provisioned", provisioned).await;
+    let (st, body) = s.create("batchId=moves", &gpu_batch(2, "3600s")).await;
+    assert_eq!(st, 200, "{body:#}");
+    let moved = until(&s, &path("moves"), "moves provisioned", provisioned).await;
+    assert_eq!(moved["flexq"]["placement"]["alternative"], 1, "{moved:#}");
+    // Its own ladder, whose one rung is not tried for 50 minutes.
+    let mut waits = gpu_batch(2, "3600s");
+    waits["runtimeConfig"]["properties"]["spark.flexq.alternatives"] = json!("a100-40 after 50m");
+    let (st, body) = s.create("batchId=waits", &waits).await;
+    assert_eq!(st, 200, "{body:#}");
+    // Its queue entry carries the ladder (the core learns of a create
+    // through the change stream on PostgreSQL).
+    let deadline = Instant::now() + WAIT;
+    let entry = loop {
+        let (_, page) = get_json(&s, &entries_url(&s, "demo", "")).await;
+        let found = page["entries"].as_array().and_then(|a| {
+            a.iter()
+                .find(|e| e["name"].as_str().is_some_and(|n| n.ends_with("/waits")))
+                .cloned()
+        });
+        if let Some(e) = found {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "waits is not queued: {page:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        entry["alternatives"],
+        json!(["a100-40 after 50m"]),
+        "{entry:#}"
+    );
+
+    let b = Browser::open().await;
+    let console = s.url("/console/");
+    // The batch on its rung says which, on what, where and how.
+    b.goto(&format!("{console}#/batch/demo/{REGION}/moves"))
+        .await;
+    b.text_with("#placement-badge", "on alternative 1: a100-40")
+        .await;
+    let placement = b.text_with("#placement", REGION).await;
+    assert!(
+        placement.contains("executors of a100-40 (12 cores"),
+        "{placement}"
+    );
+    let ladder = b.text_with("#alternatives", "a100-40 after 1s").await;
+    assert!(ladder.contains("runs here"), "{ladder}");
+    b.shot("batch-on-alternative").await;
+    // One allocated as asked says so.
+    b.goto(&format!("{console}#/batch/demo/{REGION}/fill"))
+        .await;
+    b.text_with("#placement", "its own").await;
+    assert!(
+        b.client
+            .find(Locator::Css("#placement-badge"))
+            .await
+            .is_err(),
+        "a batch on its own placement shows a rung's badge"
+    );
+    // A queued one lists its ladder, and each rung's reason.
+    b.goto(&format!("{console}#/batch/demo/{REGION}/waits"))
+        .await;
+    b.text_with("#reasons", "alternative 1").await;
+    let ladder = b.text_with("#alternatives", "a100-40 after 50m").await;
+    assert!(!ladder.contains("runs here"), "{ladder}");
+    assert!(b.client.find(Locator::Css("#placement")).await.is_err());
+
+    // The queue shows a queued batch's ladder under its shape.
+    b.goto(&format!("{console}#/queue?region={REGION}")).await;
+    b.text_with(
+        "tr[data-batch='waits'] .alternatives",
+        "→ a100-40 after 50m",
+    )
+    .await;
+    b.shot("queue-alternatives").await;
     b.close().await;
 }

@@ -145,6 +145,8 @@ export function batchView(b, deleted, project, region, cancel) {
     ["Created", when(b.createTime)],
     ["Creator", b.creator],
     ["Provisioning", f.provisioningState ? `${f.provisioningState} (${f.provisioningMode} mode)` : ""],
+    ["Placement", placementView(f)],
+    ["Alternatives", f.alternatives && f.alternatives.length ? ladderView(f.alternatives, f.placement) : ""],
     ["Zone", f.zone],
     ["Allocated", f.allocateTime ? when(f.allocateTime) : ""],
     ["Allocation deadline", f.allocationDeadline && f.provisioningState === "QUEUED" ? clock(f.allocationDeadline, "until") : ""],
@@ -169,6 +171,38 @@ export function batchView(b, deleted, project, region, cancel) {
   );
   out.push(h("div", { class: "cols" }, h("div", null, left), h("div", null, h("h2", null, "History"), timeline(b))));
   return out;
+}
+
+/** Where the batch runs: on one of its placement alternatives (which, the
+ * GPU type, region and shape it was rewritten to), or its own placement
+ * once allocated with a ladder it did not need. Empty otherwise. */
+export function placementView(f) {
+  const p = f.placement;
+  if (p) {
+    return h(
+      "span",
+      { id: "placement" },
+      h("span", { class: "badge placement", id: "placement-badge", title: "Allocated on a placement alternative" }, `on alternative ${p.alternative}: ${p.accelerator}`),
+      ` in ${p.region}`,
+      h("div", { class: "muted", id: "placement-shape" }, p.shape),
+    );
+  }
+  const allocated = ["PROVISIONED", "RELEASED"].includes(f.provisioningState);
+  if (allocated && f.alternatives && f.alternatives.length) return h("span", { id: "placement" }, "its own, as asked");
+  return "";
+}
+
+/** The batch's ladder, in order (numbered as "alternative N"), the rung it
+ * runs on marked. */
+export function ladderView(alternatives, placement) {
+  return h(
+    "ol",
+    { class: "ladder", id: "alternatives" },
+    alternatives.map((a, i) => {
+      const taken = placement && placement.alternative === i + 1;
+      return h("li", { class: taken ? "taken" : null }, a, taken ? h("span", { class: "muted" }, " (runs here)") : null);
+    }),
+  );
 }
 
 export function nodesView(parts) {

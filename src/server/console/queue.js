@@ -122,7 +122,19 @@ export function queueTable(entries, region) {
           h("td", { class: "num" }, number(e.queuePosition)),
           h("td", null, h("a", { href: `#/batch/${enc(e.project)}/${enc(region)}/${enc(id)}` }, id)),
           h("td", null, e.project),
-          h("td", null, e.shape),
+          h(
+            "td",
+            null,
+            e.shape,
+            // Where else it may run once it has waited each delay.
+            e.alternatives && e.alternatives.length
+              ? h(
+                  "div",
+                  { class: "alternatives", title: "Placement alternatives: each tried once the batch has waited its delay" },
+                  e.alternatives.map((a) => h("span", null, `→ ${a}`)),
+                )
+              : null,
+          ),
           h("td", { class: "num" }, `${e.gpus} ${e.accelerator}`),
           h("td", null, clock(e.queueTime, "since")),
           h("td", null, e.allocationDeadline ? clock(e.allocationDeadline, "until") : "none"),
