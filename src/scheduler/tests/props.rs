@@ -13,6 +13,14 @@
 //! two zones, each zone with pools of two GPU types, nodes whose cores,
 //! memory and local SSD per GPU vary on both sides of what parts ask, and
 //! quota limits low enough to bind.
+//!
+//! Some queue-mode batches carry placement alternatives (rungs): another
+//! GPU type in their region (reshaped as a create does), on-demand quota,
+//! or the other region, each with a delay within the allocation timeout.
+//! An allocation on a rung is checked against the rung: its delay passed,
+//! the whole rung cluster in the rung's region, the rung's quota charged
+//! there (the core's ledger against the model's), never a jump of a batch
+//! ahead that fits the same shape on its own placement or its own rung.
 
 mod generate;
 mod model;
@@ -67,6 +75,13 @@ impl Harness {
         for d in &decisions {
             match d {
                 Decision::Allocate(a) => {
+                    // One allocation a batch, whole, on one rung or its
+                    // own placement.
+                    prop_assert!(
+                        !allocated.contains(&a.key),
+                        "batch {} allocated twice in one pass",
+                        a.key.0
+                    );
                     self.m.check_allocation(a, now)?;
                     self.m.run(a);
                     allocated.push(a.key);
@@ -110,6 +125,28 @@ impl Harness {
             self.infra_failure(key);
         }
         self.s.check_invariants().map_err(TestCaseError::fail)?;
+        // The core's ledger draws what the model's allocations draw: a rung
+        // its own quota, in its own region.
+        let usages = self.m.usages();
+        for p in 0..PROJECTS {
+            for region in REGIONS {
+                for metric in QuotaMetric::ALL {
+                    let project = format!("p{p}");
+                    let model = usages
+                        .get(&(project.clone(), region.to_string(), metric))
+                        .copied()
+                        .unwrap_or(0);
+                    prop_assert_eq!(
+                        self.s.ledger_usage(&project, region, metric),
+                        model,
+                        "{}/{}/{}: the ledger's usage",
+                        project,
+                        region,
+                        metric
+                    );
+                }
+            }
+        }
         // The scrape's queue series, kept cheap by walking queue by queue,
         // are what counting batch by batch gives.
         let snapshot = self.s.snapshot(now);
@@ -131,8 +168,13 @@ impl Harness {
     }
 
     fn submit(&mut self, region: &str, project: String, priority: i32, cluster: ClusterRequest) {
-        // The create refuses what could never fit.
-        if self.s.never_fits(&project, region, &cluster).is_some() {
+        // The create refuses what could never fit, on its own placement
+        // and on every rung.
+        if self
+            .s
+            .never_fits_anywhere(&project, region, &cluster)
+            .is_some()
+        {
             return;
         }
         let key = BatchKey(self.next_key);

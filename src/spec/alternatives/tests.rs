@@ -4,6 +4,7 @@
 use super::*;
 use crate::api::{PySparkBatch, RuntimeConfig};
 use crate::spec::{QuotaMetric, validate_create};
+use proptest::strategy::Strategy as _;
 
 /// The embedded default's policy with `ladders`.
 fn policy(ladders: &[(&[&str], &[&str])]) -> Policy {
@@ -252,6 +253,78 @@ fn a_bad_ladder_names_the_field_the_value_and_what_is_accepted() {
             "{value}: {:?} lacks {fragment:?}",
             v.description
         );
+    }
+}
+
+/// The rungs an operator may list, for the property below.
+const RUNG_CHOICES: [&str; 6] = [
+    "a100-40 after 15m",
+    "a100-80 after 10m",
+    "l4 after 5m",
+    "on-demand after 20m",
+    "region europe-west4 after 30m",
+    "region us-central1 after 25m",
+];
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    /// Every rung a create gives is the batch a user asking for it
+    /// directly gets: `validate` of the reshaped batch in the rung's
+    /// region is exactly the rung's cluster (less its own ladder).
+    #[test]
+    fn every_rung_is_what_validating_its_reshaped_batch_gives(
+        ladder in proptest::sample::subsequence(RUNG_CHOICES.to_vec(), 0..=4).prop_shuffle(),
+        own_type in proptest::sample::select(Accelerator::ALL.to_vec()),
+        size in 0usize..8,
+        instances in 2u32..9,
+        memory_g in proptest::option::of(4u32..60),
+        driver_like in proptest::bool::weighted(0.7),
+        region in proptest::sample::select(vec!["us-central1", "europe-west4", "asia-southeast1"]),
+    ) {
+        use proptest::prelude::*;
+        let p = {
+            let mut p = policy(&[]);
+            let rungs: Vec<String> = ladder.iter().map(|r| r.to_string()).collect();
+            p.ladders = vec![ladder_from_config(None, None, None, &rungs, &[]).expect("ladder")];
+            p
+        };
+        let allowed = own_type.allowed_cores();
+        let cores = allowed[size % allowed.len()].to_string();
+        let instances = instances.to_string();
+        let memory = memory_g.map(|g| format!("{g}g"));
+        let mut extra = vec![
+            ("spark.dataproc.executor.resource.accelerator.type", own_type.name()),
+            ("spark.executor.cores", cores.as_str()),
+            ("spark.executor.instances", instances.as_str()),
+        ];
+        if driver_like {
+            extra.push(("spark.dataproc.driver.resource.accelerator.type", own_type.name()));
+            if own_type != Accelerator::L4 {
+                extra.push(("spark.driver.cores", "12"));
+            }
+        }
+        if let Some(m) = memory.as_deref() {
+            extra.push(("spark.executor.memory", m));
+        }
+        let b = flex(&extra);
+        let Ok(own) = validate_create(&b, Default::default(), "demo", region, &p) else {
+            // Not a valid batch here (a GPU type the region lacks, too
+            // much memory): nothing to check.
+            return Ok(());
+        };
+        for rung in &own.alternatives {
+            prop_assert!(rung.cluster.alternatives.is_empty());
+            let reshaped = reshape(&b, &own, &rung.target);
+            let direct = crate::spec::validate(&reshaped, "demo", &rung.region, &p);
+            prop_assert!(direct.is_ok(), "rung {} ({}): {:?}", rung.index, rung.target, direct);
+            let mut direct = direct.expect("valid");
+            direct.alternatives.clear();
+            prop_assert_eq!(&direct, &rung.cluster, "rung {} ({})", rung.index, rung.target);
+            // And what the core is given is what Spark is given.
+            let (_, placed) = as_placed(&b, &own, rung.index);
+            prop_assert_eq!(&placed, &rung.cluster);
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 
 use crate::scheduler::*;
+use crate::spec::alternatives::{Rung, Target, translate};
 use crate::spec::{
     Accelerator, ClusterRequest, NodeShape, ProvisioningMode, QuotaMetric, RuntimeVersion,
     Workload, quota_amounts,
@@ -153,6 +154,31 @@ pub(super) struct Submit {
     pub(super) timeout_s: u64,
     pub(super) ttl_s: u64,
     pub(super) retries: u32,
+    /// Its ladder (queue mode only): targets repeated or equal to its own
+    /// placement are dropped, as a create refuses or skips them.
+    pub(super) rungs: Vec<RungGen>,
+}
+
+/// A rung: another GPU type in the batch's region, on-demand quota, or
+/// the other region; its delay a tenth of the allocation timeout.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RungGen {
+    pub(super) kind: u8,
+    pub(super) to: Accelerator,
+    pub(super) after_tenths: u64,
+}
+
+pub(super) fn rung_gen() -> impl Strategy<Value = RungGen> {
+    (
+        prop_oneof![4 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)],
+        accelerator(),
+        0u64..10,
+    )
+        .prop_map(|(kind, to, after_tenths)| RungGen {
+            kind,
+            to,
+            after_tenths,
+        })
 }
 
 pub(super) fn submit() -> impl Strategy<Value = Submit> {
@@ -172,6 +198,10 @@ pub(super) fn submit() -> impl Strategy<Value = Submit> {
             prop::sample::select(vec![600u64, 1800, 7200]),
             0u32..3,
         ),
+        prop_oneof![
+            3 => Just(Vec::new()),
+            2 => proptest::collection::vec(rung_gen(), 1..=2),
+        ],
     )
         .prop_map(
             |(
@@ -182,6 +212,7 @@ pub(super) fn submit() -> impl Strategy<Value = Submit> {
                 executors,
                 queue,
                 (timeout_s, ttl_s, retries),
+                rungs,
             )| Submit {
                 region,
                 project,
@@ -194,6 +225,7 @@ pub(super) fn submit() -> impl Strategy<Value = Submit> {
                 timeout_s,
                 ttl_s,
                 retries,
+                rungs,
             },
         )
 }
@@ -211,7 +243,7 @@ impl Submit {
         } else {
             ProvisioningMode::Default
         };
-        ClusterRequest {
+        let mut own = ClusterRequest {
             workload: Workload::Pyspark,
             runtime: RuntimeVersion::new(3, 0),
             quota: quota_amounts(&driver, &executor, self.executors, mode),
@@ -223,8 +255,78 @@ impl Submit {
             ttl_s: Some(self.ttl_s),
             infrastructure_retries: self.retries,
             alternatives: Vec::new(),
+        };
+        if mode == ProvisioningMode::Queue {
+            let region = REGIONS[self.region];
+            let mut targets = Vec::new();
+            for g in &self.rungs {
+                let target = match g.kind {
+                    0 => Target::Accelerator(g.to),
+                    1 => Target::OnDemand,
+                    _ => Target::Region(REGIONS[1 - self.region].to_string()),
+                };
+                if targets.contains(&target) || target == Target::Accelerator(own_type(&own)) {
+                    continue;
+                }
+                targets.push(target.clone());
+                own.alternatives.push(Rung {
+                    index: targets.len() as u32,
+                    after_s: self.timeout_s * g.after_tenths / 10,
+                    region: match &target {
+                        Target::Region(r) => r.clone(),
+                        _ => region.to_string(),
+                    },
+                    cluster: rung_cluster(&own, &target),
+                    target,
+                });
+            }
         }
+        own
     }
+}
+
+/// The GPU type of a cluster's executors (always one here).
+fn own_type(c: &ClusterRequest) -> Accelerator {
+    c.executor.accelerator.unwrap_or(Accelerator::L4)
+}
+
+/// A part of GPU type `from` on `to`, as a create gives it: the shape
+/// `translate` picks, the type's default disk, 80 % of its memory.
+fn part_on(shape: &NodeShape, from: Accelerator, to: Accelerator) -> NodeShape {
+    if shape.accelerator != Some(from) {
+        return *shape;
+    }
+    let (cores, gpus) = translate(shape.gpus, shape.cores, to);
+    let total = to.max_total_memory_mb(cores).unwrap_or(13384) * 8 / 10;
+    NodeShape {
+        accelerator: Some(to),
+        cores,
+        gpus,
+        memory_mb: total - total / 10,
+        memory_overhead_mb: total / 10,
+        local_ssd_gb: to.local_ssd_choices_gb(cores).1,
+    }
+}
+
+/// The cluster a batch is on `target` (docs/rules.md#placement-alternatives):
+/// its own GPU type's parts reshaped, as many executors as keep its GPUs;
+/// on-demand: default mode; another region: the same cluster.
+fn rung_cluster(own: &ClusterRequest, target: &Target) -> ClusterRequest {
+    let mut c = own.clone();
+    c.alternatives = Vec::new();
+    match target {
+        Target::Accelerator(to) => {
+            let from = own_type(own);
+            c.driver = part_on(&own.driver, from, *to);
+            c.executor = part_on(&own.executor, from, *to);
+            let total = u64::from(own.executor_count) * u64::from(own.executor.gpus);
+            c.executor_count = total.div_ceil(u64::from(c.executor.gpus.max(1))) as u32;
+        }
+        Target::OnDemand => c.mode = ProvisioningMode::Default,
+        Target::Region(_) => {}
+    }
+    c.quota = quota_amounts(&c.driver, &c.executor, c.executor_count, c.mode);
+    c
 }
 
 /// Quota rules as a config declares them: one limit for every GPU metric

@@ -12,7 +12,8 @@ use proptest::prelude::*;
 use super::generate::POOL_MAX;
 use crate::api::EndReason;
 use crate::scheduler::*;
-use crate::spec::{ProvisioningMode, QuotaMetric};
+use crate::spec::alternatives::Rung;
+use crate::spec::{ClusterRequest, ProvisioningMode, QuotaAmount, QuotaMetric};
 
 /// How a batch left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +31,14 @@ pub(super) enum End {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum State {
     Queued,
-    Running { placements: Vec<Placement> },
+    /// Allocated: where (its own region, or its rung's), on which rung (0
+    /// its own placement) and the quota it draws there.
+    Running {
+        placements: Vec<Placement>,
+        region: String,
+        rung: u32,
+        quota: Vec<QuotaAmount>,
+    },
     Ended(End),
 }
 
@@ -62,7 +70,7 @@ pub(super) struct Model {
 }
 
 impl Model {
-    pub(super) fn new(rules: Vec<QuotaRule>, strict: bool) -> Model {
+    pub fn new(rules: Vec<QuotaRule>, strict: bool) -> Model {
         Model {
             batches: BTreeMap::new(),
             nodes: BTreeMap::new(),
@@ -80,7 +88,7 @@ impl Model {
 
     // ---- what the harness did ------------------------------------------
 
-    pub(super) fn declare_virtual(&mut self, spec: NodeSpec) {
+    pub fn declare_virtual(&mut self, spec: NodeSpec) {
         self.declared.insert(spec.id.clone());
         self.nodes.insert(spec.id.clone(), spec.clone());
         self.all_virtual.push(spec);
@@ -88,7 +96,7 @@ impl Model {
 
     /// Declares (or drops) the `i`th virtual node drawn, when its pool
     /// has room for it.
-    pub(super) fn toggle_virtual(&mut self, i: usize, declared: bool) {
+    pub fn toggle_virtual(&mut self, i: usize, declared: bool) {
         let Some(spec) = super::pick(&self.all_virtual, i) else {
             return;
         };
@@ -103,7 +111,7 @@ impl Model {
     /// Whether `spec`'s pool has a slot left: declared virtual nodes and
     /// agents' nodes together stay within `POOL_MAX`, so no reload ever
     /// retires an agent's node.
-    pub(super) fn pool_room(&self, spec: &NodeSpec) -> bool {
+    pub fn pool_room(&self, spec: &NodeSpec) -> bool {
         let same_pool = |n: &NodeSpec| n.zone == spec.zone && n.pool == spec.pool;
         let virtual_nodes = self
             .all_virtual
@@ -118,7 +126,7 @@ impl Model {
         virtual_nodes + agents < POOL_MAX as usize
     }
 
-    pub(super) fn layout(&self, pools: Vec<PoolDecl>, fair: FairSharePolicy) -> Layout {
+    pub fn layout(&self, pools: Vec<PoolDecl>, fair: FairSharePolicy) -> Layout {
         Layout {
             pools,
             virtual_nodes: self
@@ -132,22 +140,16 @@ impl Model {
         }
     }
 
-    pub(super) fn set_rules(&mut self, rules: Vec<QuotaRule>, strict: bool) {
+    pub fn set_rules(&mut self, rules: Vec<QuotaRule>, strict: bool) {
         self.rules = rules;
         self.strict = strict;
     }
 
-    pub(super) fn set_limit(
-        &mut self,
-        project: String,
-        region: String,
-        metric: QuotaMetric,
-        limit: u64,
-    ) {
+    pub fn set_limit(&mut self, project: String, region: String, metric: QuotaMetric, limit: u64) {
         self.overrides.insert((project, region, metric), limit);
     }
 
-    pub(super) fn submit(&mut self, batch: PendingBatch) {
+    pub fn submit(&mut self, batch: PendingBatch) {
         let retries_left = batch.cluster.infrastructure_retries;
         self.batches.insert(
             batch.key,
@@ -159,15 +161,18 @@ impl Model {
         );
     }
 
-    pub(super) fn run(&mut self, a: &Allocation) {
+    pub fn run(&mut self, a: &Allocation) {
         if let Some(t) = self.batches.get_mut(&a.key) {
             t.state = State::Running {
                 placements: a.placements.clone(),
+                region: a.region.clone(),
+                rung: a.rung_index(),
+                quota: a.quota.clone(),
             };
         }
     }
 
-    pub(super) fn end(&mut self, key: BatchKey, end: End) {
+    pub fn end(&mut self, key: BatchKey, end: End) {
         if let Some(t) = self.batches.get_mut(&key) {
             t.state = State::Ended(end);
         }
@@ -176,7 +181,7 @@ impl Model {
     /// Queues a batch that lost its cluster again, as the store does: its
     /// queue time (and so its place) kept, a fresh deadline from `now`.
     /// None when it has no retries left.
-    pub(super) fn requeue(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingBatch> {
+    pub fn requeue(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingBatch> {
         let t = self.batches.get_mut(&key)?;
         if t.retries_left == 0 {
             return None;
@@ -190,13 +195,7 @@ impl Model {
     /// An agent's registration; `taken`: whether the core took its new
     /// shape (it keeps the old one when the new is too small for what the
     /// node holds).
-    pub(super) fn register(
-        &mut self,
-        spec: NodeSpec,
-        taken: bool,
-        epoch: u64,
-        expires: DateTime<Utc>,
-    ) {
+    pub fn register(&mut self, spec: NodeSpec, taken: bool, epoch: u64, expires: DateTime<Utc>) {
         let id = spec.id.clone();
         if taken || !self.nodes.contains_key(&id) {
             self.nodes.insert(id.clone(), spec);
@@ -205,19 +204,19 @@ impl Model {
         self.leases.insert(id, (epoch, expires));
     }
 
-    pub(super) fn renew(&mut self, node: &NodeId, expires: DateTime<Utc>) {
+    pub fn renew(&mut self, node: &NodeId, expires: DateTime<Utc>) {
         if let Some((_, e)) = self.leases.get_mut(node) {
             *e = (*e).max(expires);
         }
     }
 
-    pub(super) fn lose(&mut self, node: &NodeId) {
+    pub fn lose(&mut self, node: &NodeId) {
         self.nodes.remove(node);
         self.leases.remove(node);
         self.lost.insert(node.clone());
     }
 
-    pub(super) fn set_hold(&mut self, hold: HoldKey, on: bool) {
+    pub fn set_hold(&mut self, hold: HoldKey, on: bool) {
         if on {
             self.holds.insert(hold);
         } else {
@@ -225,7 +224,7 @@ impl Model {
         }
     }
 
-    pub(super) fn set_cordon(&mut self, node: NodeId, on: bool) {
+    pub fn set_cordon(&mut self, node: NodeId, on: bool) {
         if on {
             self.cordons.insert(node);
         } else {
@@ -235,15 +234,15 @@ impl Model {
 
     // ---- what the harness reads ----------------------------------------
 
-    pub(super) fn holds(&self) -> impl Iterator<Item = HoldKey> + '_ {
+    pub fn holds(&self) -> impl Iterator<Item = HoldKey> + '_ {
         self.holds.iter().cloned()
     }
 
-    pub(super) fn cordons(&self) -> impl Iterator<Item = NodeId> + '_ {
+    pub fn cordons(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.cordons.iter().cloned()
     }
 
-    pub(super) fn state(&self, key: BatchKey) -> Option<&State> {
+    pub fn state(&self, key: BatchKey) -> Option<&State> {
         self.batches.get(&key).map(|t| &t.state)
     }
 
@@ -256,28 +255,28 @@ impl Model {
     }
 
     /// Batches queued or running.
-    pub(super) fn live(&self) -> Vec<BatchKey> {
+    pub fn live(&self) -> Vec<BatchKey> {
         self.keys_where(|s| matches!(s, State::Queued | State::Running { .. }))
     }
 
     /// Every batch submitted, as last queued.
-    pub(super) fn submitted(&self) -> Vec<PendingBatch> {
+    pub fn submitted(&self) -> Vec<PendingBatch> {
         self.batches.values().map(|t| t.batch.clone()).collect()
     }
 
-    pub(super) fn running(&self) -> Vec<BatchKey> {
+    pub fn running(&self) -> Vec<BatchKey> {
         self.keys_where(|s| matches!(s, State::Running { .. }))
     }
 
-    pub(super) fn node_ids(&self) -> Vec<NodeId> {
+    pub fn node_ids(&self) -> Vec<NodeId> {
         self.nodes.keys().cloned().collect()
     }
 
-    pub(super) fn is_present(&self, node: &NodeId) -> bool {
+    pub fn is_present(&self, node: &NodeId) -> bool {
         self.nodes.contains_key(node)
     }
 
-    pub(super) fn leased(&self) -> Vec<(NodeId, u64)> {
+    pub fn leased(&self) -> Vec<(NodeId, u64)> {
         self.leases
             .iter()
             .map(|(n, (e, _))| (n.clone(), *e))
@@ -285,29 +284,53 @@ impl Model {
     }
 
     /// The deadline of a queued batch.
-    pub(super) fn queued_deadline(&self, key: BatchKey) -> Option<DateTime<Utc>> {
+    pub fn queued_deadline(&self, key: BatchKey) -> Option<DateTime<Utc>> {
         let t = self.batches.get(&key)?;
         (t.state == State::Queued)
             .then_some(t.batch.deadline)
             .flatten()
     }
 
-    pub(super) fn runs_on(&self, key: BatchKey, node: &NodeId) -> bool {
+    pub fn runs_on(&self, key: BatchKey, node: &NodeId) -> bool {
         matches!(
             self.state(key),
-            Some(State::Running { placements }) if placements.iter().any(|p| &p.node == node)
+            Some(State::Running { placements, .. }) if placements.iter().any(|p| &p.node == node)
         )
     }
 
-    /// The first deadline or lease expiry after `now`.
-    pub(super) fn next_event_after(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let deadlines = self
-            .batches
-            .values()
-            .filter(|t| t.state == State::Queued)
-            .filter_map(|t| t.batch.deadline);
+    /// The first deadline, lease expiry or rung delay's end after `now`
+    /// (the runner wakes at each).
+    pub fn next_event_after(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let queued = || self.batches.values().filter(|t| t.state == State::Queued);
+        let deadlines = queued().filter_map(|t| t.batch.deadline);
+        let ripe = queued().flat_map(|t| {
+            t.batch
+                .cluster
+                .alternatives
+                .iter()
+                .map(|r| ripe_at(&t.batch, r))
+        });
         let expiries = self.leases.values().map(|(_, e)| *e);
-        deadlines.chain(expiries).filter(|t| *t > now).min()
+        deadlines
+            .chain(ripe)
+            .chain(expiries)
+            .filter(|t| *t > now)
+            .min()
+    }
+
+    /// What the clusters running now draw of each metric, by project and
+    /// region: where each was allocated, its own quota or its rung's.
+    pub fn usages(&self) -> BTreeMap<(String, String, QuotaMetric), u64> {
+        let mut out = BTreeMap::new();
+        for t in self.batches.values() {
+            if let State::Running { region, quota, .. } = &t.state {
+                for q in quota {
+                    *out.entry((t.batch.project.clone(), region.clone(), q.metric))
+                        .or_default() += q.amount;
+                }
+            }
+        }
+        out
     }
 
     fn held(&self, b: &PendingBatch) -> bool {
@@ -337,13 +360,19 @@ impl Model {
             .map_or(0, |r| r.limit)
     }
 
-    /// What the clusters running now draw of a metric.
+    /// What the clusters running now draw of a metric in a region: each
+    /// where it was allocated, its own quota or its rung's.
     fn usage(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
         self.batches
             .values()
-            .filter(|t| matches!(t.state, State::Running { .. }))
-            .filter(|t| t.batch.project == project && t.batch.region == region)
-            .flat_map(|t| &t.batch.cluster.quota)
+            .filter(|t| t.batch.project == project)
+            .filter_map(|t| match &t.state {
+                State::Running {
+                    region: r, quota, ..
+                } if r == region => Some(quota),
+                _ => None,
+            })
+            .flatten()
             .filter(|q| q.metric == metric)
             .map(|q| q.amount)
             .sum()
@@ -351,12 +380,21 @@ impl Model {
 
     /// The first metric a batch's quota does not fit in now.
     fn quota_short(&self, b: &PendingBatch) -> Option<QuotaMetric> {
-        b.cluster
-            .quota
+        self.quota_short_in(&b.project, &b.region, &b.cluster.quota)
+    }
+
+    /// The first metric of `quota` that does not fit in `region` now.
+    fn quota_short_in(
+        &self,
+        project: &str,
+        region: &str,
+        quota: &[QuotaAmount],
+    ) -> Option<QuotaMetric> {
+        quota
             .iter()
             .find(|q| {
-                self.usage(&b.project, &b.region, q.metric) + q.amount
-                    > self.limit(&b.project, &b.region, q.metric)
+                self.usage(project, region, q.metric) + q.amount
+                    > self.limit(project, region, q.metric)
             })
             .map(|q| q.metric)
     }
@@ -382,19 +420,54 @@ impl Model {
     /// executor, each part the resources of its shape) on nodes that are
     /// there, schedulable and of the part's GPU type, all in one zone of
     /// the batch's region: the zone the allocation names.
-    pub(super) fn check_allocation(
+    ///
+    /// On a rung, all of that holds of the rung's cluster in the rung's
+    /// region, with the rung's quota, and only once the rung's delay has
+    /// passed: never part of a cluster, never two rungs' parts.
+    pub fn check_allocation(
         &self,
         a: &Allocation,
         now: DateTime<Utc>,
     ) -> Result<(), TestCaseError> {
         let b = self.queued(a.key)?;
         let k = a.key.0;
+        prop_assert_eq!(a.allocated_at, now);
+        prop_assert_eq!(a.queued_at, b.queued_at, "batch {}: its queue time", k);
+        let (region, c) = match &a.rung {
+            None => (&b.region, &b.cluster),
+            Some(on) => {
+                let rung = b
+                    .cluster
+                    .alternatives
+                    .iter()
+                    .find(|r| r.index == on.index)
+                    .ok_or_else(|| {
+                        TestCaseError::fail(format!(
+                            "batch {k} allocated on rung {}, which it does not have",
+                            on.index
+                        ))
+                    })?;
+                prop_assert!(
+                    now >= ripe_at(b, rung),
+                    "batch {} allocated on rung {} at {}, before its delay of {}s (queued at {})",
+                    k,
+                    on.index,
+                    now,
+                    rung.after_s,
+                    b.queued_at
+                );
+                prop_assert_eq!(on.asked, accelerator_label(&b.cluster));
+                (&rung.region, &rung.cluster)
+            }
+        };
         prop_assert_eq!(
             &a.region,
-            &b.region,
-            "batch {} allocated in another region",
-            k
+            region,
+            "batch {} allocated in another region than its rung {}'s",
+            k,
+            a.rung_index()
         );
+        prop_assert_eq!(a.accelerator, accelerator_label(c));
         prop_assert_eq!(&a.project, &b.project);
         if let Some(d) = b.deadline {
             prop_assert!(
@@ -410,15 +483,22 @@ impl Model {
             "batch {} allocated while its queue is held",
             k
         );
-        prop_assert_eq!(&a.quota, &b.cluster.quota);
-        let short = self.quota_short(b);
+        prop_assert_eq!(
+            &a.quota,
+            &c.quota,
+            "batch {}: the quota of rung {}",
+            k,
+            a.rung_index()
+        );
+        let short = self.quota_short_in(&b.project, region, &c.quota);
         prop_assert!(
             short.is_none(),
-            "batch {} allocated beyond its {:?} quota",
+            "batch {} allocated on rung {} beyond its {:?} quota in {}",
             k,
-            short
+            a.rung_index(),
+            short,
+            region
         );
-        let c = &b.cluster;
         let count = |role| a.placements.iter().filter(|p| p.role == role).count();
         prop_assert_eq!(
             count(PartRole::Driver),
@@ -456,12 +536,7 @@ impl Model {
                 ))
             })?;
             zones.insert(node.zone.as_str());
-            prop_assert_eq!(
-                &node.region,
-                &b.region,
-                "batch {} placed in another region",
-                k
-            );
+            prop_assert_eq!(&node.region, region, "batch {} placed in another region", k);
             if let Some(want) = shape.accelerator {
                 prop_assert_eq!(
                     node.accelerator,
@@ -505,11 +580,7 @@ impl Model {
     /// A rejection is of a queued default-mode batch whose queue is not
     /// held; a quota rejection when its quota does not fit, a stock-out
     /// only when it does (quota is checked first).
-    pub(super) fn check_reject(
-        &self,
-        key: BatchKey,
-        reason: EndReason,
-    ) -> Result<(), TestCaseError> {
+    pub fn check_reject(&self, key: BatchKey, reason: EndReason) -> Result<(), TestCaseError> {
         let b = self.queued(key)?;
         prop_assert_eq!(
             b.cluster.mode,
@@ -537,7 +608,7 @@ impl Model {
 
     /// A node is lost only once the lease of its current registration
     /// lapsed.
-    pub(super) fn check_lost(
+    pub fn check_lost(
         &self,
         node: &NodeId,
         epoch: Option<u64>,
@@ -559,11 +630,11 @@ impl Model {
     /// left on a node that was lost; every batch whose deadline passed
     /// expired; every lease that lapsed lost its node; default mode never
     /// waits unless its queue is held.
-    pub(super) fn check_after_pass(&self, now: DateTime<Utc>) -> Result<(), TestCaseError> {
+    pub fn check_after_pass(&self, now: DateTime<Utc>) -> Result<(), TestCaseError> {
         let mut used: BTreeMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = BTreeMap::new();
         for (key, t) in &self.batches {
             match &t.state {
-                State::Running { placements } => {
+                State::Running { placements, .. } => {
                     for p in placements {
                         prop_assert!(
                             self.nodes.contains_key(&p.node),
@@ -636,48 +707,109 @@ impl Model {
 
     /// Order: a batch allocated in a pass never overtakes one ahead of it
     /// that is still queued and that would have fitted where it did — the
-    /// same shape, a ttl no longer, its queue not held, its quota free.
-    /// Ahead means higher priority, then older: across the region in
-    /// strict order, within its project in fair-share order. (A default-
-    /// mode batch may pass a queued one that a reservation holds back.)
-    pub(super) fn check_order(
+    /// same shape in the same region, a ttl no longer, its queue not held,
+    /// its quota free there — on its own placement or on a rung whose
+    /// delay has passed in its region. Ahead means higher priority, then
+    /// older: across the region in strict order, within its project in
+    /// fair-share order. (A default-mode batch may pass a queued one that
+    /// a reservation holds back.) The shape compared is the one allocated:
+    /// the batch's own, or its rung's. A rung in another region takes only
+    /// what that region's queue leaves: nothing is queued there after.
+    pub fn check_order(
         &self,
         allocated: &[BatchKey],
         now: DateTime<Utc>,
     ) -> Result<(), TestCaseError> {
         let rank = |b: &PendingBatch| (Reverse(b.priority), b.key);
         for key in allocated {
-            let a = &self.batches[key].batch;
+            let t = &self.batches[key];
+            let a = &t.batch;
             if a.cluster.mode != ProvisioningMode::Queue {
                 continue;
             }
-            let same_shape = |b: &PendingBatch| {
-                b.cluster.driver == a.cluster.driver
-                    && b.cluster.executor == a.cluster.executor
-                    && b.cluster.executor_count == a.cluster.executor_count
-                    && b.cluster.ttl_s <= a.cluster.ttl_s
+            let State::Running {
+                region: given_region,
+                rung,
+                ..
+            } = &t.state
+            else {
+                continue;
+            };
+            let given = match rung_of(a, *rung) {
+                Some(r) => &r.cluster,
+                None => &a.cluster,
+            };
+            if given_region != &a.region {
+                let queued_there = self
+                    .batches
+                    .values()
+                    .find(|t| t.state == State::Queued && &t.batch.region == given_region);
+                prop_assert!(
+                    queued_there.is_none(),
+                    "at {} batch {} took rung {} in {} while batch {} is queued there",
+                    now,
+                    a.key.0,
+                    rung,
+                    given_region,
+                    queued_there.map_or(0, |t| t.batch.key.0)
+                );
+            }
+            let same_shape = |c: &ClusterRequest| {
+                c.driver == given.driver
+                    && c.executor == given.executor
+                    && c.executor_count == given.executor_count
             };
             for t in self.batches.values() {
                 let b = &t.batch;
-                let overtaken = t.state == State::Queued
+                let ahead = t.state == State::Queued
                     && b.region == a.region
                     && (self.strict || b.project == a.project)
                     && rank(b) < rank(a)
-                    && same_shape(b)
-                    && !self.held(b)
-                    && self.quota_short(b).is_none();
-                prop_assert!(
-                    !overtaken,
-                    "at {} batch {} (priority {}) went before batch {} (priority {}) of the same shape ahead of it ({} order)",
-                    now,
-                    a.key.0,
-                    a.priority,
-                    b.key.0,
-                    b.priority,
-                    if self.strict { "strict" } else { "fair-share" }
+                    && b.cluster.ttl_s <= a.cluster.ttl_s
+                    && !self.held(b);
+                if !ahead {
+                    continue;
+                }
+                // Its own placement, then its rungs in its region whose
+                // delay has passed.
+                let options = std::iter::once((0, &b.region, &b.cluster)).chain(
+                    b.cluster
+                        .alternatives
+                        .iter()
+                        .filter(|r| r.region == b.region && ripe_at(b, r) <= now)
+                        .map(|r| (r.index, &r.region, &r.cluster)),
                 );
+                for (index, region, c) in options {
+                    let overtaken = region == given_region
+                        && same_shape(c)
+                        && self.quota_short_in(&b.project, region, &c.quota).is_none();
+                    prop_assert!(
+                        !overtaken,
+                        "at {} batch {} (priority {}, rung {}) went before batch {} (priority {}) ahead of it, which fits the same shape on its rung {} ({} order)",
+                        now,
+                        a.key.0,
+                        a.priority,
+                        rung,
+                        b.key.0,
+                        b.priority,
+                        index,
+                        if self.strict { "strict" } else { "fair-share" }
+                    );
+                }
             }
         }
         Ok(())
     }
+}
+
+/// When `rung` of `b` may be tried: its queue time plus the rung's delay.
+pub(super) fn ripe_at(b: &PendingBatch, rung: &Rung) -> DateTime<Utc> {
+    b.queued_at + chrono::Duration::seconds(rung.after_s as i64)
+}
+
+/// The rung `index` of `b` (0: its own placement, None).
+fn rung_of(b: &PendingBatch, index: u32) -> Option<&Rung> {
+    (index > 0)
+        .then(|| b.cluster.alternatives.iter().find(|r| r.index == index))
+        .flatten()
 }
