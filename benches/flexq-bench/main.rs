@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo bench --features bench-hooks --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|rest-h2c|grpc|all]
 //! cargo bench --features bench-hooks --bench flexq-bench -- schedule --pending 100000
+//! cargo bench --features bench-hooks --bench flexq-bench -- schedule --pending 100000 --only ladders --rounds 3
 //! cargo bench --features bench-hooks --bench flexq-bench -- fairshare --pending 100000 --batches 100000
 //! cargo bench --features bench-hooks --bench flexq-bench -- replicas
 //! cargo bench --features bench-hooks --bench flexq-bench -- agent --runs 10
@@ -111,10 +112,14 @@ enum Bench {
         /// Releases measured per depth.
         #[arg(long, default_value_t = 500)]
         releases: usize,
-        /// Only these parts: core, flood, end-to-end, expiry, restart
-        /// (comma-separated; all when absent).
+        /// Only these parts: core, flood, end-to-end, expiry, restart,
+        /// ladders (comma-separated; all when absent).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// Turns of each ladder setting (off, ripe, unripe) in the
+        /// `ladders` part.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
     },
 }
 
@@ -176,11 +181,13 @@ async fn main() -> ExitCode {
             pending,
             releases,
             only,
+            rounds,
         } => {
             schedule::run(schedule::ScheduleOptions {
                 pending,
                 releases,
                 only,
+                rounds,
             })
             .await
         }

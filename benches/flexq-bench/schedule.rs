@@ -8,7 +8,11 @@
 //! 3. end to end: a capacity release through the HTTP API until the next
 //!    batch's allocation is visible through the API;
 //! 4. expiry lateness with many deadlines, and the time from SIGKILL with
-//!    a deep queue to a restarted server answering and scheduling again.
+//!    a deep queue to a restarted server answering and scheduling again;
+//! 5. placement alternatives (`--only ladders`): the core's pass after a
+//!    release with every queued batch carrying an A100-40 rung, its delay
+//!    passed (the A100s full, so every rung fails) or not, in turns with
+//!    no ladders, and the ratios.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -20,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use flexq::api::{Batch, BatchName, PySparkBatch, RuntimeConfig};
 use flexq::cli::CliError;
-use flexq::config::{Config, PoolConfig, ZoneConfig};
+use flexq::config::{Config, LadderConfig, PoolConfig, ZoneConfig};
 use flexq::scheduler::{BatchKey, PendingBatch, QuotaRule, Scheduler};
 use flexq::spec::{Accelerator, ClusterRequest, Policy, QuotaMetric};
 use flexq::store::{NewBatch, Store, StoreOptions};
@@ -34,9 +38,11 @@ const ZONES: [&str; 3] = ["a", "b", "c"];
 pub(crate) struct ScheduleOptions {
     pub pending: Vec<usize>,
     pub releases: usize,
-    /// Only these parts (core, flood, end-to-end, expiry, restart); all
-    /// when empty.
+    /// Only these parts (core, flood, end-to-end, expiry, restart,
+    /// ladders); all when empty.
     pub only: Vec<String>,
+    /// Turns of each ladder setting in the `ladders` part.
+    pub rounds: usize,
 }
 
 pub(crate) fn err(e: impl std::fmt::Display) -> CliError {
@@ -206,7 +212,220 @@ pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     if part("restart") {
         restart(deepest).await?;
     }
+    if part("ladders") {
+        for &n in &opts.pending {
+            ladder_passes(n, opts.releases, opts.rounds)?;
+        }
+    }
     Ok(())
+}
+
+/// The ladder settings the `ladders` part takes turns with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ladders {
+    /// No ladder: the baseline.
+    Off,
+    /// Every batch has an A100-40 rung whose delay has passed: each pass
+    /// tries the rungs (the A100s are full, so they fail).
+    Ripe,
+    /// Every batch has an A100-40 rung whose delay has not passed.
+    Unripe,
+}
+
+impl Ladders {
+    fn name(self) -> &'static str {
+        match self {
+            Ladders::Off => "off",
+            Ladders::Ripe => "ripe",
+            Ladders::Unripe => "unripe",
+        }
+    }
+}
+
+/// Part 5: the pass after a release with ladders off and on, in turns
+/// (off ripe unripe, then unripe ripe off, …: the same releases for each,
+/// so drift on the machine hits all alike). Every zone also has one
+/// A100-40 node of 8 GPUs, taken by an 8-GPU A100 batch of higher
+/// priority in the first pass and never released, in every setting.
+fn ladder_passes(n: usize, releases: usize, rounds: usize) -> Result<(), CliError> {
+    let settings = [Ladders::Off, Ladders::Ripe, Ladders::Unripe];
+    let mut hs: Vec<Histogram<u64>> = settings.iter().map(|_| histogram()).collect();
+    let mut admitted = vec![(0usize, 0u64); settings.len()];
+    for round in 0..rounds.max(1) {
+        let mut turns = settings.to_vec();
+        if round % 2 == 1 {
+            turns.reverse();
+        }
+        for setting in turns {
+            let i = settings.iter().position(|s| *s == setting).unwrap_or(0);
+            let (count, digest) = ladder_turn(n, releases, setting, &mut hs[i])?;
+            admitted[i].0 += count;
+            admitted[i].1 = admitted[i].1.wrapping_add(digest);
+        }
+    }
+    println!(
+        "\n[ladders] pass after one release, {n} pending, {} releases × {} rounds per setting",
+        releases,
+        rounds.max(1)
+    );
+    for (i, s) in settings.iter().enumerate() {
+        println!(
+            "  {:<7} p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms  ({} passes, {} admissions, digest {:016x})",
+            s.name(),
+            ms(&hs[i], 0.5),
+            ms(&hs[i], 0.99),
+            hs[i].max() as f64 / 1000.0,
+            hs[i].len(),
+            admitted[i].0,
+            admitted[i].1
+        );
+    }
+    for (i, s) in settings.iter().enumerate().skip(1) {
+        println!(
+            "  {} ÷ off: p50 {:.2}  p99 {:.2}",
+            s.name(),
+            ms(&hs[i], 0.5) / ms(&hs[0], 0.5).max(1e-9),
+            ms(&hs[i], 0.99) / ms(&hs[0], 0.99).max(1e-9)
+        );
+    }
+    Ok(())
+}
+
+/// One core of `n` queued batches under `setting`, then `releases`
+/// release-and-pass steps. Answers the admissions and a digest of them
+/// (which batch, where, on which rung, in which pass), to compare builds.
+fn ladder_turn(
+    n: usize,
+    releases: usize,
+    setting: Ladders,
+    h: &mut Histogram<u64>,
+) -> Result<(usize, u64), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let mut config = bench_config(7, dir.path())?;
+    for region in config.regions.values_mut() {
+        for zone in region.zones.values_mut() {
+            zone.node_pools.insert(
+                "a100-40".to_string(),
+                PoolConfig {
+                    accelerator: Accelerator::A100_40,
+                    gpus_per_node: 8,
+                    cores: 96,
+                    memory_mb: 696320,
+                    local_ssd_gb: 6000,
+                    max_nodes: 1,
+                    virtual_nodes: 1,
+                },
+            );
+        }
+    }
+    let delay = match setting {
+        Ladders::Off => None,
+        Ladders::Ripe => Some("0s"),
+        Ladders::Unripe => Some("30m"),
+    };
+    config.alternatives = delay
+        .map(|d| LadderConfig {
+            accelerator: Some("l4".into()),
+            rungs: vec![format!("a100-40 after {d}")],
+            ..Default::default()
+        })
+        .into_iter()
+        .collect();
+    let policy = config.policy();
+    let clusters: Vec<ClusterRequest> = (0..n)
+        .map(|i| cluster_of(&policy, i, 7200))
+        .collect::<Result<_, _>>()?;
+    if setting != Ladders::Off {
+        if let Some(i) = clusters.iter().position(|c| c.alternatives.len() != 1) {
+            let batch = shaped_batch(i, 7200);
+            let why = flexq::spec::alternatives::resolve(
+                &batch,
+                &clusters[i],
+                "bench",
+                &region_of(i),
+                &policy,
+            )
+            .map(|(_, skipped)| format!("{skipped:?}"))
+            .unwrap_or_else(|e| e.message());
+            return Err(err(format!("batch {i} has no A100-40 rung: {why}")));
+        }
+    }
+    let now = Utc::now();
+    let mut core = queued_core(&config, clusters, |_| "bench".into(), now);
+    // The A100s, taken first and kept: every rung finds them full.
+    let mut filler = shaped_batch(0, 7200);
+    if let Some(rc) = filler.runtime_config.as_mut() {
+        for part in ["driver", "executor"] {
+            rc.properties.insert(
+                format!("spark.dataproc.{part}.resource.accelerator.type"),
+                "a100-40".into(),
+            );
+            rc.properties
+                .insert(format!("spark.{part}.cores"), "12".into());
+        }
+        rc.properties
+            .insert("spark.executor.instances".into(), "7".into());
+    }
+    let mut key = n as i64;
+    for r in 0..REGIONS {
+        let region = region_of(r);
+        let cluster = flexq::spec::validate(&filler, "bench", &region, &policy)
+            .map_err(|e| err(e.message()))?;
+        for _ in ZONES {
+            key += 1;
+            core.submit(PendingBatch {
+                key: BatchKey(key),
+                batch_id: format!("a100-{key}"),
+                project: "bench".into(),
+                region: region.clone(),
+                priority: 10,
+                queued_at: now,
+                deadline: Some(now + chrono::Duration::seconds(7200)),
+                cluster: cluster.clone(),
+            });
+        }
+    }
+    let first = core.pass(now);
+    let fillers = first.iter().filter(|d| d.key().0 > n as i64).count();
+    if fillers != REGIONS * ZONES.len() {
+        return Err(err(format!(
+            "{fillers} of {} A100 nodes taken in the first pass",
+            REGIONS * ZONES.len()
+        )));
+    }
+    let mut later = now;
+    let mut admitted = 0;
+    let mut digest = 0u64;
+    for k in 0..releases {
+        let running: Vec<BatchKey> = core
+            .running_keys()
+            .into_iter()
+            .filter(|k| k.0 <= n as i64)
+            .collect();
+        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
+            break;
+        };
+        later += chrono::Duration::seconds(1);
+        core.forget(key, later);
+        let t = Instant::now();
+        let d = core.pass(later);
+        let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+        admitted += d.len();
+        for decision in &d {
+            let text = match decision {
+                flexq::scheduler::Decision::Allocate(a) => {
+                    format!("{k} {} {} {}", a.key.0, a.zone, a.rung_index())
+                }
+                other => format!("{k} {:?}", other.key()),
+            };
+            digest = digest.wrapping_mul(0x100_0000_01b3).wrapping_add(
+                text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+                }),
+            );
+        }
+    }
+    Ok((admitted, digest))
 }
 
 /// A core of `config`'s virtual nodes and order with `clusters` queued

@@ -38,6 +38,17 @@ struct Walk {
     /// Rungs (their region and shape) that cannot be allocated in this
     /// pass.
     rung_failed: HashSet<(String, ShapeKey)>,
+    /// Rungs found to fit the free capacity once every own shape was
+    /// exhausted: valid until the next allocation takes capacity.
+    rung_fits: HashSet<(String, ShapeKey)>,
+}
+
+impl Walk {
+    /// Capacity was taken: plans and fits found before no longer hold.
+    fn capacity_taken(&mut self) {
+        self.fitting.clear();
+        self.rung_fits.clear();
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -162,7 +173,7 @@ impl Scheduler {
                 }
             };
             cursor = Some(queued);
-            if self.nothing_more(region, &walk) {
+            if self.nothing_more(region, &mut walk) {
                 break;
             }
             self.consider(queued.1, region, now, &mut walk, out);
@@ -202,7 +213,7 @@ impl Scheduler {
                 continue;
             };
             cursors.insert(project.clone(), queued);
-            if self.nothing_more(region, &walk) {
+            if self.nothing_more(region, &mut walk) {
                 break;
             }
             if self.consider(queued.1, region, now, &mut walk, out) == Considered::Allocated {
@@ -215,19 +226,36 @@ impl Scheduler {
     /// Whether nothing more can be admitted in this pass: every shape still
     /// queued in the region either does not fit or cannot end before the
     /// reservation, and no default-mode batch awaits its verdict.
-    fn nothing_more(&self, region: &str, walk: &Walk) -> bool {
+    fn nothing_more(&self, region: &str, walk: &mut Walk) -> bool {
         let distinct = self.shapes.get(region).map_or(0, HashMap::len);
         let defaults = self.defaults.get(region).copied().unwrap_or(0);
         if defaults > 0 || walk.exhausted.len() < distinct {
             return false;
         }
-        // A batch whose own shape failed may still fit on a rung.
-        if self
-            .rung_options
-            .get(region)
-            .is_some_and(|options| options.keys().any(|o| !walk.rung_failed.contains(o)))
-        {
-            return false;
+        // A batch whose own shape failed may still fit on a rung: unless
+        // the rung cannot, whichever batch tries it. A rung whose whole
+        // cluster no zone of its region has room for now (capacity only
+        // shrinks during a pass), or in another region whose queue is not
+        // empty, fails for every batch, as `try_rungs` would find: it is
+        // marked so here, once, rather than waiting for a batch of its
+        // shape to come by in the walk.
+        if let Some(options) = self.rung_options.get(region) {
+            for option in options.keys() {
+                if walk.rung_failed.contains(option) || walk.rung_fits.contains(option) {
+                    continue;
+                }
+                let (rung_region, shape) = option;
+                let blocked = rung_region != region
+                    && self.queues.get(rung_region).is_some_and(|q| !q.is_empty());
+                if blocked || self.best_zone(rung_region, &needs_of(shape)).is_none() {
+                    walk.rung_failed.insert(option.clone());
+                } else {
+                    walk.rung_fits.insert(option.clone());
+                }
+            }
+            if options.keys().any(|o| !walk.rung_failed.contains(o)) {
+                return false;
+            }
         }
         // Counted against the shapes still queued: a rejected batch may
         // have been a shape's last.
@@ -333,7 +361,7 @@ impl Scheduler {
                     return Considered::Passed;
                 };
                 // Capacity changes now: plans made before no longer hold.
-                walk.fitting.clear();
+                walk.capacity_taken();
                 if !self.capacity.take(&placements) {
                     walk.failed_shapes.insert(shape);
                     walk.exhausted.insert(shape);
@@ -468,7 +496,7 @@ impl Scheduler {
         let Some(batch) = self.pending.get(&key).map(|b| (**b).clone()) else {
             return Considered::Passed;
         };
-        walk.fitting.clear();
+        walk.capacity_taken();
         if !self.capacity.take(&placements) {
             walk.rung_failed
                 .insert((rung.region.clone(), shape_key(&rung.cluster)));
@@ -546,4 +574,13 @@ impl Scheduler {
             batch.cluster.allocation_timeout_s
         )
     }
+}
+
+/// The parts of a cluster of shape `key`, as [`needs`] gives them.
+fn needs_of(key: &ShapeKey) -> Vec<PartNeed> {
+    let (driver, executor, count) = key;
+    let mut parts = vec![*driver];
+    parts.extend(std::iter::repeat_n(*executor, *count as usize));
+    parts.sort_by_key(|n| std::cmp::Reverse((n.gpus, n.cores, n.memory_mb)));
+    parts
 }
