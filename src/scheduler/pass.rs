@@ -471,7 +471,10 @@ impl Scheduler {
                 walk.rung_failed.insert(option);
                 continue;
             };
-            if rung.region == region {
+            // The reservation holds back only what could serve its
+            // holder: a rung on GPUs of another type than every part the
+            // holder needs does not delay it.
+            if rung.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1) {
                 if let Some(r) = walk.reservation.as_mut() {
                     let until = *r
                         .until
@@ -537,6 +540,25 @@ impl Scheduler {
         self.running.insert(key, alloc.clone());
         out.push(Decision::Allocate(alloc));
         Considered::Allocated
+    }
+
+    /// Whether `placements` take capacity the reservation's holder could
+    /// use: unless every part it needs has a GPU type and no placement is
+    /// on a node of one of those types.
+    fn could_serve(&self, reservation: Option<&Reservation>, placements: &[Placement]) -> bool {
+        let Some(r) = reservation else {
+            return false;
+        };
+        if r.needs.iter().any(|n| n.accelerator.is_none()) {
+            return true;
+        }
+        placements.iter().any(|p| {
+            self.capacity.nodes.get(&p.node).is_none_or(|node| {
+                r.needs
+                    .iter()
+                    .any(|n| n.accelerator == Some(node.spec.accelerator))
+            })
+        })
     }
 
     fn expiry_message(

@@ -22,6 +22,8 @@ use super::{App, agents, auth, batches, capacity, console, openapi, queues, relo
 /// the document it serves and every route's rule.
 pub(super) struct Routes {
     pub(super) router: Router<App>,
+    /// What `GET /openapi.json` serves; read here by the tests.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) document: Arc<utoipa::openapi::OpenApi>,
     pub(super) rules: Rules,
 }

@@ -190,3 +190,33 @@ fn a_rung_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
         "the rung of the earlier batch goes first; 4 does not fit beside it"
     );
 }
+
+#[test]
+fn a_reservation_for_l4_does_not_hold_back_a_rung_on_a100s() {
+    let mut s = two_types();
+    // The L4 node is held for two hours: batch 2's start is estimated.
+    s.submit(batch(
+        1,
+        "p",
+        cluster(3, ProvisioningMode::Queue, 3600, Some(7200)),
+        t0(),
+    ));
+    s.pass(t0());
+    // Batch 2 waits for L4 without a rung and reserves it; batch 3,
+    // behind it with no ttl (it would outlast any reservation), may take
+    // A100s once its rung ripens: they are nothing batch 2 could use.
+    s.submit(batch(
+        2,
+        "p",
+        cluster(2, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    s.submit(batch(
+        3,
+        "p",
+        with_a100_rung(cluster(2, ProvisioningMode::Queue, 3600, None), 60),
+        t0(),
+    ));
+    assert!(allocated(&s.pass(t0())).is_empty());
+    assert_eq!(allocated(&s.pass(t0() + Duration::seconds(60))), vec![3]);
+}

@@ -70,7 +70,7 @@ pub(super) struct Model {
 }
 
 impl Model {
-    pub fn new(rules: Vec<QuotaRule>, strict: bool) -> Model {
+    pub(super) fn new(rules: Vec<QuotaRule>, strict: bool) -> Model {
         Model {
             batches: BTreeMap::new(),
             nodes: BTreeMap::new(),
@@ -88,7 +88,7 @@ impl Model {
 
     // ---- what the harness did ------------------------------------------
 
-    pub fn declare_virtual(&mut self, spec: NodeSpec) {
+    pub(super) fn declare_virtual(&mut self, spec: NodeSpec) {
         self.declared.insert(spec.id.clone());
         self.nodes.insert(spec.id.clone(), spec.clone());
         self.all_virtual.push(spec);
@@ -96,7 +96,7 @@ impl Model {
 
     /// Declares (or drops) the `i`th virtual node drawn, when its pool
     /// has room for it.
-    pub fn toggle_virtual(&mut self, i: usize, declared: bool) {
+    pub(super) fn toggle_virtual(&mut self, i: usize, declared: bool) {
         let Some(spec) = super::pick(&self.all_virtual, i) else {
             return;
         };
@@ -111,7 +111,7 @@ impl Model {
     /// Whether `spec`'s pool has a slot left: declared virtual nodes and
     /// agents' nodes together stay within `POOL_MAX`, so no reload ever
     /// retires an agent's node.
-    pub fn pool_room(&self, spec: &NodeSpec) -> bool {
+    pub(super) fn pool_room(&self, spec: &NodeSpec) -> bool {
         let same_pool = |n: &NodeSpec| n.zone == spec.zone && n.pool == spec.pool;
         let virtual_nodes = self
             .all_virtual
@@ -126,7 +126,7 @@ impl Model {
         virtual_nodes + agents < POOL_MAX as usize
     }
 
-    pub fn layout(&self, pools: Vec<PoolDecl>, fair: FairSharePolicy) -> Layout {
+    pub(super) fn layout(&self, pools: Vec<PoolDecl>, fair: FairSharePolicy) -> Layout {
         Layout {
             pools,
             virtual_nodes: self
@@ -140,16 +140,22 @@ impl Model {
         }
     }
 
-    pub fn set_rules(&mut self, rules: Vec<QuotaRule>, strict: bool) {
+    pub(super) fn set_rules(&mut self, rules: Vec<QuotaRule>, strict: bool) {
         self.rules = rules;
         self.strict = strict;
     }
 
-    pub fn set_limit(&mut self, project: String, region: String, metric: QuotaMetric, limit: u64) {
+    pub(super) fn set_limit(
+        &mut self,
+        project: String,
+        region: String,
+        metric: QuotaMetric,
+        limit: u64,
+    ) {
         self.overrides.insert((project, region, metric), limit);
     }
 
-    pub fn submit(&mut self, batch: PendingBatch) {
+    pub(super) fn submit(&mut self, batch: PendingBatch) {
         let retries_left = batch.cluster.infrastructure_retries;
         self.batches.insert(
             batch.key,
@@ -161,7 +167,7 @@ impl Model {
         );
     }
 
-    pub fn run(&mut self, a: &Allocation) {
+    pub(super) fn run(&mut self, a: &Allocation) {
         if let Some(t) = self.batches.get_mut(&a.key) {
             t.state = State::Running {
                 placements: a.placements.clone(),
@@ -172,7 +178,7 @@ impl Model {
         }
     }
 
-    pub fn end(&mut self, key: BatchKey, end: End) {
+    pub(super) fn end(&mut self, key: BatchKey, end: End) {
         if let Some(t) = self.batches.get_mut(&key) {
             t.state = State::Ended(end);
         }
@@ -181,7 +187,7 @@ impl Model {
     /// Queues a batch that lost its cluster again, as the store does: its
     /// queue time (and so its place) kept, a fresh deadline from `now`.
     /// None when it has no retries left.
-    pub fn requeue(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingBatch> {
+    pub(super) fn requeue(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingBatch> {
         let t = self.batches.get_mut(&key)?;
         if t.retries_left == 0 {
             return None;
@@ -195,7 +201,13 @@ impl Model {
     /// An agent's registration; `taken`: whether the core took its new
     /// shape (it keeps the old one when the new is too small for what the
     /// node holds).
-    pub fn register(&mut self, spec: NodeSpec, taken: bool, epoch: u64, expires: DateTime<Utc>) {
+    pub(super) fn register(
+        &mut self,
+        spec: NodeSpec,
+        taken: bool,
+        epoch: u64,
+        expires: DateTime<Utc>,
+    ) {
         let id = spec.id.clone();
         if taken || !self.nodes.contains_key(&id) {
             self.nodes.insert(id.clone(), spec);
@@ -204,19 +216,19 @@ impl Model {
         self.leases.insert(id, (epoch, expires));
     }
 
-    pub fn renew(&mut self, node: &NodeId, expires: DateTime<Utc>) {
+    pub(super) fn renew(&mut self, node: &NodeId, expires: DateTime<Utc>) {
         if let Some((_, e)) = self.leases.get_mut(node) {
             *e = (*e).max(expires);
         }
     }
 
-    pub fn lose(&mut self, node: &NodeId) {
+    pub(super) fn lose(&mut self, node: &NodeId) {
         self.nodes.remove(node);
         self.leases.remove(node);
         self.lost.insert(node.clone());
     }
 
-    pub fn set_hold(&mut self, hold: HoldKey, on: bool) {
+    pub(super) fn set_hold(&mut self, hold: HoldKey, on: bool) {
         if on {
             self.holds.insert(hold);
         } else {
@@ -224,7 +236,7 @@ impl Model {
         }
     }
 
-    pub fn set_cordon(&mut self, node: NodeId, on: bool) {
+    pub(super) fn set_cordon(&mut self, node: NodeId, on: bool) {
         if on {
             self.cordons.insert(node);
         } else {
@@ -234,15 +246,15 @@ impl Model {
 
     // ---- what the harness reads ----------------------------------------
 
-    pub fn holds(&self) -> impl Iterator<Item = HoldKey> + '_ {
+    pub(super) fn holds(&self) -> impl Iterator<Item = HoldKey> + '_ {
         self.holds.iter().cloned()
     }
 
-    pub fn cordons(&self) -> impl Iterator<Item = NodeId> + '_ {
+    pub(super) fn cordons(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.cordons.iter().cloned()
     }
 
-    pub fn state(&self, key: BatchKey) -> Option<&State> {
+    pub(super) fn state(&self, key: BatchKey) -> Option<&State> {
         self.batches.get(&key).map(|t| &t.state)
     }
 
@@ -255,28 +267,28 @@ impl Model {
     }
 
     /// Batches queued or running.
-    pub fn live(&self) -> Vec<BatchKey> {
+    pub(super) fn live(&self) -> Vec<BatchKey> {
         self.keys_where(|s| matches!(s, State::Queued | State::Running { .. }))
     }
 
     /// Every batch submitted, as last queued.
-    pub fn submitted(&self) -> Vec<PendingBatch> {
+    pub(super) fn submitted(&self) -> Vec<PendingBatch> {
         self.batches.values().map(|t| t.batch.clone()).collect()
     }
 
-    pub fn running(&self) -> Vec<BatchKey> {
+    pub(super) fn running(&self) -> Vec<BatchKey> {
         self.keys_where(|s| matches!(s, State::Running { .. }))
     }
 
-    pub fn node_ids(&self) -> Vec<NodeId> {
+    pub(super) fn node_ids(&self) -> Vec<NodeId> {
         self.nodes.keys().cloned().collect()
     }
 
-    pub fn is_present(&self, node: &NodeId) -> bool {
+    pub(super) fn is_present(&self, node: &NodeId) -> bool {
         self.nodes.contains_key(node)
     }
 
-    pub fn leased(&self) -> Vec<(NodeId, u64)> {
+    pub(super) fn leased(&self) -> Vec<(NodeId, u64)> {
         self.leases
             .iter()
             .map(|(n, (e, _))| (n.clone(), *e))
@@ -284,14 +296,14 @@ impl Model {
     }
 
     /// The deadline of a queued batch.
-    pub fn queued_deadline(&self, key: BatchKey) -> Option<DateTime<Utc>> {
+    pub(super) fn queued_deadline(&self, key: BatchKey) -> Option<DateTime<Utc>> {
         let t = self.batches.get(&key)?;
         (t.state == State::Queued)
             .then_some(t.batch.deadline)
             .flatten()
     }
 
-    pub fn runs_on(&self, key: BatchKey, node: &NodeId) -> bool {
+    pub(super) fn runs_on(&self, key: BatchKey, node: &NodeId) -> bool {
         matches!(
             self.state(key),
             Some(State::Running { placements, .. }) if placements.iter().any(|p| &p.node == node)
@@ -300,7 +312,7 @@ impl Model {
 
     /// The first deadline, lease expiry or rung delay's end after `now`
     /// (the runner wakes at each).
-    pub fn next_event_after(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    pub(super) fn next_event_after(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let queued = || self.batches.values().filter(|t| t.state == State::Queued);
         let deadlines = queued().filter_map(|t| t.batch.deadline);
         let ripe = queued().flat_map(|t| {
@@ -320,7 +332,7 @@ impl Model {
 
     /// What the clusters running now draw of each metric, by project and
     /// region: where each was allocated, its own quota or its rung's.
-    pub fn usages(&self) -> BTreeMap<(String, String, QuotaMetric), u64> {
+    pub(super) fn usages(&self) -> BTreeMap<(String, String, QuotaMetric), u64> {
         let mut out = BTreeMap::new();
         for t in self.batches.values() {
             if let State::Running { region, quota, .. } = &t.state {
@@ -424,7 +436,7 @@ impl Model {
     /// On a rung, all of that holds of the rung's cluster in the rung's
     /// region, with the rung's quota, and only once the rung's delay has
     /// passed: never part of a cluster, never two rungs' parts.
-    pub fn check_allocation(
+    pub(super) fn check_allocation(
         &self,
         a: &Allocation,
         now: DateTime<Utc>,
@@ -580,7 +592,11 @@ impl Model {
     /// A rejection is of a queued default-mode batch whose queue is not
     /// held; a quota rejection when its quota does not fit, a stock-out
     /// only when it does (quota is checked first).
-    pub fn check_reject(&self, key: BatchKey, reason: EndReason) -> Result<(), TestCaseError> {
+    pub(super) fn check_reject(
+        &self,
+        key: BatchKey,
+        reason: EndReason,
+    ) -> Result<(), TestCaseError> {
         let b = self.queued(key)?;
         prop_assert_eq!(
             b.cluster.mode,
@@ -608,7 +624,7 @@ impl Model {
 
     /// A node is lost only once the lease of its current registration
     /// lapsed.
-    pub fn check_lost(
+    pub(super) fn check_lost(
         &self,
         node: &NodeId,
         epoch: Option<u64>,
@@ -630,7 +646,7 @@ impl Model {
     /// left on a node that was lost; every batch whose deadline passed
     /// expired; every lease that lapsed lost its node; default mode never
     /// waits unless its queue is held.
-    pub fn check_after_pass(&self, now: DateTime<Utc>) -> Result<(), TestCaseError> {
+    pub(super) fn check_after_pass(&self, now: DateTime<Utc>) -> Result<(), TestCaseError> {
         let mut used: BTreeMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = BTreeMap::new();
         for (key, t) in &self.batches {
             match &t.state {
@@ -715,7 +731,7 @@ impl Model {
     /// a reservation holds back.) The shape compared is the one allocated:
     /// the batch's own, or its rung's. A rung in another region takes only
     /// what that region's queue leaves: nothing is queued there after.
-    pub fn check_order(
+    pub(super) fn check_order(
         &self,
         allocated: &[BatchKey],
         now: DateTime<Utc>,
