@@ -322,19 +322,10 @@ impl Scheduler {
                     .insert(shape, (zone.clone(), placements.clone()));
                 // Under a reservation, a batch that fits may start only
                 // if its ttl ends before the holder's estimated start.
-                // The estimate is costly and rarely needed: computed
-                // once, on first need.
                 if let Some(r) = walk.reservation.as_mut() {
                     if !default_mode {
-                        let until = *r
-                            .until
-                            .get_or_insert_with(|| self.estimate_start(region, &r.needs));
-                        let delays_holder = match (until, ends) {
-                            (Some(u), Some(e)) => e > u,
-                            (Some(_), None) => true,
-                            (None, _) => false,
-                        };
-                        if delays_holder {
+                        let until = self.holder_start(r, region);
+                        if delays_holder(until, ends) {
                             self.held_back.insert(key);
                             let shortest = self
                                 .shapes
@@ -476,15 +467,7 @@ impl Scheduler {
             // holder needs does not delay it.
             if rung.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1) {
                 if let Some(r) = walk.reservation.as_mut() {
-                    let until = *r
-                        .until
-                        .get_or_insert_with(|| self.estimate_start(region, &r.needs));
-                    let delays_holder = match (until, ends) {
-                        (Some(u), Some(e)) => e > u,
-                        (Some(_), None) => true,
-                        (None, _) => false,
-                    };
-                    if delays_holder {
+                    if delays_holder(self.holder_start(r, region), ends) {
                         walk.rung_failed.insert(option);
                         continue;
                     }
@@ -540,6 +523,14 @@ impl Scheduler {
         self.running.insert(key, alloc.clone());
         out.push(Decision::Allocate(alloc));
         Considered::Allocated
+    }
+
+    /// When the reservation's holder could start (None: never, as things
+    /// stand). The estimate is costly and rarely needed: computed once, on
+    /// first need.
+    fn holder_start(&self, r: &mut Reservation, region: &str) -> Option<DateTime<Utc>> {
+        *r.until
+            .get_or_insert_with(|| self.estimate_start(region, &r.needs))
     }
 
     /// Whether `placements` take capacity the reservation's holder could
@@ -605,4 +596,14 @@ fn needs_of(key: &ShapeKey) -> Vec<PartNeed> {
     parts.extend(std::iter::repeat_n(*executor, *count as usize));
     parts.sort_by_key(|n| std::cmp::Reverse((n.gpus, n.cores, n.memory_mb)));
     parts
+}
+
+/// Whether a cluster that ends at `ends` (None: no ttl) would delay a
+/// holder that could start at `until` (None: never, so nothing delays it).
+fn delays_holder(until: Option<DateTime<Utc>>, ends: Option<DateTime<Utc>>) -> bool {
+    match (until, ends) {
+        (Some(u), Some(e)) => e > u,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
 }
