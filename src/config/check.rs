@@ -317,7 +317,7 @@ impl Config {
         let max = self.provisioning.max_allocation_timeout.as_secs();
         for (i, entry) in self.alternatives.iter().enumerate() {
             let key = |k: &str| format!("alternatives[{i}].{k}");
-            let ladder = entry.ladder().map_err(|e| invalid(key("rungs"), e))?;
+            let ladder = entry.ladder().map_err(|(k, e)| invalid(key(k), e))?;
             let served = |r: &str| self.regions.contains_key(r);
             let regions = || self.regions.keys().cloned().collect::<Vec<_>>().join(", ");
             if let Some(r) = ladder.region.as_deref().filter(|r| !served(r)) {

@@ -134,8 +134,11 @@ fn pool_node(
 }
 
 impl super::LadderConfig {
-    /// The pure layer's ladder, or what is wrong with this entry.
-    pub(crate) fn ladder(&self) -> Result<crate::spec::alternatives::Ladder, String> {
+    /// The pure layer's ladder, or which key of this entry is wrong and
+    /// why.
+    pub(crate) fn ladder(
+        &self,
+    ) -> Result<crate::spec::alternatives::Ladder, (&'static str, String)> {
         crate::spec::alternatives::ladder_from_config(
             self.region.as_deref(),
             self.project.as_deref(),

@@ -133,6 +133,36 @@ fn fair_share_keys_that_make_no_sense_are_named() {
             "scheduling.order",
             "fair-share",
         ),
+        (
+            "[[alternatives]]\nrungs = [\"h100 after 5m\"]\n",
+            "alternatives[0].rungs",
+            "GPU type \"h100\" is not supported; accepted: l4, a100-40, a100-80",
+        ),
+        (
+            "[[alternatives]]\nrungs = [\"region mars-1 after 5m\"]\n",
+            "alternatives[0].rungs",
+            "region \"mars-1\" is not served",
+        ),
+        (
+            "[[alternatives]]\nrungs = [\"a100-40 after 3h\"]\n",
+            "alternatives[0].rungs",
+            "not within provisioning.max_allocation_timeout",
+        ),
+        (
+            "[[alternatives]]\nrungs = [\"a100-40 after 5m\", \"a100-40 after 9m\"]\n",
+            "alternatives[0].rungs",
+            "named twice",
+        ),
+        (
+            "[[alternatives]]\nallow = [\"quantum\"]\n",
+            "alternatives[0].allow",
+            "GPU type \"quantum\" is not supported",
+        ),
+        (
+            "[[alternatives]]\naccelerator = \"h100\"\n",
+            "alternatives[0].accelerator",
+            "\"h100\" is not a GPU type",
+        ),
     ] {
         let err = Config::with_overlay(toml).expect_err(toml).to_string();
         assert!(err.contains(key) && err.contains(says), "{toml}: {err}");

@@ -14,11 +14,12 @@ use super::capacity::{PartNeed, Placement, needs};
 use super::core::{QueueKey, Scheduler};
 use super::fairshare::Order;
 use super::model::{
-    Allocation, BatchKey, Decision, OnRung, ShapeKey, accelerator_label, shape_key, shape_text,
+    Allocation, BatchKey, Decision, OnRung, PendingBatch, ShapeKey, accelerator_label, shape_key,
+    shape_text,
 };
 use super::rungs::ripe_at;
 use crate::api::EndReason;
-use crate::spec::ProvisioningMode;
+use crate::spec::{ClusterRequest, ProvisioningMode};
 
 /// What a pass keeps while it walks one region's queue.
 #[derive(Default)]
@@ -358,29 +359,8 @@ impl Scheduler {
                     walk.exhausted.insert(shape);
                     return Considered::Passed;
                 }
-                self.forget(key, now);
-                self.ledger
-                    .charge(&batch.project, region, &batch.cluster.quota);
-                let alloc = Allocation {
-                    key,
-                    batch_id: batch.batch_id.clone(),
-                    project: batch.project.clone(),
-                    region: region.to_string(),
-                    zone,
-                    placements,
-                    quota: batch.cluster.quota.clone(),
-                    allocated_at: now,
-                    expected_end: batch
-                        .cluster
-                        .ttl_s
-                        .map(|t| now + Duration::seconds(t as i64)),
-                    queued_at: batch.queued_at,
-                    accelerator: accelerator_label(&batch.cluster),
-                    rung: None,
-                };
-                self.fair.hold(region, &batch.project, alloc.gpus());
-                self.running.insert(key, alloc.clone());
-                out.push(Decision::Allocate(alloc));
+                let own = (region, &batch.cluster);
+                out.push(self.grant(&batch, own, (zone, placements), None, now));
                 return Considered::Allocated;
             }
             None => {
@@ -498,31 +478,49 @@ impl Scheduler {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
-        self.forget(key, now);
-        self.ledger
-            .charge(&batch.project, &rung.region, &rung.cluster.quota);
+        let on = OnRung {
+            index: rung.index,
+            asked: accelerator_label(&batch.cluster),
+            note,
+        };
+        let placed = (rung.region.as_str(), &rung.cluster);
+        out.push(self.grant(&batch, placed, (zone, placements), Some(on), now));
+        Considered::Allocated
+    }
+
+    /// Gives `batch` the cluster `placed` (a region and the cluster it
+    /// holds there: its own, or a rung's) on `plan` (its zone and
+    /// placements, already taken from the capacity): it leaves the queue,
+    /// its quota is charged and its GPUs count in the fair-share order.
+    fn grant(
+        &mut self,
+        batch: &PendingBatch,
+        placed: (&str, &ClusterRequest),
+        plan: (String, Vec<Placement>),
+        rung: Option<OnRung>,
+        now: DateTime<Utc>,
+    ) -> Decision {
+        let (region, cluster) = placed;
+        let (zone, placements) = plan;
+        self.forget(batch.key, now);
+        self.ledger.charge(&batch.project, region, &cluster.quota);
         let alloc = Allocation {
-            key,
+            key: batch.key,
             batch_id: batch.batch_id.clone(),
             project: batch.project.clone(),
-            region: rung.region.clone(),
+            region: region.to_string(),
             zone,
             placements,
-            quota: rung.cluster.quota.clone(),
+            quota: cluster.quota.clone(),
             allocated_at: now,
-            expected_end: ends,
+            expected_end: cluster.ttl_s.map(|t| now + Duration::seconds(t as i64)),
             queued_at: batch.queued_at,
-            accelerator: accelerator_label(&rung.cluster),
-            rung: Some(OnRung {
-                index: rung.index,
-                asked: accelerator_label(&batch.cluster),
-                note,
-            }),
+            accelerator: accelerator_label(cluster),
+            rung,
         };
-        self.fair.hold(&rung.region, &batch.project, alloc.gpus());
-        self.running.insert(key, alloc.clone());
-        out.push(Decision::Allocate(alloc));
-        Considered::Allocated
+        self.fair.hold(region, &batch.project, alloc.gpus());
+        self.running.insert(batch.key, alloc.clone());
+        Decision::Allocate(alloc)
     }
 
     /// When the reservation's holder could start (None: never, as things

@@ -78,35 +78,45 @@ impl fmt::Display for RungSpec {
 /// The accepted form of a ladder, for error messages.
 pub const LADDER_FORM: &str = "\"none\", or up to 4 comma-separated rungs, each \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\" (DELAY like 15m)";
 
+/// Parses a rung's target: `a100-40`, `region europe-west4`, `on-demand`.
+pub fn parse_target(text: &str) -> Result<Target, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    match words.as_slice() {
+        ["region", name] => Ok(Target::Region((*name).to_string())),
+        ["on-demand"] => Ok(Target::OnDemand),
+        [gpu] => Accelerator::parse(gpu)
+            .map(Target::Accelerator)
+            .ok_or_else(|| {
+                format!(
+                    "GPU type {} is not supported; accepted: {}",
+                    quote(gpu),
+                    Accelerator::accepted_names()
+                )
+            }),
+        _ => Err(format!(
+            "{} is not a target: use a GPU type, \"region REGION\" or \"on-demand\"",
+            quote(text.trim())
+        )),
+    }
+}
+
 /// Parses one rung: `a100-40 after 15m`, `region europe-west4 after 30m`,
 /// `on-demand after 20m`.
 pub fn parse_rung(text: &str) -> Result<RungSpec, String> {
+    let rung = quote(text.trim());
     let words: Vec<&str> = text.split_whitespace().collect();
     let (target, delay) = match words.as_slice() {
-        ["region", name, "after", delay] => (Target::Region((*name).to_string()), *delay),
-        ["on-demand", "after", delay] => (Target::OnDemand, *delay),
-        [gpu, "after", delay] => match Accelerator::parse(gpu) {
-            Some(a) => (Target::Accelerator(a), *delay),
-            None => {
-                return Err(format!(
-                    "rung {}: GPU type {} is not supported; accepted: {}",
-                    quote(text.trim()),
-                    quote(gpu),
-                    Accelerator::accepted_names()
-                ));
-            }
-        },
+        [target @ .., "after", delay] if !target.is_empty() => (target.join(" "), *delay),
         _ => {
             return Err(format!(
-                "rung {} is not of the form \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\"",
-                quote(text.trim())
+                "rung {rung} is not of the form \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\""
             ));
         }
     };
+    let target = parse_target(&target).map_err(|e| format!("rung {rung}: {e}"))?;
     let after = humantime::parse_duration(delay).map_err(|e| {
         format!(
-            "rung {}: delay {} is not a duration like 15m ({e})",
-            quote(text.trim()),
+            "rung {rung}: delay {} is not a duration like 15m ({e})",
             quote(delay)
         )
     })?;
@@ -478,41 +488,48 @@ pub fn translate(gpus: u32, cores: u32, to: Accelerator) -> (u32, u32) {
         .map_or((to.default_cores(), per_node), |s| *s)
 }
 
-/// The ladders of the config, checked: each rung parses and each filter
-/// names a known GPU type. Answers the ladders or an error naming the
-/// entry, the value and what is accepted.
+/// A ladder of the config, checked: each rung and target parses, the
+/// filter names a known GPU type. Answers the ladder, or the key that is
+/// wrong (`accelerator`, `rungs`, `allow`) and what is wrong with it.
 pub fn ladder_from_config(
     region: Option<&str>,
     project: Option<&str>,
     accelerator: Option<&str>,
     rungs: &[String],
     allow: &[String],
-) -> Result<Ladder, String> {
+) -> Result<Ladder, (&'static str, String)> {
     let accelerator = match accelerator {
         None => None,
         Some(a) => Some(Accelerator::parse(a).ok_or_else(|| {
-            format!(
-                "accelerator {} is not a GPU type; accepted: {}",
-                quote(a),
-                Accelerator::accepted_names()
+            (
+                "accelerator",
+                format!(
+                    "{} is not a GPU type; accepted: {}",
+                    quote(a),
+                    Accelerator::accepted_names()
+                ),
             )
         })?),
     };
     if rungs.len() > MAX_RUNGS {
-        return Err(format!(
-            "{} rungs given; at most {MAX_RUNGS} are accepted",
-            rungs.len()
+        return Err((
+            "rungs",
+            format!(
+                "{} rungs given; at most {MAX_RUNGS} are accepted",
+                rungs.len()
+            ),
         ));
     }
     let rungs = rungs
         .iter()
         .map(|r| parse_rung(r))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ("rungs", e))?;
     let allow = allow
         .iter()
-        .map(|t| parse_rung(&format!("{t} after 0s")).map(|r| r.target))
+        .map(|t| parse_target(t))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("allow: {e}"))?;
+        .map_err(|e| ("allow", e))?;
     Ok(Ladder {
         region: region.map(str::to_string),
         project: project.map(str::to_string),
