@@ -28,6 +28,9 @@ pub struct UsageRow {
     /// exact); `gpuHours` is the same in hours.
     pub milli_accelerator_seconds: String,
     pub gpu_hours: f64,
+    /// `gpuHours` × the GPU type's weight (`scheduling.gpu_weights`,
+    /// default 1): what the fair-share order charges the project.
+    pub weighted_gpu_hours: f64,
     /// Local SSD GB × hours held inside the window.
     pub local_ssd_gb_hours: f64,
     /// Batches created in the window.

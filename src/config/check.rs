@@ -113,6 +113,24 @@ impl Config {
                 ),
             ));
         }
+        for (name, &w) in &self.scheduling.gpu_weights {
+            let key = format!("scheduling.gpu_weights.{name}");
+            if crate::spec::Accelerator::parse(name).is_none() {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{name} is not a GPU type; accepted: {}",
+                        crate::spec::Accelerator::accepted_names()
+                    ),
+                ));
+            }
+            if !w.is_finite() || !(1.0 / MAX_WEIGHT..=MAX_WEIGHT).contains(&w) {
+                return Err(invalid(
+                    key,
+                    format!("{w} is not a weight: a number from 0.000001 to 1000000, like 1 or 3"),
+                ));
+            }
+        }
         for (project, pc) in &self.projects {
             if let Some(w) = pc.weight {
                 if !w.is_finite() || !(1.0 / MAX_WEIGHT..=MAX_WEIGHT).contains(&w) {

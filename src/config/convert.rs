@@ -41,7 +41,7 @@ impl Config {
     }
 
     /// How the core orders its queues: fair share or strict, the usage
-    /// half-life, the projects' weights.
+    /// half-life, the projects' weights, the GPU types' weights.
     pub fn fair_share(&self) -> FairSharePolicy {
         FairSharePolicy {
             order: match self.scheduling.order {
@@ -53,6 +53,12 @@ impl Config {
                 .projects
                 .iter()
                 .filter_map(|(name, p)| Some((name.clone(), p.weight?)))
+                .collect(),
+            gpu_weights: self
+                .scheduling
+                .gpu_weights
+                .iter()
+                .filter_map(|(name, w)| Some((crate::spec::Accelerator::parse(name)?, *w)))
                 .collect(),
         }
     }

@@ -276,6 +276,11 @@ pub struct SchedulingConfig {
     /// half-life, a quarter after two.
     #[serde(with = "humantime_serde")]
     pub usage_half_life: Duration,
+    /// What one GPU-hour of each type counts in the fair-share usage and
+    /// the usage report's weighted hours, by flexq's GPU name (`l4`,
+    /// `a100-40`, `a100-80`); a type not named counts 1.
+    #[serde(default)]
+    pub gpu_weights: BTreeMap<String, f64>,
 }
 
 impl Default for SchedulingConfig {
@@ -283,6 +288,7 @@ impl Default for SchedulingConfig {
         SchedulingConfig {
             order: QueueOrder::FairShare,
             usage_half_life: Duration::from_secs(24 * 3600),
+            gpu_weights: BTreeMap::new(),
         }
     }
 }

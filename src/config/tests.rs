@@ -134,6 +134,16 @@ fn fair_share_keys_that_make_no_sense_are_named() {
             "fair-share",
         ),
         (
+            "[scheduling]\ngpu_weights = { h100 = 2 }\n",
+            "scheduling.gpu_weights.h100",
+            "accepted: l4, a100-40, a100-80",
+        ),
+        (
+            "[scheduling]\ngpu_weights = { a100-40 = 0 }\n",
+            "scheduling.gpu_weights.a100-40",
+            "0.000001 to 1000000",
+        ),
+        (
             "[[alternatives]]\nrungs = [\"h100 after 5m\"]\n",
             "alternatives[0].rungs",
             "GPU type \"h100\" is not supported; accepted: l4, a100-40, a100-80",
@@ -168,7 +178,7 @@ fn fair_share_keys_that_make_no_sense_are_named() {
         assert!(err.contains(key) && err.contains(says), "{toml}: {err}");
     }
     let c = Config::with_overlay(
-        "[scheduling]\norder = \"strict\"\nusage_half_life = \"7d\"\n[projects.a]\nweight = 2.5\n",
+        "[scheduling]\norder = \"strict\"\nusage_half_life = \"7d\"\ngpu_weights = { a100-80 = 4 }\n[projects.a]\nweight = 2.5\n",
     )
     .expect("valid");
     let policy = c.fair_share();
@@ -176,6 +186,9 @@ fn fair_share_keys_that_make_no_sense_are_named() {
     assert_eq!(policy.half_life, Duration::from_secs(7 * 86400));
     assert_eq!(policy.weight("a"), 2.5);
     assert_eq!(policy.weight("b"), 1.0);
+    assert_eq!(policy.gpu_weight(Some(crate::spec::Accelerator::A100_80)), 4.0);
+    assert_eq!(policy.gpu_weight(Some(crate::spec::Accelerator::L4)), 1.0);
+    assert_eq!(policy.gpu_weight(None), 1.0);
 }
 
 #[test]

@@ -83,10 +83,25 @@ impl Engine {
             let core = self.lock().await;
             if validate_only {
                 let verdict = core.verdict(&project, &region, &cluster);
+                // When it could start if queued now, on its own placement
+                // and on each rung.
+                let now = chrono::Utc::now();
+                let probe = crate::scheduler::PendingBatch {
+                    key: crate::scheduler::BatchKey(i64::MAX),
+                    batch_id: String::new(),
+                    project: project.clone(),
+                    region: region.clone(),
+                    priority: spec::priority(&batch.labels),
+                    queued_at: now,
+                    deadline: None,
+                    cluster: cluster.clone(),
+                };
+                let (own_start, rung_starts) = core.probe_starts(&probe, now);
                 let rungs: Vec<_> = cluster
                     .alternatives
                     .iter()
-                    .map(|r| (r, core.verdict(&project, &r.region, &r.cluster)))
+                    .zip(rung_starts)
+                    .map(|(r, start)| (r, core.verdict(&project, &r.region, &r.cluster), start))
                     .collect();
                 // The operator's rungs that do not apply, and why.
                 let policy = &self.live().policy;
@@ -94,7 +109,7 @@ impl Engine {
                     spec::alternatives::resolve(&batch, &cluster, &project, &region, policy)
                         .map(|(_, s)| s)
                         .unwrap_or_default();
-                let mut answer = verdict_json(&verdict, &cluster);
+                let mut answer = verdict_json(&verdict, &cluster, own_start);
                 answer["alternatives"] = super::present::rungs_json(&rungs, &skipped);
                 return Ok(CreateAnswer::Verdict(answer));
             }

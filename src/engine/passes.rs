@@ -341,7 +341,7 @@ pub(crate) async fn read_past_usage(core: &mut Scheduler, store: &Store) -> Resu
         core.record_past_usage(
             &part.region,
             &part.project,
-            part.gpus,
+            (part.gpus, part.accelerator),
             part.allocated_at,
             part.released_at,
         );

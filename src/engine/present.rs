@@ -111,7 +111,13 @@ fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
     })
 }
 
-pub(super) fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde_json::Value {
+/// `start`: when it could start if queued now (shown while it would
+/// queue).
+pub(super) fn verdict_json(
+    v: &Verdict,
+    cluster: &spec::ClusterRequest,
+    start: Option<chrono::DateTime<chrono::Utc>>,
+) -> serde_json::Value {
     let (verdict, reasons, zone) = match v {
         Verdict::AllocateNow { zone } => ("ALLOCATE_NOW", vec![], Some(zone.clone())),
         Verdict::WouldQueue { reasons } => ("WOULD_QUEUE", reasons.clone(), None),
@@ -125,10 +131,14 @@ pub(super) fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde
         ),
         Verdict::NeverFits { reason } => ("NEVER_FITS", vec![reason.clone()], None),
     };
+    let start = start
+        .filter(|_| matches!(v, Verdict::WouldQueue { .. }))
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
     serde_json::json!({
         "verdict": verdict,
         "reasons": reasons,
         "zone": zone,
+        "estimatedStartTime": start,
         "cluster": {
             "shape": shape_text(cluster),
             "provisioningMode": cluster.mode.name(),
@@ -140,16 +150,25 @@ pub(super) fn verdict_json(v: &Verdict, cluster: &spec::ClusterRequest) -> serde
 }
 
 /// A validate-only create's alternatives: each rung with its translated
-/// shape, its quota and what would happen to it now; then the operator's
+/// shape, its quota, what would happen to it now and when it could start;
+/// then the operator's
 /// rungs that do not apply to the batch, and why.
 pub(super) fn rungs_json(
-    rungs: &[(&spec::alternatives::Rung, Verdict)],
+    rungs: &[(
+        &spec::alternatives::Rung,
+        Verdict,
+        Option<chrono::DateTime<chrono::Utc>>,
+    )],
     skipped: &[spec::alternatives::Skipped],
 ) -> serde_json::Value {
     let mut out: Vec<serde_json::Value> = rungs
         .iter()
-        .map(|(r, v)| {
-            let mut one = verdict_json(v, &r.cluster);
+        .map(|(r, v, start)| {
+            let mut one = verdict_json(v, &r.cluster, None);
+            // Not before its delay, whether or not it fits now.
+            one["estimatedStartTime"] = start
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .into();
             one["alternative"] = r.index.into();
             one["rung"] = spec::alternatives::RungSpec {
                 target: r.target.clone(),

@@ -335,10 +335,11 @@ impl Engine {
         let settled = core.reconfigure(next.layout());
         let reread = next.scheduling.order == QueueOrder::FairShare
             && (old.config.scheduling.order != QueueOrder::FairShare
-                || old.config.scheduling.usage_half_life != next.scheduling.usage_half_life);
+                || old.config.scheduling.usage_half_life != next.scheduling.usage_half_life
+                || old.config.scheduling.gpu_weights != next.scheduling.gpu_weights);
         if reread {
-            // Past usage was recorded under the old half-life (or not at
-            // all, in strict order): read it again.
+            // Past usage was recorded under the old half-life or GPU
+            // weights (or not at all, in strict order): read it again.
             core.clear_past_usage();
             if let Err(e) = self
                 .bounded(passes::read_past_usage(&mut core, &self.shared.store))

@@ -10,6 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::{Engine, Error};
 use crate::api::{UsageReport, UsageRow, quote};
+use crate::spec::Accelerator;
 use crate::stats::percentile;
 use crate::store::{BatchRecord, CreatedBatch, HeldPart, Provisioning};
 
@@ -61,7 +62,14 @@ impl Engine {
             .store
             .usage(region, (!every).then_some(project), start, end)
             .await?;
-        Ok(report(region, &held, &created, start, end, now))
+        let weights = self.config().fair_share();
+        Ok(report(
+            region,
+            (&held, &created),
+            |a| weights.gpu_weight(a),
+            (start, end),
+            now,
+        ))
     }
 }
 
@@ -86,7 +94,9 @@ pub(super) fn of_batch(
         _ => return (None, None),
     };
     let millis = (until - allocated).num_milliseconds().max(0) as u64;
-    let gpus = r.cluster.gpus_by_type();
+    // On a rung, the cluster held is the rung's (its GPU type and count).
+    let (held, _) = r.cluster.on_rung(r.alternative);
+    let gpus = held.gpus_by_type();
     let gpu_count: u64 = gpus.iter().map(|(_, n)| n).sum();
     let accelerator_type = (!gpus.is_empty()).then(|| {
         gpus.iter()
@@ -94,7 +104,7 @@ pub(super) fn of_batch(
             .collect::<Vec<_>>()
             .join(",")
     });
-    let ssd = r.cluster.local_ssd_gb();
+    let ssd = held.local_ssd_gb();
     let approximate = crate::api::UsageMetrics {
         milli_accelerator_seconds: Some((gpu_count * millis).to_string()),
         accelerator_type: accelerator_type.clone(),
@@ -110,17 +120,18 @@ pub(super) fn of_batch(
 }
 
 /// What the report's rows add up from (pure: tested alone).
+/// `gpu_weight` is what a GPU-hour of each type counts (weighted hours).
 pub(crate) fn report(
     region: &str,
-    held: &[HeldPart],
-    created: &[CreatedBatch],
-    start: DateTime<Utc>,
-    end: DateTime<Utc>,
+    (held, created): (&[HeldPart], &[CreatedBatch]),
+    gpu_weight: impl Fn(Option<Accelerator>) -> f64,
+    (start, end): (DateTime<Utc>, DateTime<Utc>),
     now: DateTime<Utc>,
 ) -> UsageReport {
     #[derive(Default)]
     struct Sums {
         gpu_millis: u64,
+        weighted_gpu_millis: f64,
         ssd_gb_millis: u64,
         batches: u64,
         allocated: u64,
@@ -137,6 +148,7 @@ pub(crate) fn report(
             .entry((part.project.clone(), label.to_string()))
             .or_default();
         sums.gpu_millis += part.gpus * millis;
+        sums.weighted_gpu_millis += (part.gpus * millis) as f64 * gpu_weight(part.accelerator);
         sums.ssd_gb_millis += part.local_ssd_gb * millis;
     }
     for batch in created {
@@ -162,6 +174,7 @@ pub(crate) fn report(
             accelerator_type: accelerator.to_string(),
             milli_accelerator_seconds: s.gpu_millis.to_string(),
             gpu_hours: s.gpu_millis as f64 / 3_600_000.0,
+            weighted_gpu_hours: s.weighted_gpu_millis / 3_600_000.0,
             local_ssd_gb_hours: s.ssd_gb_millis as f64 / 3_600_000.0,
             batches: s.batches,
             allocated: s.allocated,
@@ -179,6 +192,7 @@ pub(crate) fn report(
     let mut rows = Vec::with_capacity(by.len());
     for ((project, accelerator), mut s) in by {
         all.gpu_millis += s.gpu_millis;
+        all.weighted_gpu_millis += s.weighted_gpu_millis;
         all.ssd_gb_millis += s.ssd_gb_millis;
         all.batches += s.batches;
         all.allocated += s.allocated;
@@ -198,16 +212,19 @@ pub(crate) fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Accelerator;
 
     fn at(secs: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a time")
     }
 
     fn part(project: &str, gpus: u64, from: i64, to: Option<i64>) -> HeldPart {
+        typed(project, Accelerator::L4, gpus, from, to)
+    }
+
+    fn typed(project: &str, a: Accelerator, gpus: u64, from: i64, to: Option<i64>) -> HeldPart {
         HeldPart {
             project: project.into(),
-            accelerator: Some(Accelerator::L4),
+            accelerator: Some(a),
             gpus,
             local_ssd_gb: 375,
             allocated_at: at(from),
@@ -225,7 +242,7 @@ mod tests {
             // Still held at `now` (300): 4 GPUs × 100 s.
             part("b", 4, 200, None),
         ];
-        let r = report("r", &held, &[], at(0), at(1000), at(300));
+        let r = report("r", (&held, &[]), |_| 1.0, (at(0), at(1000)), at(300));
         let ms = |row: &UsageRow| row.milli_accelerator_seconds.parse::<u64>().expect("int");
         assert_eq!(r.rows.len(), 2);
         assert_eq!(ms(&r.rows[0]), 2 * 100_000 + 50_000);
@@ -235,13 +252,30 @@ mod tests {
         // A part released before the window counts nothing.
         let r = report(
             "r",
-            &[part("a", 8, -100, Some(-10))],
-            &[],
-            at(0),
-            at(10),
+            (&[part("a", 8, -100, Some(-10))], &[]),
+            |_| 1.0,
+            (at(0), at(10)),
             at(20),
         );
         assert_eq!(r.total.milli_accelerator_seconds, "0");
+    }
+
+    #[test]
+    fn weighted_hours_count_each_type_at_its_weight() {
+        let held = [
+            // An hour of 2 L4s (weight 1) and an hour of 2 A100s (weight 3).
+            part("a", 2, 0, Some(3600)),
+            typed("a", Accelerator::A100_40, 2, 0, Some(3600)),
+        ];
+        let weight = |a: Option<Accelerator>| if a == Some(Accelerator::A100_40) { 3.0 } else { 1.0 };
+        let r = report("r", (&held, &[]), weight, (at(0), at(3600)), at(3600));
+        let by_type: Vec<(&str, f64, f64)> = r
+            .rows
+            .iter()
+            .map(|row| (row.accelerator_type.as_str(), row.gpu_hours, row.weighted_gpu_hours))
+            .collect();
+        assert_eq!(by_type, [("a100-40", 2.0, 6.0), ("l4", 2.0, 2.0)]);
+        assert_eq!((r.total.gpu_hours, r.total.weighted_gpu_hours), (4.0, 8.0));
     }
 
     #[test]

@@ -81,7 +81,7 @@ fn state_registry(s: &Snapshot) -> Registry {
     let fair_usage = gauge_vec(
         &r,
         "flexq_fair_share_usage_gpus",
-        "A project's usage in the fair-share order: GPUs held now plus past usage decayed with scheduling.usage_half_life.",
+        "A project's usage in the fair-share order: GPUs held now plus past usage decayed with scheduling.usage_half_life, each GPU at its type's weight (scheduling.gpu_weights).",
         &["region", "project"],
     );
     let fair_share = gauge_vec(

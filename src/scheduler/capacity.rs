@@ -72,6 +72,10 @@ pub struct Placement {
     pub cores: u32,
     pub memory_mb: u64,
     pub local_ssd_gb: u64,
+    /// The type of the GPUs given; None for a part without GPUs (or one
+    /// stored before the type was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<Accelerator>,
 }
 
 /// What one part needs.
@@ -186,6 +190,7 @@ pub(crate) fn plan_zone(nodes: &[&Node], needs: &[PartNeed]) -> ZonePlan {
             cores: need.cores,
             memory_mb: need.memory_mb,
             local_ssd_gb: need.ssd_gb,
+            accelerator: need.accelerator.filter(|_| need.gpus > 0),
         });
     }
     let crumbs = free

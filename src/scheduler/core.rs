@@ -18,7 +18,7 @@ use super::fairshare::{FairShare, FairSharePolicy, share_key};
 use super::lease::Leases;
 use super::model::{Allocation, BatchKey, Cordon, PendingBatch, PoolDecl, RegionHolds, ShapeKey};
 use super::quota::{Ledger, QuotaRule};
-use crate::spec::ClusterRequest;
+use crate::spec::{Accelerator, ClusterRequest};
 
 /// Queue order within a project, and across projects in strict order:
 /// higher priority first, then older first.
@@ -99,7 +99,16 @@ impl Scheduler {
     /// weights). Usage recorded so far stays.
     pub fn set_fair_share(&mut self, policy: FairSharePolicy) {
         self.dirty.extend(self.queues.keys().cloned());
+        let reweigh = self.fair.policy().gpu_weights != policy.gpu_weights;
         self.fair.set_policy(policy);
+        if reweigh {
+            // What running clusters hold counts under the new weights (the
+            // past is read again by the caller: `clear_past_usage`).
+            self.fair.clear_held();
+            for a in self.running.values() {
+                self.fair.hold(&a.region, &a.project, &a.placements);
+            }
+        }
     }
 
     /// Forgets the recorded usage of ended clusters, before it is read
@@ -109,17 +118,20 @@ impl Scheduler {
         self.dirty.extend(self.queues.keys().cloned());
     }
 
-    /// A cluster that ended before this core was built: its usage counts
-    /// in the fair-share order (decayed from `to`).
+    /// A part of a cluster that ended before this core was built (its
+    /// GPUs and their type): its usage counts in the fair-share order
+    /// (decayed from `to`), at the type's weight.
     pub fn record_past_usage(
         &mut self,
         region: &str,
         project: &str,
-        gpus: u64,
+        gpus: (u64, Option<Accelerator>),
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) {
-        self.fair.record_past(region, project, gpus, from, to);
+        let (count, accelerator) = gpus;
+        let charge = count as f64 * self.fair.policy().gpu_weight(accelerator);
+        self.fair.record_past(region, project, charge, from, to);
     }
 
     /// A project's place in a region's fair-share order at `now` (lower

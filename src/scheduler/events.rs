@@ -82,7 +82,8 @@ impl Scheduler {
         }
         self.ledger
             .charge(&alloc.project, &alloc.region, &alloc.quota);
-        self.fair.hold(&alloc.region, &alloc.project, alloc.gpus());
+        self.fair
+            .hold(&alloc.region, &alloc.project, &alloc.placements);
         self.running.insert(alloc.key, alloc);
         true
     }
@@ -147,7 +148,7 @@ impl Scheduler {
         }
         self.ledger.refund(&a.project, &a.region, &a.quota);
         self.fair
-            .release(&a.region, &a.project, a.gpus(), a.allocated_at, now);
+            .release(&a.region, &a.project, &a.placements, a.allocated_at, now);
         Some(a)
     }
 

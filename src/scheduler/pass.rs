@@ -38,10 +38,37 @@ struct Walk {
     fitting: HashMap<ShapeKey, (String, Vec<Placement>)>,
     /// Rungs (their region and shape) that cannot be allocated in this
     /// pass.
-    rung_failed: HashSet<(String, ShapeKey)>,
+    rung_failed: RungSet,
     /// Rungs found to fit the free capacity once every own shape was
     /// exhausted: valid until the next allocation takes capacity.
-    rung_fits: HashSet<(String, ShapeKey)>,
+    rung_fits: RungSet,
+}
+
+/// A set of rung options (a region and a shape), looked up without
+/// allocating: the walk asks it for every rung of every batch whose own
+/// shape failed.
+#[derive(Default)]
+struct RungSet(HashMap<String, HashSet<ShapeKey>>);
+
+impl RungSet {
+    fn contains(&self, region: &str, shape: &ShapeKey) -> bool {
+        self.0.get(region).is_some_and(|s| s.contains(shape))
+    }
+
+    fn insert(&mut self, region: &str, shape: ShapeKey) {
+        match self.0.get_mut(region) {
+            Some(s) => {
+                s.insert(shape);
+            }
+            None => {
+                self.0.insert(region.to_string(), HashSet::from([shape]));
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0.values_mut().for_each(HashSet::clear);
+    }
 }
 
 impl Walk {
@@ -241,20 +268,24 @@ impl Scheduler {
         // marked so here, once, rather than waiting for a batch of its
         // shape to come by in the walk.
         if let Some(options) = self.rung_options.get(region) {
-            for option in options.keys() {
-                if walk.rung_failed.contains(option) || walk.rung_fits.contains(option) {
+            for (rung_region, shape) in options.keys() {
+                if walk.rung_failed.contains(rung_region, shape)
+                    || walk.rung_fits.contains(rung_region, shape)
+                {
                     continue;
                 }
-                let (rung_region, shape) = option;
                 let blocked = rung_region != region
                     && self.queues.get(rung_region).is_some_and(|q| !q.is_empty());
                 if blocked || self.best_zone(rung_region, &needs_of(shape)).is_none() {
-                    walk.rung_failed.insert(option.clone());
+                    walk.rung_failed.insert(rung_region, *shape);
                 } else {
-                    walk.rung_fits.insert(option.clone());
+                    walk.rung_fits.insert(rung_region, *shape);
                 }
             }
-            if options.keys().any(|o| !walk.rung_failed.contains(o)) {
+            if options
+                .keys()
+                .any(|(r, shape)| !walk.rung_failed.contains(r, shape))
+            {
                 return false;
             }
         }
@@ -422,13 +453,13 @@ impl Scheduler {
             if ripe_at(batch.queued_at, rung) > now {
                 continue;
             }
-            let option = (rung.region.clone(), shape_key(&rung.cluster));
-            if walk.rung_failed.contains(&option) {
+            let shape = shape_key(&rung.cluster);
+            if walk.rung_failed.contains(&rung.region, &shape) {
                 continue;
             }
             if rung.region != region && self.queues.get(&rung.region).is_some_and(|q| !q.is_empty())
             {
-                walk.rung_failed.insert(option);
+                walk.rung_failed.insert(&rung.region, shape);
                 continue;
             }
             if self
@@ -439,7 +470,7 @@ impl Scheduler {
                 continue;
             }
             let Some(plan) = self.best_zone(&rung.region, &needs(&rung.cluster)) else {
-                walk.rung_failed.insert(option);
+                walk.rung_failed.insert(&rung.region, shape);
                 continue;
             };
             // The reservation holds back only what could serve its
@@ -448,7 +479,7 @@ impl Scheduler {
             if rung.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1) {
                 if let Some(r) = walk.reservation.as_mut() {
                     if delays_holder(self.holder_start(r, region), ends) {
-                        walk.rung_failed.insert(option);
+                        walk.rung_failed.insert(&rung.region, shape);
                         continue;
                     }
                 }
@@ -465,7 +496,7 @@ impl Scheduler {
         walk.capacity_taken();
         if !self.capacity.take(&placements) {
             walk.rung_failed
-                .insert((rung.region.clone(), shape_key(&rung.cluster)));
+                .insert(&rung.region, shape_key(&rung.cluster));
             return Considered::Passed;
         }
         let blockers = self.blockers(&batch);
@@ -518,7 +549,7 @@ impl Scheduler {
             accelerator: accelerator_label(cluster),
             rung,
         };
-        self.fair.hold(region, &batch.project, alloc.gpus());
+        self.fair.hold(region, &batch.project, &alloc.placements);
         self.running.insert(batch.key, alloc.clone());
         Decision::Allocate(alloc)
     }

@@ -272,14 +272,11 @@ impl Scheduler {
             .collect();
         reasons.extend(self.blockers(batch));
         reasons.extend(behind);
-        let estimated_start_time = if reasons
-            .iter()
-            .any(|r| matches!(r, Blocker::Quota(_) | Blocker::Held { .. }))
-        {
+        let estimated_start_time = if reasons.iter().any(|r| matches!(r, Blocker::Held { .. })) {
             None
         } else {
-            self.ahead(batch, before.as_deref())
-                .and_then(|ahead| self.estimate_in_order(batch, &ahead, now))
+            let short = reasons.iter().any(|r| matches!(r, Blocker::Quota(_)));
+            self.earliest_start(batch, before.as_deref(), short, now)
         };
         let mut reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
         reasons.extend(self.rung_reasons(batch, now));
@@ -288,6 +285,112 @@ impl Scheduler {
             reasons,
             estimated_start_time,
         })
+    }
+
+    /// When `batch` could start, on its own placement (unless `short` of
+    /// quota for it) or on one of its rungs, whichever is first; `before`
+    /// as for [`Self::ahead`].
+    fn earliest_start(
+        &self,
+        batch: &PendingBatch,
+        before: Option<&[ProjectAhead<'_>]>,
+        short: bool,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let ahead = self.ahead(batch, before);
+        let own = if short {
+            None
+        } else {
+            ahead
+                .as_deref()
+                .and_then(|ahead| self.estimate_in_order(batch, ahead, now))
+        };
+        let rungs = batch
+            .cluster
+            .alternatives
+            .iter()
+            .filter_map(|rung| self.rung_start(batch, rung, ahead.as_deref(), now));
+        own.into_iter().chain(rungs).min()
+    }
+
+    /// When `batch` could start on `rung`, not before the rung's delay: in
+    /// its own region, behind what its own placement waits on (`ahead`;
+    /// the rung is tried at the batch's place); in another, behind that
+    /// region's whole queue (a region rung takes only what that queue
+    /// leaves). None when its project lacks the rung's quota, when more
+    /// than [`ESTIMATE_DEPTH`] batches are ahead, or when it would wait on
+    /// something without a ttl.
+    pub(super) fn rung_start(
+        &self,
+        batch: &PendingBatch,
+        rung: &crate::spec::alternatives::Rung,
+        ahead: Option<&[BatchKey]>,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        if self
+            .ledger
+            .shortfall(&batch.project, &rung.region, &rung.cluster.quota)
+            .is_some()
+        {
+            return None;
+        }
+        let from = super::rungs::ripe_at(batch.queued_at, rung).max(now);
+        let elsewhere: Vec<BatchKey>;
+        let ahead = if rung.region == batch.region {
+            ahead?
+        } else {
+            elsewhere = self
+                .queues
+                .get(&rung.region)
+                .into_iter()
+                .flatten()
+                .map(|(_, k)| *k)
+                .take(ESTIMATE_DEPTH + 1)
+                .collect();
+            if elsewhere.len() > ESTIMATE_DEPTH {
+                return None;
+            }
+            &elsewhere
+        };
+        let probe = PendingBatch {
+            region: rung.region.clone(),
+            cluster: rung.cluster.clone(),
+            ..batch.clone()
+        };
+        self.estimate_in_order(&probe, ahead, from)
+    }
+
+    /// When a batch not queued yet (a validate-only create's `probe`)
+    /// could start if it were queued now, on its own placement and on
+    /// each of its rungs.
+    pub fn probe_starts(
+        &self,
+        probe: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> (Option<DateTime<Utc>>, Vec<Option<DateTime<Utc>>>) {
+        let before = match self.fair.order() {
+            Order::Strict => None,
+            Order::FairShare => Some(self.projects_before(probe, now).unwrap_or_default()),
+        };
+        let ahead = self.ahead(probe, before.as_deref());
+        let own = if self
+            .ledger
+            .shortfall(&probe.project, &probe.region, &probe.cluster.quota)
+            .is_some()
+        {
+            None
+        } else {
+            ahead
+                .as_deref()
+                .and_then(|ahead| self.estimate_in_order(probe, ahead, now))
+        };
+        let rungs = probe
+            .cluster
+            .alternatives
+            .iter()
+            .map(|rung| self.rung_start(probe, rung, ahead.as_deref(), now))
+            .collect();
+        (own, rungs)
     }
 
     /// The batches ahead of `batch` in its region's order, first first:
@@ -305,17 +408,28 @@ impl Scheduler {
             out.len() <= ESTIMATE_DEPTH
         };
         let own = (std::cmp::Reverse(batch.priority), batch.key);
+        // A batch not queued (a validate-only probe) may be the first of
+        // its region or of its project there.
         let keys: Box<dyn Iterator<Item = &QueueKey>> = match before {
-            None => Box::new(self.queues.get(&batch.region)?.range(..own)),
+            None => Box::new(
+                self.queues
+                    .get(&batch.region)
+                    .into_iter()
+                    .flat_map(move |q| q.range(..own)),
+            ),
             Some(before) => {
-                let projects = self.project_queues.get(&batch.region)?;
-                let own_queue = projects.get(&batch.project)?;
+                let projects = self.project_queues.get(&batch.region);
                 Box::new(
                     before
                         .iter()
-                        .filter_map(|p| projects.get(p.project))
+                        .filter_map(move |p| projects?.get(p.project))
                         .flat_map(|q| q.iter())
-                        .chain(own_queue.range(..own)),
+                        .chain(
+                            projects
+                                .and_then(|p| p.get(&batch.project))
+                                .into_iter()
+                                .flat_map(move |q| q.range(..own)),
+                        ),
                 )
             }
         };

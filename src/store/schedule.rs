@@ -16,7 +16,7 @@ use super::{Backend, Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, State};
 use crate::scheduler::lifecycle;
 use crate::scheduler::{Allocation, BatchKey, Decision, NodeId, PartRole, PendingBatch, Placement};
-use crate::spec::ClusterRequest;
+use crate::spec::{Accelerator, ClusterRequest};
 
 /// Queued batches read per statement (see [`Store::each_queued_batch`]).
 const QUEUE_CHUNK: usize = 4096;
@@ -176,17 +176,24 @@ impl Store {
     pub async fn active_allocations(&self) -> Result<Vec<Allocation>, StoreError> {
         let mut rows = sqlx::query(
             "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
-             a.allocated_at, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time, \
+             a.allocated_at, a.accelerator, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time, \
              b.alternative \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is null order by a.batch_seq, a.id",
         )
         .fetch(&self.pool);
         let mut out: BTreeMap<i64, Allocation> = BTreeMap::new();
+        // The GPU types of a batch's driver and executors, for parts
+        // stored before their type was (it is the held cluster's shape).
+        let mut types: BTreeMap<i64, [Option<Accelerator>; 2]> = BTreeMap::new();
         while let Some(row) = rows.try_next().await? {
             let seq: i64 = row.try_get("batch_seq")?;
-            let placement = placement_of(&row)?;
+            let mut placement = placement_of(&row)?;
             if let Some(a) = out.get_mut(&seq) {
+                placement.accelerator = placement.accelerator.or_else(|| {
+                    let [driver, executor] = types.get(&seq).copied().unwrap_or_default();
+                    shape_type(&placement, driver, executor)
+                });
                 a.placements.push(placement);
                 continue;
             }
@@ -198,6 +205,11 @@ impl Store {
             // On a rung, the cluster, region and quota it holds are the
             // rung's.
             let (cluster, rung_region) = stored.on_rung(rung);
+            let (driver, executor) = (cluster.driver.accelerator, cluster.executor.accelerator);
+            types.insert(seq, [driver, executor]);
+            placement.accelerator = placement
+                .accelerator
+                .or_else(|| shape_type(&placement, driver, executor));
             let on_rung = (rung > 0).then(|| crate::scheduler::OnRung {
                 index: rung,
                 asked: crate::scheduler::accelerator_label(&stored),
@@ -238,7 +250,7 @@ impl Store {
     /// back after an infrastructure failure, are history).
     pub async fn placements(&self, seq: i64) -> Result<Vec<Placement>, StoreError> {
         let rows = sqlx::query(
-            "select node_id, role, gpus, cores, memory_mb, local_ssd_gb from allocations \
+            "select node_id, role, gpus, cores, memory_mb, local_ssd_gb, accelerator from allocations \
              where batch_seq = $1 \
              and allocated_at = (select max(allocated_at) from allocations where batch_seq = $2) \
              order by id",
@@ -264,7 +276,7 @@ impl Store {
         let mut tx = self.begin_write().await?;
         Store::check_fence(&mut tx, fence).await?;
         let mut applied = vec![false; decisions.len()];
-        let mut parts: Vec<(i64, &Placement)> = Vec::new();
+        let mut parts: Vec<(i64, &str, &Placement)> = Vec::new();
         // Expiries and rejections come in bursts (many deadlines at once):
         // they are written with a few multi-row statements, not two per
         // batch.
@@ -320,7 +332,7 @@ impl Store {
                         // Still PENDING to the public enum (the work has not
                         // started); the allocation is in the history.
                         append_history(&mut tx, a.key.0, State::Pending, &message, now).await?;
-                        parts.extend(a.placements.iter().map(|p| (a.key.0, p)));
+                        parts.extend(a.placements.iter().map(|p| (a.key.0, a.region.as_str(), p)));
                     }
                 }
             }
@@ -375,9 +387,9 @@ impl Store {
             let mut q = Sql::new(
                 self.backend,
                 "insert into allocations (batch_seq, node_id, role, gpus, cores, memory_mb, \
-                 local_ssd_gb, allocated_at) ",
+                 local_ssd_gb, allocated_at, region, accelerator) ",
             );
-            q.values(chunk, |row, (seq, p)| {
+            q.values(chunk, |row, (seq, region, p)| {
                 row.bind(*seq)
                     .bind(p.node.0.as_str())
                     .bind(p.role.name())
@@ -385,13 +397,31 @@ impl Store {
                     .bind(i64::from(p.cores))
                     .bind(p.memory_mb as i64)
                     .bind(p.local_ssd_gb as i64)
-                    .bind(micros(now));
+                    .bind(micros(now))
+                    .bind(*region)
+                    .bind(p.accelerator.map(|a| a.name()));
             });
             q.execute(&mut *tx).await?;
         }
         self.announce(&mut tx, &Change::Decided).await?;
         self.commit(tx).await?;
         Ok(applied)
+    }
+}
+
+/// A part's GPU type from its cluster's shape (for parts stored before
+/// the type was): the driver's or the executors', when it holds GPUs.
+fn shape_type(
+    p: &Placement,
+    driver: Option<Accelerator>,
+    executor: Option<Accelerator>,
+) -> Option<Accelerator> {
+    if p.gpus.is_empty() {
+        return None;
+    }
+    match p.role {
+        PartRole::Driver => driver,
+        PartRole::Executor => executor,
     }
 }
 
@@ -409,6 +439,10 @@ fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
         cores: row.try_get::<i64, _>("cores")? as u32,
         memory_mb: row.try_get::<i64, _>("memory_mb")? as u64,
         local_ssd_gb: row.try_get::<i64, _>("local_ssd_gb")? as u64,
+        accelerator: row
+            .try_get::<Option<String>, _>("accelerator")?
+            .as_deref()
+            .and_then(Accelerator::parse),
     })
 }
 

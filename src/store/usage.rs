@@ -32,6 +32,34 @@ pub struct CreatedBatch {
     pub provisioning: Provisioning,
 }
 
+/// The GPU type of a stored part: recorded with it, or, for a part stored
+/// before the type was, read from its batch's cluster (`cluster`,
+/// `alternative` and `role` in `row`) as held on its rung. None for a
+/// part without GPUs.
+fn part_type(row: &sqlx::any::AnyRow, no_gpus: bool) -> Result<Option<Accelerator>, StoreError> {
+    if no_gpus {
+        return Ok(None);
+    }
+    if let Some(name) = row.try_get::<Option<String>, _>("accelerator")? {
+        return Ok(Accelerator::parse(&name));
+    }
+    let Some(cluster) = row.try_get::<Option<String>, _>("cluster")? else {
+        return Ok(None);
+    };
+    let stored: ClusterRequest = serde_json::from_str(&cluster).map_err(corrupt)?;
+    let rung = row
+        .try_get::<Option<i64>, _>("alternative")?
+        .and_then(|a| u32::try_from(a).ok())
+        .unwrap_or(0);
+    let (held, _) = stored.on_rung(rung);
+    let role: String = row.try_get("role")?;
+    Ok(if role == "driver" {
+        held.driver.accelerator
+    } else {
+        held.executor.accelerator
+    })
+}
+
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("stored cluster cannot be read: {e}"))
 }
@@ -48,9 +76,10 @@ impl Store {
     ) -> Result<(Vec<HeldPart>, Vec<CreatedBatch>), StoreError> {
         let project = project.unwrap_or_default();
         let rows = sqlx::query(
-            "select b.project, b.cluster, a.role, a.gpus, a.local_ssd_gb, a.allocated_at, a.released_at \
+            "select b.project, b.cluster, b.alternative, a.role, a.gpus, a.local_ssd_gb, a.accelerator, \
+             a.allocated_at, a.released_at \
              from allocations a join batches b on b.seq = a.batch_seq \
-             where b.region = $1 and ($2 = '' or b.project = $3) \
+             where coalesce(a.region, b.region) = $1 and ($2 = '' or b.project = $3) \
              and a.allocated_at < $4 and (a.released_at is null or a.released_at > $5)",
         )
         .bind(region)
@@ -62,18 +91,10 @@ impl Store {
         .await?;
         let mut held = Vec::with_capacity(rows.len());
         for row in rows {
-            let cluster: ClusterRequest =
-                serde_json::from_str(row.try_get("cluster")?).map_err(corrupt)?;
-            let role: &str = row.try_get("role")?;
-            let shape = if role == "driver" {
-                &cluster.driver
-            } else {
-                &cluster.executor
-            };
             let gpus: Vec<String> = serde_json::from_str(row.try_get("gpus")?).map_err(corrupt)?;
             held.push(HeldPart {
                 project: row.try_get("project")?,
-                accelerator: shape.accelerator,
+                accelerator: part_type(&row, gpus.is_empty())?,
                 gpus: gpus.len() as u64,
                 local_ssd_gb: row.try_get::<i64, _>("local_ssd_gb")?.max(0) as u64,
                 allocated_at: from_micros(row.try_get("allocated_at")?),
@@ -115,7 +136,10 @@ impl Store {
         since: DateTime<Utc>,
     ) -> Result<Vec<ReleasedPart>, StoreError> {
         let rows = sqlx::query(
-            "select b.region, b.project, a.gpus, a.allocated_at, a.released_at \
+            "select coalesce(a.region, b.region) as region, b.project, a.role, a.gpus, a.accelerator, \
+             a.allocated_at, a.released_at, \
+             case when a.accelerator is null then b.cluster end as cluster, \
+             case when a.accelerator is null then b.alternative end as alternative \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is not null and a.released_at > $1",
         )
@@ -131,6 +155,7 @@ impl Store {
             out.push(ReleasedPart {
                 region: row.try_get("region")?,
                 project: row.try_get("project")?,
+                accelerator: part_type(&row, false)?,
                 gpus: gpus.len() as u64,
                 allocated_at: from_micros(row.try_get("allocated_at")?),
                 released_at: from_micros(row.try_get("released_at")?),
@@ -143,8 +168,11 @@ impl Store {
 /// A part of a cluster that was given back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReleasedPart {
+    /// Where it was held (a region rung's region, not the batch's own).
     pub region: String,
     pub project: String,
+    /// The type of its GPUs.
+    pub accelerator: Option<Accelerator>,
     pub gpus: u64,
     pub allocated_at: DateTime<Utc>,
     pub released_at: DateTime<Utc>,

@@ -79,6 +79,19 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
         rung["cluster"]["quota"][0]["metric"], "PREEMPTIBLE_NVIDIA_A100_GPUS",
         "{v:#}"
     );
+    // When each could start if queued now: on L4 only once the filling
+    // batch's ttl ends (hours away); on its rung once its 1 s delay passes.
+    let start = |x: &Value| {
+        let t = x["estimatedStartTime"].as_str().unwrap_or_else(|| panic!("no estimate: {v:#}"));
+        chrono::DateTime::parse_from_rfc3339(t).expect("RFC 3339").with_timezone(&chrono::Utc) - chrono::Utc::now()
+    };
+    assert_eq!(v["verdict"], "WOULD_QUEUE", "{v:#}");
+    assert!(start(&v) > chrono::Duration::hours(1), "{v:#}");
+    let rung_in = start(rung);
+    assert!(
+        rung_in > chrono::Duration::seconds(-5) && rung_in <= chrono::Duration::seconds(2),
+        "{v:#}"
+    );
 
     let (status, _) = s.create("batchId=moves", &gpu_batch(2, "3600s")).await;
     assert_eq!(status, 200);
@@ -194,4 +207,62 @@ async fn a_reload_changes_the_ladders_of_batches_created_after_it() {
     let before = s.batch("before").await;
     assert_eq!(before["flexq"]["provisioningState"], "QUEUED", "{before:#}");
     assert!(before["flexq"].get("alternatives").is_none(), "{before:#}");
+}
+
+/// The GPUs a provisioned batch's cluster holds, from its `flexq.nodes`.
+fn gpus_held(b: &Value) -> f64 {
+    b["flexq"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|p| p["gpus"].as_array().map_or(0, Vec::len))
+        .sum::<usize>() as f64
+}
+
+#[tokio::test]
+async fn a_batch_on_a_rung_is_charged_what_it_holds_weighted_and_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("flexq.toml");
+    // One virtual L4 node (4 GPUs) in us-central1-a, one virtual A100-40
+    // node (8 GPUs) in us-central1-c; an A100-40 GPU counts 3.
+    let config = "[scheduling]\ngpu_weights = { \"a100-40\" = 3 }\n\
+                  [regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 1\n\
+                  [regions.us-central1.zones.us-central1-c.node_pools.a100-40]\nvirtual_nodes = 1\n\
+                  [[alternatives]]\naccelerator = \"l4\"\nrungs = [\"a100-40 after 1s\"]\n";
+    std::fs::write(&file, config).expect("config");
+    let mut s = crate::support::ServerProcess::start_with(dir.path(), Some(&file)).await;
+    assert_eq!(s.create("fill", &gpu_batch(3, "3600s")).await, 200);
+    let fill = s.until("demo", "fill", provisioned).await;
+    assert_eq!(s.create("moves", &gpu_batch(2, "3600s")).await, 200);
+    let moves = s.until("demo", "moves", provisioned).await;
+    assert_eq!(
+        moves["flexq"]["placement"]["accelerator"], "a100-40",
+        "{moves:#}"
+    );
+    // Fair share charges the L4s at 1 and the rung's A100s at 3.
+    let expected = gpus_held(&fill) + 3.0 * gpus_held(&moves);
+    let labels = [("region", "us-central1"), ("project", "demo")];
+    let usage = |text: &str| crate::metrics::value(text, "flexq_fair_share_usage_gpus", &labels);
+    assert_eq!(usage(&s.scrape().await), Some(expected));
+
+    // The usage report counts the rung's GPUs as A100-40s, weighted.
+    let report = s
+        .get("/v1/projects/demo/regions/us-central1/usage")
+        .await;
+    let a100 = report["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["acceleratorType"] == "a100-40")
+        .unwrap_or_else(|| panic!("no a100-40 row: {report:#}"))
+        .clone();
+    let hours = a100["gpuHours"].as_f64().expect("gpuHours");
+    let weighted = a100["weightedGpuHours"].as_f64().expect("weightedGpuHours");
+    assert!(hours > 0.0 && (weighted - 3.0 * hours).abs() < 1e-9, "{a100:#}");
+
+    // After a restart the held clusters are read back with their GPU
+    // types: the same charge.
+    s.kill9();
+    let s = crate::support::ServerProcess::start_with(dir.path(), Some(&file)).await;
+    assert_eq!(usage(&s.scrape().await), Some(expected), "after a restart");
 }
