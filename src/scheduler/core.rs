@@ -69,6 +69,10 @@ pub struct Scheduler {
     /// (the rung's region, its shape), counted. A pass goes on past the
     /// point where every own shape failed while any of these has not.
     pub(super) rung_options: HashMap<String, HashMap<(String, ShapeKey), usize>>,
+    /// The same options that run in another region than their batch's,
+    /// by that region: per home region, how many. A pass scans the homes
+    /// of a region whose capacity changed.
+    pub(super) rung_homes: HashMap<String, HashMap<String, usize>>,
     /// The queued batches counted as a scrape reports them
     /// (`tally.rs`), kept as they come and go.
     pub(super) tally: super::tally::QueuedTally,

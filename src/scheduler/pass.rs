@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 
 use chrono::{DateTime, Duration, Utc};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::capacity::{PartNeed, Placement, needs};
 use super::core::{QueueKey, Scheduler};
@@ -37,45 +38,60 @@ struct Walk {
     /// plan: valid until the next allocation takes capacity.
     fitting: HashMap<ShapeKey, (String, Vec<Placement>)>,
     /// Rungs (their region and shape) that cannot be allocated in this
-    /// pass.
+    /// pass. Marked through [`Walk::rung_fails`].
     rung_failed: RungSet,
+    /// How many of the rung options ripe in the region have not failed,
+    /// once counted: None until then, and again after a rung fails or
+    /// capacity is taken. At Some(0) no batch of the walk need look at its
+    /// rungs.
+    rungs_open: Option<usize>,
     /// Rungs found to fit the free capacity once every own shape was
     /// exhausted: valid until the next allocation takes capacity.
     rung_fits: RungSet,
 }
 
 /// A set of rung options (a region and a shape), looked up without
-/// allocating: the walk asks it for every rung of every batch whose own
-/// shape failed.
+/// allocating and with a fast hash: the walk asks it for every rung of
+/// every batch whose own shape failed.
 #[derive(Default)]
-struct RungSet(HashMap<String, HashSet<ShapeKey>>);
+struct RungSet(FxHashMap<String, FxHashSet<ShapeKey>>);
 
 impl RungSet {
     fn contains(&self, region: &str, shape: &ShapeKey) -> bool {
         self.0.get(region).is_some_and(|s| s.contains(shape))
     }
 
-    fn insert(&mut self, region: &str, shape: ShapeKey) {
+    /// Adds an option; false when it was there already.
+    fn insert(&mut self, region: &str, shape: ShapeKey) -> bool {
         match self.0.get_mut(region) {
-            Some(s) => {
-                s.insert(shape);
-            }
+            Some(s) => s.insert(shape),
             None => {
-                self.0.insert(region.to_string(), HashSet::from([shape]));
+                self.0
+                    .insert(region.to_string(), FxHashSet::from_iter([shape]));
+                true
             }
         }
     }
 
     fn clear(&mut self) {
-        self.0.values_mut().for_each(HashSet::clear);
+        self.0.values_mut().for_each(FxHashSet::clear);
     }
 }
 
 impl Walk {
+    /// The rung option (`region`, `shape`) cannot be allocated in this
+    /// pass.
+    fn rung_fails(&mut self, region: &str, shape: ShapeKey) {
+        if self.rung_failed.insert(region, shape) {
+            self.rungs_open = None;
+        }
+    }
+
     /// Capacity was taken: plans and fits found before no longer hold.
     fn capacity_taken(&mut self) {
         self.fitting.clear();
         self.rung_fits.clear();
+        self.rungs_open = None;
     }
 }
 
@@ -260,34 +276,10 @@ impl Scheduler {
         if defaults > 0 || walk.exhausted.len() < distinct {
             return false;
         }
-        // A batch whose own shape failed may still fit on a rung: unless
-        // the rung cannot, whichever batch tries it. A rung whose whole
-        // cluster no zone of its region has room for now (capacity only
-        // shrinks during a pass), or in another region whose queue is not
-        // empty, fails for every batch, as `try_rungs` would find: it is
-        // marked so here, once, rather than waiting for a batch of its
-        // shape to come by in the walk.
-        if let Some(options) = self.rung_options.get(region) {
-            for (rung_region, shape) in options.keys() {
-                if walk.rung_failed.contains(rung_region, shape)
-                    || walk.rung_fits.contains(rung_region, shape)
-                {
-                    continue;
-                }
-                let blocked = rung_region != region
-                    && self.queues.get(rung_region).is_some_and(|q| !q.is_empty());
-                if blocked || self.best_zone(rung_region, &needs_of(shape)).is_none() {
-                    walk.rung_failed.insert(rung_region, *shape);
-                } else {
-                    walk.rung_fits.insert(rung_region, *shape);
-                }
-            }
-            if options
-                .keys()
-                .any(|(r, shape)| !walk.rung_failed.contains(r, shape))
-            {
-                return false;
-            }
+        // A batch whose own shape failed may still fit on a rung, unless
+        // every rung ripe in the region fails.
+        if self.rungs_open(region, walk) > 0 {
+            return false;
         }
         // Counted against the shapes still queued: a rejected batch may
         // have been a shape's last.
@@ -295,6 +287,44 @@ impl Scheduler {
             walk.exhausted.iter().filter(|s| m.contains_key(*s)).count()
         });
         present >= distinct
+    }
+
+    /// How many rung options ripe in `region` may still be allocated in
+    /// this pass (counted once, then again only after a rung fails or
+    /// capacity is taken). Each option not decided yet is checked against
+    /// the free capacity: one whose whole cluster no zone of its region
+    /// has room for now (capacity only shrinks during a pass), or in
+    /// another region whose queue is not empty, fails for every batch, as
+    /// `try_rungs` would find; it is marked so here, once, rather than
+    /// waiting for a batch of its shape to come by in the walk.
+    fn rungs_open(&self, region: &str, walk: &mut Walk) -> usize {
+        if let Some(open) = walk.rungs_open {
+            return open;
+        }
+        let Some(options) = self.rung_options.get(region) else {
+            walk.rungs_open = Some(0);
+            return 0;
+        };
+        for (rung_region, shape) in options.keys() {
+            if walk.rung_failed.contains(rung_region, shape)
+                || walk.rung_fits.contains(rung_region, shape)
+            {
+                continue;
+            }
+            let blocked = rung_region != region
+                && self.queues.get(rung_region).is_some_and(|q| !q.is_empty());
+            if blocked || self.best_zone(rung_region, &needs_of(shape)).is_none() {
+                walk.rung_failed.insert(rung_region, *shape);
+            } else {
+                walk.rung_fits.insert(rung_region, *shape);
+            }
+        }
+        let open = options
+            .keys()
+            .filter(|(r, shape)| !walk.rung_failed.contains(r, shape))
+            .count();
+        walk.rungs_open = Some(open);
+        open
     }
 
     /// One queued batch in a pass's walk: allocated, rejected (default
@@ -444,6 +474,11 @@ impl Scheduler {
         let Some(batch) = self.pending.get(&key) else {
             return Considered::Passed;
         };
+        // Nothing to look at when the batch has no rung, or when every
+        // rung ripe in the region failed already in this pass.
+        if batch.cluster.alternatives.is_empty() || walk.rungs_open == Some(0) {
+            return Considered::Passed;
+        }
         let ends = batch
             .cluster
             .ttl_s
@@ -459,7 +494,7 @@ impl Scheduler {
             }
             if rung.region != region && self.queues.get(&rung.region).is_some_and(|q| !q.is_empty())
             {
-                walk.rung_failed.insert(&rung.region, shape);
+                walk.rung_fails(&rung.region, shape);
                 continue;
             }
             if self
@@ -470,7 +505,7 @@ impl Scheduler {
                 continue;
             }
             let Some(plan) = self.best_zone(&rung.region, &needs(&rung.cluster)) else {
-                walk.rung_failed.insert(&rung.region, shape);
+                walk.rung_fails(&rung.region, shape);
                 continue;
             };
             // The reservation holds back only what could serve its
@@ -479,7 +514,7 @@ impl Scheduler {
             if rung.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1) {
                 if let Some(r) = walk.reservation.as_mut() {
                     if delays_holder(self.holder_start(r, region), ends) {
-                        walk.rung_failed.insert(&rung.region, shape);
+                        walk.rung_fails(&rung.region, shape);
                         continue;
                     }
                 }
@@ -495,8 +530,7 @@ impl Scheduler {
         };
         walk.capacity_taken();
         if !self.capacity.take(&placements) {
-            walk.rung_failed
-                .insert(&rung.region, shape_key(&rung.cluster));
+            walk.rung_fails(&rung.region, shape_key(&rung.cluster));
             return Considered::Passed;
         }
         let blockers = self.blockers(&batch);

@@ -37,6 +37,19 @@ impl Scheduler {
             if waiting {
                 continue;
             }
+            if rung.region != batch.region {
+                if let Some(homes) = self.rung_homes.get_mut(&rung.region) {
+                    if let Some(n) = homes.get_mut(&batch.region) {
+                        *n -= 1;
+                        if *n == 0 {
+                            homes.remove(&batch.region);
+                        }
+                    }
+                    if homes.is_empty() {
+                        self.rung_homes.remove(&rung.region);
+                    }
+                }
+            }
             if let Some(options) = self.rung_options.get_mut(&batch.region) {
                 let option = option_of(rung);
                 if let Some(n) = options.get_mut(&option) {
@@ -68,6 +81,14 @@ impl Scheduler {
             };
             let option = option_of(rung);
             let region = batch.region.clone();
+            if rung.region != region {
+                *self
+                    .rung_homes
+                    .entry(rung.region.clone())
+                    .or_default()
+                    .entry(region.clone())
+                    .or_default() += 1;
+            }
             *self
                 .rung_options
                 .entry(region.clone())
@@ -147,13 +168,12 @@ impl Scheduler {
     /// batches may try a rung in a region that changed.
     pub(super) fn regions_to_scan(&mut self) -> std::collections::BTreeSet<String> {
         let mut regions = std::mem::take(&mut self.dirty);
-        let homes: Vec<String> = self
-            .rung_options
+        let homes: Vec<String> = regions
             .iter()
-            .filter(|(home, options)| {
-                !regions.contains(*home) && options.keys().any(|(r, _)| regions.contains(r))
-            })
-            .map(|(home, _)| home.clone())
+            .filter_map(|r| self.rung_homes.get(r))
+            .flat_map(|homes| homes.keys())
+            .filter(|home| !regions.contains(*home))
+            .cloned()
             .collect();
         regions.extend(homes);
         regions
