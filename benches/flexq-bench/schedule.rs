@@ -81,8 +81,13 @@ pub(crate) fn bench_config(
                 },
             );
         }
-        c.regions
-            .insert(region, flexq::config::RegionConfig { zones });
+        c.regions.insert(
+            region,
+            flexq::config::RegionConfig {
+                zones,
+                preemption: None,
+            },
+        );
     }
     c.quotas = QuotaMetric::ALL
         .into_iter()
@@ -382,6 +387,7 @@ fn ladder_turn(
                 queued_at: now,
                 deadline: Some(now + chrono::Duration::seconds(7200)),
                 cluster: cluster.clone(),
+                preemptions: 0,
             });
         }
     }
@@ -451,6 +457,7 @@ pub(crate) fn queued_core(
             queued_at: now,
             deadline: Some(now + chrono::Duration::seconds(7200)),
             cluster,
+            preemptions: 0,
         });
     }
     core
@@ -481,6 +488,7 @@ fn queue_pages(n: usize) -> Result<(), CliError> {
             queued_at: now,
             deadline: Some(now + chrono::Duration::seconds(7200)),
             cluster: cluster_of(&policy, i, 7200)?,
+            preemptions: 0,
         });
     }
     core.pass(now);

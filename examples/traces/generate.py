@@ -26,6 +26,17 @@ adds, in us-central1 (64 L4, 16 A100-40 and 16 A100-80 GPUs):
   the config's default allocation timeout;
 - nlp: a 5-GPU A100-80 batch every 3 hours, about an hour each.
 
+With --urgent, the week trace plus on-call work that cannot wait
+(docs/simulate.md, "preemption"):
+
+    python3 examples/traces/generate.py --seed 1 --days 7 --urgent > examples/traces/urgent.csv
+
+adds, in europe-west4:
+
+- oncall: a 6-GPU batch (a driver and five executors) about every 4 hours,
+  30 to 45 minutes each, label flexq-priority 10, a 10-minute allocation
+  timeout.
+
 The same seed writes the same file (Python's random.Random is
 deterministic for a seed).
 """
@@ -43,6 +54,8 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--mixed", action="store_true",
                         help="add us-central1's teams on several GPU types")
+    parser.add_argument("--urgent", action="store_true",
+                        help="add europe-west4's on-call team, priority 10")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     rows = []
@@ -79,6 +92,11 @@ def main() -> None:
         for t in range(1800, span, 3 * 3600):
             rows.append((t + rng.randint(0, 600), "nlp", rng.randint(50, 70) * 60,
                          "3600s", 4, "", "us-central1", "a100-80"))
+    if args.urgent:
+        # oncall: urgent 6-GPU batches, about every 4 hours.
+        for t in range(2 * 3600, span, 4 * 3600):
+            rows.append((t + rng.randint(0, 3600), "oncall", rng.randint(30, 45) * 60,
+                         "600s", 5, 10, "europe-west4", ""))
     rows.sort()
     out = sys.stdout
     # The week trace keeps its seven columns; --mixed adds accelerator.

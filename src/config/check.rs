@@ -11,6 +11,22 @@ use super::{
 use crate::spec::RuntimeVersion;
 
 impl Config {
+    /// What `flexq serve` cannot carry out yet, though `flexq simulate`
+    /// can: preemption (the engine does not stop running clusters yet).
+    pub fn check_served(&self) -> Result<(), ConfigError> {
+        match self
+            .regions
+            .iter()
+            .find(|(_, r)| r.preemption.as_ref().is_some_and(|p| p.enabled))
+        {
+            Some((name, _)) => Err(invalid(
+                format!("regions.{name}.preemption.enabled"),
+                "true, but the server does not carry out preemption yet: try the policy with flexq simulate, and set enabled = false (or leave [regions.NAME.preemption] out) to serve",
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The checks serde cannot express: relations between keys and ranges.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         match (&self.server.tls_cert, &self.server.tls_key) {
@@ -241,6 +257,9 @@ impl Config {
                     "declare at least one zone",
                 ));
             }
+            if let Some(p) = &region.preemption {
+                check_preemption(&format!("regions.{name}.preemption"), p)?;
+            }
             for (zone, z) in &region.zones {
                 if !crate::spec::is_resource_id(zone) {
                     return Err(invalid(
@@ -393,4 +412,42 @@ pub(super) fn invalid(key: impl Into<String>, message: impl Into<String>) -> Con
         key: key.into(),
         message: message.into(),
     }
+}
+
+/// The longest `min_runtime` and `grace` of a preemption policy.
+const MAX_PREEMPTION_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A region's preemption policy: its ranges, and a way to preempt when on.
+fn check_preemption(key: &str, p: &super::PreemptionConfig) -> Result<(), ConfigError> {
+    if p.enabled && !p.by_priority && !p.by_fair_share {
+        return Err(invalid(
+            format!("{key}.enabled"),
+            "true with neither by_priority nor by_fair_share: nothing could preempt; turn one on or set enabled = false",
+        ));
+    }
+    let m = p.fair_share_margin;
+    if !m.is_finite() || !(1.0..=100.0).contains(&m) {
+        return Err(invalid(
+            format!("{key}.fair_share_margin"),
+            format!("{m} is out of range: a number from 1 to 100, like 2"),
+        ));
+    }
+    if !(1..=100).contains(&p.max_preemptions) {
+        return Err(invalid(
+            format!("{key}.max_preemptions"),
+            format!("{} is out of range: from 1 to 100", p.max_preemptions),
+        ));
+    }
+    for (name, d) in [("min_runtime", p.min_runtime), ("grace", p.grace)] {
+        if d > MAX_PREEMPTION_DURATION {
+            return Err(invalid(
+                format!("{key}.{name}"),
+                format!(
+                    "{} is out of range: from 0s to 7d, like \"15m\"",
+                    humantime::format_duration(d)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -3,7 +3,11 @@
 //! config; it converts into their types here, once per load.
 
 use super::{Config, PoolConfig, QueueOrder};
-use crate::scheduler::{FairSharePolicy, Layout, NodeId, NodeSpec, Order, PoolDecl};
+use std::collections::HashMap;
+
+use crate::scheduler::{
+    FairSharePolicy, Layout, NodeId, NodeSpec, Order, PoolDecl, PreemptionPolicy,
+};
 use crate::spec::Policy;
 
 impl Config {
@@ -36,6 +40,11 @@ impl Config {
                 .alternatives
                 .iter()
                 .filter_map(|l| l.ladder().ok())
+                .collect(),
+            preemption_opt_out: self
+                .preemption()
+                .into_iter()
+                .map(|(region, p)| (region, p.allow_opt_out))
                 .collect(),
         }
     }
@@ -71,7 +80,30 @@ impl Config {
             virtual_nodes: self.virtual_nodes(),
             rules: self.quotas.clone(),
             fair: self.fair_share(),
+            preemption: self.preemption(),
         }
+    }
+
+    /// The regions where preemption is on, and how.
+    pub fn preemption(&self) -> HashMap<String, PreemptionPolicy> {
+        self.regions
+            .iter()
+            .filter_map(|(name, r)| {
+                let p = r.preemption.as_ref().filter(|p| p.enabled)?;
+                Some((
+                    name.clone(),
+                    PreemptionPolicy {
+                        by_priority: p.by_priority,
+                        by_fair_share: p.by_fair_share,
+                        fair_share_margin: p.fair_share_margin,
+                        min_runtime: p.min_runtime,
+                        max_preemptions: p.max_preemptions,
+                        grace: p.grace,
+                        allow_opt_out: p.allow_opt_out,
+                    },
+                ))
+            })
+            .collect()
     }
 
     /// Every configured pool: (region, zone, pool name, pool).

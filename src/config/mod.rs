@@ -354,6 +354,51 @@ pub struct RuntimeEntry {
 #[serde(deny_unknown_fields)]
 pub struct RegionConfig {
     pub zones: BTreeMap<String, ZoneConfig>,
+    /// Whether and how a blocked batch may stop running clusters
+    /// (docs/rules.md#preemption). Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionConfig>,
+}
+
+/// `[regions.NAME.preemption]`: every key has its default, and the region
+/// preempts only once `enabled` is true.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PreemptionConfig {
+    pub enabled: bool,
+    /// A batch of strictly higher `flexq-priority` may preempt.
+    pub by_priority: bool,
+    /// A project under its fair share may reclaim from one over it.
+    pub by_fair_share: bool,
+    /// How far over: the preemptor's usage ÷ weight times this must be
+    /// below the victim's.
+    pub fair_share_margin: f64,
+    /// A cluster that has run less than this is never a victim.
+    #[serde(with = "humantime_serde")]
+    pub min_runtime: Duration,
+    /// After this many preemptions a batch is never a victim again.
+    pub max_preemptions: u32,
+    /// How long a victim has to stop cleanly before it is killed.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// Whether a batch may declare itself not preemptible
+    /// (`spark.flexq.preemptible=false`).
+    pub allow_opt_out: bool,
+}
+
+impl Default for PreemptionConfig {
+    fn default() -> PreemptionConfig {
+        PreemptionConfig {
+            enabled: false,
+            by_priority: true,
+            by_fair_share: false,
+            fair_share_margin: 2.0,
+            min_runtime: Duration::from_secs(15 * 60),
+            max_preemptions: 2,
+            grace: Duration::from_secs(60),
+            allow_opt_out: true,
+        }
+    }
 }
 
 impl RegionConfig {

@@ -186,7 +186,10 @@ fn fair_share_keys_that_make_no_sense_are_named() {
     assert_eq!(policy.half_life, Duration::from_secs(7 * 86400));
     assert_eq!(policy.weight("a"), 2.5);
     assert_eq!(policy.weight("b"), 1.0);
-    assert_eq!(policy.gpu_weight(Some(crate::spec::Accelerator::A100_80)), 4.0);
+    assert_eq!(
+        policy.gpu_weight(Some(crate::spec::Accelerator::A100_80)),
+        4.0
+    );
     assert_eq!(policy.gpu_weight(Some(crate::spec::Accelerator::L4)), 1.0);
     assert_eq!(policy.gpu_weight(None), 1.0);
 }
@@ -287,4 +290,63 @@ fn principals_are_checked_and_no_tokens_means_loopback_only() {
             "{text}"
         );
     }
+}
+
+#[test]
+fn a_preemption_policy_is_checked_and_the_server_refuses_to_turn_it_on() {
+    for (toml, key, says) in [
+        (
+            "[regions.us-central1.preemption]\nenabled = true\nby_priority = false\n",
+            "regions.us-central1.preemption.enabled",
+            "neither by_priority nor by_fair_share",
+        ),
+        (
+            "[regions.us-central1.preemption]\nfair_share_margin = 0.5\n",
+            "regions.us-central1.preemption.fair_share_margin",
+            "from 1 to 100",
+        ),
+        (
+            "[regions.us-central1.preemption]\nmax_preemptions = 0\n",
+            "regions.us-central1.preemption.max_preemptions",
+            "from 1 to 100",
+        ),
+        (
+            "[regions.us-central1.preemption]\ngrace = \"30d\"\n",
+            "regions.us-central1.preemption.grace",
+            "from 0s to 7d",
+        ),
+        (
+            "[regions.us-central1.preemption]\nenable = true\n",
+            "enable",
+            "unknown field",
+        ),
+    ] {
+        let err = Config::with_overlay(toml).expect_err(toml).to_string();
+        assert!(err.contains(key) && err.contains(says), "{toml}: {err}");
+    }
+    // Valid, and what the core and the rules see of it.
+    let on = Config::with_overlay(
+        "[regions.us-central1.preemption]\nenabled = true\nallow_opt_out = false\nmin_runtime = \"5m\"\n",
+    )
+    .expect("valid");
+    let policies = on.preemption();
+    let p = policies.get("us-central1").expect("on in us-central1");
+    assert_eq!(p.min_runtime, Duration::from_secs(300));
+    assert!(p.by_priority && !p.by_fair_share && !p.allow_opt_out);
+    assert_eq!(policies.len(), 1);
+    assert_eq!(
+        on.policy().preemption_opt_out.get("us-central1"),
+        Some(&false)
+    );
+    // The server does not carry it out yet: it says so, naming the key.
+    let err = on.check_served().expect_err("refused").to_string();
+    assert!(
+        err.contains("regions.us-central1.preemption.enabled"),
+        "{err}"
+    );
+    // Present but off: nothing preempts, and the server serves it.
+    let off = Config::with_overlay("[regions.us-central1.preemption]\nmin_runtime = \"5m\"\n")
+        .expect("valid");
+    assert!(off.preemption().is_empty());
+    off.check_served().expect("served");
 }

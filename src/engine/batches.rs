@@ -95,6 +95,7 @@ impl Engine {
                     queued_at: now,
                     deadline: None,
                     cluster: cluster.clone(),
+                    preemptions: 0,
                 };
                 let (own_start, rung_starts) = core.probe_starts(&probe, now);
                 let rungs: Vec<_> = cluster
@@ -187,6 +188,7 @@ impl Engine {
                             queued_at: r.create_time,
                             deadline: r.deadline,
                             cluster: r.cluster.clone(),
+                            preemptions: 0,
                         })
                         .await;
                 }

@@ -113,6 +113,11 @@ impl Engine {
                 for (d, ok) in decisions.iter().zip(applied) {
                     if ok {
                         log_decision(d, now, &requeued);
+                    } else if let Decision::Preempt(p) = d {
+                        // Not written: nothing stops, and the preemptor
+                        // waits in the queue as before.
+                        tracing::info!(batch.id = %p.preemptor_id, "preemption not carried out");
+                        core.withdraw_preemption(p.preemptor);
                     } else if let Decision::LoseNode { node, .. } = d {
                         // The node registered again (on another replica)
                         // before this commit: it is not lost, and the
@@ -237,6 +242,10 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
             tracing::info!(batch.id = %batch_id, batch.seq = key.0, message = %message, "batch rejected (default mode, no room)");
             crate::metrics::record_rejected(reason.label(), true);
             crate::metrics::record_ended(*reason);
+        }
+        Decision::Preempt(p) => {
+            let victims: Vec<&str> = p.victims.iter().map(|v| v.batch_id.as_str()).collect();
+            tracing::info!(batch.id = %p.preemptor_id, batch.seq = p.preemptor.0, project = %p.project, region = %p.region, zone = %p.zone, victims = ?victims, gpus = p.gpus(), "batch preempts");
         }
         Decision::LoseNode {
             node,

@@ -267,12 +267,24 @@ mod tests {
             part("a", 2, 0, Some(3600)),
             typed("a", Accelerator::A100_40, 2, 0, Some(3600)),
         ];
-        let weight = |a: Option<Accelerator>| if a == Some(Accelerator::A100_40) { 3.0 } else { 1.0 };
+        let weight = |a: Option<Accelerator>| {
+            if a == Some(Accelerator::A100_40) {
+                3.0
+            } else {
+                1.0
+            }
+        };
         let r = report("r", (&held, &[]), weight, (at(0), at(3600)), at(3600));
         let by_type: Vec<(&str, f64, f64)> = r
             .rows
             .iter()
-            .map(|row| (row.accelerator_type.as_str(), row.gpu_hours, row.weighted_gpu_hours))
+            .map(|row| {
+                (
+                    row.accelerator_type.as_str(),
+                    row.gpu_hours,
+                    row.weighted_gpu_hours,
+                )
+            })
             .collect();
         assert_eq!(by_type, [("a100-40", 2.0, 6.0), ("l4", 2.0, 2.0)]);
         assert_eq!((r.total.gpu_hours, r.total.weighted_gpu_hours), (4.0, 8.0));

@@ -328,6 +328,42 @@ impl Capacity {
         true
     }
 
+    /// Takes, of each of `planned`, what is free now (the GPUs among its
+    /// addresses that are free, and up to its cores, memory and SSD), and
+    /// answers what it took: a preemptor's claim sets aside the free part
+    /// of its plan while its victims stop (`preempt.rs`).
+    pub(super) fn take_free(&mut self, planned: &[Placement]) -> Vec<Placement> {
+        let mut taken = Vec::new();
+        for p in planned {
+            let Some(n) = self.nodes.get_mut(&p.node) else {
+                continue;
+            };
+            let mut gpus = Vec::new();
+            for g in &p.gpus {
+                if let Some(i) = n.spec.gpu_addresses.iter().position(|a| a == g) {
+                    if n.gpu_free[i] {
+                        n.gpu_free[i] = false;
+                        gpus.push(g.clone());
+                    }
+                }
+            }
+            let part = Placement {
+                node: p.node.clone(),
+                role: p.role,
+                gpus,
+                cores: p.cores.min(n.free_cores),
+                memory_mb: p.memory_mb.min(n.free_memory_mb),
+                local_ssd_gb: p.local_ssd_gb.min(n.free_ssd_gb),
+                accelerator: p.accelerator,
+            };
+            n.free_cores -= part.cores;
+            n.free_memory_mb -= part.memory_mb;
+            n.free_ssd_gb -= part.local_ssd_gb;
+            taken.push(part);
+        }
+        taken
+    }
+
     /// Gives back what `placements` took (nodes that left are skipped).
     pub(super) fn give_back(&mut self, placements: &[Placement]) {
         for p in placements {

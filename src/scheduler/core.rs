@@ -17,6 +17,7 @@ use super::capacity::{Capacity, Node, NodeId};
 use super::fairshare::{FairShare, FairSharePolicy, share_key};
 use super::lease::Leases;
 use super::model::{Allocation, BatchKey, Cordon, PendingBatch, PoolDecl, RegionHolds, ShapeKey};
+use super::preempt::{Claim, PreemptionPolicy};
 use super::quota::{Ledger, QuotaRule};
 use crate::spec::{Accelerator, ClusterRequest};
 
@@ -76,6 +77,15 @@ pub struct Scheduler {
     /// The queued batches counted as a scrape reports them
     /// (`tally.rs`), kept as they come and go.
     pub(super) tally: super::tally::QueuedTally,
+    /// The regions where preemption is on, and how (`preempt.rs`).
+    pub(super) preemption: HashMap<String, PreemptionPolicy>,
+    /// Per preemptor: what it waits for and what is set aside for it.
+    pub(super) claims: HashMap<BatchKey, Claim>,
+    /// Per victim still stopping: its preemptor.
+    pub(super) stopping: HashMap<BatchKey, BatchKey>,
+    /// When a region is looked at again because a cluster there becomes
+    /// old enough to give way to a blocked batch.
+    pub(super) preempt_retry: BTreeSet<(DateTime<Utc>, String)>,
 }
 
 /// Queued batches of one shape in a region: how many, and how many of each
@@ -112,6 +122,15 @@ impl Scheduler {
             for a in self.running.values() {
                 self.fair.hold(&a.region, &a.project, &a.placements);
             }
+        }
+    }
+
+    /// Where preemption is on, and how: the regions of `policies` (a
+    /// region left out never preempts again; what is stopping goes on).
+    pub fn set_preemption(&mut self, policies: HashMap<String, PreemptionPolicy>) {
+        if self.preemption != policies {
+            self.dirty.extend(self.queues.keys().cloned());
+            self.preemption = policies;
         }
     }
 
@@ -169,6 +188,7 @@ impl Scheduler {
             self.deadlines.first().map(|(d, _)| *d),
             self.leases.next_expiry(),
             self.ripening.first().map(|(t, _, _)| *t),
+            self.preempt_retry.first().map(|(t, _)| *t),
         ]
         .into_iter()
         .flatten()

@@ -138,10 +138,15 @@ impl Scheduler {
                 self.deadlines.remove(&(d, key));
             }
             self.drop_rungs(&b);
+            // A preemptor that leaves gives back what was set aside.
+            self.drop_claim(key);
         }
         let a = self.running.remove(&key)?;
         self.dirty.insert(a.region.clone());
-        self.capacity.give_back(&a.placements);
+        // A preempted cluster's capacity goes to its preemptor.
+        if !self.bank_victim(&a) {
+            self.capacity.give_back(&a.placements);
+        }
         if a.placements.iter().any(|p| self.retired.contains(&p.node)) {
             // A retired node may now be empty: a virtual one leaves.
             self.settle();

@@ -370,7 +370,13 @@ mod tests {
         assert_eq!(f.standing("r", "l4s", t(0)).usage, 4.0);
         // Given back after a long time: the history keeps the weight, and
         // nothing stays held.
-        f.release("r", "a100s", &gpus(4, Accelerator::A100_40), t(0), t(100 * 3600));
+        f.release(
+            "r",
+            "a100s",
+            &gpus(4, Accelerator::A100_40),
+            t(0),
+            t(100 * 3600),
+        );
         let after = f.standing("r", "a100s", t(100 * 3600)).usage;
         assert!((after - 12.0).abs() < 1e-6, "{after}");
         let later = f.standing("r", "a100s", t(101 * 3600)).usage;

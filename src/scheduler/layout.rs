@@ -20,6 +20,7 @@ use super::core::Scheduler;
 use super::declared::{Declared, declared_of};
 use super::fairshare::FairSharePolicy;
 use super::model::PoolDecl;
+use super::preempt::PreemptionPolicy;
 use super::quota::QuotaRule;
 
 /// (region, zone, pool).
@@ -32,6 +33,8 @@ pub struct Layout {
     pub virtual_nodes: Vec<NodeSpec>,
     pub rules: Vec<QuotaRule>,
     pub fair: FairSharePolicy,
+    /// The regions where preemption is on, and how.
+    pub preemption: HashMap<String, PreemptionPolicy>,
 }
 
 /// What settling the nodes against the layout changed.
@@ -73,6 +76,7 @@ impl Scheduler {
         self.declared = declared_of(&layout.pools);
         self.ledger.set_rules(layout.rules);
         self.set_fair_share(layout.fair);
+        self.set_preemption(layout.preemption);
         self.layout = Some(Declared {
             slots: layout
                 .pools

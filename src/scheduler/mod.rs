@@ -21,6 +21,7 @@ pub mod lifecycle;
 mod model;
 mod pass;
 mod pending;
+mod preempt;
 mod quota;
 mod rungs;
 mod snapshot;
@@ -38,6 +39,7 @@ pub use model::{
     accelerator_label, shape_text,
 };
 pub use pending::{Blocker, ESTIMATE_DEPTH, PendingInfo, Verdict};
+pub use preempt::{Cause, Preemption, PreemptionPolicy, Victim};
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;
 pub use views::CapacityRow;

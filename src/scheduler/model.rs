@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 use super::capacity::{NodeId, NodeSpec, PartNeed, Placement};
+use super::preempt::Preemption;
 use crate::api::EndReason;
 use crate::spec::{ClusterRequest, PartRole, QuotaAmount};
 
@@ -30,6 +31,9 @@ pub struct PendingBatch {
     /// Queue mode: queue time + allocation timeout. None: default mode.
     pub deadline: Option<DateTime<Utc>>,
     pub cluster: ClusterRequest,
+    /// How many times it was preempted (a victim no more once the
+    /// region's `max_preemptions`).
+    pub preemptions: u32,
 }
 
 /// A cluster holding capacity and quota.
@@ -52,6 +56,12 @@ pub struct Allocation {
     /// On a placement alternative: which, and why; None on its own
     /// placement.
     pub rung: Option<OnRung>,
+    /// What preemption looks at: the batch's `flexq-priority`, whether it
+    /// may be preempted (`spark.flexq.preemptible`) and how many times it
+    /// was.
+    pub priority: i32,
+    pub preemptible: bool,
+    pub preemptions: u32,
 }
 
 /// A cluster allocated on a placement alternative ("rung").
@@ -121,6 +131,9 @@ pub enum Decision {
         /// The clusters given back, for usage counts.
         released: Vec<Allocation>,
     },
+    /// Running clusters stop so that a batch blocked by capacity starts:
+    /// once every victim is gone, an `Allocate` of the preemptor follows.
+    Preempt(Preemption),
 }
 
 impl Decision {
@@ -128,6 +141,7 @@ impl Decision {
         match self {
             Decision::Allocate(a) => a.key,
             Decision::Expire { key, .. } | Decision::Reject { key, .. } => *key,
+            Decision::Preempt(p) => p.preemptor,
             // Not about one batch; never void.
             Decision::LoseNode { .. } => BatchKey(0),
         }

@@ -48,6 +48,8 @@ struct Walk {
     /// Rungs found to fit the free capacity once every own shape was
     /// exhausted: valid until the next allocation takes capacity.
     rung_fits: RungSet,
+    /// A preemption was decided in this walk (one a region a pass).
+    preempted: bool,
 }
 
 /// A set of rung options (a region and a shape), looked up without
@@ -168,6 +170,14 @@ impl Scheduler {
         }
         self.fair.prune(now);
         self.ripen(now);
+        while let Some((at, _)) = self.preempt_retry.first() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, region)) = self.preempt_retry.pop_first() {
+                self.dirty.insert(region);
+            }
+        }
         let regions = self.regions_to_scan();
         for region in regions {
             self.admit_region(&region, now, &mut decisions);
@@ -176,12 +186,43 @@ impl Scheduler {
     }
 
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        self.settle_claims(region, now, out);
         if self.holds.get(region).is_some_and(|h| h.all.is_some()) {
             return;
         }
         match self.fair.order() {
             Order::Strict => self.admit_strict(region, now, out),
             Order::FairShare => self.admit_fair(region, now, out),
+        }
+    }
+
+    /// The preemptors of `region` whose victims are all gone are allocated
+    /// on their plans, from what was set aside for them (a preemption
+    /// decided goes through even if a queue was held since). One whose
+    /// plan no longer fits (a node left) or whose project no longer has
+    /// the quota waits in the queue as any other; what was set aside
+    /// returns to the capacity.
+    fn settle_claims(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        for (key, claim) in self.ready_claims(region) {
+            self.capacity.give_back(&claim.banked);
+            let Some(batch) = self.pending.get(&key).map(|b| (**b).clone()) else {
+                continue;
+            };
+            let zone = claim
+                .plan
+                .first()
+                .and_then(|p| self.capacity.nodes.get(&p.node))
+                .map(|n| n.spec.zone.clone());
+            let quota_free = self
+                .ledger
+                .shortfall(&batch.project, region, &batch.cluster.quota)
+                .is_none();
+            if let Some(zone) = zone.filter(|_| quota_free) {
+                if self.capacity.take(&claim.plan) {
+                    let own = (region, &batch.cluster);
+                    out.push(self.grant(&batch, own, (zone, claim.plan), None, now));
+                }
+            }
         }
     }
 
@@ -340,8 +381,9 @@ impl Scheduler {
         let Some(batch) = self.pending.get(&key) else {
             return Considered::Passed;
         };
-        // A held queue's batches wait, reserving nothing.
-        if self.hold_of(region, &batch.project).is_some() {
+        // A held queue's batches wait, reserving nothing; a preemptor
+        // waits for its victims, on what is set aside for it.
+        if self.hold_of(region, &batch.project).is_some() || self.claims.contains_key(&key) {
             return Considered::Passed;
         }
         let default_mode = batch.cluster.mode == ProvisioningMode::Default;
@@ -443,6 +485,26 @@ impl Scheduler {
                 } else {
                     if self.try_rungs(key, region, now, walk, out) == Considered::Allocated {
                         return Considered::Allocated;
+                    }
+                    if walk.reservation.is_none() && !walk.preempted {
+                        // The first batch capacity blocks may preempt.
+                        let planned = self
+                            .pending
+                            .get(&key)
+                            .and_then(|b| self.plan_preemption(b, now));
+                        if let Some((preemption, plan)) = planned {
+                            walk.preempted = true;
+                            walk.capacity_taken();
+                            self.preempt(preemption, plan, out);
+                            return Considered::Passed;
+                        }
+                        let matures = self
+                            .pending
+                            .get(&key)
+                            .and_then(|b| self.next_victim_matures(b, now));
+                        if let Some(at) = matures {
+                            self.preempt_retry.insert((at, region.to_string()));
+                        }
                     }
                     if walk.reservation.is_none() {
                         walk.reservation = self.pending.get(&key).map(|b| Reservation {
@@ -570,6 +632,9 @@ impl Scheduler {
         self.forget(batch.key, now);
         self.ledger.charge(&batch.project, region, &cluster.quota);
         let alloc = Allocation {
+            priority: batch.priority,
+            preemptible: batch.cluster.preemptible,
+            preemptions: batch.preemptions,
             key: batch.key,
             batch_id: batch.batch_id.clone(),
             project: batch.project.clone(),

@@ -542,6 +542,7 @@ impl Scheduler {
             queued_at: DateTime::<Utc>::MIN_UTC,
             deadline: None,
             cluster: cluster.clone(),
+            preemptions: 0,
         };
         let blockers = self.blockers(&probe);
         let queued_ahead = self.queues.get(region).is_some_and(|q| !q.is_empty());

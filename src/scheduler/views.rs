@@ -135,8 +135,15 @@ impl Scheduler {
             ));
         }
         let mut used: HashMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = HashMap::new();
-        for a in self.running.values() {
-            for p in &a.placements {
+        // What running clusters hold, and what is set aside for
+        // preemptors: never a GPU twice, even in passing.
+        let held = self
+            .running
+            .values()
+            .map(|a| &a.placements)
+            .chain(self.claims.values().map(|c| &c.banked));
+        for placements in held {
+            for p in placements {
                 let e = used.entry(&p.node).or_default();
                 e.0 += p.cores;
                 e.1 += p.memory_mb;
@@ -170,6 +177,21 @@ impl Scheduler {
         for ((p, r, m), u) in usage {
             if self.ledger.usage(p, r, m) != u {
                 return Err(format!("quota usage of {p}/{r}/{m} is off"));
+            }
+        }
+        // A preemptor waits in the queue; its victims still stopping run,
+        // each for one preemptor that counts it.
+        for (key, claim) in &self.claims {
+            if !self.pending.contains_key(key) {
+                return Err(format!("preemptor {} is not queued", key.0));
+            }
+            for v in &claim.waiting {
+                if !self.running.contains_key(v) || self.stopping.get(v) != Some(key) {
+                    return Err(format!(
+                        "victim {} of {} is not stopping for it",
+                        v.0, key.0
+                    ));
+                }
             }
         }
         Ok(())

@@ -7,6 +7,9 @@
 //! least its `virtual_nodes`); quotas and the queue order are the config's.
 //! A batch runs for its trace `run_s`, cut at its ttl. Batches submitted at
 //! the same instant go in trace order, or in an order shuffled by `seed`.
+//! Where the config turns preemption on, a victim stops at the end of its
+//! grace, goes back to the queue at its place (its work lost) and runs
+//! again from the start once allocated.
 
 mod report;
 pub mod trace;
@@ -56,6 +59,7 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
     let policy = config.policy();
     let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
     core.set_fair_share(config.fair_share());
+    core.set_preemption(config.preemption());
     for node in declared_nodes(config) {
         core.add_node(node);
     }
@@ -79,15 +83,23 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
         }
     }
 
-    // Each queued batch's project and run time.
+    // Each queued batch's project and run time; each submitted batch as
+    // submitted (a preempted one is queued again from it).
     let mut queued: HashMap<BatchKey, (String, f64)> = HashMap::new();
-    let mut ends: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey)>> = BinaryHeap::new();
+    let mut submitted: HashMap<BatchKey, (PendingBatch, f64)> = HashMap::new();
+    // Clusters' ends by (time, batch, its allocation's number): a
+    // preempted batch's first end no longer applies once it runs again.
+    let mut ends: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey, u32)>> = BinaryHeap::new();
+    let mut runs: HashMap<BatchKey, u32> = HashMap::new();
+    // Preempted clusters stop when their grace ends.
+    let mut stops: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey)>> = BinaryHeap::new();
     let mut next = 0;
     let mut last = epoch();
     loop {
         let submit = order.get(next).map(|i| at(trace[*i].submit_s));
-        let end = ends.peek().map(|Reverse((t, _))| *t);
-        let Some(now) = [submit, end, core.next_deadline()]
+        let end = ends.peek().map(|Reverse((t, _, _))| *t);
+        let stop = stops.peek().map(|Reverse((t, _))| *t);
+        let Some(now) = [submit, end, stop, core.next_deadline()]
             .into_iter()
             .flatten()
             .min()
@@ -95,13 +107,35 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
             break;
         };
         last = last.max(now);
-        while let Some(Reverse((t, key))) = ends.peek().copied() {
+        while let Some(Reverse((t, key, run))) = ends.peek().copied() {
             if t > now {
                 break;
             }
             ends.pop();
+            if runs.get(&key) != Some(&run) {
+                continue;
+            }
             if let Some(a) = core.forget(key, t) {
                 report.ended(&a, t);
+            }
+        }
+        while let Some(Reverse((t, key))) = stops.peek().copied() {
+            if t > now {
+                break;
+            }
+            stops.pop();
+            // Gone (its work lost), and queued again at its place.
+            let Some(a) = core.forget(key, t) else {
+                continue;
+            };
+            report.ended(&a, t);
+            report.preempted(&a, t);
+            runs.remove(&key);
+            if let Some((batch, run_s)) = submitted.get_mut(&key) {
+                batch.preemptions += 1;
+                batch.deadline = batch.cluster.deadline(t);
+                queued.insert(key, (batch.project.clone(), *run_s));
+                core.submit(batch.clone());
             }
         }
         while let Some(&i) = order.get(next) {
@@ -130,8 +164,9 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
             let deadline = cluster.deadline(now);
             let priority = spec::priority(&tb.batch.labels);
             let ttl = cluster.ttl_s.map_or(f64::INFINITY, |t| t as f64);
-            queued.insert(key, (tb.project.clone(), tb.run_s.min(ttl)));
-            core.submit(PendingBatch {
+            let run_s = tb.run_s.min(ttl);
+            queued.insert(key, (tb.project.clone(), run_s));
+            let batch = PendingBatch {
                 key,
                 batch_id: format!("line-{}", tb.line),
                 project: tb.project.clone(),
@@ -140,15 +175,32 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
                 queued_at: now,
                 deadline,
                 cluster,
-            });
+                preemptions: 0,
+            };
+            if config
+                .regions
+                .get(&tb.region)
+                .is_some_and(|r| r.preemption.is_some())
+            {
+                submitted.insert(key, (batch.clone(), run_s));
+            }
+            core.submit(batch);
         }
         for d in core.pass(now) {
             match d {
                 Decision::Allocate(a) => {
                     let ran = queued.remove(&a.key).map_or(0.0, |q| q.1);
                     let end = now + Duration::milliseconds((ran * 1000.0).round() as i64);
-                    ends.push(Reverse((end, a.key)));
+                    let run = runs.entry(a.key).or_default();
+                    *run += 1;
+                    ends.push(Reverse((end, a.key, *run)));
                     report.allocated(&a);
+                }
+                Decision::Preempt(p) => {
+                    let grace = Duration::from_std(p.grace).unwrap_or_default();
+                    for v in &p.victims {
+                        stops.push(Reverse((now + grace, v.key)));
+                    }
                 }
                 Decision::Expire { key, .. } => {
                     if let Some((project, _)) = queued.remove(&key) {

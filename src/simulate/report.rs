@@ -48,6 +48,10 @@ pub struct ProjectStats {
     pub refused: u64,
     /// Default mode, no room at once.
     pub rejected: u64,
+    /// Times its clusters were preempted, and the GPU-hours of work they
+    /// had done (lost: a preempted batch runs again from the start).
+    pub preempted: u64,
+    pub lost_gpu_hours: f64,
     pub wait_p50_s: Option<f64>,
     pub wait_p95_s: Option<f64>,
     pub wait_p99_s: Option<f64>,
@@ -114,6 +118,13 @@ impl Report {
             .push(waited);
     }
 
+    /// `a` was preempted and stopped at `at`: its work is lost.
+    pub(super) fn preempted(&mut self, a: &Allocation, at: DateTime<Utc>) {
+        let p = self.project(&a.project);
+        p.preempted += 1;
+        p.lost_gpu_hours += a.gpu_seconds(at) / 3600.0;
+    }
+
     pub(super) fn ended(&mut self, a: &Allocation, at: DateTime<Utc>) {
         let hours = a.gpu_seconds(at) / 3600.0;
         self.project(&a.project).gpu_hours += hours;
@@ -145,6 +156,8 @@ impl Report {
             total.expired += p.expired;
             total.refused += p.refused;
             total.rejected += p.rejected;
+            total.preempted += p.preempted;
+            total.lost_gpu_hours += p.lost_gpu_hours;
             total.gpu_hours += p.gpu_hours;
         }
         all_waits.sort_by(f64::total_cmp);
@@ -169,12 +182,14 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>10} {:>7} {:>7}",
+            "{:<20} {:>6} {:>8} {:>9} {:>7} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>10} {:>7} {:>7}",
             "PROJECT",
             "WEIGHT",
             "BATCHES",
             "ALLOCATED",
             "ON_ALT",
+            "PREEMPTED",
+            "LOST_GPUH",
             "EXPIRED",
             "REFUSED",
             "WAIT_P50",
@@ -193,12 +208,14 @@ impl Report {
         for (name, p) in rows {
             let _ = writeln!(
                 out,
-                "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8.1} {:>10.1} {:>7.1} {:>7.1}",
+                "{:<20} {:>6} {:>8} {:>9} {:>7} {:>9} {:>9.1} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8.1} {:>10.1} {:>7.1} {:>7.1}",
                 name,
                 trim(p.weight),
                 p.submitted,
                 p.allocated,
                 p.on_alternatives,
+                p.preempted,
+                p.lost_gpu_hours,
                 p.expired,
                 p.refused + p.rejected,
                 wait(p.wait_p50_s),
@@ -253,7 +270,7 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
     );
     let _ = writeln!(
         out,
-        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6}",
+        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6}",
         "PROJECT",
         "P50_A",
         "P50_B",
@@ -266,7 +283,9 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
         "SHR%_A",
         "SHR%_B",
         "ALT_A",
-        "ALT_B"
+        "ALT_B",
+        "PRE_A",
+        "PRE_B"
     );
     let mut names: Vec<&String> = a.projects.keys().chain(b.projects.keys()).collect();
     names.sort();
@@ -285,7 +304,7 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
     for (name, x, y) in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>8.1} {:>7.1} {:>7.1} {:>6} {:>6}",
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>8.1} {:>7.1} {:>7.1} {:>6} {:>6} {:>6} {:>6}",
             name,
             wait(x.wait_p50_s),
             wait(y.wait_p50_s),
@@ -298,7 +317,9 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
             x.gpu_share * 100.0,
             y.gpu_share * 100.0,
             x.on_alternatives,
-            y.on_alternatives
+            y.on_alternatives,
+            x.preempted,
+            y.preempted
         );
     }
     let _ = writeln!(out, "\n{:<24} {:>8} {:>8}", "ZONE", "UTIL%_A", "UTIL%_B");

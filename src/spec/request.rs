@@ -144,6 +144,18 @@ pub struct ClusterRequest {
     /// Fixed at create.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alternatives: Vec<super::alternatives::Rung>,
+    /// Whether its running cluster may be preempted (property
+    /// `spark.flexq.preemptible`; docs/rules.md#preemption).
+    #[serde(default = "preemptible_by_default", skip_serializing_if = "is_true")]
+    pub preemptible: bool,
+}
+
+fn preemptible_by_default() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl ClusterRequest {

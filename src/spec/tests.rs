@@ -728,3 +728,36 @@ fn a_create_s_identifiers_are_checked_with_its_batch_in_one_answer() {
         .expect_err("refused");
     assert_eq!(r.violations.len(), 1, "{r:?}");
 }
+
+#[test]
+fn a_batch_may_declare_itself_not_preemptible_where_the_region_allows_it() {
+    let key = "spark.flexq.preemptible";
+    let field = format!("runtime_config.properties[{key}]");
+    assert!(check(&flex(&[])).expect("valid").preemptible);
+    assert!(check(&flex(&[(key, "true")])).expect("valid").preemptible);
+    assert!(!check(&flex(&[(key, "false")])).expect("valid").preemptible);
+    rejected(
+        &flex(&[(key, "no")]),
+        &field,
+        "\"no\" is not a boolean; accepted: true or false",
+    );
+    // Where the region's preemption policy does not honour opt-outs.
+    let mut strict = config();
+    strict
+        .preemption_opt_out
+        .insert("us-central1".to_string(), false);
+    let r =
+        validate(&flex(&[(key, "false")]), "demo", "us-central1", &strict).expect_err("refused");
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.field == field && v.description.contains("allow_opt_out is false")),
+        "{r:?}"
+    );
+    // Elsewhere the same batch is accepted.
+    assert!(
+        !validate(&flex(&[(key, "false")]), "demo", "europe-west4", &strict)
+            .expect("valid")
+            .preemptible
+    );
+}

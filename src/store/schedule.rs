@@ -166,6 +166,7 @@ impl Store {
                     queued_at: from_micros(created),
                     deadline: deadline.map(from_micros),
                     cluster,
+                    preemptions: 0,
                 });
             }
         }
@@ -177,7 +178,7 @@ impl Store {
         let mut rows = sqlx::query(
             "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
              a.allocated_at, a.accelerator, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time, \
-             b.alternative \
+             b.alternative, b.priority \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is null order by a.batch_seq, a.id",
         )
@@ -239,6 +240,10 @@ impl Store {
                     queued_at: from_micros(row.try_get("create_time")?),
                     accelerator: crate::scheduler::accelerator_label(cluster),
                     rung: on_rung,
+                    priority: row.try_get::<i64, _>("priority")? as i32,
+                    preemptible: stored.preemptible,
+                    // The server does not preempt yet (`check_served`).
+                    preemptions: 0,
                 },
             );
         }
@@ -283,6 +288,10 @@ impl Store {
         let mut endings: Vec<(usize, i64, i64, &str, EndReason)> = Vec::new();
         for (i, d) in decisions.iter().enumerate() {
             match d {
+                // The server does not carry out preemption yet (its config
+                // check refuses a policy that turns it on): such a decision
+                // applies nothing, and the engine withdraws it.
+                Decision::Preempt(_) => {}
                 Decision::LoseNode {
                     node,
                     epoch,

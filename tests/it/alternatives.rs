@@ -82,8 +82,13 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
     // When each could start if queued now: on L4 only once the filling
     // batch's ttl ends (hours away); on its rung once its 1 s delay passes.
     let start = |x: &Value| {
-        let t = x["estimatedStartTime"].as_str().unwrap_or_else(|| panic!("no estimate: {v:#}"));
-        chrono::DateTime::parse_from_rfc3339(t).expect("RFC 3339").with_timezone(&chrono::Utc) - chrono::Utc::now()
+        let t = x["estimatedStartTime"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no estimate: {v:#}"));
+        chrono::DateTime::parse_from_rfc3339(t)
+            .expect("RFC 3339")
+            .with_timezone(&chrono::Utc)
+            - chrono::Utc::now()
     };
     assert_eq!(v["verdict"], "WOULD_QUEUE", "{v:#}");
     assert!(start(&v) > chrono::Duration::hours(1), "{v:#}");
@@ -246,9 +251,7 @@ async fn a_batch_on_a_rung_is_charged_what_it_holds_weighted_and_after_a_restart
     assert_eq!(usage(&s.scrape().await), Some(expected));
 
     // The usage report counts the rung's GPUs as A100-40s, weighted.
-    let report = s
-        .get("/v1/projects/demo/regions/us-central1/usage")
-        .await;
+    let report = s.get("/v1/projects/demo/regions/us-central1/usage").await;
     let a100 = report["rows"]
         .as_array()
         .expect("rows")
@@ -258,7 +261,10 @@ async fn a_batch_on_a_rung_is_charged_what_it_holds_weighted_and_after_a_restart
         .clone();
     let hours = a100["gpuHours"].as_f64().expect("gpuHours");
     let weighted = a100["weightedGpuHours"].as_f64().expect("weightedGpuHours");
-    assert!(hours > 0.0 && (weighted - 3.0 * hours).abs() < 1e-9, "{a100:#}");
+    assert!(
+        hours > 0.0 && (weighted - 3.0 * hours).abs() < 1e-9,
+        "{a100:#}"
+    );
 
     // After a restart the held clusters are read back with their GPU
     // types: the same charge.

@@ -35,6 +35,7 @@ pub(crate) async fn server(region: &str) -> TestServer {
                         node_pools: BTreeMap::from([("l4".to_string(), pool)]),
                     },
                 )]),
+                preemption: None,
             },
         );
     })

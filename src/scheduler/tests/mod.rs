@@ -1,5 +1,5 @@
 //! The core against its invariants: unit cases for each rule, by topic
-//! ([`allocation`], [`estimate`], [`holds`], [`reload`], [`rungs`],
+//! ([`allocation`], [`estimate`], [`holds`], [`preempt`], [`reload`], [`rungs`],
 //! [`views`]), on the
 //! fixtures here, and property tests over random event sequences in
 //! [`props`].
@@ -7,6 +7,8 @@
 mod allocation;
 mod estimate;
 mod holds;
+mod preempt;
+mod preempt_props;
 mod props;
 mod reload;
 mod rungs;
@@ -88,6 +90,7 @@ fn cluster(
                 amount: 375 * gpus,
             },
         ],
+        preemptible: true,
     }
 }
 
@@ -132,6 +135,7 @@ fn batch(key: i64, project: &str, c: ClusterRequest, at: DateTime<Utc>) -> Pendi
         deadline: (c.mode == ProvisioningMode::Queue)
             .then(|| at + Duration::seconds(c.allocation_timeout_s as i64)),
         cluster: c,
+        preemptions: 0,
     }
 }
 

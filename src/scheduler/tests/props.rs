@@ -117,6 +117,10 @@ impl Harness {
                         requeue.push(*key);
                     }
                 }
+                // This world has no preemption policy.
+                Decision::Preempt(p) => {
+                    prop_assert!(false, "preemption without a policy: {p:?}");
+                }
             }
         }
         self.m.check_after_pass(now)?;
@@ -188,6 +192,7 @@ impl Harness {
             queued_at: self.now,
             deadline: cluster.deadline(self.now),
             cluster,
+            preemptions: 0,
         };
         self.m.submit(b.clone());
         self.s.submit(b);

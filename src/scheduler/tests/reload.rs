@@ -16,6 +16,7 @@ fn layout(max: u32, virtual_nodes: u32, quota: u64, weights: &[(&str, f64)]) -> 
             weights: weights.iter().map(|(p, w)| (p.to_string(), *w)).collect(),
             ..FairSharePolicy::default()
         },
+        preemption: Default::default(),
     }
 }
 

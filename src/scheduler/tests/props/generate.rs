@@ -255,6 +255,7 @@ impl Submit {
             ttl_s: Some(self.ttl_s),
             infrastructure_retries: self.retries,
             alternatives: Vec::new(),
+            preemptible: true,
         };
         if mode == ProvisioningMode::Queue {
             let region = REGIONS[self.region];

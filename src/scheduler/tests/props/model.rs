@@ -137,6 +137,7 @@ impl Model {
                 .collect(),
             rules: self.rules.clone(),
             fair,
+            preemption: Default::default(),
         }
     }
 

@@ -1,0 +1,477 @@
+//! Preemption (docs/rules.md#preemption): the first batch of a region's
+//! order that capacity blocks may stop whole running clusters of lower
+//! priority, or of a project far over its fair share, when it then fits
+//! at once. The decision, its victims and the capacity set aside for it
+//! (its claim) are one [`Decision::Preempt`]; the victims stop (the
+//! engine tells their agents), each one's cluster is banked for the
+//! preemptor as it goes, and once every victim is gone the preemptor is
+//! allocated on what was set aside. Never two clusters on a GPU.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::capacity::{Placement, needs, plan_zone};
+use super::core::Scheduler;
+use super::model::{Allocation, BatchKey, Decision, PendingBatch};
+
+/// A region's preemption policy (`[regions.NAME.preemption]`); a region
+/// without one never preempts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreemptionPolicy {
+    /// A batch of strictly higher `flexq-priority` may preempt.
+    pub by_priority: bool,
+    /// A project under its fair share may reclaim from one over it.
+    pub by_fair_share: bool,
+    /// Fair share: the preemptor's usage ÷ weight times this must be below
+    /// the victim's (and stay at most the victim's after the preemption).
+    pub fair_share_margin: f64,
+    /// A cluster that has run less than this is never a victim.
+    pub min_runtime: std::time::Duration,
+    /// A batch preempted this many times is never a victim again.
+    pub max_preemptions: u32,
+    /// How long a victim has to stop cleanly before it is killed.
+    pub grace: std::time::Duration,
+    /// Whether a batch's `spark.flexq.preemptible=false` is honoured.
+    pub allow_opt_out: bool,
+}
+
+impl Default for PreemptionPolicy {
+    fn default() -> PreemptionPolicy {
+        PreemptionPolicy {
+            by_priority: true,
+            by_fair_share: false,
+            fair_share_margin: 2.0,
+            min_runtime: std::time::Duration::from_secs(15 * 60),
+            max_preemptions: 2,
+            grace: std::time::Duration::from_secs(60),
+            allow_opt_out: true,
+        }
+    }
+}
+
+/// Why a victim gives way.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cause {
+    Priority {
+        preemptor: i32,
+        victim: i32,
+    },
+    /// Usage ÷ weight of the two projects in the region.
+    FairShare {
+        preemptor: String,
+        preemptor_share: f64,
+        victim: String,
+        victim_share: f64,
+    },
+}
+
+impl Cause {
+    /// The metric label: `priority` or `fair-share`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Cause::Priority { .. } => "priority",
+            Cause::FairShare { .. } => "fair-share",
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    /// "priority 10 > 0", "fair share: team-a 0.40 < team-b 1.90".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::Priority { preemptor, victim } => write!(f, "priority {preemptor} > {victim}"),
+            Cause::FairShare {
+                preemptor,
+                preemptor_share,
+                victim,
+                victim_share,
+            } => write!(
+                f,
+                "fair share: {preemptor} {preemptor_share:.2} < {victim} {victim_share:.2}"
+            ),
+        }
+    }
+}
+
+/// A running cluster that gives way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Victim {
+    pub key: BatchKey,
+    pub batch_id: String,
+    pub project: String,
+    pub gpus: u64,
+    /// GPU-seconds its cluster had run: the work lost.
+    pub gpu_seconds: f64,
+    pub cause: Cause,
+}
+
+/// A preemption decided: the victims stop, and once every one is gone
+/// their GPUs go to the preemptor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preemption {
+    pub preemptor: BatchKey,
+    pub preemptor_id: String,
+    pub project: String,
+    pub region: String,
+    pub zone: String,
+    pub victims: Vec<Victim>,
+    /// How long each victim has to stop before it is killed.
+    pub grace: std::time::Duration,
+}
+
+impl Preemption {
+    /// GPUs of every victim.
+    pub fn gpus(&self) -> u64 {
+        self.victims.iter().map(|v| v.gpus).sum()
+    }
+}
+
+/// What a preemptor waits for: its plan in one zone, the victims still
+/// holding their clusters, and what is set aside for it meanwhile (the
+/// capacity its plan found free at the decision, and each victim's
+/// cluster once it is gone).
+#[derive(Debug, Clone)]
+pub(super) struct Claim {
+    pub(super) region: String,
+    pub(super) plan: Vec<Placement>,
+    pub(super) waiting: BTreeSet<BatchKey>,
+    pub(super) banked: Vec<Placement>,
+}
+
+/// When `victim` has run `min_runtime`.
+fn matures(policy: &PreemptionPolicy, victim: &Allocation) -> DateTime<Utc> {
+    Duration::from_std(policy.min_runtime)
+        .ok()
+        .and_then(|d| victim.allocated_at.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// One zone's answer: the victims (by their index in the candidates),
+/// the preemptor's placements, and the work lost.
+struct ZonePick {
+    zone: String,
+    victims: Vec<usize>,
+    plan: Vec<Placement>,
+    lost: f64,
+}
+
+impl Scheduler {
+    /// The policy of `region`, where preemption is on.
+    pub(super) fn preemption_in(&self, region: &str) -> Option<&PreemptionPolicy> {
+        self.preemption.get(region)
+    }
+
+    /// Why `victim` may give way to `batch` at `now` under `policy`, if it
+    /// may: old enough, not protected, not opted out, and of strictly
+    /// lower priority or of a project far enough over its fair share.
+    fn victim_cause(
+        &self,
+        policy: &PreemptionPolicy,
+        batch: &PendingBatch,
+        victim: &Allocation,
+        now: DateTime<Utc>,
+    ) -> Option<Cause> {
+        (now >= matures(policy, victim))
+            .then(|| self.cause_but_age(policy, batch, victim, now))
+            .flatten()
+    }
+
+    /// [`Self::victim_cause`] whatever the victim's age.
+    fn cause_but_age(
+        &self,
+        policy: &PreemptionPolicy,
+        batch: &PendingBatch,
+        victim: &Allocation,
+        now: DateTime<Utc>,
+    ) -> Option<Cause> {
+        if self.stopping.contains_key(&victim.key)
+            || victim.preemptions >= policy.max_preemptions
+            || (!victim.preemptible && policy.allow_opt_out)
+        {
+            return None;
+        }
+        if policy.by_priority && batch.priority > victim.priority {
+            return Some(Cause::Priority {
+                preemptor: batch.priority,
+                victim: victim.priority,
+            });
+        }
+        if policy.by_fair_share && victim.project != batch.project {
+            let mine = self.fair.standing(&batch.region, &batch.project, now).share;
+            let theirs = self
+                .fair
+                .standing(&victim.region, &victim.project, now)
+                .share;
+            if mine * policy.fair_share_margin < theirs {
+                return Some(Cause::FairShare {
+                    preemptor: batch.project.clone(),
+                    preemptor_share: mine,
+                    victim: victim.project.clone(),
+                    victim_share: theirs,
+                });
+            }
+        }
+        None
+    }
+
+    /// When the first cluster of `batch`'s region that could give way to it
+    /// but for its age reaches `min_runtime`, after `now`: the region is
+    /// looked at again then (`preempt_retry`).
+    pub(super) fn next_victim_matures(
+        &self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let policy = self.preemption_in(&batch.region)?;
+        self.running
+            .values()
+            .filter(|a| a.region == batch.region)
+            .map(|a| (a, matures(policy, a)))
+            .filter(|(_, at)| *at > now)
+            .filter(|(a, _)| self.cause_but_age(policy, batch, a, now).is_some())
+            .map(|(_, at)| at)
+            .min()
+    }
+
+    /// The preemption that lets `batch` (queue mode, blocked by capacity,
+    /// its quota free) start now, if one does: in the zone where the
+    /// fewest GPU-seconds of work are lost, the fewest whole clusters
+    /// (lowest priority first, then the most recently started), and only
+    /// if the batch then fits entirely. Fair-share victims are taken only
+    /// if the preemptor's share stays at most theirs afterwards, so two
+    /// projects never take turns preempting each other.
+    pub(super) fn plan_preemption(
+        &self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Option<(Preemption, Vec<Placement>)> {
+        let region = batch.region.as_str();
+        let policy = self.preemption_in(region)?;
+        if batch.deadline.is_none()
+            || self.claims.contains_key(&batch.key)
+            || self
+                .ledger
+                .shortfall(&batch.project, region, &batch.cluster.quota)
+                .is_some()
+        {
+            return None;
+        }
+        let mut candidates: Vec<(&Allocation, Cause)> = self
+            .running
+            .values()
+            .filter(|a| a.region == region)
+            .filter_map(|a| Some((a, self.victim_cause(policy, batch, a, now)?)))
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        // Lowest priority first, then the most recently started (the least
+        // work lost); by key for a stable order.
+        candidates.sort_by(|(a, _), (b, _)| {
+            (a.priority, std::cmp::Reverse(a.allocated_at), a.key).cmp(&(
+                b.priority,
+                std::cmp::Reverse(b.allocated_at),
+                b.key,
+            ))
+        });
+        let parts = needs(&batch.cluster);
+        let lost = |a: &Allocation| a.gpu_seconds(now);
+        let mut best: Option<ZonePick> = None;
+        let zones: BTreeSet<&str> = candidates.iter().map(|(a, _)| a.zone.as_str()).collect();
+        for zone in zones {
+            let in_zone: Vec<usize> = (0..candidates.len())
+                .filter(|&i| candidates[i].0.zone == zone)
+                .collect();
+            let fits = |victims: &[usize]| {
+                let mut sim = self.capacity.region(region);
+                for &i in victims {
+                    sim.give_back(&candidates[i].0.placements);
+                }
+                let plan = plan_zone(&sim.zone_nodes(region, zone), &parts);
+                plan.complete().then_some(plan.placements)
+            };
+            // Victims in order until the batch fits...
+            let mut chosen = Vec::new();
+            let mut plan = None;
+            for &i in &in_zone {
+                chosen.push(i);
+                plan = fits(&chosen);
+                if plan.is_some() {
+                    break;
+                }
+            }
+            let Some(mut plan) = plan else { continue };
+            // ...then none that is not needed, the last taken first.
+            for j in (0..chosen.len()).rev() {
+                let mut fewer = chosen.clone();
+                fewer.remove(j);
+                if let Some(p) = fits(&fewer) {
+                    chosen = fewer;
+                    plan = p;
+                }
+            }
+            if !self.fair_share_holds(batch, &chosen, &candidates, now) {
+                continue;
+            }
+            let lost: f64 = chosen.iter().map(|&i| lost(candidates[i].0)).sum();
+            let better = best
+                .as_ref()
+                .is_none_or(|b| (lost, chosen.len()) < (b.lost, b.victims.len()));
+            if better {
+                best = Some(ZonePick {
+                    zone: zone.to_string(),
+                    victims: chosen,
+                    plan,
+                    lost,
+                });
+            }
+        }
+        let pick = best?;
+        let victims = pick
+            .victims
+            .iter()
+            .map(|&i| {
+                let (a, cause) = &candidates[i];
+                Victim {
+                    key: a.key,
+                    batch_id: a.batch_id.clone(),
+                    project: a.project.clone(),
+                    gpus: a.gpus(),
+                    gpu_seconds: lost(a),
+                    cause: cause.clone(),
+                }
+            })
+            .collect();
+        Some((
+            Preemption {
+                preemptor: batch.key,
+                preemptor_id: batch.batch_id.clone(),
+                project: batch.project.clone(),
+                region: region.to_string(),
+                zone: pick.zone,
+                victims,
+                grace: policy.grace,
+            },
+            pick.plan,
+        ))
+    }
+
+    /// Whether, after `chosen` give way to `batch`, the preemptor's share
+    /// stays at most each fair-share victim's project's: otherwise that
+    /// project could preempt back.
+    fn fair_share_holds(
+        &self,
+        batch: &PendingBatch,
+        chosen: &[usize],
+        candidates: &[(&Allocation, Cause)],
+        now: DateTime<Utc>,
+    ) -> bool {
+        let policy = self.fair.policy();
+        let region = batch.region.as_str();
+        let charge = |p: &[Placement]| self.fair.policy().charge(p);
+        let gained = needs(&batch.cluster)
+            .iter()
+            .map(|n| f64::from(n.gpus) * policy.gpu_weight(n.accelerator))
+            .sum::<f64>();
+        chosen.iter().all(|&i| {
+            let (victim, cause) = &candidates[i];
+            if !matches!(cause, Cause::FairShare { .. }) {
+                return true;
+            }
+            let given: f64 = chosen
+                .iter()
+                .map(|&j| candidates[j].0)
+                .filter(|a| a.project == victim.project)
+                .map(|a| charge(&a.placements))
+                .sum();
+            let mine = self.fair.standing(region, &batch.project, now);
+            let theirs = self.fair.standing(region, &victim.project, now);
+            let mine_after = (mine.usage + gained) / mine.weight;
+            let theirs_after = (theirs.usage - given).max(0.0) / theirs.weight;
+            mine_after <= theirs_after
+        })
+    }
+
+    /// Commits `p` in the core: its victims are stopping, and the capacity
+    /// its plan finds free now is set aside for the preemptor (its claim).
+    pub(super) fn preempt(&mut self, p: Preemption, plan: Vec<Placement>, out: &mut Vec<Decision>) {
+        let banked = self.capacity.take_free(&plan);
+        for v in &p.victims {
+            self.stopping.insert(v.key, p.preemptor);
+        }
+        self.claims.insert(
+            p.preemptor,
+            Claim {
+                region: p.region.clone(),
+                plan,
+                waiting: p.victims.iter().map(|v| v.key).collect(),
+                banked,
+            },
+        );
+        out.push(Decision::Preempt(p));
+    }
+
+    /// A stopping victim's cluster is gone: banked for its preemptor
+    /// (true), or, when the preemptor no longer waits, not (false: the
+    /// caller gives it back).
+    pub(super) fn bank_victim(&mut self, victim: &Allocation) -> bool {
+        let Some(preemptor) = self.stopping.remove(&victim.key) else {
+            return false;
+        };
+        let Some(claim) = self.claims.get_mut(&preemptor) else {
+            return false;
+        };
+        claim.waiting.remove(&victim.key);
+        claim.banked.extend(victim.placements.iter().cloned());
+        self.dirty.insert(claim.region.clone());
+        true
+    }
+
+    /// A preemptor left the queue: what was set aside for it returns. Its
+    /// victims stop anyway (they were told to): they stay out of other
+    /// preemptions, and their clusters go back to the queue as they go.
+    pub(super) fn drop_claim(&mut self, preemptor: BatchKey) -> Option<Claim> {
+        let claim = self.claims.remove(&preemptor)?;
+        self.capacity.give_back(&claim.banked);
+        self.dirty.insert(claim.region.clone());
+        Some(claim)
+    }
+
+    /// The preemptors of `region` whose victims are all gone: their
+    /// claims, taken out (the pass allocates each on its plan).
+    pub(super) fn ready_claims(&mut self, region: &str) -> Vec<(BatchKey, Claim)> {
+        let ready: Vec<BatchKey> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.region == region && c.waiting.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        ready
+            .into_iter()
+            .filter_map(|k| Some((k, self.claims.remove(&k)?)))
+            .collect()
+    }
+
+    /// A preemption that was not carried out (its commit did not apply):
+    /// the preemptor waits in the queue as before, what was set aside for
+    /// it returns, and its victims are no longer stopping.
+    pub fn withdraw_preemption(&mut self, preemptor: BatchKey) {
+        if let Some(claim) = self.drop_claim(preemptor) {
+            for v in &claim.waiting {
+                self.stopping.remove(v);
+            }
+        }
+    }
+
+    /// Whether `key` waits for its victims to stop.
+    pub fn is_claiming(&self, key: BatchKey) -> bool {
+        self.claims.contains_key(&key)
+    }
+
+    /// The preemptor `key` (a victim) is stopping for, if any.
+    pub fn stopping_for(&self, key: BatchKey) -> Option<BatchKey> {
+        self.stopping.get(&key).copied()
+    }
+}
