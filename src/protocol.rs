@@ -89,6 +89,10 @@ pub struct Assignment {
     /// The longest the batch may run, in seconds (its ttl).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
+    /// With `Stop` for a preempted batch: how long its processes have to
+    /// stop after SIGTERM before SIGKILL (else the agent's `stop_grace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_grace_seconds: Option<u64>,
     /// The driver's part carries what to launch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]

@@ -280,7 +280,11 @@ async fn drive(
             _ = cancel.cancelled() => break End::Gone,
         }
     };
-    let grace = ctx.config.stop_grace;
+    // A preempted batch's grace is the server's; else the agent's own.
+    let grace = rx
+        .borrow()
+        .stop_grace_seconds
+        .map_or(ctx.config.stop_grace, std::time::Duration::from_secs);
     let exit = match end {
         End::Exited(status) => {
             driver.reap();

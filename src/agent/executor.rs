@@ -134,6 +134,11 @@ async fn work(
             _ = cancel.cancelled() => break,
         }
     }
-    worker.stop(ctx.config.stop_grace).await;
+    // A preempted batch's grace is the server's; else the agent's own.
+    let grace = rx
+        .borrow()
+        .stop_grace_seconds
+        .map_or(ctx.config.stop_grace, std::time::Duration::from_secs);
+    worker.stop(grace).await;
     Ok(())
 }

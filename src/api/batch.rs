@@ -106,6 +106,13 @@ pub struct FlexqInfo {
     /// batch (2, 3…); absent for the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// How many times its cluster was preempted (docs/rules.md#preemption),
+    /// once it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptions: Option<u32>,
+    /// True while its cluster stops because it was preempted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preempting: bool,
     /// 1-based position in its region's queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<usize>,

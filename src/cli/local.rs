@@ -33,10 +33,6 @@ pub async fn serve(arg: ConfigArg) -> anyhow::Result<ExitCode> {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };
-    if let Err(e) = config.check_served() {
-        eprintln!("flexq: invalid configuration: {e}");
-        return Ok(ExitCode::from(2));
-    }
     crate::telemetry::init(config.log.format, &config.log.filter);
     let source = crate::engine::ConfigSource::Layers {
         file: arg.config.clone(),

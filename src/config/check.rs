@@ -11,22 +11,6 @@ use super::{
 use crate::spec::RuntimeVersion;
 
 impl Config {
-    /// What `flexq serve` cannot carry out yet, though `flexq simulate`
-    /// can: preemption (the engine does not stop running clusters yet).
-    pub fn check_served(&self) -> Result<(), ConfigError> {
-        match self
-            .regions
-            .iter()
-            .find(|(_, r)| r.preemption.as_ref().is_some_and(|p| p.enabled))
-        {
-            Some((name, _)) => Err(invalid(
-                format!("regions.{name}.preemption.enabled"),
-                "true, but the server does not carry out preemption yet: try the policy with flexq simulate, and set enabled = false (or leave [regions.NAME.preemption] out) to serve",
-            )),
-            None => Ok(()),
-        }
-    }
-
     /// The checks serde cannot express: relations between keys and ranges.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         match (&self.server.tls_cert, &self.server.tls_key) {

@@ -293,7 +293,7 @@ fn principals_are_checked_and_no_tokens_means_loopback_only() {
 }
 
 #[test]
-fn a_preemption_policy_is_checked_and_the_server_refuses_to_turn_it_on() {
+fn a_preemption_policy_is_checked_and_converted() {
     for (toml, key, says) in [
         (
             "[regions.us-central1.preemption]\nenabled = true\nby_priority = false\n",
@@ -338,15 +338,8 @@ fn a_preemption_policy_is_checked_and_the_server_refuses_to_turn_it_on() {
         on.policy().preemption_opt_out.get("us-central1"),
         Some(&false)
     );
-    // The server does not carry it out yet: it says so, naming the key.
-    let err = on.check_served().expect_err("refused").to_string();
-    assert!(
-        err.contains("regions.us-central1.preemption.enabled"),
-        "{err}"
-    );
-    // Present but off: nothing preempts, and the server serves it.
+    // Present but off: nothing preempts.
     let off = Config::with_overlay("[regions.us-central1.preemption]\nmin_runtime = \"5m\"\n")
         .expect("valid");
     assert!(off.preemption().is_empty());
-    off.check_served().expect("served");
 }

@@ -248,6 +248,8 @@ impl Engine {
         for part in self.shared.store.node_parts(node).await? {
             let b = part.batch;
             let action = match b.state {
+                // Preempted: its processes stop within the grace.
+                State::Pending | State::Running if b.preempted_by.is_some() => Action::Stop,
                 State::Pending | State::Running => Action::Run,
                 State::Cancelling => Action::Stop,
                 // Ended: its cluster is being released.
@@ -291,6 +293,7 @@ impl Engine {
                 master_url: b.master_url,
                 attempt: b.attempt,
                 ttl_seconds: b.cluster.ttl_s,
+                stop_grace_seconds: b.stop_grace_s,
                 job,
                 cluster,
             });
@@ -397,7 +400,11 @@ impl Engine {
                 engine.wake();
             } else if applied.requeued() {
                 engine.requeued(&mut core, &applied).await;
-                tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure");
+                if applied.preempted() {
+                    tracing::info!(batch.id = %applied.batch_id, node, "batch requeued after preemption: its processes stopped");
+                } else {
+                    tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure");
+                }
                 drop(core);
                 engine.wake();
             }
@@ -412,7 +419,9 @@ impl Engine {
     /// cluster leaves the core at once and, on a single process, the batch
     /// is queued again (with replicas the leader hears `Requeued`).
     async fn requeued(&self, core: &mut crate::scheduler::Scheduler, applied: &Applied) {
-        crate::metrics::record_requeue();
+        if !applied.preempted() {
+            crate::metrics::record_requeue();
+        }
         let key = BatchKey(applied.seq);
         self.count_released(core.forget(key, Utc::now()).as_ref());
         if self.replicated() {

@@ -96,15 +96,39 @@ impl Engine {
                 let mut stale_core = false;
                 // Batches a lost node sent back to the queue (they had
                 // retries left) go into the core again.
+                // So do victims of a preemption with no process to wait
+                // for: gone at once, their clusters banked for their
+                // preemptor.
                 let lost: Vec<BatchKey> = decisions
                     .iter()
                     .zip(&applied)
                     .filter(|(_, ok)| **ok)
                     .flat_map(|(d, _)| match d {
                         Decision::LoseNode { failed, .. } => failed.clone(),
+                        Decision::Preempt(p) => p
+                            .victims
+                            .iter()
+                            .filter(|v| v.at_once)
+                            .map(|v| v.key)
+                            .collect(),
                         _ => Vec::new(),
                     })
                     .collect();
+                let mut banked = false;
+                for (d, ok) in decisions.iter().zip(&applied) {
+                    if let (Decision::Preempt(p), true) = (d, ok) {
+                        for v in p.victims.iter().filter(|v| v.at_once) {
+                            if let Some(cluster) = core.forget(v.key, now) {
+                                super::record_release(&cluster);
+                                banked = true;
+                            }
+                        }
+                    }
+                }
+                if banked {
+                    // Their preemptor may be allocated now: another pass.
+                    self.wake();
+                }
                 let requeued = requeued_of(&self.shared.store, &lost).await;
                 for b in &requeued {
                     core.submit(b.clone());
@@ -141,10 +165,12 @@ impl Engine {
                     self.rebuild_after_void(&mut core, role.fence()).await;
                 }
                 crate::metrics::record_pass(started.elapsed(), decisions.len());
-                if decisions
-                    .iter()
-                    .any(|d| matches!(d, Decision::Allocate(_) | Decision::LoseNode { .. }))
-                {
+                if decisions.iter().any(|d| {
+                    matches!(
+                        d,
+                        Decision::Allocate(_) | Decision::LoseNode { .. } | Decision::Preempt(_)
+                    )
+                }) {
                     self.work_changed();
                 }
             }
@@ -246,6 +272,10 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
         Decision::Preempt(p) => {
             let victims: Vec<&str> = p.victims.iter().map(|v| v.batch_id.as_str()).collect();
             tracing::info!(batch.id = %p.preemptor_id, batch.seq = p.preemptor.0, project = %p.project, region = %p.region, zone = %p.zone, victims = ?victims, gpus = p.gpus(), "batch preempts");
+            for v in &p.victims {
+                tracing::info!(batch.id = %v.batch_id, batch.seq = v.key.0, project = %v.project, by = %p.preemptor_id, cause = %v.cause, gpu_seconds = v.gpu_seconds, at_once = v.at_once, "batch preempted");
+            }
+            crate::metrics::record_preemption(p);
         }
         Decision::LoseNode {
             node,
@@ -335,6 +365,11 @@ pub(crate) async fn rebuild(
     store
         .each_queued_batch(.., |batch| core.submit(batch))
         .await?;
+    // Preemptions under way: their victims keep stopping, their clusters
+    // go to their preemptors.
+    for (victim, preemptor) in store.stopping_victims().await? {
+        core.restore_stopping(victim, preemptor);
+    }
     core.settle();
     Ok(core)
 }

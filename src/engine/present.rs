@@ -43,6 +43,8 @@ pub(super) fn to_batch(r: &BatchRecord) -> Batch {
             alternatives: ladder(&r.cluster),
             placement: placement(r),
             attempt: (r.attempt > 1).then_some(r.attempt),
+            preemptions: (r.preemptions > 0).then_some(r.preemptions),
+            preempting: r.preempted_by.is_some(),
             zone: r.zone.clone(),
             allocate_time: r.allocate_time,
             ..FlexqInfo::default()

@@ -223,10 +223,7 @@ impl Engine {
             ));
         };
         let in_force = self.config();
-        let next = read.and_then(|file| {
-            file.check_served()?;
-            Ok((in_force.with_live(&file.live_value())?, file))
-        });
+        let next = read.and_then(|file| Ok((in_force.with_live(&file.live_value())?, file)));
         let (next, file) = match next {
             Ok(both) => both,
             Err(e) => {

@@ -100,6 +100,21 @@ pub fn record_rung(rung: u32, asked: &str, given: &str) {
         .inc();
 }
 
+/// A preemption was decided: each victim counted by its project and cause,
+/// with the GPU-seconds of work it loses.
+pub fn record_preemption(p: &crate::scheduler::Preemption) {
+    for v in &p.victims {
+        METRICS
+            .preemptions
+            .with_label_values(&[&p.region, &v.project, v.cause.label()])
+            .inc();
+        METRICS
+            .preempted_gpu_seconds
+            .with_label_values(&[&p.region, &v.project])
+            .inc_by(v.gpu_seconds);
+    }
+}
+
 /// A batch ended without succeeding, for `reason`.
 pub fn record_ended(reason: EndReason) {
     METRICS.ended.with_label_values(&[reason.label()]).inc();

@@ -31,6 +31,8 @@ pub(super) struct Metrics {
     pub(super) gpu_seconds: prometheus::CounterVec,
     pub(super) admitted: IntCounterVec,
     pub(super) alternatives: IntCounterVec,
+    pub(super) preemptions: IntCounterVec,
+    pub(super) preempted_gpu_seconds: prometheus::CounterVec,
     pub(super) expired: IntCounterVec,
     pub(super) rejected: IntCounterVec,
     pub(super) wait_seconds: HistogramVec,
@@ -221,6 +223,19 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Whole clusters allocated, by the rung they took (0: the batch's own placement; 1 and up: its placement alternatives) and by the GPU type asked and given.",
             &["rung", "asked", "given"],
         ),
+        preemptions: counter_vec(
+            "flexq_preemptions_total",
+            "Clusters preempted, by region, the victim's project and the cause (priority or fair-share).",
+            &["region", "project", "cause"],
+        ),
+        preempted_gpu_seconds: prometheus::CounterVec::new(
+            Opts::new(
+                "flexq_preempted_gpu_seconds_total",
+                "GPU-seconds of work lost to preemption (GPUs × seconds each preempted cluster had run), by region and the victim's project.",
+            ),
+            &["region", "project"],
+        )
+        .expect("valid metric"),
         expired: counter_vec(
             "flexq_batches_expired_total",
             "Queued batches failed because their allocation timeout passed.",
@@ -358,6 +373,8 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.gpu_seconds.clone()),
         Box::new(m.admitted.clone()),
         Box::new(m.alternatives.clone()),
+        Box::new(m.preemptions.clone()),
+        Box::new(m.preempted_gpu_seconds.clone()),
         Box::new(m.expired.clone()),
         Box::new(m.rejected.clone()),
         Box::new(m.wait_seconds.clone()),

@@ -31,9 +31,12 @@ pub enum Step {
     /// it): stored with it, its API code derived from it.
     Ended(EndReason),
     /// The batch goes back to the queue after an infrastructure failure
-    /// (with a `To(Pending)` before it): its next attempt, queued as it was
-    /// at create, with a fresh allocation deadline and no run yet.
+    /// or a preemption (with a `To(Pending)` before it): its next attempt,
+    /// queued as it was at create, with a fresh allocation deadline and no
+    /// run yet.
     Requeue,
+    /// It was preempted (with a `Requeue`): one more preemption counted.
+    Preempted,
 }
 
 /// A batch's attempts: which one runs (1 for the first) and how many
@@ -80,6 +83,37 @@ fn infrastructure_failure(state: State, message: &str, attempts: Attempts) -> Ve
         Step::Release,
         Step::To(to, message.to_string()),
         Step::Ended(reason),
+    ]
+}
+
+/// A preempted batch's processes are gone (or it had none): its whole
+/// cluster is given back and it goes back to the queue at its place, its
+/// preemption counted (docs/rules.md#preemption). One being cancelled ends
+/// CANCELLED instead; one that ended stays as it is.
+pub fn preempted(state: State, by: &str) -> Vec<Step> {
+    if state.is_terminal() {
+        return vec![Step::Release];
+    }
+    if state == State::Cancelling {
+        return vec![
+            Step::Release,
+            Step::To(
+                State::Cancelled,
+                "Cancelled: the Spark processes were stopped and the cluster was released.".into(),
+            ),
+            Step::Ended(EndReason::Cancelled),
+        ];
+    }
+    vec![
+        Step::Release,
+        Step::To(
+            State::Pending,
+            format!(
+                "Requeued after preemption by {by}: its processes stopped and its cluster was released; it keeps its place in the queue, with a fresh allocation deadline."
+            ),
+        ),
+        Step::Requeue,
+        Step::Preempted,
     ]
 }
 
@@ -206,6 +240,9 @@ pub enum Holding {
 /// report about it, and only the driver's node about the driver. A driver
 /// that ends, or any part that fails, ends the whole batch and releases its
 /// cluster in the same decision: a partial cluster never goes on.
+/// `preempted_by`: the batch it gives way to, while it is being preempted:
+/// the end of its run then sends it back to the queue
+/// ([`preempted`]) rather than ending it.
 pub fn report(
     state: State,
     node: &str,
@@ -213,6 +250,7 @@ pub fn report(
     holding: Holding,
     event: &AgentEvent,
     attempts: Attempts,
+    preempted_by: Option<&str>,
 ) -> Result<Outcome, Refused> {
     if holding == Holding::Nothing {
         return Err(Refused(format!(
@@ -224,6 +262,19 @@ pub fn report(
         return Err(Refused(format!(
             "node {node} does not run the driver of batch {batch_id}"
         )));
+    }
+    let run_ends = matches!(
+        event,
+        AgentEvent::Finished { .. } | AgentEvent::PartFailed { .. }
+    );
+    if let (Some(by), true) = (preempted_by, run_ends) {
+        let exit_code = match event {
+            AgentEvent::Finished { exit_code, .. } => *exit_code,
+            _ => None,
+        };
+        let mut steps = vec![Step::RunEnded { exit_code }];
+        steps.extend(preempted(state, by));
+        return Ok(Outcome { steps });
     }
     let steps = match event {
         AgentEvent::MasterReady { url } => vec![Step::MasterUrl(url.clone())],
@@ -442,7 +493,7 @@ mod tests {
                             _ => EndReason::WorkFailed,
                         };
                         outcomes.extend(
-                            report(state, "n", "b", Holding::Driver, &event, attempts)
+                            report(state, "n", "b", Holding::Driver, &event, attempts, None)
                                 .map(|o| (o, cause)),
                         );
                     }
@@ -477,6 +528,7 @@ mod tests {
             Holding::Driver,
             &events(false, false)[0],
             NONE,
+            None,
         )
         .expect("ok");
         assert_eq!(failed.end_reason(), Some(EndReason::WorkFailed));
@@ -515,11 +567,20 @@ mod tests {
             Holding::Executors,
             &started,
             NONE,
+            None,
         )
         .expect_err("no");
         assert!(e.0.contains("does not run the driver"), "{e}");
-        let e =
-            report(State::Pending, "n1", "b", Holding::Nothing, &started, NONE).expect_err("no");
+        let e = report(
+            State::Pending,
+            "n1",
+            "b",
+            Holding::Nothing,
+            &started,
+            NONE,
+            None,
+        )
+        .expect_err("no");
         assert!(e.0.contains("holds no part"), "{e}");
         let failed = AgentEvent::PartFailed {
             message: "worker died".into(),
@@ -532,6 +593,7 @@ mod tests {
             Holding::Executors,
             &failed,
             RETRY,
+            None,
         )
         .expect("any part");
         assert_eq!(o.ended(), Some(State::Failed));
@@ -543,9 +605,27 @@ mod tests {
         let started = AgentEvent::DriverStarted {
             rapids: "enabled".into(),
         };
-        let o = report(State::Pending, "n1", "b", Holding::Driver, &started, NONE).expect("ok");
+        let o = report(
+            State::Pending,
+            "n1",
+            "b",
+            Holding::Driver,
+            &started,
+            NONE,
+            None,
+        )
+        .expect("ok");
         assert_eq!(to(&o), [State::Running]);
-        let again = report(State::Running, "n1", "b", Holding::Driver, &started, NONE).expect("ok");
+        let again = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &started,
+            NONE,
+            None,
+        )
+        .expect("ok");
         assert!(to(&again).is_empty());
     }
 
@@ -563,10 +643,20 @@ mod tests {
             Holding::Driver,
             &finished,
             NONE,
+            None,
         )
         .expect("ok");
         assert_eq!(o.ended(), Some(State::Cancelled));
-        let o = report(State::Running, "n1", "b", Holding::Driver, &finished, NONE).expect("ok");
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &finished,
+            NONE,
+            None,
+        )
+        .expect("ok");
         assert_eq!(o.ended(), Some(State::Succeeded));
         assert!(o.steps.contains(&Step::RunEnded { exit_code: Some(0) }));
     }
@@ -635,6 +725,7 @@ mod tests {
             Holding::Driver,
             &restarted,
             RETRY,
+            None,
         )
         .expect("ok");
         assert_eq!(to(&o), [State::Pending]);
@@ -643,7 +734,16 @@ mod tests {
             message: "executor exited".into(),
             infrastructure: false,
         };
-        let o = report(State::Running, "n1", "b", Holding::Driver, &own, RETRY).expect("ok");
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &own,
+            RETRY,
+            None,
+        )
+        .expect("ok");
         assert_eq!(o.ended(), Some(State::Failed));
         // The user's code failing is never requeued.
         let failed = AgentEvent::Finished {
@@ -651,7 +751,16 @@ mod tests {
             message: "exit 1".into(),
             exit_code: Some(1),
         };
-        let o = report(State::Running, "n1", "b", Holding::Driver, &failed, RETRY).expect("ok");
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &failed,
+            RETRY,
+            None,
+        )
+        .expect("ok");
         assert_eq!(o.ended(), Some(State::Failed));
     }
 
@@ -681,5 +790,68 @@ mod tests {
         assert!(orphaned(vec![]).is_none());
         let d = orphaned(vec![(BatchKey(7), "b".into())]).expect("decision");
         assert!(matches!(d, Decision::LoseNode { ref failed, .. } if failed == &[BatchKey(7)]));
+    }
+
+    #[test]
+    fn a_preempted_batch_whose_run_ends_goes_back_to_the_queue() {
+        let stopped = AgentEvent::Finished {
+            succeeded: false,
+            message: "driver exited with status 143".into(),
+            exit_code: Some(143),
+        };
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &stopped,
+            NONE,
+            Some("urgent"),
+        )
+        .expect("ok");
+        assert_eq!(o.ended(), None, "not ended: {o:?}");
+        assert_eq!(o.states().collect::<Vec<_>>(), vec![State::Pending]);
+        assert!(o.steps.contains(&Step::Requeue) && o.steps.contains(&Step::Preempted));
+        assert!(o.steps.contains(&Step::Release));
+        // Not preempted: the same report fails it.
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &stopped,
+            NONE,
+            None,
+        )
+        .expect("ok");
+        assert_eq!(o.ended(), Some(State::Failed));
+        // Cancelled meanwhile: it ends CANCELLED, not requeued.
+        let o = report(
+            State::Cancelling,
+            "n1",
+            "b",
+            Holding::Driver,
+            &stopped,
+            NONE,
+            Some("urgent"),
+        )
+        .expect("ok");
+        assert_eq!(o.ended(), Some(State::Cancelled));
+        assert!(!o.steps.contains(&Step::Requeue));
+        // Reports that do not end the run change nothing of it.
+        let started = AgentEvent::DriverStarted {
+            rapids: "on".into(),
+        };
+        let o = report(
+            State::Running,
+            "n1",
+            "b",
+            Holding::Driver,
+            &started,
+            NONE,
+            Some("urgent"),
+        )
+        .expect("ok");
+        assert!(!o.steps.contains(&Step::Requeue));
     }
 }

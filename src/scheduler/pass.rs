@@ -198,30 +198,39 @@ impl Scheduler {
 
     /// The preemptors of `region` whose victims are all gone are allocated
     /// on their plans, from what was set aside for them (a preemption
-    /// decided goes through even if a queue was held since). One whose
-    /// plan no longer fits (a node left) or whose project no longer has
-    /// the quota waits in the queue as any other; what was set aside
-    /// returns to the capacity.
+    /// decided goes through even if a queue was held since); a claim
+    /// rebuilt after a restart has no plan and takes the best zone now.
+    /// One whose plan no longer fits (a node left) or whose project no
+    /// longer has the quota waits in the queue as any other; what was set
+    /// aside returns to the capacity.
     fn settle_claims(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
         for (key, claim) in self.ready_claims(region) {
             self.capacity.give_back(&claim.banked);
             let Some(batch) = self.pending.get(&key).map(|b| (**b).clone()) else {
                 continue;
             };
-            let zone = claim
+            if self
+                .ledger
+                .shortfall(&batch.project, region, &batch.cluster.quota)
+                .is_some()
+            {
+                continue;
+            }
+            let planned = claim
                 .plan
                 .first()
                 .and_then(|p| self.capacity.nodes.get(&p.node))
-                .map(|n| n.spec.zone.clone());
-            let quota_free = self
-                .ledger
-                .shortfall(&batch.project, region, &batch.cluster.quota)
-                .is_none();
-            if let Some(zone) = zone.filter(|_| quota_free) {
-                if self.capacity.take(&claim.plan) {
-                    let own = (region, &batch.cluster);
-                    out.push(self.grant(&batch, own, (zone, claim.plan), None, now));
-                }
+                .map(|n| (n.spec.zone.clone(), claim.plan.clone()));
+            let plan = match planned {
+                Some(plan) if self.capacity.take(&plan.1) => Some(plan),
+                _ => match self.best_zone(region, &needs(&batch.cluster)) {
+                    Some(plan) if self.capacity.take(&plan.1) => Some(plan),
+                    _ => None,
+                },
+            };
+            if let Some(plan) = plan {
+                let own = (region, &batch.cluster);
+                out.push(self.grant(&batch, own, plan, None, now));
             }
         }
     }

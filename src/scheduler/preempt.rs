@@ -105,6 +105,9 @@ pub struct Victim {
     /// GPU-seconds its cluster had run: the work lost.
     pub gpu_seconds: f64,
     pub cause: Cause,
+    /// Every part is on a virtual node: no process to wait for, it is gone
+    /// at once.
+    pub at_once: bool,
 }
 
 /// A preemption decided: the victims stop, and once every one is gone
@@ -341,6 +344,12 @@ impl Scheduler {
                     gpus: a.gpus(),
                     gpu_seconds: lost(a),
                     cause: cause.clone(),
+                    at_once: a.placements.iter().all(|p| {
+                        self.capacity
+                            .nodes
+                            .get(&p.node)
+                            .is_some_and(|n| n.spec.is_virtual)
+                    }),
                 }
             })
             .collect();
@@ -463,6 +472,31 @@ impl Scheduler {
                 self.stopping.remove(v);
             }
         }
+    }
+
+    /// After a restart: `victim` was stopping for `preemptor` when the
+    /// core was built. It stays out of other preemptions, and, while the
+    /// preemptor is queued, its cluster is set aside for it as it goes
+    /// (the claim has no plan then: the preemptor takes the best zone once
+    /// every victim is gone).
+    pub fn restore_stopping(&mut self, victim: BatchKey, preemptor: BatchKey) {
+        if !self.running.contains_key(&victim) {
+            return;
+        }
+        self.stopping.insert(victim, preemptor);
+        let Some(region) = self.pending.get(&preemptor).map(|b| b.region.clone()) else {
+            return;
+        };
+        self.claims
+            .entry(preemptor)
+            .or_insert_with(|| Claim {
+                region,
+                plan: Vec::new(),
+                waiting: BTreeSet::new(),
+                banked: Vec::new(),
+            })
+            .waiting
+            .insert(victim);
     }
 
     /// Whether `key` waits for its victims to stop.

@@ -32,6 +32,11 @@ impl Applied {
     pub fn requeued(&self) -> bool {
         self.outcome.steps.contains(&Step::Requeue)
     }
+
+    /// It went back to the queue because it was preempted.
+    pub fn preempted(&self) -> bool {
+        self.outcome.steps.contains(&Step::Preempted)
+    }
 }
 
 pub(super) async fn run_info(conn: &mut AnyConnection, seq: i64) -> Result<RunInfo, StoreError> {
@@ -94,7 +99,8 @@ async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Resu
     sqlx::query(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
          allocate_time = null, zone = null, alternative = null, master_url = null, \
-         run_info = null, end_reason = null where seq = $3",
+         run_info = null, end_reason = null, preempted_by = null, stop_grace_s = null \
+         where seq = $3",
     )
     .bind(Provisioning::Queued as i64)
     .bind(deadline)
@@ -172,6 +178,12 @@ pub(super) async fn write_steps(
                 set_run_info(conn, seq, &run).await?;
             }
             Step::Requeue => requeue(conn, seq, now).await?,
+            Step::Preempted => {
+                sqlx::query("update batches set preemptions = preemptions + 1 where seq = $1")
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await?;
+            }
             Step::Ended(reason) => {
                 sqlx::query("update batches set end_reason = $1 where seq = $2")
                     .bind(reason.number())
@@ -237,12 +249,23 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
         let mut tx = self.begin_write().await?;
-        let (seq, state, batch_id): (i64, i64, String) =
-            sqlx::query_as("select seq, state, batch_id from batches where uuid = $1")
-                .bind(uuid)
-                .fetch_optional(&mut *tx)
-                .await?
-                .ok_or(StoreError::NotFound)?;
+        let (seq, state, batch_id, preempted_by, preemptor): (
+            i64,
+            i64,
+            String,
+            Option<i64>,
+            Option<String>,
+        ) = sqlx::query_as(
+            "select b.seq, b.state, b.batch_id, b.preempted_by, p.batch_id from batches b \
+             left join batches p on p.seq = b.preempted_by where b.uuid = $1",
+        )
+        .bind(uuid)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        // Being preempted: by this batch (or by one deleted since).
+        let preempted_by =
+            preempted_by.map(|_| preemptor.unwrap_or_else(|| "a batch deleted since".to_string()));
         let state = State::from_number(state).unwrap_or(State::StateUnspecified);
         let roles: Vec<String> = sqlx::query_scalar(
             "select role from allocations where batch_seq = $1 and node_id = $2 and released_at is null",
@@ -259,8 +282,16 @@ impl Store {
             Holding::Executors
         };
         let attempts = attempts(&mut tx, seq).await?;
-        let outcome = lifecycle::report(state, node, &batch_id, holding, event, attempts)
-            .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
+        let outcome = lifecycle::report(
+            state,
+            node,
+            &batch_id,
+            holding,
+            event,
+            attempts,
+            preempted_by.as_deref(),
+        )
+        .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
         let applied = write_steps(&mut tx, seq, &batch_id, state, outcome, now).await?;
         let change = if applied.outcome.ended().is_some() {
             Change::Ended { seq }

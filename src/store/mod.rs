@@ -189,6 +189,12 @@ pub struct BatchRecord {
     /// The rung its cluster was allocated on: 0 its own placement, 1 and
     /// up its placement alternatives (`cluster.alternatives`).
     pub alternative: u32,
+    /// While its cluster stops because it was preempted: the batch it
+    /// gives way to (its seq), and how long its processes have to stop.
+    pub preempted_by: Option<i64>,
+    pub stop_grace_s: Option<u64>,
+    /// How many times it was preempted.
+    pub preemptions: u32,
     /// What the agents reported about the run.
     pub run: RunInfo,
     pub history: Vec<StateHistory>,

@@ -14,7 +14,8 @@ use crate::api::{BatchName, State, StateHistory};
 
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
      create_time, state, state_message, state_time, creator, spec, cluster, deadline, provisioning, \
-     priority, zone, allocate_time, master_url, run_info, attempt, end_reason, alternative";
+     priority, zone, allocate_time, master_url, run_info, attempt, end_reason, alternative, \
+     preempted_by, stop_grace_s, preemptions";
 
 pub(super) fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
@@ -65,6 +66,11 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
             .try_get::<Option<i64>, _>("alternative")?
             .and_then(|a| u32::try_from(a).ok())
             .unwrap_or(0),
+        preempted_by: row.try_get("preempted_by")?,
+        stop_grace_s: row
+            .try_get::<Option<i64>, _>("stop_grace_s")?
+            .and_then(|s| u64::try_from(s).ok()),
+        preemptions: u32::try_from(row.try_get::<i64, _>("preemptions")?).unwrap_or(0),
         run: match row.try_get::<Option<&str>, _>("run_info")? {
             Some(json) => serde_json::from_str(json).map_err(|e| corrupt("run", e))?,
             None => super::RunInfo::default(),

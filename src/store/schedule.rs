@@ -22,7 +22,8 @@ use crate::spec::{Accelerator, ClusterRequest};
 const QUEUE_CHUNK: usize = 4096;
 
 /// A queued batch as the database writes it in a chunk: seq, batch id,
-/// project, region, priority, create time and deadline (unix µs), cluster.
+/// project, region, priority, create time and deadline (unix µs), cluster,
+/// preemptions.
 #[derive(serde::Deserialize)]
 struct QueuedRow(
     i64,
@@ -33,6 +34,7 @@ struct QueuedRow(
     i64,
     Option<i64>,
     ClusterRequest,
+    u32,
 );
 
 fn decode_cluster(text: &str) -> Result<ClusterRequest, StoreError> {
@@ -115,17 +117,17 @@ impl Store {
             Bound::Excluded(s) => s.saturating_sub(1),
             Bound::Unbounded => i64::MAX,
         };
-        let rows = "select seq, batch_id, project, region, priority, create_time, deadline, cluster \
-                    from batches where provisioning = 0 and state = 1 and seq > $1 and seq <= $2 \
+        let rows = "select seq, batch_id, project, region, priority, create_time, deadline, cluster, \
+                    preemptions from batches where provisioning = 0 and state = 1 and seq > $1 and seq <= $2 \
                     order by seq limit $3";
         let query = match self.backend {
             Backend::Sqlite => format!(
                 "select json_group_array(json_array(seq, batch_id, project, region, priority, \
-                 create_time, deadline, json(cluster))), max(seq), count(*) from ({rows})"
+                 create_time, deadline, json(cluster), preemptions)), max(seq), count(*) from ({rows})"
             ),
             Backend::Postgres => format!(
                 "select coalesce(json_agg(json_build_array(seq, batch_id, project, region, \
-                 priority, create_time, deadline, cluster::json))::text, '[]'), max(seq), count(*) \
+                 priority, create_time, deadline, cluster::json, preemptions))::text, '[]'), max(seq), count(*) \
                  from ({rows}) q"
             ),
         };
@@ -154,8 +156,17 @@ impl Store {
                 StoreError::Unavailable(format!("queued batches cannot be read: {e}"))
             })?;
             count += chunk.len();
-            for QueuedRow(seq, batch_id, project, region, priority, created, deadline, cluster) in
-                chunk
+            for QueuedRow(
+                seq,
+                batch_id,
+                project,
+                region,
+                priority,
+                created,
+                deadline,
+                cluster,
+                preemptions,
+            ) in chunk
             {
                 f(PendingBatch {
                     key: BatchKey(seq),
@@ -166,11 +177,26 @@ impl Store {
                     queued_at: from_micros(created),
                     deadline: deadline.map(from_micros),
                     cluster,
-                    preemptions: 0,
+                    preemptions,
                 });
             }
         }
         Ok(count)
+    }
+
+    /// Victims of a preemption still stopping: (victim, preemptor).
+    pub async fn stopping_victims(&self) -> Result<Vec<(BatchKey, BatchKey)>, StoreError> {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "select seq, preempted_by from batches where preempted_by is not null \
+             and provisioning = $1",
+        )
+        .bind(Provisioning::Provisioned as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(v, p)| (BatchKey(v), BatchKey(p)))
+            .collect())
     }
 
     /// Every cluster holding capacity now.
@@ -178,7 +204,7 @@ impl Store {
         let mut rows = sqlx::query(
             "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
              a.allocated_at, a.accelerator, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time, \
-             b.alternative, b.priority \
+             b.alternative, b.priority, b.preemptions \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is null order by a.batch_seq, a.id",
         )
@@ -242,8 +268,7 @@ impl Store {
                     rung: on_rung,
                     priority: row.try_get::<i64, _>("priority")? as i32,
                     preemptible: stored.preemptible,
-                    // The server does not preempt yet (`check_served`).
-                    preemptions: 0,
+                    preemptions: u32::try_from(row.try_get::<i64, _>("preemptions")?).unwrap_or(0),
                 },
             );
         }
@@ -288,10 +313,7 @@ impl Store {
         let mut endings: Vec<(usize, i64, i64, &str, EndReason)> = Vec::new();
         for (i, d) in decisions.iter().enumerate() {
             match d {
-                // The server does not carry out preemption yet (its config
-                // check refuses a policy that turns it on): such a decision
-                // applies nothing, and the engine withdraws it.
-                Decision::Preempt(_) => {}
+                Decision::Preempt(p) => applied[i] = preempt(&mut tx, p, now).await?,
                 Decision::LoseNode {
                     node,
                     epoch,
@@ -416,6 +438,74 @@ impl Store {
         self.commit(tx).await?;
         Ok(applied)
     }
+}
+
+/// Writes a preemption, whole or not at all: the preemptor still queued
+/// and every victim still holding its cluster and not already stopping,
+/// else nothing (false). Each victim is marked stopping for the preemptor
+/// (its agents stop it within the grace) and says so in its history, as
+/// does the preemptor; a victim with no process to wait for (every part
+/// on a virtual node) goes back to the queue at once.
+async fn preempt(
+    conn: &mut AnyConnection,
+    p: &crate::scheduler::Preemption,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let queued: Option<i64> = sqlx::query_scalar(
+        "select seq from batches where seq = $1 and state = $2 and provisioning = $3",
+    )
+    .bind(p.preemptor.0)
+    .bind(State::Pending.number())
+    .bind(Provisioning::Queued as i64)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if queued.is_none() {
+        return Ok(false);
+    }
+    let mut states = Vec::with_capacity(p.victims.len());
+    for v in &p.victims {
+        let state: Option<i64> = sqlx::query_scalar(
+            "select state from batches where seq = $1 and provisioning = $2 \
+             and preempted_by is null",
+        )
+        .bind(v.key.0)
+        .bind(Provisioning::Provisioned as i64)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(state) = state.and_then(State::from_number) else {
+            return Ok(false);
+        };
+        states.push(state);
+    }
+    let grace = humantime::format_duration(p.grace).to_string();
+    for (v, state) in p.victims.iter().zip(&states) {
+        sqlx::query("update batches set preempted_by = $1, stop_grace_s = $2 where seq = $3")
+            .bind(p.preemptor.0)
+            .bind(p.grace.as_secs() as i64)
+            .bind(v.key.0)
+            .execute(&mut *conn)
+            .await?;
+        let message = format!(
+            "PREEMPTED by {} ({}): its processes get {grace} to stop, then it goes back to the queue at its place.",
+            p.preemptor_id, v.cause
+        );
+        append_history(conn, v.key.0, *state, &message, now).await?;
+        if v.at_once {
+            let outcome = lifecycle::Outcome {
+                steps: lifecycle::preempted(*state, &p.preemptor_id),
+            };
+            write_steps(conn, v.key.0, &v.batch_id, *state, outcome, now).await?;
+        }
+    }
+    let names: Vec<&str> = p.victims.iter().map(|v| v.batch_id.as_str()).collect();
+    let message = format!(
+        "Preempting {} ({} GPUs) in {}: allocated once they have stopped.",
+        names.join(", "),
+        p.gpus(),
+        p.zone
+    );
+    append_history(conn, p.preemptor.0, State::Pending, &message, now).await?;
+    Ok(true)
 }
 
 /// A part's GPU type from its cluster's shape (for parts stored before

@@ -355,6 +355,9 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         attempt: 1,
         end_reason: None,
         alternative: 0,
+        preempted_by: None,
+        stop_grace_s: None,
+        preemptions: 0,
         run: super::RunInfo::default(),
         history: vec![StateHistory {
             state: State::Pending,

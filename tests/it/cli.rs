@@ -175,25 +175,6 @@ fn a_bad_config_stops_start_up_naming_the_key() {
     assert_eq!(out.status.code(), Some(2), "serve refuses to start");
     assert!(String::from_utf8_lossy(&out.stderr).contains("provisioning.max_allocation_timeout"));
 
-    // A preemption policy turned on: `flexq simulate` replays it, `serve`
-    // does not carry it out yet and says so.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("preempt.toml");
-    std::fs::write(&file, "[regions.us-central1.preemption]\nenabled = true\n").expect("write");
-    let out = Command::new(flexq_bin())
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .expect("run flexq");
-    assert_eq!(out.status.code(), Some(2), "serve refuses preemption");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("regions.us-central1.preemption.enabled")
-            && stderr.contains("flexq simulate"),
-        "{stderr}"
-    );
-
     let out = Command::new(flexq_bin())
         .args(["config", "print"])
         .env("FLEXQ_PROVISIONING__DEFAULT_ALLOCATION_TIMEOUT", "45m")

@@ -19,6 +19,7 @@ mod hostile;
 mod kubernetes;
 mod metrics;
 mod partition;
+mod preemption;
 mod prometheus;
 mod queues;
 mod reload;

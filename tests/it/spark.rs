@@ -301,6 +301,18 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
             allow: vec!["a100-40".into()],
             ..Default::default()
         }];
+        // Scenario 7: a batch of higher priority may preempt at once; a
+        // victim's processes get 10 s to stop (the agents' own grace is
+        // 3 s).
+        c.regions
+            .get_mut("us-central1")
+            .expect("us-central1")
+            .preemption = Some(flexq::config::PreemptionConfig {
+            enabled: true,
+            min_runtime: Duration::ZERO,
+            grace: Duration::from_secs(10),
+            ..Default::default()
+        });
     })
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -673,6 +685,116 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         );
     }
     assert_eq!(quota(24).await.expect("patch quota").status(), 200);
+
+    // 7. Preemption: with the L4 nodes of us-central1-a cordoned, one node
+    //    of 12 cores in us-central1-b holds one batch (a driver and two
+    //    executors of 4 cores). An urgent batch (priority 10) preempts it:
+    //    the victim's driver gets SIGTERM first (its handler writes the
+    //    marker) and has stopped before the urgent batch is allocated;
+    //    every process of the victim is gone within the grace (the agent
+    //    starts a part on a GPU only once the part that held it is gone),
+    //    and the victim runs again to the end afterwards.
+    for n in ["node-a", "node-b", "node-c"] {
+        let (st, body) = s.post(&format!("/v1/nodes/{n}:cordon")).await;
+        assert_eq!(st, 200, "{body:#}");
+    }
+    let lone = Agent::start_in(&s, dir.path(), "node-e", "us-central1-b", "l4", 12, 65536);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node(&s, &lone.node).await.is_none() {
+        assert!(Instant::now() < deadline, "node-e did not register");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agents.push(lone);
+    let marker = dir.path().join("victim-sigterm");
+    let marker_arg = marker.display().to_string();
+    let (st, body) = s
+        .create(
+            "batchId=victim",
+            &gpu_batch("sleeps.py", &["20", &marker_arg], &[]),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    let v = until(
+        &s,
+        "victim",
+        "running",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "RUNNING",
+    )
+    .await;
+    let victim_uuid = v["uuid"].as_str().expect("uuid").to_string();
+    // Its Python driver is past its SIGTERM handler's setup once it says
+    // it sleeps.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !output(&s, "victim").await.contains("sleeps: sleeping") {
+        assert!(Instant::now() < deadline, "the victim never said it sleeps");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut urgent = gpu_batch("first_line.py", &[], &[]);
+    urgent["labels"] = json!({"flexq-priority": "10"});
+    let (st, body) = s.create("batchId=urgent", &urgent).await;
+    assert_eq!(st, 200, "{body:#}");
+    let u = until(
+        &s,
+        "urgent",
+        "allocated",
+        Duration::from_secs(60),
+        &agents,
+        |b| b["flexq"]["provisioningState"] != "QUEUED",
+    )
+    .await;
+    let sigterm = std::fs::read_to_string(&marker).unwrap_or_default();
+    let signalled: f64 = sigterm
+        .strip_prefix("sigterm ")
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the victim's driver got no SIGTERM: {sigterm:?}"));
+    let allocated = chrono::DateTime::parse_from_rfc3339(
+        u["flexq"]["allocateTime"].as_str().expect("allocateTime"),
+    )
+    .expect("RFC 3339")
+    .timestamp_millis() as f64
+        / 1000.0;
+    assert!(
+        signalled < allocated,
+        "SIGTERM at {signalled}, the urgent batch allocated at {allocated}"
+    );
+    all_gone(&victim_uuid, Duration::from_secs(15)).await;
+    let v = batch(&s, "victim").await;
+    assert_eq!(v["flexq"]["preemptions"], 1, "{v:#}");
+    let said: Vec<&str> = v["stateHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h["stateMessage"].as_str())
+        .collect();
+    assert!(
+        said.iter()
+            .any(|m| m.starts_with("PREEMPTED by urgent (priority 10 > 0)")),
+        "{said:#?}"
+    );
+    let u = until(
+        &s,
+        "urgent",
+        "finished",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    assert_eq!(u["state"], "SUCCEEDED", "{u:#}");
+    let v = until(
+        &s,
+        "victim",
+        "finished again",
+        Duration::from_secs(180),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    assert_eq!(v["state"], "SUCCEEDED", "{v:#}");
+    assert_eq!(v["flexq"]["attempt"], 2, "{v:#}");
+    assert!(output(&s, "victim").await.contains("sleeps: done"));
 
     // Agents stop cleanly on SIGTERM.
     for a in &mut agents {

@@ -295,3 +295,25 @@ fn no_region_preempts_without_a_policy() {
     s.submit(gang(2, "p", 3, 10, minutes(30)));
     assert!(preemptions(&s.pass(minutes(30))).is_empty());
 }
+
+#[test]
+fn a_preemption_under_way_is_rebuilt_after_a_restart() {
+    // What a new core knows after a restart: batch 1 holds the node and is
+    // stopping for batch 2, which waits in the queue.
+    let mut s = world(1, PreemptionPolicy::default());
+    s.submit(gang(1, "p", 3, 0, t0()));
+    s.pass(t0());
+    s.submit(gang(2, "p", 3, 10, minutes(20)));
+    s.restore_stopping(BatchKey(1), BatchKey(2));
+    assert!(s.is_claiming(BatchKey(2)));
+    s.check_invariants().expect("invariants");
+    // Not preempted again, nor given the node while batch 1 holds it.
+    let d = s.pass(minutes(21));
+    assert!(d.is_empty(), "{d:?}");
+    // Batch 1 is gone: batch 2 gets the best zone now (its claim has no
+    // plan), before a batch that came meanwhile.
+    s.submit(gang(3, "p", 3, 0, minutes(21)));
+    s.forget(BatchKey(1), minutes(22));
+    assert_eq!(allocated(&s.pass(minutes(22))), vec![2]);
+    s.check_invariants().expect("invariants");
+}
