@@ -93,7 +93,7 @@ impl Engine {
                     region: region.clone(),
                     priority: spec::priority(&batch.labels),
                     queued_at: now,
-                    deadline: None,
+                    deadline: cluster.deadline(now),
                     cluster: cluster.clone(),
                     preemptions: 0,
                 };
@@ -111,6 +111,11 @@ impl Engine {
                         .map(|(_, s)| s)
                         .unwrap_or_default();
                 let mut answer = verdict_json(&verdict, &cluster, own_start);
+                if matches!(verdict, crate::scheduler::Verdict::WouldQueue { .. }) {
+                    if let Some(why) = core.preemption_reason(&probe, now) {
+                        answer["preemption"] = why.into();
+                    }
+                }
                 answer["alternatives"] = super::present::rungs_json(&rungs, &skipped);
                 return Ok(CreateAnswer::Verdict(answer));
             }

@@ -56,6 +56,10 @@ pub struct QueueEntry {
     /// without any.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub alternatives: Vec<String>,
+    /// How many times it was preempted (absent: never); a preempted batch
+    /// waits again at its place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemptions: Option<u32>,
 }
 
 /// A page of a region's queue, in its order.
@@ -229,6 +233,7 @@ impl Engine {
                 estimated_start_time: info.estimated_start_time,
                 not_admitted_reasons: info.reasons,
                 alternatives: super::present::ladder(&b.cluster),
+                preemptions: (b.preemptions > 0).then_some(b.preemptions),
             })
             .collect();
         Ok(QueueEntries {

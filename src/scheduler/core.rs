@@ -16,8 +16,10 @@ use chrono::{DateTime, Utc};
 use super::capacity::{Capacity, Node, NodeId};
 use super::fairshare::{FairShare, FairSharePolicy, share_key};
 use super::lease::Leases;
-use super::model::{Allocation, BatchKey, Cordon, PendingBatch, PoolDecl, RegionHolds, ShapeKey};
-use super::preempt::{Claim, PreemptionPolicy};
+use super::model::{
+    Allocation, BatchKey, Claim, Cordon, PendingBatch, PoolDecl, PreemptionPolicy, RegionHolds,
+    ShapeKey,
+};
 use super::quota::{Ledger, QuotaRule};
 use crate::spec::{Accelerator, ClusterRequest};
 

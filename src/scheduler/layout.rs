@@ -19,8 +19,7 @@ use super::capacity::{Node, NodeId, NodeSpec};
 use super::core::Scheduler;
 use super::declared::{Declared, declared_of};
 use super::fairshare::FairSharePolicy;
-use super::model::PoolDecl;
-use super::preempt::PreemptionPolicy;
+use super::model::{PoolDecl, PreemptionPolicy};
 use super::quota::QuotaRule;
 
 /// (region, zone, pool).

@@ -35,11 +35,10 @@ pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
 pub use lease::LeaseError;
 pub use model::{
-    Allocation, BatchKey, Cordon, Decision, Hold, OnRung, PendingBatch, PoolDecl,
-    accelerator_label, shape_text,
+    Allocation, BatchKey, Cause, Cordon, Decision, Hold, OnRung, PendingBatch, PoolDecl,
+    Preemption, PreemptionPolicy, Victim, accelerator_label, shape_text,
 };
 pub use pending::{Blocker, ESTIMATE_DEPTH, PendingInfo, Verdict};
-pub use preempt::{Cause, Preemption, PreemptionPolicy, Victim};
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;
 pub use views::CapacityRow;

@@ -1,16 +1,17 @@
 //! The scheduler's model: what the core takes and returns. A batch's key,
 //! a queued batch, an allocation, a decision, a declared pool, an admin's
-//! hold or cordon, and what a cluster asks for as a shape (its key, its
-//! metric label, its text). Types and pure functions of them; the
+//! hold or cordon, what a cluster asks for as a shape (its key, its
+//! metric label, its text), and a preemption's policy, decision and claim
+//! (what `preempt.rs` decides). Types and pure functions of them; the
 //! [`Scheduler`](super::Scheduler) that acts on them is `core.rs` (its
 //! state), `events.rs` and `pass.rs`.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
 
 use super::capacity::{NodeId, NodeSpec, PartNeed, Placement};
-use super::preempt::Preemption;
 use crate::api::EndReason;
 use crate::spec::{ClusterRequest, PartRole, QuotaAmount};
 
@@ -222,4 +223,131 @@ pub fn shape_text(c: &ClusterRequest) -> String {
         None => "CPU driver".to_string(),
     };
     format!("1 {driver} + {} executors of {exec}", c.executor_count)
+}
+
+/// A region's preemption policy (`[regions.NAME.preemption]`); a region
+/// without one never preempts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreemptionPolicy {
+    /// A batch of strictly higher `flexq-priority` may preempt.
+    pub by_priority: bool,
+    /// A project under its fair share may reclaim from one over it.
+    pub by_fair_share: bool,
+    /// Fair share: the preemptor's usage ÷ weight times this must be below
+    /// the victim's (and stay at most the victim's after the preemption).
+    pub fair_share_margin: f64,
+    /// A cluster that has run less than this is never a victim.
+    pub min_runtime: std::time::Duration,
+    /// A batch preempted this many times is never a victim again.
+    pub max_preemptions: u32,
+    /// How long a victim has to stop cleanly before it is killed.
+    pub grace: std::time::Duration,
+    /// Whether a batch's `spark.flexq.preemptible=false` is honoured.
+    pub allow_opt_out: bool,
+}
+
+impl Default for PreemptionPolicy {
+    fn default() -> PreemptionPolicy {
+        PreemptionPolicy {
+            by_priority: true,
+            by_fair_share: false,
+            fair_share_margin: 2.0,
+            min_runtime: std::time::Duration::from_secs(15 * 60),
+            max_preemptions: 2,
+            grace: std::time::Duration::from_secs(60),
+            allow_opt_out: true,
+        }
+    }
+}
+
+/// Why a victim gives way.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cause {
+    Priority {
+        preemptor: i32,
+        victim: i32,
+    },
+    /// Usage ÷ weight of the two projects in the region.
+    FairShare {
+        preemptor: String,
+        preemptor_share: f64,
+        victim: String,
+        victim_share: f64,
+    },
+}
+
+impl Cause {
+    /// The metric label: `priority` or `fair-share`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Cause::Priority { .. } => "priority",
+            Cause::FairShare { .. } => "fair-share",
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    /// "priority 10 > 0", "fair share: team-a 0.40 < team-b 1.90".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::Priority { preemptor, victim } => write!(f, "priority {preemptor} > {victim}"),
+            Cause::FairShare {
+                preemptor,
+                preemptor_share,
+                victim,
+                victim_share,
+            } => write!(
+                f,
+                "fair share: {preemptor} {preemptor_share:.2} < {victim} {victim_share:.2}"
+            ),
+        }
+    }
+}
+
+/// A running cluster that gives way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Victim {
+    pub key: BatchKey,
+    pub batch_id: String,
+    pub project: String,
+    pub gpus: u64,
+    /// GPU-seconds its cluster had run: the work lost.
+    pub gpu_seconds: f64,
+    pub cause: Cause,
+    /// Every part is on a virtual node: no process to wait for, it is gone
+    /// at once.
+    pub at_once: bool,
+}
+
+/// A preemption decided: the victims stop, and once every one is gone
+/// their GPUs go to the preemptor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preemption {
+    pub preemptor: BatchKey,
+    pub preemptor_id: String,
+    pub project: String,
+    pub region: String,
+    pub zone: String,
+    pub victims: Vec<Victim>,
+    /// How long each victim has to stop before it is killed.
+    pub grace: std::time::Duration,
+}
+
+impl Preemption {
+    /// GPUs of every victim.
+    pub fn gpus(&self) -> u64 {
+        self.victims.iter().map(|v| v.gpus).sum()
+    }
+}
+
+/// What a preemptor waits for: its plan in one zone, the victims still
+/// holding their clusters, and what is set aside for it meanwhile (the
+/// capacity its plan found free at the decision, and each victim's
+/// cluster once it is gone).
+#[derive(Debug, Clone)]
+pub(crate) struct Claim {
+    pub(crate) region: String,
+    pub(crate) plan: Vec<Placement>,
+    pub(crate) waiting: BTreeSet<BatchKey>,
+    pub(crate) banked: Vec<Placement>,
 }

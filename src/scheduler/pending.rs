@@ -278,7 +278,15 @@ impl Scheduler {
             let short = reasons.iter().any(|r| matches!(r, Blocker::Quota(_)));
             self.earliest_start(batch, before.as_deref(), short, now)
         };
+        // Blocked by capacity alone: what preemption does for it.
+        let by_capacity = !reasons.is_empty()
+            && !reasons
+                .iter()
+                .any(|r| matches!(r, Blocker::Quota(_) | Blocker::Held { .. }));
         let mut reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+        if by_capacity || self.is_claiming(key) {
+            reasons.extend(self.preemption_reason(batch, now));
+        }
         reasons.extend(self.rung_reasons(batch, now));
         Some(PendingInfo {
             queue_position: position,

@@ -8,140 +8,15 @@
 //! allocated on what was set aside. Never two clusters on a GPU.
 
 use std::collections::BTreeSet;
-use std::fmt;
 
 use chrono::{DateTime, Duration, Utc};
 
 use super::capacity::{Placement, needs, plan_zone};
 use super::core::Scheduler;
-use super::model::{Allocation, BatchKey, Decision, PendingBatch};
-
-/// A region's preemption policy (`[regions.NAME.preemption]`); a region
-/// without one never preempts.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PreemptionPolicy {
-    /// A batch of strictly higher `flexq-priority` may preempt.
-    pub by_priority: bool,
-    /// A project under its fair share may reclaim from one over it.
-    pub by_fair_share: bool,
-    /// Fair share: the preemptor's usage ÷ weight times this must be below
-    /// the victim's (and stay at most the victim's after the preemption).
-    pub fair_share_margin: f64,
-    /// A cluster that has run less than this is never a victim.
-    pub min_runtime: std::time::Duration,
-    /// A batch preempted this many times is never a victim again.
-    pub max_preemptions: u32,
-    /// How long a victim has to stop cleanly before it is killed.
-    pub grace: std::time::Duration,
-    /// Whether a batch's `spark.flexq.preemptible=false` is honoured.
-    pub allow_opt_out: bool,
-}
-
-impl Default for PreemptionPolicy {
-    fn default() -> PreemptionPolicy {
-        PreemptionPolicy {
-            by_priority: true,
-            by_fair_share: false,
-            fair_share_margin: 2.0,
-            min_runtime: std::time::Duration::from_secs(15 * 60),
-            max_preemptions: 2,
-            grace: std::time::Duration::from_secs(60),
-            allow_opt_out: true,
-        }
-    }
-}
-
-/// Why a victim gives way.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Cause {
-    Priority {
-        preemptor: i32,
-        victim: i32,
-    },
-    /// Usage ÷ weight of the two projects in the region.
-    FairShare {
-        preemptor: String,
-        preemptor_share: f64,
-        victim: String,
-        victim_share: f64,
-    },
-}
-
-impl Cause {
-    /// The metric label: `priority` or `fair-share`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Cause::Priority { .. } => "priority",
-            Cause::FairShare { .. } => "fair-share",
-        }
-    }
-}
-
-impl fmt::Display for Cause {
-    /// "priority 10 > 0", "fair share: team-a 0.40 < team-b 1.90".
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Cause::Priority { preemptor, victim } => write!(f, "priority {preemptor} > {victim}"),
-            Cause::FairShare {
-                preemptor,
-                preemptor_share,
-                victim,
-                victim_share,
-            } => write!(
-                f,
-                "fair share: {preemptor} {preemptor_share:.2} < {victim} {victim_share:.2}"
-            ),
-        }
-    }
-}
-
-/// A running cluster that gives way.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Victim {
-    pub key: BatchKey,
-    pub batch_id: String,
-    pub project: String,
-    pub gpus: u64,
-    /// GPU-seconds its cluster had run: the work lost.
-    pub gpu_seconds: f64,
-    pub cause: Cause,
-    /// Every part is on a virtual node: no process to wait for, it is gone
-    /// at once.
-    pub at_once: bool,
-}
-
-/// A preemption decided: the victims stop, and once every one is gone
-/// their GPUs go to the preemptor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Preemption {
-    pub preemptor: BatchKey,
-    pub preemptor_id: String,
-    pub project: String,
-    pub region: String,
-    pub zone: String,
-    pub victims: Vec<Victim>,
-    /// How long each victim has to stop before it is killed.
-    pub grace: std::time::Duration,
-}
-
-impl Preemption {
-    /// GPUs of every victim.
-    pub fn gpus(&self) -> u64 {
-        self.victims.iter().map(|v| v.gpus).sum()
-    }
-}
-
-/// What a preemptor waits for: its plan in one zone, the victims still
-/// holding their clusters, and what is set aside for it meanwhile (the
-/// capacity its plan found free at the decision, and each victim's
-/// cluster once it is gone).
-#[derive(Debug, Clone)]
-pub(super) struct Claim {
-    pub(super) region: String,
-    pub(super) plan: Vec<Placement>,
-    pub(super) waiting: BTreeSet<BatchKey>,
-    pub(super) banked: Vec<Placement>,
-}
+use super::model::{
+    Allocation, BatchKey, Cause, Claim, Decision, PendingBatch, Preemption, PreemptionPolicy,
+    Victim,
+};
 
 /// When `victim` has run `min_runtime`.
 fn matures(policy: &PreemptionPolicy, victim: &Allocation) -> DateTime<Utc> {
@@ -497,6 +372,55 @@ impl Scheduler {
             })
             .waiting
             .insert(victim);
+    }
+
+    /// What preemption does for a queued `batch` that capacity blocks, in
+    /// words (why-pending and validate-only): whom it preempts, whom it
+    /// would preempt once it comes first among the blocked, from when a
+    /// cluster could give way, or why none can. None where preemption is
+    /// off or the batch never waits (default mode).
+    pub fn preemption_reason(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Option<String> {
+        let policy = self.preemption_in(&batch.region)?;
+        if let Some(claim) = self.claims.get(&batch.key) {
+            let names: Vec<&str> = claim
+                .waiting
+                .iter()
+                .filter_map(|k| self.running.get(k).map(|a| a.batch_id.as_str()))
+                .collect();
+            return Some(if names.is_empty() {
+                "preempting: its victims have stopped; it is allocated at the next pass".into()
+            } else {
+                format!(
+                    "preempting {}: allocated once they have stopped",
+                    names.join(", ")
+                )
+            });
+        }
+        batch.deadline?;
+        if let Some((p, _)) = self.plan_preemption(batch, now) {
+            let names: Vec<String> = p
+                .victims
+                .iter()
+                .map(|v| format!("{} ({})", v.batch_id, v.cause))
+                .collect();
+            return Some(format!(
+                "would preempt {} ({} GPUs) in {} once it comes first among the batches capacity blocks",
+                names.join(", "),
+                p.gpus(),
+                p.zone
+            ));
+        }
+        if let Some(at) = self.next_victim_matures(batch, now) {
+            return Some(format!(
+                "no cluster can give way yet: the first that could reaches min_runtime ({}) at {}",
+                humantime::format_duration(policy.min_runtime),
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ));
+        }
+        Some(
+            "nothing can be preempted for it: no cluster of lower priority, or of a project far enough over its fair share, that is not protected would make room for it in one zone"
+                .into(),
+        )
     }
 
     /// Whether `key` waits for its victims to stop.

@@ -940,3 +940,42 @@ async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_la
     b.shot("queue-alternatives").await;
     b.close().await;
 }
+
+#[tokio::test]
+async fn a_preempted_batch_shows_it_on_its_page_and_in_the_queue() {
+    // Two L4 nodes of 4 GPUs; preemption by priority, no minimum runtime.
+    let s = TestServer::start_with(crate::preemption::preempting).await;
+    let path = |id: &str| format!("/v1/projects/demo/locations/{REGION}/batches/{id}");
+    let provisioned = |b: &Value| b["flexq"]["provisioningState"] == "PROVISIONED";
+    for id in ["first", "second"] {
+        let (st, body) = s
+            .create(&format!("batchId={id}"), &gpu_batch(2, "3600s"))
+            .await;
+        assert_eq!(st, 200, "{body:#}");
+        until(&s, &path(id), "provisioned", provisioned).await;
+    }
+    let mut urgent = gpu_batch(2, "3600s");
+    urgent["labels"] = json!({"flexq-priority": "10"});
+    let (st, body) = s.create("batchId=urgent", &urgent).await;
+    assert_eq!(st, 200, "{body:#}");
+    until(&s, &path("urgent"), "provisioned", provisioned).await;
+    // The victim waits again, its preemption counted.
+    let second = until(&s, &path("second"), "queued again", |b| {
+        b["flexq"]["provisioningState"] == "QUEUED"
+    })
+    .await;
+    assert_eq!(second["flexq"]["preemptions"], 1, "{second:#}");
+
+    let b = Browser::open().await;
+    let console = s.url("/console/");
+    b.goto(&format!("{console}#/batch/demo/{REGION}/second"))
+        .await;
+    b.text_with("#preemptions", "1").await;
+    b.text_with("#timeline", "PREEMPTED by urgent (priority 10 > 0)")
+        .await;
+    b.shot("batch-preempted").await;
+    b.goto(&format!("{console}#/queue?region={REGION}")).await;
+    b.text_with("tr[data-batch='second'] .preempted", "preempted ×1")
+        .await;
+    b.close().await;
+}

@@ -153,6 +153,16 @@ export function batchView(b, deleted, project, region, cancel) {
     ["Queue position", f.queuePosition ? h("span", { id: "queue-position" }, number(f.queuePosition)) : ""],
     ["Estimated start", f.estimatedStartTime ? when(f.estimatedStartTime) : ""],
     ["Attempt", f.attempt],
+    [
+      "Preemptions",
+      f.preemptions || f.preempting
+        ? h(
+            "span",
+            { id: "preemptions", class: f.preempting ? "badge warn" : null },
+            f.preempting ? "stopping: preempted" : number(f.preemptions),
+          )
+        : "",
+    ],
     ["Operation", b.operation],
   ].filter(([, v]) => v !== undefined && v !== null && v !== "");
   const left = [

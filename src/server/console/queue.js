@@ -120,7 +120,15 @@ export function queueTable(entries, region) {
           "tr",
           { "data-batch": id },
           h("td", { class: "num" }, number(e.queuePosition)),
-          h("td", null, h("a", { href: `#/batch/${enc(e.project)}/${enc(region)}/${enc(id)}` }, id)),
+          h(
+            "td",
+            null,
+            h("a", { href: `#/batch/${enc(e.project)}/${enc(region)}/${enc(id)}` }, id),
+            // Preempted before: it waits again at its place.
+            e.preemptions
+              ? [" ", h("span", { class: "badge warn preempted", title: "Times its cluster was preempted" }, `preempted ×${e.preemptions}`)]
+              : null,
+          ),
           h("td", null, e.project),
           h(
             "td",
