@@ -376,16 +376,17 @@ impl Engine {
         let engine = self.clone();
         let name = name.clone();
         let task = tokio::spawn(async move {
+            let now = Utc::now();
             let applied = engine
                 .shared
                 .store
-                .cancel(&name.project, &name.region, &name.operation_id, Utc::now())
+                .cancel(&name.project, &name.region, &name.operation_id, now)
                 .await
                 .map_err(|e| not_found_as(e, "operation", &name.to_string()))?;
             engine.record_lifecycle(&applied, None);
             tracing::info!(batch.id = %applied.batch_id, state = %applied.state, "batch cancel requested");
             if applied.outcome.ended().is_some() {
-                engine.forget(BatchKey(applied.seq)).await;
+                engine.forget(BatchKey(applied.seq), now).await;
             }
             // The agents of its nodes stop the work (or drop a cluster that
             // was released before it started).

@@ -429,11 +429,12 @@ impl Engine {
         self.wake();
     }
 
-    /// A batch left the queue or gave back its cluster (its GPU-seconds
-    /// counted: [`Self::count_released`]).
-    pub async fn forget(&self, key: BatchKey) {
-        let released = self.lock().await.forget(key, chrono::Utc::now());
-        self.count_released(released.as_ref());
+    /// A batch left the queue or gave back its cluster at `at` (the time
+    /// the store wrote it; its GPU-seconds counted up to it:
+    /// [`Self::count_released`]).
+    pub async fn forget(&self, key: BatchKey, at: chrono::DateTime<chrono::Utc>) {
+        let released = self.lock().await.forget(key, at);
+        self.count_released(released.as_ref(), at);
         self.wake();
     }
 
@@ -443,20 +444,20 @@ impl Engine {
     /// replicas; followers count nothing, so the sum over replicas counts
     /// each cluster once. (A pass runs only there: its lost clusters are
     /// counted with [`record_release`].)
-    pub(crate) fn count_released(&self, released: Option<&crate::scheduler::Allocation>) {
+    pub(crate) fn count_released(
+        &self,
+        released: Option<&crate::scheduler::Allocation>,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
         if let (true, Some(a)) = (self.role().decides(), released) {
-            record_release(a);
+            record_release(a, at);
         }
     }
 }
 
-/// The GPU-seconds of a cluster given back, counted now
+/// The GPU-seconds of a cluster given back at `at` (the release's time,
+/// as the store wrote it: the batch's own usage says the same)
 /// (`flexq_project_gpu_seconds_total`).
-pub(crate) fn record_release(a: &crate::scheduler::Allocation) {
-    crate::metrics::record_gpu_seconds(
-        &a.project,
-        &a.region,
-        a.accelerator,
-        a.gpu_seconds(chrono::Utc::now()),
-    );
+pub(crate) fn record_release(a: &crate::scheduler::Allocation, at: chrono::DateTime<chrono::Utc>) {
+    crate::metrics::record_gpu_seconds(&a.project, &a.region, a.accelerator, a.gpu_seconds(at));
 }

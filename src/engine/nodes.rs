@@ -156,13 +156,10 @@ impl Engine {
                     if applied.outcome.ended().is_some() {
                         // At once: a later failure must not leave an ended
                         // batch's capacity held in memory.
-                        self.count_released(
-                            core.forget(BatchKey(applied.seq), chrono::Utc::now())
-                                .as_ref(),
-                        );
+                        self.count_released(core.forget(BatchKey(applied.seq), now).as_ref(), now);
                         tracing::warn!(batch.id = %applied.batch_id, node, "batch failed: its agent restarted without it");
                     } else if applied.requeued() {
-                        self.requeued(&mut core, &applied).await;
+                        self.requeued(&mut core, &applied, now).await;
                         tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure: its agent restarted without it");
                     }
                 }
@@ -382,8 +379,10 @@ impl Engine {
         let applied = tokio::spawn(async move {
             let mut core = engine.lock().await;
             check_epoch(&node, epoch, engine.current_epoch(&core, &node).await?)?;
+            // The report's time, in the store and in what is counted.
+            let now = Utc::now();
             let applied = engine
-                .bounded(engine.shared.store.report(&node, &uuid, &event, Utc::now()))
+                .bounded(engine.shared.store.report(&node, &uuid, &event, now))
                 .await
                 .map_err(|e| match e {
                     StoreError::NotFound => Error::not_found("batch with uuid", &uuid),
@@ -392,14 +391,11 @@ impl Engine {
             crate::metrics::record_agent_report(event.name());
             engine.record_lifecycle(&applied, Some(&node));
             if applied.outcome.ended().is_some() {
-                engine.count_released(
-                    core.forget(BatchKey(applied.seq), chrono::Utc::now())
-                        .as_ref(),
-                );
+                engine.count_released(core.forget(BatchKey(applied.seq), now).as_ref(), now);
                 drop(core);
                 engine.wake();
             } else if applied.requeued() {
-                engine.requeued(&mut core, &applied).await;
+                engine.requeued(&mut core, &applied, now).await;
                 if applied.preempted() {
                     tracing::info!(batch.id = %applied.batch_id, node, "batch requeued after preemption: its processes stopped");
                 } else {
@@ -418,12 +414,17 @@ impl Engine {
     /// A batch an infrastructure failure sent back to the queue: its old
     /// cluster leaves the core at once and, on a single process, the batch
     /// is queued again (with replicas the leader hears `Requeued`).
-    async fn requeued(&self, core: &mut crate::scheduler::Scheduler, applied: &Applied) {
+    async fn requeued(
+        &self,
+        core: &mut crate::scheduler::Scheduler,
+        applied: &Applied,
+        at: DateTime<Utc>,
+    ) {
         if !applied.preempted() {
             crate::metrics::record_requeue();
         }
         let key = BatchKey(applied.seq);
-        self.count_released(core.forget(key, Utc::now()).as_ref());
+        self.count_released(core.forget(key, at).as_ref(), at);
         if self.replicated() {
             return;
         }

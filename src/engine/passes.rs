@@ -119,7 +119,7 @@ impl Engine {
                     if let (Decision::Preempt(p), true) = (d, ok) {
                         for v in p.victims.iter().filter(|v| v.at_once) {
                             if let Some(cluster) = core.forget(v.key, now) {
-                                super::record_release(&cluster);
+                                super::record_release(&cluster, now);
                                 banked = true;
                             }
                         }
@@ -300,7 +300,7 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
             crate::metrics::record_lease_lost(failed.len() - back, back);
             // A pass runs only on the replica that schedules.
             for cluster in released {
-                super::record_release(cluster);
+                super::record_release(cluster, now);
             }
         }
     }

@@ -168,8 +168,9 @@ impl Engine {
                 self.wake();
             }
             Change::Ended { seq } => {
-                let released = self.lock().await.forget(BatchKey(seq), chrono::Utc::now());
-                self.count_released(released.as_ref());
+                let now = Utc::now();
+                let released = self.lock().await.forget(BatchKey(seq), now);
+                self.count_released(released.as_ref(), now);
                 self.wake();
                 self.work_changed();
             }
@@ -177,8 +178,9 @@ impl Engine {
                 // Its old cluster given back, the batch is queued again.
                 let back = self.bounded(store.queued_batches(seq..=seq)).await?;
                 let mut core = self.lock().await;
-                let released = core.forget(BatchKey(seq), Utc::now());
-                self.count_released(released.as_ref());
+                let now = Utc::now();
+                let released = core.forget(BatchKey(seq), now);
+                self.count_released(released.as_ref(), now);
                 for b in back {
                     core.submit(b);
                 }
