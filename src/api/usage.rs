@@ -31,6 +31,9 @@ pub struct UsageRow {
     /// `gpuHours` × the GPU type's weight (`scheduling.gpu_weights`,
     /// default 1): what the fair-share order charges the project.
     pub weighted_gpu_hours: f64,
+    /// Of `gpuHours`, those held by clusters that were then preempted:
+    /// work lost, counted to the victim's project.
+    pub lost_gpu_hours: f64,
     /// Local SSD GB × hours held inside the window.
     pub local_ssd_gb_hours: f64,
     /// Batches created in the window.

@@ -132,6 +132,7 @@ pub(crate) fn report(
     struct Sums {
         gpu_millis: u64,
         weighted_gpu_millis: f64,
+        lost_gpu_millis: u64,
         ssd_gb_millis: u64,
         batches: u64,
         allocated: u64,
@@ -148,6 +149,9 @@ pub(crate) fn report(
             .entry((part.project.clone(), label.to_string()))
             .or_default();
         sums.gpu_millis += part.gpus * millis;
+        if part.preempted {
+            sums.lost_gpu_millis += part.gpus * millis;
+        }
         sums.weighted_gpu_millis += (part.gpus * millis) as f64 * gpu_weight(part.accelerator);
         sums.ssd_gb_millis += part.local_ssd_gb * millis;
     }
@@ -175,6 +179,7 @@ pub(crate) fn report(
             milli_accelerator_seconds: s.gpu_millis.to_string(),
             gpu_hours: s.gpu_millis as f64 / 3_600_000.0,
             weighted_gpu_hours: s.weighted_gpu_millis / 3_600_000.0,
+            lost_gpu_hours: s.lost_gpu_millis as f64 / 3_600_000.0,
             local_ssd_gb_hours: s.ssd_gb_millis as f64 / 3_600_000.0,
             batches: s.batches,
             allocated: s.allocated,
@@ -193,6 +198,7 @@ pub(crate) fn report(
     for ((project, accelerator), mut s) in by {
         all.gpu_millis += s.gpu_millis;
         all.weighted_gpu_millis += s.weighted_gpu_millis;
+        all.lost_gpu_millis += s.lost_gpu_millis;
         all.ssd_gb_millis += s.ssd_gb_millis;
         all.batches += s.batches;
         all.allocated += s.allocated;
@@ -229,6 +235,7 @@ mod tests {
             local_ssd_gb: 375,
             allocated_at: at(from),
             released_at: to.map(at),
+            preempted: false,
         }
     }
 
@@ -287,6 +294,12 @@ mod tests {
             })
             .collect();
         assert_eq!(by_type, [("a100-40", 2.0, 6.0), ("l4", 2.0, 2.0)]);
+        assert_eq!(r.total.lost_gpu_hours, 0.0);
+        // A preempted part's hours are work lost too.
+        let mut lost = part("a", 1, 0, Some(1800));
+        lost.preempted = true;
+        let one = report("r", (&[lost], &[]), weight, (at(0), at(3600)), at(3600));
+        assert_eq!((one.total.gpu_hours, one.total.lost_gpu_hours), (0.5, 0.5));
         assert_eq!((r.total.gpu_hours, r.total.weighted_gpu_hours), (4.0, 8.0));
     }
 

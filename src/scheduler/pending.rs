@@ -305,6 +305,20 @@ impl Scheduler {
         short: bool,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
+        let (own, rungs) = self.starts(batch, before, short, now);
+        own.into_iter().chain(rungs.into_iter().flatten()).min()
+    }
+
+    /// When `batch` could start on its own placement (unless `short` of
+    /// quota for it) and on each of its rungs; `before` as for
+    /// [`Self::ahead`].
+    fn starts(
+        &self,
+        batch: &PendingBatch,
+        before: Option<&[ProjectAhead<'_>]>,
+        short: bool,
+        now: DateTime<Utc>,
+    ) -> (Option<DateTime<Utc>>, Vec<Option<DateTime<Utc>>>) {
         let ahead = self.ahead(batch, before);
         let own = if short {
             None
@@ -317,8 +331,9 @@ impl Scheduler {
             .cluster
             .alternatives
             .iter()
-            .filter_map(|rung| self.rung_start(batch, rung, ahead.as_deref(), now));
-        own.into_iter().chain(rungs).min()
+            .map(|rung| self.rung_start(batch, rung, ahead.as_deref(), now))
+            .collect();
+        (own, rungs)
     }
 
     /// When `batch` could start on `rung`, not before the rung's delay: in
@@ -380,25 +395,11 @@ impl Scheduler {
             Order::Strict => None,
             Order::FairShare => Some(self.projects_before(probe, now).unwrap_or_default()),
         };
-        let ahead = self.ahead(probe, before.as_deref());
-        let own = if self
+        let short = self
             .ledger
             .shortfall(&probe.project, &probe.region, &probe.cluster.quota)
-            .is_some()
-        {
-            None
-        } else {
-            ahead
-                .as_deref()
-                .and_then(|ahead| self.estimate_in_order(probe, ahead, now))
-        };
-        let rungs = probe
-            .cluster
-            .alternatives
-            .iter()
-            .map(|rung| self.rung_start(probe, rung, ahead.as_deref(), now))
-            .collect();
-        (own, rungs)
+            .is_some();
+        self.starts(probe, before.as_deref(), short, now)
     }
 
     /// The batches ahead of `batch` in its region's order, first first:

@@ -183,6 +183,14 @@ pub(super) async fn write_steps(
                     .bind(seq)
                     .execute(&mut *conn)
                     .await?;
+                // The parts given back in this decision held work lost.
+                sqlx::query(
+                    "update allocations set preempted = 1 where batch_seq = $1 and released_at = $2",
+                )
+                .bind(seq)
+                .bind(micros(now))
+                .execute(&mut *conn)
+                .await?;
             }
             Step::Ended(reason) => {
                 sqlx::query("update batches set end_reason = $1 where seq = $2")

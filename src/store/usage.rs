@@ -20,6 +20,9 @@ pub struct HeldPart {
     pub allocated_at: DateTime<Utc>,
     /// None while still held.
     pub released_at: Option<DateTime<Utc>>,
+    /// Given back because its batch was preempted: what it held is work
+    /// lost.
+    pub preempted: bool,
 }
 
 /// A batch created in the window.
@@ -77,7 +80,7 @@ impl Store {
         let project = project.unwrap_or_default();
         let rows = sqlx::query(
             "select b.project, b.cluster, b.alternative, a.role, a.gpus, a.local_ssd_gb, a.accelerator, \
-             a.allocated_at, a.released_at \
+             a.allocated_at, a.released_at, a.preempted \
              from allocations a join batches b on b.seq = a.batch_seq \
              where coalesce(a.region, b.region) = $1 and ($2 = '' or b.project = $3) \
              and a.allocated_at < $4 and (a.released_at is null or a.released_at > $5)",
@@ -101,6 +104,7 @@ impl Store {
                 released_at: row
                     .try_get::<Option<i64>, _>("released_at")?
                     .map(from_micros),
+                preempted: row.try_get::<i64, _>("preempted")? != 0,
             });
         }
         let rows = sqlx::query(

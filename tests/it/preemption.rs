@@ -109,6 +109,14 @@ async fn an_urgent_batch_preempts_the_latest_lower_one_which_requeues_and_runs_a
     // (The registry is the test process's: other tests count too.)
     assert!(n.is_some_and(|n| n >= 1.0), "flexq_preemptions_total {n:?}");
 
+    // The usage report counts the victim's held time as work lost.
+    let (_, usage) = s.get("/v1/projects/demo/regions/us-central1/usage").await;
+    let lost = usage["total"]["lostGpuHours"]
+        .as_f64()
+        .expect("lostGpuHours");
+    let held = usage["total"]["gpuHours"].as_f64().expect("gpuHours");
+    assert!(lost > 0.0 && lost < held, "{usage:#}");
+
     // Once the urgent batch is done, the victim gets its GPUs back.
     let (status, body) = s
         .post(&format!(
