@@ -96,6 +96,15 @@ fn state_registry(s: &Snapshot) -> Registry {
             .with_label_values(&[region, project])
             .set(usage / weight.max(f64::MIN_POSITIVE));
     }
+    let protected = gauge_vec(
+        &r,
+        "flexq_preemption_protected_clusters",
+        "Per region where preemption is on: running clusters of batches preempted max_preemptions times, which are never victims again.",
+        &["region"],
+    );
+    for (region, n) in &s.preemption_protected {
+        protected.with_label_values(&[region]).set(*n as f64);
+    }
     let gpus = gauge_vec(
         &r,
         "flexq_capacity_gpus",

@@ -28,6 +28,9 @@ pub struct Snapshot {
     pub fair_share: BTreeMap<(String, String), (f64, f64)>,
     /// Held queues: (region, project, or `-` for the whole region).
     pub held: Vec<(String, String)>,
+    /// Per region where preemption is on: running clusters of batches
+    /// preempted `max_preemptions` times, which are never victims again.
+    pub preemption_protected: BTreeMap<String, u64>,
     pub agent_nodes: u64,
     pub virtual_nodes: u64,
 }
@@ -121,6 +124,14 @@ impl Scheduler {
                 (region.to_string(), project.to_string()),
                 (st.usage, st.weight),
             );
+        }
+        for (region, policy) in &self.preemption {
+            let protected = self
+                .running
+                .values()
+                .filter(|a| &a.region == region && a.preemptions >= policy.max_preemptions)
+                .count() as u64;
+            s.preemption_protected.insert(region.clone(), protected);
         }
         s.agent_nodes = self.leases.active() as u64;
         s.virtual_nodes = self

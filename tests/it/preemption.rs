@@ -14,12 +14,14 @@ use crate::support::{TestServer, until};
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
 
 /// us-central1: two virtual L4 nodes of 4 GPUs in us-central1-a;
-/// preemption on by priority, with no minimum runtime.
+/// preemption on by priority, with no minimum runtime; a batch preempted
+/// once is never a victim again.
 pub(crate) fn preempting(c: &mut Config) {
     world(c, 2, 4, 2, 100);
     c.regions.get_mut("us-central1").expect("region").preemption = Some(PreemptionConfig {
         enabled: true,
         min_runtime: std::time::Duration::ZERO,
+        max_preemptions: 1,
         ..PreemptionConfig::default()
     });
 }
@@ -133,6 +135,13 @@ async fn an_urgent_batch_preempts_the_latest_lower_one_which_requeues_and_runs_a
     )
     .await;
     assert_eq!(v["flexq"]["preemptions"], 1, "{v:#}");
+    // Preempted max_preemptions (1) times: protected, and counted so.
+    let protected = crate::metrics::value(
+        &s.scrape().await,
+        "flexq_preemption_protected_clusters",
+        &[("region", "us-central1")],
+    );
+    assert_eq!(protected, Some(1.0));
 }
 
 #[tokio::test]
