@@ -417,6 +417,24 @@ pub fn orphaned(batches: Vec<(BatchKey, String)>) -> Option<Decision> {
 mod tests {
     use super::*;
 
+    /// A report from the node that runs the driver of batch `b`.
+    fn on_driver(state: State, event: &AgentEvent, attempts: Attempts) -> Result<Outcome, Refused> {
+        report(state, "n1", "b", Holding::Driver, event, attempts, None)
+    }
+
+    /// The same, while `b` is being preempted by `urgent`.
+    fn on_driver_preempted(state: State, event: &AgentEvent) -> Result<Outcome, Refused> {
+        report(
+            state,
+            "n1",
+            "b",
+            Holding::Driver,
+            event,
+            NONE,
+            Some("urgent"),
+        )
+    }
+
     fn to(outcome: &Outcome) -> Vec<State> {
         outcome.states().collect()
     }
@@ -605,27 +623,9 @@ mod tests {
         let started = AgentEvent::DriverStarted {
             rapids: "enabled".into(),
         };
-        let o = report(
-            State::Pending,
-            "n1",
-            "b",
-            Holding::Driver,
-            &started,
-            NONE,
-            None,
-        )
-        .expect("ok");
+        let o = on_driver(State::Pending, &started, NONE).expect("ok");
         assert_eq!(to(&o), [State::Running]);
-        let again = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &started,
-            NONE,
-            None,
-        )
-        .expect("ok");
+        let again = on_driver(State::Running, &started, NONE).expect("ok");
         assert!(to(&again).is_empty());
     }
 
@@ -636,27 +636,9 @@ mod tests {
             message: "done".into(),
             exit_code: Some(0),
         };
-        let o = report(
-            State::Cancelling,
-            "n1",
-            "b",
-            Holding::Driver,
-            &finished,
-            NONE,
-            None,
-        )
-        .expect("ok");
+        let o = on_driver(State::Cancelling, &finished, NONE).expect("ok");
         assert_eq!(o.ended(), Some(State::Cancelled));
-        let o = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &finished,
-            NONE,
-            None,
-        )
-        .expect("ok");
+        let o = on_driver(State::Running, &finished, NONE).expect("ok");
         assert_eq!(o.ended(), Some(State::Succeeded));
         assert!(o.steps.contains(&Step::RunEnded { exit_code: Some(0) }));
     }
@@ -718,32 +700,14 @@ mod tests {
             message: "agent restarted".into(),
             infrastructure: true,
         };
-        let o = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &restarted,
-            RETRY,
-            None,
-        )
-        .expect("ok");
+        let o = on_driver(State::Running, &restarted, RETRY).expect("ok");
         assert_eq!(to(&o), [State::Pending]);
         assert!(o.steps.contains(&Step::Requeue));
         let own = AgentEvent::PartFailed {
             message: "executor exited".into(),
             infrastructure: false,
         };
-        let o = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &own,
-            RETRY,
-            None,
-        )
-        .expect("ok");
+        let o = on_driver(State::Running, &own, RETRY).expect("ok");
         assert_eq!(o.ended(), Some(State::Failed));
         // The user's code failing is never requeued.
         let failed = AgentEvent::Finished {
@@ -751,16 +715,7 @@ mod tests {
             message: "exit 1".into(),
             exit_code: Some(1),
         };
-        let o = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &failed,
-            RETRY,
-            None,
-        )
-        .expect("ok");
+        let o = on_driver(State::Running, &failed, RETRY).expect("ok");
         assert_eq!(o.ended(), Some(State::Failed));
     }
 
@@ -799,59 +754,23 @@ mod tests {
             message: "driver exited with status 143".into(),
             exit_code: Some(143),
         };
-        let o = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &stopped,
-            NONE,
-            Some("urgent"),
-        )
-        .expect("ok");
+        let o = on_driver_preempted(State::Running, &stopped).expect("ok");
         assert_eq!(o.ended(), None, "not ended: {o:?}");
         assert_eq!(o.states().collect::<Vec<_>>(), vec![State::Pending]);
         assert!(o.steps.contains(&Step::Requeue) && o.steps.contains(&Step::Preempted));
         assert!(o.steps.contains(&Step::Release));
         // Not preempted: the same report fails it.
-        let o = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &stopped,
-            NONE,
-            None,
-        )
-        .expect("ok");
+        let o = on_driver(State::Running, &stopped, NONE).expect("ok");
         assert_eq!(o.ended(), Some(State::Failed));
         // Cancelled meanwhile: it ends CANCELLED, not requeued.
-        let o = report(
-            State::Cancelling,
-            "n1",
-            "b",
-            Holding::Driver,
-            &stopped,
-            NONE,
-            Some("urgent"),
-        )
-        .expect("ok");
+        let o = on_driver_preempted(State::Cancelling, &stopped).expect("ok");
         assert_eq!(o.ended(), Some(State::Cancelled));
         assert!(!o.steps.contains(&Step::Requeue));
         // Reports that do not end the run change nothing of it.
         let started = AgentEvent::DriverStarted {
             rapids: "on".into(),
         };
-        let o = report(
-            State::Running,
-            "n1",
-            "b",
-            Holding::Driver,
-            &started,
-            NONE,
-            Some("urgent"),
-        )
-        .expect("ok");
+        let o = on_driver_preempted(State::Running, &started).expect("ok");
         assert!(!o.steps.contains(&Step::Requeue));
     }
 }

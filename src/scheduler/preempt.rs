@@ -162,20 +162,26 @@ impl Scheduler {
             let in_zone: Vec<usize> = (0..candidates.len())
                 .filter(|&i| candidates[i].0.zone == zone)
                 .collect();
+            let plan_on = |sim: &super::capacity::Capacity| {
+                let plan = plan_zone(&sim.zone_nodes(region, zone), &parts);
+                plan.complete().then_some(plan.placements)
+            };
             let fits = |victims: &[usize]| {
                 let mut sim = self.capacity.region(region);
                 for &i in victims {
                     sim.give_back(&candidates[i].0.placements);
                 }
-                let plan = plan_zone(&sim.zone_nodes(region, zone), &parts);
-                plan.complete().then_some(plan.placements)
+                plan_on(&sim)
             };
-            // Victims in order until the batch fits...
+            // Victims in order until the batch fits (on one copy of the
+            // region, each victim's cluster given back in turn)...
+            let mut sim = self.capacity.region(region);
             let mut chosen = Vec::new();
             let mut plan = None;
             for &i in &in_zone {
                 chosen.push(i);
-                plan = fits(&chosen);
+                sim.give_back(&candidates[i].0.placements);
+                plan = plan_on(&sim);
                 if plan.is_some() {
                     break;
                 }
@@ -254,7 +260,6 @@ impl Scheduler {
     ) -> bool {
         let policy = self.fair.policy();
         let region = batch.region.as_str();
-        let charge = |p: &[Placement]| self.fair.policy().charge(p);
         let gained = needs(&batch.cluster)
             .iter()
             .map(|n| f64::from(n.gpus) * policy.gpu_weight(n.accelerator))
@@ -268,7 +273,7 @@ impl Scheduler {
                 .iter()
                 .map(|&j| candidates[j].0)
                 .filter(|a| a.project == victim.project)
-                .map(|a| charge(&a.placements))
+                .map(|a| policy.charge(&a.placements))
                 .sum();
             let mine = self.fair.standing(region, &batch.project, now);
             let theirs = self.fair.standing(region, &victim.project, now);

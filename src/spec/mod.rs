@@ -263,7 +263,7 @@ fn check_create(
     let allocation_timeout_s = props.allocation_timeout(policy, &mut v);
     let ttl_s = check_ttl(batch, runtime, policy, &mut v);
     let infrastructure_retries = infrastructure_retries(batch, policy, &mut v);
-    let preemptible = preemptible(batch, region, policy, &mut v);
+    let preemptible = props.preemptible(region, policy, &mut v);
 
     if let Some(rejection) = v.into_rejection() {
         return Err(rejection);
@@ -298,40 +298,6 @@ fn check_create(
 
 /// The property by which a batch declares its cluster not preemptible.
 pub const PREEMPTIBLE_PROPERTY: &str = "spark.flexq.preemptible";
-
-/// Whether the batch's cluster may be preempted: `true` (the default) or
-/// `false`, where the region's preemption policy honours it.
-fn preemptible(batch: &Batch, region: &str, policy: &Policy, v: &mut Violations) -> bool {
-    let field = property_field(PREEMPTIBLE_PROPERTY);
-    let Some(value) = batch
-        .runtime_config
-        .as_ref()
-        .and_then(|r| r.properties.get(PREEMPTIBLE_PROPERTY))
-    else {
-        return true;
-    };
-    match value.trim() {
-        "true" => true,
-        "false" => {
-            if policy.preemption_opt_out.get(region) == Some(&false) {
-                v.invalid(
-                    field,
-                    format!(
-                        "false is not allowed in {region}: its preemption policy does not let batches opt out (regions.{region}.preemption.allow_opt_out is false); accepted: true, or leave it out"
-                    ),
-                );
-            }
-            false
-        }
-        other => {
-            v.invalid(
-                field,
-                format!("{} is not a boolean; accepted: true or false", quote(other)),
-            );
-            true
-        }
-    }
-}
 
 /// The label that sets a batch's requeues after infrastructure failures.
 pub const RETRIES_LABEL: &str = "flexq-infrastructure-retries";

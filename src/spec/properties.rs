@@ -367,6 +367,34 @@ impl Properties {
         }
     }
 
+    /// Whether the batch's cluster may be preempted
+    /// ([`super::PREEMPTIBLE_PROPERTY`]): `true` (the default) or `false`,
+    /// where the region's preemption policy honours it.
+    pub(crate) fn preemptible(&self, region: &str, policy: &Policy, v: &mut Violations) -> bool {
+        let key = super::PREEMPTIBLE_PROPERTY;
+        match self.get(key) {
+            None | Some("true") => true,
+            Some("false") => {
+                if policy.preemption_opt_out.get(region) == Some(&false) {
+                    v.invalid(
+                        property_field(key),
+                        format!(
+                            "false is not allowed in {region}: its preemption policy does not let batches opt out (regions.{region}.preemption.allow_opt_out is false); accepted: true, or leave it out"
+                        ),
+                    );
+                }
+                false
+            }
+            Some(other) => {
+                v.invalid(
+                    property_field(key),
+                    format!("{} is not a boolean; accepted: true or false", quote(other)),
+                );
+                true
+            }
+        }
+    }
+
     pub(crate) fn provisioning_mode(
         &self,
         uses_gpus: bool,
