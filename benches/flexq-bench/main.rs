@@ -113,11 +113,11 @@ enum Bench {
         #[arg(long, default_value_t = 500)]
         releases: usize,
         /// Only these parts: core, flood, end-to-end, expiry, restart,
-        /// ladders (comma-separated; all when absent).
+        /// ladders, preemption (comma-separated; all when absent).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
-        /// Turns of each ladder setting (off, ripe, unripe) in the
-        /// `ladders` part.
+        /// Turns of each setting in the `ladders` part (off, ripe,
+        /// unripe) and the `preemption` part (off, young, ripe).
         #[arg(long, default_value_t = 2)]
         rounds: usize,
     },

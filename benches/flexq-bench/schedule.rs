@@ -12,7 +12,11 @@
 //! 5. placement alternatives (`--only ladders`): the core's pass after a
 //!    release with every queued batch carrying an A100-40 rung, its delay
 //!    passed (the A100s full, so every rung fails) or not, in turns with
-//!    no ladders, and the ratios.
+//!    no ladders, and the ratios;
+//! 6. preemption (`--only preemption`): the core's pass after a release
+//!    with a tenth of the queue urgent (priority 5), with preemption off,
+//!    on with no cluster old enough to be a victim, and on with victims
+//!    preempted, in turns, and the ratios.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -39,9 +43,9 @@ pub(crate) struct ScheduleOptions {
     pub pending: Vec<usize>,
     pub releases: usize,
     /// Only these parts (core, flood, end-to-end, expiry, restart,
-    /// ladders); all when empty.
+    /// ladders, preemption); all when empty.
     pub only: Vec<String>,
-    /// Turns of each ladder setting in the `ladders` part.
+    /// Turns of each setting in the `ladders` and `preemption` parts.
     pub rounds: usize,
 }
 
@@ -222,6 +226,11 @@ pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
             ladder_passes(n, opts.releases, opts.rounds)?;
         }
     }
+    if part("preemption") {
+        for &n in &opts.pending {
+            preemption_passes(n, opts.releases, opts.rounds)?;
+        }
+    }
     Ok(())
 }
 
@@ -254,29 +263,44 @@ impl Ladders {
 /// priority in the first pass and never released, in every setting.
 fn ladder_passes(n: usize, releases: usize, rounds: usize) -> Result<(), CliError> {
     let settings = [Ladders::Off, Ladders::Ripe, Ladders::Unripe];
+    let names: Vec<&str> = settings.iter().map(|s| s.name()).collect();
+    in_turns(
+        &format!("[ladders] pass after one release, {n} pending, {releases} releases"),
+        &names,
+        rounds,
+        |i, h| ladder_turn(n, releases, settings[i], h),
+    )
+}
+
+/// Runs `turn(setting, histogram)` for each setting, `rounds` times, in
+/// turns (forwards, then backwards: drift on the machine hits all alike),
+/// and prints each setting's pass times and its ratio to the first. A
+/// turn answers its admissions and a digest of its decisions (the same
+/// digest for two builds: the same decisions).
+fn in_turns(
+    title: &str,
+    settings: &[&str],
+    rounds: usize,
+    mut turn: impl FnMut(usize, &mut Histogram<u64>) -> Result<(usize, u64), CliError>,
+) -> Result<(), CliError> {
     let mut hs: Vec<Histogram<u64>> = settings.iter().map(|_| histogram()).collect();
     let mut admitted = vec![(0usize, 0u64); settings.len()];
     for round in 0..rounds.max(1) {
-        let mut turns = settings.to_vec();
+        let mut order: Vec<usize> = (0..settings.len()).collect();
         if round % 2 == 1 {
-            turns.reverse();
+            order.reverse();
         }
-        for setting in turns {
-            let i = settings.iter().position(|s| *s == setting).unwrap_or(0);
-            let (count, digest) = ladder_turn(n, releases, setting, &mut hs[i])?;
+        for i in order {
+            let (count, digest) = turn(i, &mut hs[i])?;
             admitted[i].0 += count;
             admitted[i].1 = admitted[i].1.wrapping_add(digest);
         }
     }
-    println!(
-        "\n[ladders] pass after one release, {n} pending, {} releases × {} rounds per setting",
-        releases,
-        rounds.max(1)
-    );
+    println!("\n{title} × {} rounds per setting", rounds.max(1));
     for (i, s) in settings.iter().enumerate() {
         println!(
-            "  {:<7} p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms  ({} passes, {} admissions, digest {:016x})",
-            s.name(),
+            "  {:<7} p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms  ({} passes, {} decisions, digest {:016x})",
+            s,
             ms(&hs[i], 0.5),
             ms(&hs[i], 0.99),
             hs[i].max() as f64 / 1000.0,
@@ -287,13 +311,38 @@ fn ladder_passes(n: usize, releases: usize, rounds: usize) -> Result<(), CliErro
     }
     for (i, s) in settings.iter().enumerate().skip(1) {
         println!(
-            "  {} ÷ off: p50 {:.2}  p99 {:.2}",
-            s.name(),
+            "  {} ÷ {}: p50 {:.2}  p99 {:.2}",
+            s,
+            settings[0],
             ms(&hs[i], 0.5) / ms(&hs[0], 0.5).max(1e-9),
             ms(&hs[i], 0.99) / ms(&hs[0], 0.99).max(1e-9)
         );
     }
     Ok(())
+}
+
+/// A digest of one pass's decisions (which batch, where, on which rung,
+/// whom it preempts), folded into `digest`.
+fn fold_digest(digest: u64, pass: usize, decisions: &[flexq::scheduler::Decision]) -> u64 {
+    decisions.iter().fold(digest, |digest, decision| {
+        let text = match decision {
+            flexq::scheduler::Decision::Allocate(a) => {
+                format!("{pass} {} {} {}", a.key.0, a.zone, a.rung_index())
+            }
+            flexq::scheduler::Decision::Preempt(p) => format!(
+                "{pass} {} preempts {:?} in {}",
+                p.preemptor.0,
+                p.victims.iter().map(|v| v.key.0).collect::<Vec<_>>(),
+                p.zone
+            ),
+            other => format!("{pass} {:?}", other.key()),
+        };
+        digest.wrapping_mul(0x100_0000_01b3).wrapping_add(
+            text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+            }),
+        )
+    })
 }
 
 /// One core of `n` queued batches under `setting`, then `releases`
@@ -417,19 +466,7 @@ fn ladder_turn(
         let d = core.pass(later);
         let _ = h.record(t.elapsed().as_micros().max(1) as u64);
         admitted += d.len();
-        for decision in &d {
-            let text = match decision {
-                flexq::scheduler::Decision::Allocate(a) => {
-                    format!("{k} {} {} {}", a.key.0, a.zone, a.rung_index())
-                }
-                other => format!("{k} {:?}", other.key()),
-            };
-            digest = digest.wrapping_mul(0x100_0000_01b3).wrapping_add(
-                text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-                }),
-            );
-        }
+        digest = fold_digest(digest, k, &d);
     }
     Ok((admitted, digest))
 }
@@ -961,4 +998,152 @@ async fn restart(n: usize) -> Result<(), CliError> {
         scheduling.as_secs_f64() * 1000.0
     );
     Ok(())
+}
+
+/// The preemption settings the `preemption` part takes turns with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Preempting {
+    /// No policy: the baseline.
+    Off,
+    /// On by priority and fair share, with a minimum runtime of an hour:
+    /// each region's first blocked batch looks for victims and finds none
+    /// old enough (the cost of looking).
+    Young,
+    /// On, with no minimum runtime: victims are found and preempted.
+    Ripe,
+}
+
+impl Preempting {
+    const ALL: [Preempting; 3] = [Preempting::Off, Preempting::Young, Preempting::Ripe];
+
+    fn name(self) -> &'static str {
+        match self {
+            Preempting::Off => "off",
+            Preempting::Young => "young",
+            Preempting::Ripe => "ripe",
+        }
+    }
+}
+
+/// Part 6: the pass after a release with preemption off and on, in
+/// turns. `n` batches of priority 0 are queued and the first pass
+/// allocates what fits; then `n / 10` more of priority 5 arrive, so every
+/// region's first blocked batch could preempt a running cluster.
+fn preemption_passes(n: usize, releases: usize, rounds: usize) -> Result<(), CliError> {
+    let names: Vec<&str> = Preempting::ALL.iter().map(|s| s.name()).collect();
+    in_turns(
+        &format!(
+            "[preemption] pass after one release, {n} + {} urgent pending, {releases} releases",
+            n / 10
+        ),
+        &names,
+        rounds,
+        |i, h| preemption_turn(n, releases, Preempting::ALL[i], h),
+    )
+}
+
+fn preemption_turn(
+    n: usize,
+    releases: usize,
+    setting: Preempting,
+    h: &mut Histogram<u64>,
+) -> Result<(usize, u64), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let mut config = bench_config(7, dir.path())?;
+    let min_runtime = match setting {
+        Preempting::Off => None,
+        Preempting::Young => Some(Duration::from_secs(3600)),
+        Preempting::Ripe => Some(Duration::ZERO),
+    };
+    for region in config.regions.values_mut() {
+        region.preemption = min_runtime.map(|min_runtime| flexq::config::PreemptionConfig {
+            enabled: true,
+            by_priority: true,
+            by_fair_share: true,
+            min_runtime,
+            ..Default::default()
+        });
+    }
+    let policy = config.policy();
+    let clusters: Vec<ClusterRequest> = (0..n)
+        .map(|i| cluster_of(&policy, i, 7200))
+        .collect::<Result<_, _>>()?;
+    let now = Utc::now();
+    let mut core = queued_core(&config, clusters, |i| format!("team-{}", i % 10), now);
+    core.set_preemption(config.preemption());
+    core.pass(now);
+    let urgent = n / 10;
+    let mut queued = Vec::with_capacity(urgent);
+    for u in 0..urgent {
+        let i = n + u;
+        queued.push(PendingBatch {
+            key: BatchKey(i as i64 + 1),
+            batch_id: format!("u-{i:07}"),
+            project: format!("team-{}", i % 10),
+            region: region_of(i),
+            priority: 5,
+            queued_at: now,
+            deadline: Some(now + chrono::Duration::seconds(7200)),
+            cluster: cluster_of(&policy, i, 7200)?,
+            preemptions: 0,
+        });
+    }
+    // Kept to requeue a victim as the engine does: its batch as queued.
+    let mut pending: BTreeMap<BatchKey, PendingBatch> = BTreeMap::new();
+    for b in &queued {
+        pending.insert(b.key, b.clone());
+        core.submit(b.clone());
+    }
+    let mut later = now;
+    let mut decided = 0;
+    let mut digest = 0u64;
+    for k in 0..releases {
+        let running = core.running_keys();
+        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
+            break;
+        };
+        later += chrono::Duration::seconds(1);
+        core.forget(key, later);
+        let t = Instant::now();
+        let d = core.pass(later);
+        let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+        decided += d.len();
+        digest = fold_digest(digest, k, &d);
+        // Victims on virtual nodes are gone at once: forgotten and
+        // requeued (as the engine does), then their preemptor's pass.
+        let mut banked = false;
+        for decision in &d {
+            if let flexq::scheduler::Decision::Preempt(p) = decision {
+                for v in &p.victims {
+                    core.forget(v.key, later);
+                    banked = true;
+                    let again = pending
+                        .get(&v.key)
+                        .cloned()
+                        .unwrap_or_else(|| PendingBatch {
+                            key: v.key,
+                            batch_id: v.batch_id.clone(),
+                            project: v.project.clone(),
+                            region: p.region.clone(),
+                            priority: 0,
+                            queued_at: now,
+                            deadline: Some(later + chrono::Duration::seconds(7200)),
+                            cluster: cluster_of(&policy, (v.key.0 - 1) as usize, 7200)
+                                .unwrap_or_else(|_| queued[0].cluster.clone()),
+                            preemptions: 0,
+                        });
+                    core.submit(PendingBatch {
+                        preemptions: again.preemptions + 1,
+                        ..again
+                    });
+                }
+            }
+        }
+        if banked {
+            let d = core.pass(later);
+            decided += d.len();
+            digest = fold_digest(digest, k, &d);
+        }
+    }
+    Ok((decided, digest))
 }

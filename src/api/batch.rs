@@ -106,6 +106,10 @@ pub struct FlexqInfo {
     /// batch (2, 3…); absent for the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// Why it last went back to the queue, once it did: PREEMPTED or
+    /// INFRASTRUCTURE. Its operation's metadata warns of it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_reason: Option<String>,
     /// How many times its cluster was preempted (docs/rules.md#preemption),
     /// once it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -142,6 +142,37 @@ impl EndReason {
     }
 }
 
+/// Why a batch went back to the queue, once it has: stored with it
+/// (`flexq.requeueReason`), and named first in its operation's warnings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequeueReason {
+    /// A node under it was lost or its agent restarted without its work.
+    Infrastructure = 1,
+    /// Its cluster was preempted for another batch (docs/rules.md#preemption).
+    Preempted = 2,
+}
+
+impl RequeueReason {
+    pub const ALL: [RequeueReason; 2] = [RequeueReason::Infrastructure, RequeueReason::Preempted];
+
+    /// Its number in the store.
+    pub fn number(self) -> i64 {
+        self as i64
+    }
+
+    pub fn from_number(n: i64) -> Option<RequeueReason> {
+        RequeueReason::ALL.into_iter().find(|r| r.number() == n)
+    }
+
+    /// Its name on the wire (`flexq.requeueReason`, the operation's warning).
+    pub fn name(self) -> &'static str {
+        match self {
+            RequeueReason::Infrastructure => "INFRASTRUCTURE",
+            RequeueReason::Preempted => "PREEMPTED",
+        }
+    }
+}
+
 impl std::fmt::Display for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -7,7 +7,7 @@ use chrono::Utc;
 
 use crate::api::{
     BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, Code, EndReason, FlexqInfo, Operation,
-    OperationError, OperationMetadata, OperationName, State,
+    OperationError, OperationMetadata, OperationName, RequeueReason, State,
 };
 use crate::scheduler::{Verdict, shape_text};
 use crate::spec;
@@ -43,6 +43,7 @@ pub(super) fn to_batch(r: &BatchRecord) -> Batch {
             alternatives: ladder(&r.cluster),
             placement: placement(r),
             attempt: (r.attempt > 1).then_some(r.attempt),
+            requeue_reason: r.requeue_reason.map(|q| q.name().to_string()),
             preemptions: (r.preemptions > 0).then_some(r.preemptions),
             preempting: r.preempted_by.is_some(),
             zone: r.zone.clone(),
@@ -193,6 +194,28 @@ pub(super) fn rungs_json(
     out.into()
 }
 
+/// What its operation's metadata warns of a batch that went back to the
+/// queue: the typed reason first (`PREEMPTED: …`), so a client that only
+/// sees the operation can tell why its batch waits again.
+fn requeue_warning(r: &BatchRecord) -> Option<String> {
+    let reason = r.requeue_reason?;
+    let why = match reason {
+        RequeueReason::Preempted => format!(
+            "its cluster was preempted for another batch ({} time{}) and it went back to the queue at its place",
+            r.preemptions,
+            if r.preemptions == 1 { "" } else { "s" }
+        ),
+        RequeueReason::Infrastructure => {
+            "an infrastructure failure under its cluster sent it back to the queue".to_string()
+        }
+    };
+    Some(format!(
+        "{}: {why}; attempt {} is the one that counts.",
+        reason.name(),
+        r.attempt
+    ))
+}
+
 /// The Operation of a stored batch: done once the batch is terminal.
 pub(super) fn operation(r: &BatchRecord) -> Operation {
     let done = r.state.is_terminal();
@@ -235,7 +258,7 @@ pub(super) fn operation(r: &BatchRecord) -> Operation {
             operation_type: "BATCH".into(),
             description: format!("Batch {}", r.name.batch_id),
             labels: r.spec.labels.clone(),
-            warnings: Vec::new(),
+            warnings: requeue_warning(r).into_iter().collect(),
         },
         done,
         error,

@@ -10,7 +10,7 @@
 
 use super::capacity::NodeId;
 use super::model::{BatchKey, Decision};
-use crate::api::{EndReason, State};
+use crate::api::{EndReason, RequeueReason, State};
 use crate::spec::PartRole;
 
 /// One thing to write about a batch.
@@ -33,8 +33,8 @@ pub enum Step {
     /// The batch goes back to the queue after an infrastructure failure
     /// or a preemption (with a `To(Pending)` before it): its next attempt,
     /// queued as it was at create, with a fresh allocation deadline and no
-    /// run yet.
-    Requeue,
+    /// run yet; why is stored with it.
+    Requeue(RequeueReason),
     /// It was preempted (with a `Requeue`): one more preemption counted.
     Preempted,
 }
@@ -71,7 +71,7 @@ fn infrastructure_failure(state: State, message: &str, attempts: Attempts) -> Ve
                     attempts.retries + 1
                 ),
             ),
-            Step::Requeue,
+            Step::Requeue(RequeueReason::Infrastructure),
         ];
     }
     let (to, reason) = if state == State::Cancelling {
@@ -112,7 +112,7 @@ pub fn preempted(state: State, by: &str) -> Vec<Step> {
                 "Requeued after preemption by {by}: its processes stopped and its cluster was released; it keeps its place in the queue, with a fresh allocation deadline."
             ),
         ),
-        Step::Requeue,
+        Step::Requeue(RequeueReason::Preempted),
         Step::Preempted,
     ]
 }
@@ -133,6 +133,14 @@ impl Outcome {
     pub fn end_reason(&self) -> Option<EndReason> {
         self.steps.iter().find_map(|s| match s {
             Step::Ended(reason) => Some(*reason),
+            _ => None,
+        })
+    }
+
+    /// Why the decision sends the batch back to the queue, if it does.
+    pub fn requeued(&self) -> Option<RequeueReason> {
+        self.steps.iter().find_map(|s| match s {
+            Step::Requeue(reason) => Some(*reason),
             _ => None,
         })
     }
@@ -670,7 +678,10 @@ mod tests {
         assert_eq!(to(&o), [State::Pending]);
         assert_eq!(o.ended(), None);
         assert_eq!(o.steps.first(), Some(&Step::Release));
-        assert_eq!(o.steps.last(), Some(&Step::Requeue));
+        assert_eq!(
+            o.steps.last(),
+            Some(&Step::Requeue(RequeueReason::Infrastructure))
+        );
         let Step::To(_, message) = &o.steps[1] else {
             panic!("{o:?}")
         };
@@ -702,7 +713,10 @@ mod tests {
         };
         let o = on_driver(State::Running, &restarted, RETRY).expect("ok");
         assert_eq!(to(&o), [State::Pending]);
-        assert!(o.steps.contains(&Step::Requeue));
+        assert!(
+            o.steps
+                .contains(&Step::Requeue(RequeueReason::Infrastructure))
+        );
         let own = AgentEvent::PartFailed {
             message: "executor exited".into(),
             infrastructure: false,
@@ -757,7 +771,8 @@ mod tests {
         let o = on_driver_preempted(State::Running, &stopped).expect("ok");
         assert_eq!(o.ended(), None, "not ended: {o:?}");
         assert_eq!(o.states().collect::<Vec<_>>(), vec![State::Pending]);
-        assert!(o.steps.contains(&Step::Requeue) && o.steps.contains(&Step::Preempted));
+        assert_eq!(o.requeued(), Some(RequeueReason::Preempted));
+        assert!(o.steps.contains(&Step::Preempted));
         assert!(o.steps.contains(&Step::Release));
         // Not preempted: the same report fails it.
         let o = on_driver(State::Running, &stopped, NONE).expect("ok");
@@ -765,12 +780,12 @@ mod tests {
         // Cancelled meanwhile: it ends CANCELLED, not requeued.
         let o = on_driver_preempted(State::Cancelling, &stopped).expect("ok");
         assert_eq!(o.ended(), Some(State::Cancelled));
-        assert!(!o.steps.contains(&Step::Requeue));
+        assert_eq!(o.requeued(), None);
         // Reports that do not end the run change nothing of it.
         let started = AgentEvent::DriverStarted {
             rapids: "on".into(),
         };
         let o = on_driver_preempted(State::Running, &started).expect("ok");
-        assert!(!o.steps.contains(&Step::Requeue));
+        assert_eq!(o.requeued(), None);
     }
 }

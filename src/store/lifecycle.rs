@@ -8,7 +8,7 @@ use sqlx::AnyConnection;
 
 use super::rows::{from_micros, micros, transition};
 use super::{Change, Provisioning, RunInfo, Store, StoreError};
-use crate::api::State;
+use crate::api::{RequeueReason, State};
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
 use crate::spec::ClusterRequest;
 
@@ -30,7 +30,7 @@ pub struct Applied {
 impl Applied {
     /// The decision sent the batch back to the queue.
     pub fn requeued(&self) -> bool {
-        self.outcome.steps.contains(&Step::Requeue)
+        self.outcome.requeued().is_some()
     }
 
     /// It went back to the queue because it was preempted.
@@ -88,7 +88,12 @@ pub(super) async fn attempts(conn: &mut AnyConnection, seq: i64) -> Result<Attem
 /// Sends batch `seq` back to the queue for its next attempt: queued as at
 /// create (its queue time is its create time), a fresh allocation
 /// deadline, no cluster, no run, no output of the failed attempt.
-async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Result<(), StoreError> {
+async fn requeue(
+    conn: &mut AnyConnection,
+    seq: i64,
+    reason: RequeueReason,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
     let cluster: String = sqlx::query_scalar("select cluster from batches where seq = $1")
         .bind(seq)
         .fetch_one(&mut *conn)
@@ -99,11 +104,12 @@ async fn requeue(conn: &mut AnyConnection, seq: i64, now: DateTime<Utc>) -> Resu
     sqlx::query(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
          allocate_time = null, zone = null, alternative = null, master_url = null, \
-         run_info = null, end_reason = null, preempted_by = null, stop_grace_s = null \
-         where seq = $3",
+         run_info = null, end_reason = null, preempted_by = null, stop_grace_s = null, \
+         requeue_reason = $3 where seq = $4",
     )
     .bind(Provisioning::Queued as i64)
     .bind(deadline)
+    .bind(reason.number())
     .bind(seq)
     .execute(&mut *conn)
     .await?;
@@ -177,7 +183,7 @@ pub(super) async fn write_steps(
                 run.start_time.get_or_insert(now);
                 set_run_info(conn, seq, &run).await?;
             }
-            Step::Requeue => requeue(conn, seq, now).await?,
+            Step::Requeue(reason) => requeue(conn, seq, *reason, now).await?,
             Step::Preempted => {
                 sqlx::query("update batches set preemptions = preemptions + 1 where seq = $1")
                     .bind(seq)

@@ -195,6 +195,8 @@ pub struct BatchRecord {
     pub stop_grace_s: Option<u64>,
     /// How many times it was preempted.
     pub preemptions: u32,
+    /// Why it last went back to the queue, once it did.
+    pub requeue_reason: Option<crate::api::RequeueReason>,
     /// What the agents reported about the run.
     pub run: RunInfo,
     pub history: Vec<StateHistory>,

@@ -15,7 +15,7 @@ use crate::api::{BatchName, State, StateHistory};
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
      create_time, state, state_message, state_time, creator, spec, cluster, deadline, provisioning, \
      priority, zone, allocate_time, master_url, run_info, attempt, end_reason, alternative, \
-     preempted_by, stop_grace_s, preemptions";
+     preempted_by, stop_grace_s, preemptions, requeue_reason";
 
 pub(super) fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
@@ -71,6 +71,9 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
             .try_get::<Option<i64>, _>("stop_grace_s")?
             .and_then(|s| u64::try_from(s).ok()),
         preemptions: u32::try_from(row.try_get::<i64, _>("preemptions")?).unwrap_or(0),
+        requeue_reason: row
+            .try_get::<Option<i64>, _>("requeue_reason")?
+            .and_then(crate::api::RequeueReason::from_number),
         run: match row.try_get::<Option<&str>, _>("run_info")? {
             Some(json) => serde_json::from_str(json).map_err(|e| corrupt("run", e))?,
             None => super::RunInfo::default(),

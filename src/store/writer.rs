@@ -356,6 +356,7 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         end_reason: None,
         alternative: 0,
         preempted_by: None,
+        requeue_reason: None,
         stop_grace_s: None,
         preemptions: 0,
         run: super::RunInfo::default(),

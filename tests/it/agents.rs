@@ -249,13 +249,19 @@ async fn bad_registrations_are_refused_by_name() {
 }
 
 /// Registers `id` with 8 GPUs and returns its epoch.
-async fn register(s: &TestServer, id: &str) -> String {
+pub(crate) async fn register(s: &TestServer, id: &str) -> String {
     let (st, reg) = post(s, "/v1/nodes:register", &node(id, 8)).await;
     assert_eq!(st, 200, "{reg:#}");
     reg["epoch"].as_str().expect("epoch").to_string()
 }
 
-async fn poll(s: &TestServer, id: &str, epoch: &str, version: &str, wait: &str) -> (u16, Value) {
+pub(crate) async fn poll(
+    s: &TestServer,
+    id: &str,
+    epoch: &str,
+    version: &str,
+    wait: &str,
+) -> (u16, Value) {
     post(
         s,
         &format!("/v1/nodes/{id}:poll"),

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use flexq::config::{PoolConfig, RegionConfig, ZoneConfig};
+use flexq::config::{PoolConfig, PreemptionConfig, RegionConfig, ZoneConfig};
 use flexq::spec::Accelerator;
 use serde_json::{Value, json};
 
@@ -15,6 +15,11 @@ const REGION: &str = "mtest-east1";
 /// A server with `region` (one zone, `{region}-a`): one virtual node of 4
 /// L4 GPUs.
 pub(crate) async fn server(region: &str) -> TestServer {
+    server_with(region, None).await
+}
+
+/// The same, with `preemption` as the region's policy.
+pub(crate) async fn server_with(region: &str, preemption: Option<PreemptionConfig>) -> TestServer {
     let region = region.to_string();
     TestServer::start_with(|c| {
         let pool = PoolConfig {
@@ -35,7 +40,7 @@ pub(crate) async fn server(region: &str) -> TestServer {
                         node_pools: BTreeMap::from([("l4".to_string(), pool)]),
                     },
                 )]),
-                preemption: None,
+                preemption,
             },
         );
     })
@@ -242,4 +247,26 @@ async fn a_scrape_after_a_scenario_has_the_right_values() {
         !text.contains("m-small") && !text.contains("batch_id"),
         "no per-batch labels"
     );
+}
+
+/// After [`scenario`], in a region whose preemption is on by priority at
+/// once: a priority-10 batch preempts the cluster that fills the node.
+pub(crate) async fn preemption_scenario(s: &TestServer, region: &str) {
+    let mut urgent = batch(2, "3600s");
+    urgent["labels"] = json!({"flexq-priority": "10"});
+    create(s, region, "m-urgent", &urgent).await;
+    until(s, region, "m-urgent", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    until(s, region, "m-waits", |b| b["flexq"]["preemptions"] == 1).await;
+}
+
+/// Preemption on by priority, at once (no minimum runtime).
+pub(crate) fn preempting() -> Option<PreemptionConfig> {
+    Some(PreemptionConfig {
+        enabled: true,
+        min_runtime: std::time::Duration::ZERO,
+        ..PreemptionConfig::default()
+    })
 }

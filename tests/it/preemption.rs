@@ -84,6 +84,17 @@ async fn an_urgent_batch_preempts_the_latest_lower_one_which_requeues_and_runs_a
     assert_eq!(v["flexq"]["provisioningState"], "QUEUED", "{v:#}");
     assert_eq!(v["flexq"]["preemptions"], 1, "{v:#}");
     assert_eq!(v["flexq"]["attempt"], 2, "{v:#}");
+    assert_eq!(v["flexq"]["requeueReason"], "PREEMPTED", "{v:#}");
+    // Its operation says so too, typed reason first.
+    let (_, op) = s
+        .get(&format!("/v1/{}", v["operation"].as_str().expect("op")))
+        .await;
+    assert!(
+        op["metadata"]["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.starts_with("PREEMPTED: ")),
+        "{op:#}"
+    );
     let said = history(&v);
     assert!(
         said.iter()
@@ -195,4 +206,118 @@ async fn a_cluster_younger_than_min_runtime_is_left_alone_and_a_bad_opt_out_is_r
             .contains("runtime_config.properties[spark.flexq.preemptible]"),
         "{body:#}"
     );
+}
+
+/// A preemptor cancelled while its victim stops: the victim stops anyway
+/// and goes back to the queue at its place, and the GPUs set aside go
+/// back to the queue, never to the cancelled batch. The node is
+/// registered through the agent protocol and this test acts as its agent,
+/// so the victim's driver stops only when the test says so.
+#[tokio::test]
+async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_queue() {
+    let s = TestServer::start_with(|c| {
+        crate::support::no_virtual_nodes(c);
+        c.agents.lease_duration = std::time::Duration::from_secs(60);
+        c.regions.get_mut("us-central1").expect("region").preemption = Some(PreemptionConfig {
+            enabled: true,
+            min_runtime: std::time::Duration::ZERO,
+            max_preemptions: 1,
+            ..PreemptionConfig::default()
+        });
+    })
+    .await;
+    // One node of 8 L4 GPUs: the victim takes 7.
+    let node = "gpu-host-1";
+    let epoch = crate::agents::register(&s, node).await;
+    let (status, body) = s.create("batchId=victim", &gpu_batch(6, "3600s")).await;
+    assert_eq!(status, 200, "{body:#}");
+    let v = until(&s, &format!("{BATCHES}/victim"), "provisioned", provisioned).await;
+    let uuid = v["uuid"].as_str().expect("uuid").to_string();
+    let report = |event: Value| {
+        let mut body = event;
+        body["epoch"] = json!(epoch);
+        body["uuid"] = json!(uuid);
+        body
+    };
+    let (status, body) = s
+        .post_json(
+            &format!("/v1/nodes/{node}:report"),
+            &report(json!({"event": "DRIVER_STARTED", "rapids": "enabled"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+
+    let mut urgent = gpu_batch(2, "3600s");
+    urgent["labels"] = json!({"flexq-priority": "10"});
+    let (status, body) = s.create("batchId=urgent", &urgent).await;
+    assert_eq!(status, 200, "{body:#}");
+    let v = until(&s, &format!("{BATCHES}/victim"), "preempting", |b| {
+        b["flexq"]["preempting"] == true
+    })
+    .await;
+    assert_eq!(
+        v["state"], "RUNNING",
+        "it runs until its driver stops: {v:#}"
+    );
+    // Its agent is told to stop it, with the grace to do it in.
+    let (_, answer) = crate::agents::poll(&s, node, &epoch, "", "1s").await;
+    let parts = answer["assignments"].as_array().expect("assignments");
+    assert!(
+        parts
+            .iter()
+            .all(|a| a["uuid"] == uuid.as_str() && a["action"] == "STOP"),
+        "only the victim, stopping: {answer:#}"
+    );
+    assert!(
+        parts
+            .iter()
+            .all(|a| a["stopGraceSeconds"].as_u64() > Some(0)),
+        "{answer:#}"
+    );
+    let (_, u) = s.get(&format!("{BATCHES}/urgent")).await;
+    assert_eq!(u["flexq"]["provisioningState"], "QUEUED", "{u:#}");
+
+    // The preemptor is cancelled before the victim is gone.
+    let (status, body) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            u["operation"].as_str().expect("op")
+        ))
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let (_, u) = s.get(&format!("{BATCHES}/urgent")).await;
+    assert_eq!(u["state"], "CANCELLED", "{u:#}");
+
+    // The victim's driver ends on its SIGTERM: it goes back to the queue
+    // and, the node being free, gets its GPUs again.
+    let (status, body) = s
+        .post_json(
+            &format!("/v1/nodes/{node}:report"),
+            &report(json!({
+                "event": "FINISHED", "succeeded": false, "exitCode": 143,
+                "message": "The driver exited with status 143 (SIGTERM)"
+            })),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let v = until(&s, &format!("{BATCHES}/victim"), "provisioned again", |b| {
+        provisioned(b) && b["flexq"]["attempt"] == 2
+    })
+    .await;
+    assert_eq!(v["flexq"]["requeueReason"], "PREEMPTED", "{v:#}");
+    assert_eq!(v["flexq"]["preempting"], Value::Null, "{v:#}");
+    let (_, answer) = crate::agents::poll(&s, node, &epoch, "", "1s").await;
+    let parts = answer["assignments"].as_array().expect("assignments");
+    assert_eq!(parts.len(), 7, "{answer:#}");
+    assert!(
+        parts
+            .iter()
+            .all(|a| a["uuid"] == uuid.as_str() && a["action"] == "RUN"),
+        "the victim runs again, nothing of the cancelled batch: {answer:#}"
+    );
+    let (_, nodes) = s.get("/v1/nodes").await;
+    assert_eq!(nodes["nodes"][0]["freeGpus"], 1, "{nodes:#}");
+    let (_, u) = s.get(&format!("{BATCHES}/urgent")).await;
+    assert_eq!(u["state"], "CANCELLED", "{u:#}");
+    assert!(u["flexq"].get("allocateTime").is_none(), "{u:#}");
 }

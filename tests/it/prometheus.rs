@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::metrics::{scenario, server};
+use crate::metrics::{preempting, preemption_scenario, scenario, server, server_with};
 
 fn tool(name: &str) -> PathBuf {
     let dirs = [
@@ -164,8 +164,10 @@ async fn the_rules_and_the_exposition_pass_promtool() {
 
 #[tokio::test]
 async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
-    let s = server("qtest-east1").await;
+    // Preemption on, and one preemption: its panels and alert have data.
+    let s = server_with("qtest-east1", preempting()).await;
     scenario(&s, "qtest-east1").await;
+    preemption_scenario(&s, "qtest-east1").await;
     let prom = start_prometheus(&s.metrics_addr.to_string());
     // Wait for several scrapes of flexq (rates need two samples).
     let t = Instant::now();
@@ -223,7 +225,8 @@ async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
             alerts += 1;
         }
     }
-    assert_eq!(alerts, 10);
+    const ALERTS: usize = 11;
+    assert_eq!(alerts, ALERTS);
     assert!(exprs.len() > 25, "{}", exprs.len());
 
     let mut failures = Vec::new();
@@ -260,7 +263,7 @@ async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
             .flatten()
             .flat_map(|g| g["rules"].as_array().into_iter().flatten())
             .collect();
-        if all.len() == 10 && all.iter().all(|r| r["health"] == "ok") {
+        if all.len() == ALERTS && all.iter().all(|r| r["health"] == "ok") {
             break;
         }
         assert!(

@@ -21,6 +21,7 @@ mod cut_off;
 mod failover;
 mod followers;
 mod manifest;
+mod preemption;
 mod reload;
 mod two_stores;
 mod under_load;

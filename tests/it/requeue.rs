@@ -164,6 +164,7 @@ async fn a_lost_node_requeues_the_batch_and_its_second_attempt_runs() {
         "a fresh deadline"
     );
     assert_eq!(b["flexq"]["attempt"], 2, "{b:#}");
+    assert_eq!(b["flexq"]["requeueReason"], "INFRASTRUCTURE", "{b:#}");
     assert!(
         b["flexq"]["nodes"].as_array().is_none_or(|n| n.is_empty()),
         "{b:#}"
