@@ -226,10 +226,10 @@ async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_que
         });
     })
     .await;
-    // One node of 8 L4 GPUs: the victim takes 7.
+    // One node of 8 L4 GPUs: the victim takes 5.
     let node = "gpu-host-1";
     let epoch = crate::agents::register(&s, node).await;
-    let (status, body) = s.create("batchId=victim", &gpu_batch(6, "3600s")).await;
+    let (status, body) = s.create("batchId=victim", &gpu_batch(4, "3600s")).await;
     assert_eq!(status, 200, "{body:#}");
     let v = until(&s, &format!("{BATCHES}/victim"), "provisioned", provisioned).await;
     let uuid = v["uuid"].as_str().expect("uuid").to_string();
@@ -247,7 +247,9 @@ async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_que
         .await;
     assert_eq!(status, 200, "{body:#}");
 
-    let mut urgent = gpu_batch(2, "3600s");
+    // 5 GPUs more at priority 10: the 3 free ones are set aside for it,
+    // and the victim's 5 once it is gone.
+    let mut urgent = gpu_batch(4, "3600s");
     urgent["labels"] = json!({"flexq-priority": "10"});
     let (status, body) = s.create("batchId=urgent", &urgent).await;
     assert_eq!(status, 200, "{body:#}");
@@ -287,6 +289,13 @@ async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_que
     assert_eq!(status, 200, "{body:#}");
     let (_, u) = s.get(&format!("{BATCHES}/urgent")).await;
     assert_eq!(u["state"], "CANCELLED", "{u:#}");
+    // What was set aside for it is free again: a batch of 3 GPUs runs on
+    // it while the victim still stops.
+    let (status, body) = s.create("batchId=third", &gpu_batch(2, "3600s")).await;
+    assert_eq!(status, 200, "{body:#}");
+    let third = until(&s, &format!("{BATCHES}/third"), "provisioned", provisioned).await;
+    let (_, v) = s.get(&format!("{BATCHES}/victim")).await;
+    assert_eq!(v["flexq"]["preempting"], true, "{v:#}");
 
     // The victim's driver ends on its SIGTERM: it goes back to the queue
     // and, the node being free, gets its GPUs again.
@@ -308,15 +317,16 @@ async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_que
     assert_eq!(v["flexq"]["preempting"], Value::Null, "{v:#}");
     let (_, answer) = crate::agents::poll(&s, node, &epoch, "", "1s").await;
     let parts = answer["assignments"].as_array().expect("assignments");
-    assert_eq!(parts.len(), 7, "{answer:#}");
+    assert_eq!(parts.len(), 8, "{answer:#}");
     assert!(
         parts
             .iter()
-            .all(|a| a["uuid"] == uuid.as_str() && a["action"] == "RUN"),
-        "the victim runs again, nothing of the cancelled batch: {answer:#}"
+            .all(|a| a["action"] == "RUN"
+                && (a["uuid"] == uuid.as_str() || a["uuid"] == third["uuid"])),
+        "the victim runs again beside the third batch, nothing of the cancelled one: {answer:#}"
     );
     let (_, nodes) = s.get("/v1/nodes").await;
-    assert_eq!(nodes["nodes"][0]["freeGpus"], 1, "{nodes:#}");
+    assert_eq!(nodes["nodes"][0]["freeGpus"], 0, "{nodes:#}");
     let (_, u) = s.get(&format!("{BATCHES}/urgent")).await;
     assert_eq!(u["state"], "CANCELLED", "{u:#}");
     assert!(u["flexq"].get("allocateTime").is_none(), "{u:#}");

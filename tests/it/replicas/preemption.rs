@@ -132,6 +132,17 @@ async fn a_preemption_the_leader_began_is_finished_by_the_next_one() {
     leads_within(&r1, Duration::from_secs(10)).await;
     let u = get(&r1.endpoint, &format!("{BATCHES}/urgent")).await;
     assert_eq!(u["flexq"]["provisioningState"], "QUEUED", "{u:#}");
+    // The new leader knows what the urgent batch waits for: the victim it
+    // preempts (restored from the store), not a preemption to decide.
+    assert!(
+        u["flexq"]["notAdmittedReasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|r| r.starts_with("preempting victim")),
+        "{u:#}"
+    );
     let v = get(&r1.endpoint, &format!("{BATCHES}/victim")).await;
     assert_eq!(v["flexq"]["preempting"], true, "still stopping: {v:#}");
 
@@ -153,6 +164,21 @@ async fn a_preemption_the_leader_began_is_finished_by_the_next_one() {
     assert_eq!(v["state"], "PENDING", "{v:#}");
     assert_eq!(v["flexq"]["requeueReason"], "PREEMPTED", "{v:#}");
     assert_eq!(v["flexq"]["preemptions"], 1, "{v:#}");
+    // One preemption, decided once: the new leader took it over from
+    // the store, it did not decide it again.
+    let said = |b: &Value, prefix: &str| {
+        b["stateHistory"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["stateMessage"].as_str())
+            .chain(b["stateMessage"].as_str())
+            .filter(|m| m.starts_with(prefix))
+            .count()
+    };
+    assert_eq!(said(&v, "PREEMPTED by urgent"), 1, "{v:#}");
+    let u = get(&r1.endpoint, &format!("{BATCHES}/urgent")).await;
+    assert_eq!(said(&u, "Preempting victim"), 1, "{u:#}");
     let (status, answer) = post(
         &r1.endpoint,
         &format!("/v1/nodes/{NODE}:poll"),
