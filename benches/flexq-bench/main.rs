@@ -120,6 +120,10 @@ enum Bench {
         /// unripe) and the `preemption` part (off, young, ripe).
         #[arg(long, default_value_t = 2)]
         rounds: usize,
+        /// Only this setting of the `ladders` and `preemption` parts (no
+        /// ratios then): to profile one, e.g. under `perf record`.
+        #[arg(long)]
+        setting: Option<String>,
     },
 }
 
@@ -182,12 +186,14 @@ async fn main() -> ExitCode {
             releases,
             only,
             rounds,
+            setting,
         } => {
             schedule::run(schedule::ScheduleOptions {
                 pending,
                 releases,
                 only,
                 rounds,
+                setting,
             })
             .await
         }

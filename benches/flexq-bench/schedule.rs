@@ -47,6 +47,8 @@ pub(crate) struct ScheduleOptions {
     pub only: Vec<String>,
     /// Turns of each setting in the `ladders` and `preemption` parts.
     pub rounds: usize,
+    /// Only this setting of those parts.
+    pub setting: Option<String>,
 }
 
 pub(crate) fn err(e: impl std::fmt::Display) -> CliError {
@@ -223,12 +225,12 @@ pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     }
     if part("ladders") {
         for &n in &opts.pending {
-            ladder_passes(n, opts.releases, opts.rounds)?;
+            ladder_passes(n, &opts)?;
         }
     }
     if part("preemption") {
         for &n in &opts.pending {
-            preemption_passes(n, opts.releases, opts.rounds)?;
+            preemption_passes(n, &opts)?;
         }
     }
     Ok(())
@@ -261,13 +263,17 @@ impl Ladders {
 /// so drift on the machine hits all alike). Every zone also has one
 /// A100-40 node of 8 GPUs, taken by an 8-GPU A100 batch of higher
 /// priority in the first pass and never released, in every setting.
-fn ladder_passes(n: usize, releases: usize, rounds: usize) -> Result<(), CliError> {
-    let settings = [Ladders::Off, Ladders::Ripe, Ladders::Unripe];
+fn ladder_passes(n: usize, opts: &ScheduleOptions) -> Result<(), CliError> {
+    let settings: Vec<Ladders> = [Ladders::Off, Ladders::Ripe, Ladders::Unripe]
+        .into_iter()
+        .filter(|s| opts.setting.as_deref().is_none_or(|only| only == s.name()))
+        .collect();
     let names: Vec<&str> = settings.iter().map(|s| s.name()).collect();
+    let releases = opts.releases;
     in_turns(
         &format!("[ladders] pass after one release, {n} pending, {releases} releases"),
         &names,
-        rounds,
+        opts.rounds,
         |i, h| ladder_turn(n, releases, settings[i], h),
     )
 }
@@ -1029,16 +1035,21 @@ impl Preempting {
 /// turns. `n` batches of priority 0 are queued and the first pass
 /// allocates what fits; then `n / 10` more of priority 5 arrive, so every
 /// region's first blocked batch could preempt a running cluster.
-fn preemption_passes(n: usize, releases: usize, rounds: usize) -> Result<(), CliError> {
-    let names: Vec<&str> = Preempting::ALL.iter().map(|s| s.name()).collect();
+fn preemption_passes(n: usize, opts: &ScheduleOptions) -> Result<(), CliError> {
+    let settings: Vec<Preempting> = Preempting::ALL
+        .into_iter()
+        .filter(|s| opts.setting.as_deref().is_none_or(|only| only == s.name()))
+        .collect();
+    let names: Vec<&str> = settings.iter().map(|s| s.name()).collect();
+    let releases = opts.releases;
     in_turns(
         &format!(
             "[preemption] pass after one release, {n} + {} urgent pending, {releases} releases",
             n / 10
         ),
         &names,
-        rounds,
-        |i, h| preemption_turn(n, releases, Preempting::ALL[i], h),
+        opts.rounds,
+        |i, h| preemption_turn(n, releases, settings[i], h),
     )
 }
 

@@ -280,6 +280,16 @@ impl Capacity {
     }
 
     /// A copy of one region's nodes that take new work.
+    /// A copy of one zone's schedulable nodes, to plan on without
+    /// touching these.
+    pub(super) fn zone(&self, region: &str, zone: &str) -> Capacity {
+        let mut out = Capacity::default();
+        for n in self.zone_nodes(region, zone) {
+            out.insert(n.clone());
+        }
+        out
+    }
+
     pub(super) fn region(&self, region: &str) -> Capacity {
         let mut out = Capacity::default();
         for zone in self.zones(region) {

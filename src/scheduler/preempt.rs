@@ -166,16 +166,18 @@ impl Scheduler {
                 let plan = plan_zone(&sim.zone_nodes(region, zone), &parts);
                 plan.complete().then_some(plan.placements)
             };
+            // Victims are whole clusters of this zone: a copy of the zone
+            // is all a plan needs.
             let fits = |victims: &[usize]| {
-                let mut sim = self.capacity.region(region);
+                let mut sim = self.capacity.zone(region, zone);
                 for &i in victims {
                     sim.give_back(&candidates[i].0.placements);
                 }
                 plan_on(&sim)
             };
             // Victims in order until the batch fits (on one copy of the
-            // region, each victim's cluster given back in turn)...
-            let mut sim = self.capacity.region(region);
+            // zone, each victim's cluster given back in turn)...
+            let mut sim = self.capacity.zone(region, zone);
             let mut chosen = Vec::new();
             let mut plan = None;
             for &i in &in_zone {
@@ -187,10 +189,14 @@ impl Scheduler {
                 }
             }
             let Some(mut plan) = plan else { continue };
-            // ...then none that is not needed, the last taken first.
+            // ...then none that is not needed, the last taken first (never
+            // none at all: the batch did not fit without a victim).
             for j in (0..chosen.len()).rev() {
                 let mut fewer = chosen.clone();
                 fewer.remove(j);
+                if fewer.is_empty() {
+                    continue;
+                }
                 if let Some(p) = fits(&fewer) {
                     chosen = fewer;
                     plan = p;
