@@ -7,6 +7,8 @@
 //!
 //! - [`api`]: wire types (Batch, Operation, State, `google.rpc.Status`),
 //!   shared by server, CLI and tests; [`stats`]: percentiles.
+//! - [`gpu`]: GPU telemetry's rules: an agent's readings, the point it
+//!   sends per part, a batch's summary (pure).
 //! - [`spec`]: the batch rules (docs/rules.md) as a pure function from a
 //!   Batch and the operator's [`spec::Policy`] to a validated cluster
 //!   request or every field violation.
@@ -40,6 +42,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod gpu;
 pub mod grpc;
 pub mod launch;
 pub mod metrics;

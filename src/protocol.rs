@@ -169,6 +169,23 @@ pub enum ReportEvent {
     },
 }
 
+/// `POST /v1/nodes/{node}:telemetry`: what the GPUs of the node's parts
+/// did, per batch, since the last upload (docs/rules.md#gpu-telemetry).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuTelemetry {
+    pub epoch: String,
+    pub batches: Vec<BatchGpuPoints>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BatchGpuPoints {
+    pub uuid: String,
+    /// At most `gpu::MAX_POINTS`, oldest first.
+    pub points: Vec<crate::gpu::GpuPoint>,
+}
+
 /// `POST /v1/nodes/{node}:output`: driver output from `offset` on.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

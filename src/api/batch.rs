@@ -64,6 +64,27 @@ pub struct Batch {
     pub flexq: Option<FlexqInfo>,
 }
 
+/// How busy a batch's GPUs were, weighted by GPU-seconds
+/// (docs/rules.md#gpu-telemetry).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUtilization {
+    /// Mean utilization, percent.
+    pub mean_percent: f64,
+    /// 95th percentile of utilization, percent (to 5 %).
+    pub p95_percent: f64,
+    /// The fullest GPU's memory in use at its peak, MiB.
+    pub peak_memory_mb: u64,
+    /// GPU-seconds in which every GPU of a part was idle, divided by the
+    /// cluster's GPUs: the seconds the whole cluster sat idle when its
+    /// parts idle together.
+    pub idle_seconds: f64,
+    /// GPU-seconds sampled.
+    pub sampled_gpu_seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sample_time: Option<DateTime<Utc>>,
+}
+
 /// The placement a batch was allocated with on one of its alternatives.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -325,6 +346,10 @@ pub struct RuntimeInfo {
     /// What the cluster holds now, while it holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_usage: Option<UsageSnapshot>,
+    /// flexq: how busy its GPUs were, from its agents' samples (absent
+    /// until the first sample, and where agents cannot read their GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_utilization: Option<GpuUtilization>,
 }
 
 /// `google.cloud.dataproc.v1.UsageMetrics`: resources used over time.

@@ -27,6 +27,7 @@
 mod batches;
 mod capacity;
 mod error;
+mod gpus;
 mod health;
 mod limits;
 mod long_poll;
@@ -45,6 +46,7 @@ mod usage;
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use capacity::{NodeView, ProjectQuotas, QuotaChange};
 pub use error::{Error, RETRY_AFTER_SECONDS, TOO_MANY_CONNECTIONS};
+pub use gpus::TelemetryTaken;
 pub use health::Readiness;
 pub use nodes::{NodeRegistration, parse_epoch, parse_epoch_str};
 pub use output::OutputRead;

@@ -90,10 +90,16 @@ fn placement(r: &BatchRecord) -> Option<crate::api::PlacementInfo> {
 /// cluster used once it was allocated.
 fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
     let (approximate_usage, current_usage) = super::usage::of_batch(r, Utc::now());
+    let gpu_utilization = r
+        .run
+        .gpu
+        .as_ref()
+        .and_then(|g| g.view(r.cluster.total_gpus()));
     if r.master_url.is_none() && r.run.start_time.is_none() {
         return approximate_usage.map(|approximate| crate::api::RuntimeInfo {
             approximate_usage: Some(approximate),
             current_usage,
+            gpu_utilization,
             ..Default::default()
         });
     }
@@ -111,6 +117,7 @@ fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
         output_truncated: r.run.output_truncated,
         approximate_usage,
         current_usage,
+        gpu_utilization,
     })
 }
 

@@ -115,6 +115,28 @@ pub fn record_preemption(p: &crate::scheduler::Preemption) {
     }
 }
 
+/// GPU points of a batch of `project` in `region`, as taken from its agents.
+pub fn record_gpu_points(region: &str, project: &str, points: &[crate::gpu::GpuPoint]) {
+    let labels = [region, project];
+    for p in points {
+        let gpu_seconds = f64::from(p.gpus) * p.seconds;
+        METRICS
+            .gpu_utilization
+            .with_label_values(&labels)
+            .observe(p.utilization_percent);
+        METRICS
+            .gpu_sampled_seconds
+            .with_label_values(&labels)
+            .inc_by(gpu_seconds);
+        if p.idle() {
+            METRICS
+                .gpu_idle_seconds
+                .with_label_values(&labels)
+                .inc_by(gpu_seconds);
+        }
+    }
+}
+
 /// A batch ended without succeeding, for `reason`.
 pub fn record_ended(reason: EndReason) {
     METRICS.ended.with_label_values(&[reason.label()]).inc();

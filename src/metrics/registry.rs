@@ -33,6 +33,9 @@ pub(super) struct Metrics {
     pub(super) alternatives: IntCounterVec,
     pub(super) preemptions: IntCounterVec,
     pub(super) preempted_gpu_seconds: prometheus::CounterVec,
+    pub(super) gpu_utilization: HistogramVec,
+    pub(super) gpu_sampled_seconds: prometheus::CounterVec,
+    pub(super) gpu_idle_seconds: prometheus::CounterVec,
     pub(super) expired: IntCounterVec,
     pub(super) rejected: IntCounterVec,
     pub(super) wait_seconds: HistogramVec,
@@ -236,6 +239,28 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             &["region", "project"],
         )
         .expect("valid metric"),
+        gpu_utilization: histogram_vec(
+            "flexq_gpu_utilization_percent",
+            "GPU utilization of batches' parts (the mean over a part's GPUs, one observation per agent sample), by region and project.",
+            vec![5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 100.0],
+            &["region", "project"],
+        ),
+        gpu_sampled_seconds: prometheus::CounterVec::new(
+            Opts::new(
+                "flexq_gpu_sampled_seconds_total",
+                "GPU-seconds of batches' GPUs sampled by their agents, by region and project.",
+            ),
+            &["region", "project"],
+        )
+        .expect("valid metric"),
+        gpu_idle_seconds: prometheus::CounterVec::new(
+            Opts::new(
+                "flexq_gpu_idle_seconds_total",
+                "GPU-seconds of batches' GPUs held idle (every GPU of a part under 5 % utilization), by region and project.",
+            ),
+            &["region", "project"],
+        )
+        .expect("valid metric"),
         expired: counter_vec(
             "flexq_batches_expired_total",
             "Queued batches failed because their allocation timeout passed.",
@@ -375,6 +400,9 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.alternatives.clone()),
         Box::new(m.preemptions.clone()),
         Box::new(m.preempted_gpu_seconds.clone()),
+        Box::new(m.gpu_utilization.clone()),
+        Box::new(m.gpu_sampled_seconds.clone()),
+        Box::new(m.gpu_idle_seconds.clone()),
         Box::new(m.expired.clone()),
         Box::new(m.rejected.clone()),
         Box::new(m.wait_seconds.clone()),

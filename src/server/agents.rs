@@ -39,7 +39,7 @@ pub(super) async fn register(
 /// carrying the epoch its registration answered; and an admin's cordon,
 /// drain and uncordon of the node (no body).
 #[utoipa::path(post, path = "/v1/nodes/{node}", tag = "agents",
-    description = "`{node}` is `NODE:heartbeat` ({epoch}), `NODE:poll` (Poll → Assignments), `NODE:report` (Report) or `NODE:output` (OutputUpload) for the node's agent; `NODE:cordon`, `NODE:drain` or `NODE:uncordon` (no body; admins) answer the node.",
+    description = "`{node}` is `NODE:heartbeat` ({epoch}), `NODE:poll` (Poll → Assignments), `NODE:report` (Report), `NODE:output` (OutputUpload) or `NODE:telemetry` (GpuTelemetry → {taken, refused}) for the node's agent; `NODE:cordon`, `NODE:drain` or `NODE:uncordon` (no body; admins) answer the node.",
     params(("node" = String, Path)),
     request_body(content = Object),
     responses((status = 200, description = "Lease, Assignments, {} or {nextOffset}")))]
@@ -79,12 +79,13 @@ pub(super) async fn node_method(
             let next = engine.upload_output(node, parse(body)?).await?;
             serde_json::json!({"nextOffset": next.to_string()})
         }
+        Some(NodeMethod::Telemetry) => to_json(engine.gpu_telemetry(node, parse(body)?).await?)?,
         Some(NodeMethod::Cordon | NodeMethod::Drain | NodeMethod::Uncordon) | None => {
             return Err(Error::new(
                 Code::NotFound,
                 "NO_SUCH_METHOD",
                 format!(
-                    "no method POST on node {}; use {node}:heartbeat, :poll, :report or :output (agents), :cordon, :drain or :uncordon (admins)",
+                    "no method POST on node {}; use {node}:heartbeat, :poll, :report, :output or :telemetry (agents), :cordon, :drain or :uncordon (admins)",
                     quote(&path)
                 ),
             ));
@@ -103,6 +104,7 @@ pub(super) enum NodeMethod {
     Poll,
     Report,
     Output,
+    Telemetry,
     Cordon,
     Drain,
     Uncordon,
@@ -118,6 +120,7 @@ impl NodeMethod {
             "poll" => NodeMethod::Poll,
             "report" => NodeMethod::Report,
             "output" => NodeMethod::Output,
+            "telemetry" => NodeMethod::Telemetry,
             "cordon" => NodeMethod::Cordon,
             "drain" => NodeMethod::Drain,
             "uncordon" => NodeMethod::Uncordon,

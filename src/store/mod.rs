@@ -52,7 +52,7 @@ pub use lifecycle::Applied;
 pub use open::{GroupObserver, SessionLimits, StoreOptions, migrate, migrate_only};
 pub use overrides::{NodeCordon, QueueHold};
 use rows::{BATCH_COLUMNS, read_batches};
-pub use runs::{NodePart, OutputChunk};
+pub use runs::{GpuPointsTaken, NodePart, OutputChunk};
 pub use sql::Backend;
 use sql::Sql;
 pub use usage::{CreatedBatch, HeldPart, ReleasedPart};
@@ -223,6 +223,9 @@ pub struct RunInfo {
     /// Output past the stored limit that was dropped.
     #[serde(default)]
     pub output_truncated: bool,
+    /// Its GPUs' usage, from the agents' samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<crate::gpu::GpuUsage>,
 }
 
 /// What a create did.

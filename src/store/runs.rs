@@ -1,5 +1,5 @@
 //! Running work: what each node's agent must run (its parts of allocated
-//! batches) and the driver's output. What agents report back is a
+//! batches), the driver's output, and what the parts' GPUs did. What agents report back is a
 //! lifecycle decision ([`super::lifecycle`]).
 
 use sqlx::Row;
@@ -31,7 +31,56 @@ pub struct OutputChunk {
     pub total: u64,
 }
 
+/// Points a node's agent sent for one batch, as taken.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuPointsTaken {
+    pub project: String,
+    pub region: String,
+    /// The points new to the batch (a retried upload's are taken once).
+    pub taken: Vec<crate::gpu::GpuPoint>,
+}
+
 impl Store {
+    /// Adds `node`'s GPU points for batch `uuid` to its run's summary, in
+    /// one transaction. Only a node that holds a part of the batch now
+    /// may.
+    pub async fn add_gpu_points(
+        &self,
+        node: &str,
+        uuid: &str,
+        points: &[crate::gpu::GpuPoint],
+    ) -> Result<GpuPointsTaken, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let row: Option<(i64, String, String)> = sqlx::query_as(
+            "select b.seq, b.project, b.region from batches b \
+             join allocations a on a.batch_seq = b.seq \
+             where b.uuid = $1 and a.node_id = $2 and a.released_at is null limit 1",
+        )
+        .bind(uuid)
+        .bind(node)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (seq, project, region) = row.ok_or_else(|| {
+            StoreError::FailedPrecondition(format!("node {node} holds no part of batch {uuid} now"))
+        })?;
+        let mut run = run_info(&mut tx, seq).await?;
+        let usage = run.gpu.get_or_insert_default();
+        let taken: Vec<_> = points
+            .iter()
+            .filter(|p| usage.add_from(node, p))
+            .cloned()
+            .collect();
+        if !taken.is_empty() {
+            set_run_info(&mut tx, seq, &run).await?;
+        }
+        self.commit(tx).await?;
+        Ok(GpuPointsTaken {
+            project,
+            region,
+            taken,
+        })
+    }
+
     /// Every part of a batch that `node` holds now, with its batch.
     pub async fn node_parts(&self, node: &str) -> Result<Vec<NodePart>, StoreError> {
         let rows = sqlx::query(

@@ -16,6 +16,7 @@ const RANKS: &[(&str, u32)] = &[
     ("api", 0),
     ("stats", 0),
     ("spec", 1),
+    ("gpu", 1),
     ("scheduler", 2),
     ("launch", 2),
     ("protocol", 3),

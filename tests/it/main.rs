@@ -14,6 +14,7 @@ mod cordon;
 mod durability;
 mod fairshare;
 mod full_disk;
+mod gpus;
 mod grpc;
 mod hostile;
 mod kubernetes;

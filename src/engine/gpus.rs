@@ -1,0 +1,90 @@
+//! GPU telemetry from the agents (docs/rules.md#gpu-telemetry): a node's
+//! agent uploads what the GPUs of its parts did ([`Engine::gpu_telemetry`],
+//! fenced by the node's epoch like every call of an agent); each batch's
+//! summary is kept with its run, and the metrics count utilization and
+//! idle GPU-seconds per region and project.
+
+use super::nodes::parse_epoch_str;
+use super::{Engine, Error};
+use crate::api::quote;
+use crate::gpu::MAX_POINTS;
+use crate::protocol::GpuTelemetry;
+use crate::store::StoreError;
+
+/// Most batches one upload may name (a node holds few parts).
+const MAX_BATCHES: usize = 256;
+
+/// What an upload did.
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TelemetryTaken {
+    /// Points taken (a retried upload's are taken once).
+    pub taken: usize,
+    /// The batches whose points were not taken, and why (the node holds
+    /// no part of them now: they ended or moved).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
+}
+
+impl Engine {
+    /// Takes a node's GPU points. A malformed upload is refused whole,
+    /// naming the field; a batch the node no longer holds is skipped and
+    /// named in the answer.
+    pub async fn gpu_telemetry(
+        &self,
+        node: &str,
+        req: GpuTelemetry,
+    ) -> Result<TelemetryTaken, Error> {
+        let epoch = parse_epoch_str(&req.epoch)?;
+        if req.batches.len() > MAX_BATCHES {
+            return Err(Error::invalid_field(
+                "batches",
+                format!(
+                    "{} batches; at most {MAX_BATCHES} are accepted",
+                    req.batches.len()
+                ),
+            ));
+        }
+        for (i, b) in req.batches.iter().enumerate() {
+            if b.points.len() > MAX_POINTS {
+                return Err(Error::invalid_field(
+                    &format!("batches[{i}].points"),
+                    format!(
+                        "{} points; at most {MAX_POINTS} are accepted",
+                        b.points.len()
+                    ),
+                ));
+            }
+            for (j, p) in b.points.iter().enumerate() {
+                p.check().map_err(|why| {
+                    let (field, rest) = why.split_once(' ').unwrap_or((&why, ""));
+                    Error::invalid_field(
+                        &format!("batches[{i}].points[{j}].{field}"),
+                        rest.to_string(),
+                    )
+                })?;
+            }
+        }
+        self.check_epoch_now(node, epoch).await?;
+        let mut out = TelemetryTaken::default();
+        for b in &req.batches {
+            match self
+                .shared
+                .store
+                .add_gpu_points(node, &b.uuid, &b.points)
+                .await
+            {
+                Ok(t) => {
+                    crate::metrics::record_gpu_points(&t.region, &t.project, &t.taken);
+                    out.taken += t.taken.len();
+                }
+                Err(StoreError::FailedPrecondition(why)) => {
+                    tracing::debug!(node, batch_uuid = %b.uuid, %why, "GPU points not taken");
+                    out.refused.push(format!("{}: {why}", quote(&b.uuid)));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,358 @@
+//! GPU telemetry ([rules](../docs/rules.md#gpu-telemetry)): what an agent
+//! reads of a GPU, the point it sends for each part of a batch per
+//! sampling interval, and how a batch's points add up to what the batch
+//! shows. Pure: the agent's readers (NVML, `nvidia-smi`) are in
+//! `agent/gpus.rs`, the storing in the store.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::api::GpuUtilization;
+
+/// A GPU whose utilization is below this (percent) does no work.
+pub const IDLE_BELOW_PERCENT: f64 = 5.0;
+
+/// Points one upload may carry for one batch; an agent that could not
+/// send keeps the latest this many.
+pub const MAX_POINTS: usize = 64;
+
+/// Width of the utilization buckets a batch's summary keeps (percent).
+const BUCKET: f64 = 5.0;
+const BUCKETS: usize = 21;
+
+/// One reading of one GPU of a node. A field the GPU does not report
+/// (`[N/A]`) is None.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuReading {
+    /// Its address, as discovery names it (`0`, `1`…).
+    pub index: String,
+    pub utilization_percent: Option<f64>,
+    pub memory_used_mb: Option<u64>,
+}
+
+/// What one part's GPUs did over one sampling interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuPoint {
+    pub time: DateTime<Utc>,
+    /// The seconds this point stands for (the sampling interval).
+    pub seconds: f64,
+    /// The part's GPUs that were read.
+    pub gpus: u32,
+    /// Their mean utilization, percent.
+    pub utilization_percent: f64,
+    /// The busiest one's, percent.
+    pub max_utilization_percent: f64,
+    /// The fullest one's memory in use, MiB.
+    pub max_memory_used_mb: u64,
+}
+
+impl GpuPoint {
+    /// Every GPU of the part was idle.
+    pub fn idle(&self) -> bool {
+        self.max_utilization_percent < IDLE_BELOW_PERCENT
+    }
+
+    /// Why this point cannot be taken, naming the field and the value.
+    pub fn check(&self) -> Result<(), String> {
+        let percent = |name: &str, v: f64| {
+            if (0.0..=100.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{name} is {v}; a percentage from 0 to 100 is accepted"
+                ))
+            }
+        };
+        percent("utilizationPercent", self.utilization_percent)?;
+        percent("maxUtilizationPercent", self.max_utilization_percent)?;
+        if self.max_utilization_percent < self.utilization_percent {
+            return Err(format!(
+                "maxUtilizationPercent {} is below utilizationPercent {}",
+                self.max_utilization_percent, self.utilization_percent
+            ));
+        }
+        if !(self.seconds > 0.0 && self.seconds <= 3600.0) {
+            return Err(format!(
+                "seconds is {}; from above 0 to 3600 is accepted",
+                self.seconds
+            ));
+        }
+        if self.gpus == 0 || self.gpus > 64 {
+            return Err(format!("gpus is {}; 1 to 64 is accepted", self.gpus));
+        }
+        Ok(())
+    }
+}
+
+/// The point of a part that holds `gpus` (addresses) from one reading of
+/// the node's GPUs: None when none of its GPUs reported a utilization.
+pub fn point(
+    time: DateTime<Utc>,
+    seconds: f64,
+    gpus: &[String],
+    readings: &[GpuReading],
+) -> Option<GpuPoint> {
+    let mine: Vec<&GpuReading> = readings
+        .iter()
+        .filter(|r| gpus.contains(&r.index) && r.utilization_percent.is_some())
+        .collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let utilization: Vec<f64> = mine
+        .iter()
+        .filter_map(|r| r.utilization_percent)
+        .map(|u| u.clamp(0.0, 100.0))
+        .collect();
+    Some(GpuPoint {
+        time,
+        seconds,
+        gpus: mine.len() as u32,
+        utilization_percent: utilization.iter().sum::<f64>() / utilization.len() as f64,
+        max_utilization_percent: utilization.iter().copied().fold(0.0, f64::max),
+        max_memory_used_mb: mine
+            .iter()
+            .filter_map(|r| r.memory_used_mb)
+            .max()
+            .unwrap_or(0),
+    })
+}
+
+/// A batch's GPU usage so far, summed up as its points arrive (stored with
+/// its run; a requeued batch starts afresh). Weighted by GPU-seconds: a
+/// point of 4 GPUs over 5 s counts 20.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUsage {
+    /// Points taken.
+    pub points: u64,
+    /// GPU-seconds sampled.
+    pub gpu_seconds: f64,
+    /// Σ utilization × GPU-seconds.
+    pub weighted_percent: f64,
+    /// GPU-seconds per utilization bucket of 5 % (the last: 100 %).
+    pub buckets: Vec<f64>,
+    pub peak_memory_mb: u64,
+    /// GPU-seconds of points in which every GPU of the part was idle.
+    pub idle_gpu_seconds: f64,
+    /// When the first point began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_time: Option<DateTime<Utc>>,
+    /// The latest point in which some GPU worked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_busy_time: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_time: Option<DateTime<Utc>>,
+    /// The latest point taken from each node: a point no later is a
+    /// retried upload's, taken once.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub latest: std::collections::BTreeMap<String, DateTime<Utc>>,
+}
+
+impl GpuUsage {
+    /// Takes `node`'s point unless one as late was taken from it; answers
+    /// whether it did.
+    pub fn add_from(&mut self, node: &str, p: &GpuPoint) -> bool {
+        if self.latest.get(node).is_some_and(|t| *t >= p.time) {
+            return false;
+        }
+        self.latest.insert(node.to_string(), p.time);
+        self.add(p);
+        true
+    }
+
+    pub fn add(&mut self, p: &GpuPoint) {
+        let weight = f64::from(p.gpus) * p.seconds;
+        self.points += 1;
+        self.gpu_seconds += weight;
+        self.weighted_percent += p.utilization_percent * weight;
+        if self.buckets.len() != BUCKETS {
+            self.buckets = vec![0.0; BUCKETS];
+        }
+        let bucket = ((p.utilization_percent / BUCKET).floor() as usize).min(BUCKETS - 1);
+        self.buckets[bucket] += weight;
+        self.peak_memory_mb = self.peak_memory_mb.max(p.max_memory_used_mb);
+        let start = p.time - chrono::Duration::milliseconds((p.seconds * 1000.0) as i64);
+        self.first_time = Some(self.first_time.map_or(start, |t| t.min(start)));
+        if p.idle() {
+            self.idle_gpu_seconds += weight;
+        } else {
+            self.last_busy_time = self.last_busy_time.max(Some(p.time));
+        }
+        self.last_time = self.last_time.max(Some(p.time));
+    }
+
+    /// Since when no GPU of the batch has worked (None while one does, as
+    /// of its latest point).
+    pub fn idle_since(&self) -> Option<DateTime<Utc>> {
+        match (self.last_busy_time, self.last_time) {
+            (Some(busy), Some(last)) if busy >= last => None,
+            (Some(busy), _) => Some(busy),
+            (None, _) => self.first_time,
+        }
+    }
+
+    /// The mean utilization, percent.
+    pub fn mean_percent(&self) -> Option<f64> {
+        (self.gpu_seconds > 0.0).then(|| self.weighted_percent / self.gpu_seconds)
+    }
+
+    /// The utilization below which 95 % of the GPU-seconds were, to the
+    /// bucket's upper edge (5 % wide).
+    pub fn p95_percent(&self) -> Option<f64> {
+        if self.gpu_seconds <= 0.0 {
+            return None;
+        }
+        let target = 0.95 * self.gpu_seconds;
+        let mut seen = 0.0;
+        for (i, w) in self.buckets.iter().enumerate() {
+            seen += w;
+            if seen >= target - 1e-9 {
+                return Some(((i + 1) as f64 * BUCKET).min(100.0));
+            }
+        }
+        Some(100.0)
+    }
+
+    /// What the batch shows, for a cluster of `cluster_gpus` GPUs.
+    pub fn view(&self, cluster_gpus: u64) -> Option<GpuUtilization> {
+        let mean = self.mean_percent()?;
+        Some(GpuUtilization {
+            mean_percent: round1(mean),
+            p95_percent: self.p95_percent().map(round1).unwrap_or(mean),
+            peak_memory_mb: self.peak_memory_mb,
+            idle_seconds: round1(self.idle_gpu_seconds / cluster_gpus.max(1) as f64),
+            sampled_gpu_seconds: round1(self.gpu_seconds),
+            last_sample_time: self.last_time,
+        })
+    }
+}
+
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(index: &str, u: f64, mem: u64) -> GpuReading {
+        GpuReading {
+            index: index.into(),
+            utilization_percent: Some(u),
+            memory_used_mb: Some(mem),
+        }
+    }
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).expect("time")
+    }
+
+    #[test]
+    fn a_part_sees_only_its_own_gpus() {
+        let node = [
+            reading("0", 90.0, 1000),
+            reading("1", 10.0, 3000),
+            reading("2", 100.0, 9000),
+        ];
+        let p = point(at(0), 5.0, &["0".into(), "1".into()], &node).expect("point");
+        assert_eq!(p.gpus, 2);
+        assert_eq!(p.utilization_percent, 50.0);
+        assert_eq!(p.max_utilization_percent, 90.0);
+        assert_eq!(p.max_memory_used_mb, 3000);
+        assert!(!p.idle());
+        // A part whose GPUs were not read (or read as N/A) has no point.
+        let na = GpuReading {
+            index: "3".into(),
+            utilization_percent: None,
+            memory_used_mb: None,
+        };
+        assert_eq!(point(at(0), 5.0, &["3".into()], &[na]), None);
+        assert_eq!(point(at(0), 5.0, &["7".into()], &node), None);
+    }
+
+    /// A scripted series: 4 GPUs busy at 80 % for 60 s, then idle for 60 s
+    /// on one part of 2 GPUs while the other 2 stay at 80 %.
+    #[test]
+    fn a_series_adds_up_to_its_mean_p95_peak_and_idle_time() {
+        let mut u = GpuUsage::default();
+        for s in (5..=60).step_by(5) {
+            for part in [["0", "1"], ["2", "3"]] {
+                let gpus: Vec<String> = part.iter().map(|g| g.to_string()).collect();
+                let node: Vec<GpuReading> = part.iter().map(|g| reading(g, 80.0, 20_000)).collect();
+                u.add(&point(at(s), 5.0, &gpus, &node).expect("point"));
+            }
+        }
+        assert_eq!(u.idle_since(), None);
+        for s in (65..=120).step_by(5) {
+            let busy: Vec<GpuReading> = ["2", "3"]
+                .iter()
+                .map(|g| reading(g, 80.0, 20_500))
+                .collect();
+            let idle: Vec<GpuReading> = ["0", "1"].iter().map(|g| reading(g, 0.0, 500)).collect();
+            u.add(&point(at(s), 5.0, &["2".into(), "3".into()], &busy).expect("point"));
+            u.add(&point(at(s), 5.0, &["0".into(), "1".into()], &idle).expect("point"));
+        }
+        // 360 GPU-seconds at 80 %, 120 at 0 %: a mean of 60 %.
+        assert_eq!(u.gpu_seconds, 480.0);
+        assert_eq!(u.mean_percent(), Some(60.0));
+        assert_eq!(u.p95_percent(), Some(85.0));
+        let v = u.view(4).expect("view");
+        assert_eq!(v.peak_memory_mb, 20_500);
+        // 120 idle GPU-seconds over a cluster of 4 GPUs: 30 s.
+        assert_eq!(v.idle_seconds, 30.0);
+        // One part kept working to the end: the batch is not idle.
+        assert_eq!(u.idle_since(), None);
+        // A batch whose every point is idle has been idle since the first.
+        let mut idle = GpuUsage::default();
+        for s in [5, 10, 15] {
+            idle.add(&point(at(s), 5.0, &["0".into()], &[reading("0", 1.0, 10)]).expect("p"));
+        }
+        assert_eq!(idle.idle_since(), Some(at(0)));
+        assert_eq!(idle.p95_percent(), Some(5.0));
+        // A busy point ends it; idle points after start it again there.
+        idle.add(&point(at(20), 5.0, &["0".into()], &[reading("0", 70.0, 10)]).expect("p"));
+        assert_eq!(idle.idle_since(), None);
+        idle.add(&point(at(25), 5.0, &["0".into()], &[reading("0", 0.0, 10)]).expect("p"));
+        assert_eq!(idle.idle_since(), Some(at(20)));
+    }
+
+    #[test]
+    fn a_retried_upload_is_taken_once_per_node() {
+        let mut u = GpuUsage::default();
+        let p = point(at(5), 5.0, &["0".into()], &[reading("0", 50.0, 1)]).expect("p");
+        assert!(u.add_from("n1", &p));
+        assert!(!u.add_from("n1", &p), "the same point again");
+        assert!(u.add_from("n2", &p), "another node's point at that time");
+        assert_eq!(u.points, 2);
+    }
+
+    #[test]
+    fn bad_points_are_refused_by_field() {
+        let good = point(at(0), 5.0, &["0".into()], &[reading("0", 50.0, 1)]).expect("p");
+        assert_eq!(good.check(), Ok(()));
+        let bad = GpuPoint {
+            utilization_percent: 150.0,
+            max_utilization_percent: 150.0,
+            ..good.clone()
+        };
+        assert!(
+            bad.check()
+                .is_err_and(|e| e.starts_with("utilizationPercent is 150"))
+        );
+        let bad = GpuPoint {
+            seconds: 0.0,
+            ..good.clone()
+        };
+        assert!(bad.check().is_err_and(|e| e.starts_with("seconds is 0")));
+        let bad = GpuPoint {
+            max_utilization_percent: 10.0,
+            ..good
+        };
+        assert!(
+            bad.check()
+                .is_err_and(|e| e.contains("below utilizationPercent"))
+        );
+    }
+}

@@ -1,0 +1,133 @@
+//! GPU telemetry through the agent protocol (docs/rules.md#gpu-telemetry):
+//! this test acts as a node's agent and uploads what its GPUs did; the
+//! batch, the metrics and the refusals say what was taken. (The agent's
+//! own sampling, on a fake `nvidia-smi`, is in `spark.rs`.)
+
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, assert_status, flex_with, no_virtual_nodes, until};
+
+const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
+
+fn point(t: &str, utilization: f64, max: f64, memory: u64) -> Value {
+    json!({
+        "time": t, "seconds": 5.0, "gpus": 5,
+        "utilizationPercent": utilization, "maxUtilizationPercent": max,
+        "maxMemoryUsedMb": memory
+    })
+}
+
+#[tokio::test]
+async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
+    let s = TestServer::start_with(|c| {
+        no_virtual_nodes(c);
+        c.agents.lease_duration = std::time::Duration::from_secs(60);
+    })
+    .await;
+    let epoch = crate::agents::register(&s, "gpu-host-1").await;
+    // 1 driver + 4 executors: 5 GPUs, all on the one node.
+    let (status, body) = s
+        .create(
+            "batchId=sampled",
+            &flex_with("spark.executor.instances", "4"),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let b = until(&s, &format!("{BATCHES}/sampled"), "provisioned", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+
+    // Two busy points and an idle one (each 5 GPUs × 5 s).
+    let upload =
+        |points: Vec<Value>| json!({"epoch": epoch, "batches": [{"uuid": uuid, "points": points}]});
+    let points = vec![
+        point("2026-12-03T10:00:05Z", 80.0, 90.0, 20_000),
+        point("2026-12-03T10:00:10Z", 80.0, 95.0, 21_000),
+        point("2026-12-03T10:00:15Z", 1.0, 2.0, 21_000),
+    ];
+    let (status, answer) = s
+        .post_json("/v1/nodes/gpu-host-1:telemetry", &upload(points.clone()))
+        .await;
+    assert_eq!(status, 200, "{answer:#}");
+    assert_eq!(answer["taken"], 3, "{answer:#}");
+    let (_, b) = s.get(&format!("{BATCHES}/sampled")).await;
+    let g = &b["runtimeInfo"]["gpuUtilization"];
+    // (80 × 50 + 1 × 25) ÷ 75 GPU-seconds.
+    assert_eq!(g["meanPercent"], 53.7, "{b:#}");
+    assert_eq!(g["p95Percent"], 85.0, "{b:#}");
+    assert_eq!(g["peakMemoryMb"], 21_000, "{b:#}");
+    // 25 idle GPU-seconds over the cluster's 5 GPUs.
+    assert_eq!(g["idleSeconds"], 5.0, "{b:#}");
+    assert_eq!(g["sampledGpuSeconds"], 75.0, "{b:#}");
+
+    // A retried upload is taken once.
+    let (status, answer) = s
+        .post_json("/v1/nodes/gpu-host-1:telemetry", &upload(points))
+        .await;
+    assert_eq!(
+        (status, answer["taken"].as_u64()),
+        (200, Some(0)),
+        "{answer:#}"
+    );
+    let (_, again) = s.get(&format!("{BATCHES}/sampled")).await;
+    assert_eq!(again["runtimeInfo"]["gpuUtilization"], *g);
+
+    let text = s.scrape().await;
+    let idle = crate::metrics::value(
+        &text,
+        "flexq_gpu_idle_seconds_total",
+        &[("region", "us-central1"), ("project", "demo")],
+    );
+    assert!(idle.is_some_and(|v| v >= 25.0), "{idle:?}");
+
+    // Another node holds no part of it: its points are not taken.
+    let other = crate::agents::register(&s, "gpu-host-2").await;
+    let mut foreign = upload(vec![point("2026-12-03T10:00:20Z", 50.0, 50.0, 1)]);
+    foreign["epoch"] = json!(other);
+    let (status, answer) = s
+        .post_json("/v1/nodes/gpu-host-2:telemetry", &foreign)
+        .await;
+    assert_eq!(status, 200, "{answer:#}");
+    assert_eq!(answer["taken"], 0, "{answer:#}");
+    assert!(
+        answer["refused"][0]
+            .as_str()
+            .is_some_and(|r| r.contains("holds no part of batch")),
+        "{answer:#}"
+    );
+
+    // Bad input is refused whole, naming the field and the value.
+    let (status, err) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:telemetry",
+            &upload(vec![point("2026-12-03T10:00:25Z", 150.0, 150.0, 1)]),
+        )
+        .await;
+    assert_status(status, &err, 400, "INVALID_ARGUMENT");
+    let message = err["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("batches[0].points[0].utilizationPercent") && message.contains("150"),
+        "{err:#}"
+    );
+    let mut unknown = upload(vec![]);
+    unknown["batches"][0]["temperature"] = json!(80);
+    let (status, err) = s
+        .post_json("/v1/nodes/gpu-host-1:telemetry", &unknown)
+        .await;
+    assert_status(status, &err, 400, "INVALID_ARGUMENT");
+    let too_many: Vec<Value> = (0..65)
+        .map(|i| point(&format!("2026-12-03T11:{:02}:00Z", i % 60), 50.0, 50.0, 1))
+        .collect();
+    let (status, err) = s
+        .post_json("/v1/nodes/gpu-host-1:telemetry", &upload(too_many))
+        .await;
+    assert_status(status, &err, 400, "INVALID_ARGUMENT");
+    // A stale epoch is refused as every agent call's.
+    let mut stale = upload(vec![]);
+    let wrong = epoch.parse::<u64>().expect("epoch") + 1000;
+    stale["epoch"] = json!(wrong.to_string());
+    let (status, _) = s.post_json("/v1/nodes/gpu-host-1:telemetry", &stale).await;
+    assert!(status == 400 || status == 409, "{status}");
+}
