@@ -172,6 +172,20 @@ impl AgentClient {
         }
     }
 
+    pub(super) async fn telemetry(
+        &self,
+        epoch: &str,
+        batches: Vec<crate::protocol::BatchGpuPoints>,
+    ) -> Result<(), CallError> {
+        let req = crate::protocol::GpuTelemetry {
+            epoch: epoch.to_string(),
+            batches,
+        };
+        self.post::<_, serde_json::Value>(&self.method("telemetry"), &req, Duration::from_secs(10))
+            .await
+            .map(|_| ())
+    }
+
     pub(super) async fn output(
         &self,
         epoch: &str,

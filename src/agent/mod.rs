@@ -13,6 +13,7 @@ mod client;
 pub mod discovery;
 mod driver;
 mod executor;
+pub mod gpus;
 mod kubernetes;
 mod output;
 mod process;
@@ -28,7 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use settings::{AgentSettings, Launcher};
+pub use settings::{AgentSettings, GpuTelemetry, Launcher};
 
 use crate::protocol::{Action, Assignment, RegisterNode, ReportEvent};
 use client::{AgentClient, CallError};
@@ -126,6 +127,11 @@ pub async fn run(config: AgentSettings, shutdown: CancellationToken) -> anyhow::
         )
     };
     let client = AgentClient::new(&config.server, &config.node_id, token, ca);
+    // GPU telemetry: read once here which reader this node has (none is
+    // said once and changes nothing else).
+    let gpu_reader: Option<gpus::SharedReader> =
+        gpus::open_reader(config.gpu_telemetry, &config.nvidia_smi)
+            .map(|r| Arc::new(std::sync::Mutex::new(r)));
     let request = RegisterNode {
         node_id: config.node_id.clone(),
         region: config.region.clone(),
@@ -153,8 +159,27 @@ pub async fn run(config: AgentSettings, shutdown: CancellationToken) -> anyhow::
         });
         let session = shutdown.child_token();
         let heartbeat = tokio::spawn(heartbeat(ctx.clone(), interval, session.clone()));
-        serve_session(&ctx, &session).await;
+        let (held_tx, held) = watch::channel(gpus::Held::new());
+        // Points go up about as often as heartbeats.
+        let every = config.gpu_sample_interval;
+        let upload_every = (interval.as_secs_f64() / every.as_secs_f64())
+            .round()
+            .max(1.0) as u32;
+        let sampler = gpu_reader.clone().map(|reader| {
+            tokio::spawn(gpus::sample(
+                ctx.clone(),
+                reader,
+                held,
+                every,
+                upload_every,
+                session.clone(),
+            ))
+        });
+        serve_session(&ctx, &session, &held_tx).await;
         heartbeat.abort();
+        if let Some(s) = sampler {
+            s.abort();
+        }
         if !shutdown.is_cancelled() {
             tracing::warn!(node = %config.node_id, "lease lost: the node's work was stopped; registering again");
         }
@@ -221,7 +246,11 @@ async fn heartbeat(ctx: Arc<Ctx>, mut interval: Duration, session: CancellationT
 
 /// Polls for assignments and keeps the running parts in step with them
 /// until the session ends; then stops every part.
-async fn serve_session(ctx: &Arc<Ctx>, session: &CancellationToken) {
+async fn serve_session(
+    ctx: &Arc<Ctx>,
+    session: &CancellationToken,
+    held: &watch::Sender<gpus::Held>,
+) {
     let mut parts: HashMap<PartKey, Part> = HashMap::new();
     let mut stopping: Vec<Stopping> = Vec::new();
     let mut version = String::new();
@@ -236,6 +265,16 @@ async fn serve_session(ctx: &Arc<Ctx>, session: &CancellationToken) {
                 backoff = Duration::from_millis(200);
                 version = answer.version;
                 reconcile(ctx, session, &mut parts, &mut stopping, answer.assignments);
+                // What the GPU sampler reads for: each batch's GPUs here.
+                let mut now_held = gpus::Held::new();
+                for p in parts.values() {
+                    let a = p.assignment.borrow();
+                    now_held
+                        .entry(a.uuid.clone())
+                        .or_default()
+                        .extend(a.gpus.iter().cloned());
+                }
+                held.send_replace(now_held);
             }
             Err(CallError::LeaseLost(e)) => {
                 tracing::warn!(error = %e, "poll refused");

@@ -58,11 +58,29 @@ pub struct AgentSettings {
     /// How long one assignment poll waits on the server.
     #[serde(with = "humantime_serde")]
     pub poll_wait: Duration,
+    /// How the GPUs' utilization is read (docs/rules.md#gpu-telemetry).
+    pub gpu_telemetry: GpuTelemetry,
+    /// The `nvidia-smi` program the `nvidia-smi` reader runs.
+    pub nvidia_smi: String,
+    /// How often the GPUs are read.
+    #[serde(with = "humantime_serde")]
+    pub gpu_sample_interval: Duration,
     /// How batches run: a per-batch Spark standalone cluster on the
     /// allocated nodes, or Spark Operator `SparkApplication`s.
     pub launcher: Launcher,
     /// The Kubernetes launcher's settings.
     pub kubernetes: KubernetesConfig,
+}
+
+/// Which GPU reader the agent uses.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuTelemetry {
+    /// NVML, else `nvidia-smi`, else none (said once).
+    Auto,
+    Nvml,
+    NvidiaSmi,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -132,6 +150,9 @@ impl Default for AgentSettings {
             python: "python3".into(),
             stop_grace: Duration::from_secs(5),
             poll_wait: Duration::from_secs(20),
+            gpu_telemetry: GpuTelemetry::Auto,
+            nvidia_smi: "nvidia-smi".into(),
+            gpu_sample_interval: Duration::from_secs(5),
             launcher: Launcher::Standalone,
             kubernetes: KubernetesConfig::default(),
         }
@@ -186,6 +207,14 @@ impl AgentSettings {
         if self.poll_wait < Duration::from_secs(1) {
             return Err("agent config: poll_wait must be at least 1s".into());
         }
+        if self.gpu_sample_interval < Duration::from_millis(100)
+            || self.gpu_sample_interval > Duration::from_secs(600)
+        {
+            return Err(format!(
+                "agent config: gpu_sample_interval is {}; from 100ms to 10m is accepted",
+                humantime::format_duration(self.gpu_sample_interval)
+            ));
+        }
         if !self.server.starts_with("http://") && !self.server.starts_with("https://") {
             return Err(format!(
                 "agent config: server {:?} must be an http:// or https:// URL",
@@ -226,5 +255,10 @@ mod tests {
         assert!(e.contains("yarn"), "{e}");
         let e = load(&format!("{GOOD}stop_grace = \"soon\"\n")).expect_err("duration");
         assert!(e.contains("stop_grace"), "{e}");
+        assert_eq!(c.gpu_telemetry, GpuTelemetry::Auto);
+        let e = load(&format!("{GOOD}gpu_telemetry = \"dcgm\"\n")).expect_err("reader");
+        assert!(e.contains("dcgm"), "{e}");
+        let e = load(&format!("{GOOD}gpu_sample_interval = \"1h\"\n")).expect_err("interval");
+        assert!(e.contains("gpu_sample_interval is 1h"), "{e}");
     }
 }

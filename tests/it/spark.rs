@@ -52,6 +52,17 @@ impl Agent {
         // A FAKE GPU: the discovery script names two addresses; no GPU is
         // behind them. Spark's resource scheduling is real all the same.
         let script = fake_gpu_script(&work);
+        // A FAKE nvidia-smi for GPU telemetry: both fake GPUs at 42 %.
+        let smi = work.join("fake-nvidia-smi");
+        std::fs::write(
+            &smi,
+            "#!/bin/sh\n# FAKE nvidia-smi for tests (no hardware): query mode only.\nprintf '0, 42, 1000\\n1, 42, 1500\\n'\n",
+        )
+        .expect("fake nvidia-smi");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
         let config = work.join("agent.toml");
         std::fs::write(
             &config,
@@ -70,9 +81,13 @@ work_dir = "{work}"
 rapids_jar = "{work}/no-rapids.jar"
 stop_grace = "3s"
 poll_wait = "20s"
+gpu_telemetry = "nvidia-smi"
+nvidia_smi = "{smi}"
+gpu_sample_interval = "500ms"
 "#,
                 addr = server.addr,
                 script = script.display(),
+                smi = smi.display(),
                 work = work.join("work").display(),
             ),
         )
@@ -373,6 +388,11 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         ["PENDING", "PENDING", "RUNNING", "SUCCEEDED"],
         "{b:#}"
     );
+    // The agents read their (fake) GPUs while it ran: 42 % each.
+    let g = &b["runtimeInfo"]["gpuUtilization"];
+    assert_eq!(g["meanPercent"], 42.0, "{b:#}");
+    assert_eq!(g["peakMemoryMb"], 1500, "{b:#}");
+    assert!(g["sampledGpuSeconds"].as_f64() > Some(0.0), "{b:#}");
     let rapids = b["runtimeInfo"]["rapidsAccelerator"]
         .as_str()
         .expect("rapids");

@@ -1,0 +1,337 @@
+//! Reading the node's GPUs for telemetry (docs/rules.md#gpu-telemetry):
+//! NVML (NVIDIA's management library, loaded at run time through the
+//! `nvml-wrapper` crate), else `nvidia-smi`'s query mode, else nothing,
+//! said once. Behind [`GpuReader`], so the sampling can be fed scripted
+//! readings. The sampling loop ([`sample`]) makes a point per batch from
+//! the GPUs its parts on this node hold, and uploads them
+//! (`:telemetry`), keeping the latest `gpu::MAX_POINTS` of each batch
+//! while the server cannot be reached.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::client::CallError;
+use super::settings::GpuTelemetry;
+use super::work::Ctx;
+use crate::gpu::{GpuPoint, GpuReading, MAX_POINTS, point};
+use crate::protocol::BatchGpuPoints;
+
+/// Reads every GPU of the node once.
+pub trait GpuReader: Send {
+    /// What it reads through, for the log (`NVML`, `nvidia-smi`).
+    fn source(&self) -> String;
+    fn read(&mut self) -> Result<Vec<GpuReading>, String>;
+}
+
+/// NVML, through `nvml-wrapper` (the library is opened at run time).
+pub struct NvmlReader {
+    nvml: nvml_wrapper::Nvml,
+}
+
+impl NvmlReader {
+    pub fn open() -> Result<NvmlReader, String> {
+        let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"))?;
+        let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
+        if count == 0 {
+            return Err("NVML: no GPU".into());
+        }
+        Ok(NvmlReader { nvml })
+    }
+}
+
+impl GpuReader for NvmlReader {
+    fn source(&self) -> String {
+        "NVML".into()
+    }
+
+    fn read(&mut self) -> Result<Vec<GpuReading>, String> {
+        let count = self.nvml.device_count().map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        for i in 0..count {
+            let device = self.nvml.device_by_index(i).map_err(|e| e.to_string())?;
+            out.push(GpuReading {
+                index: i.to_string(),
+                utilization_percent: device.utilization_rates().ok().map(|u| f64::from(u.gpu)),
+                memory_used_mb: device.memory_info().ok().map(|m| m.used / (1024 * 1024)),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// `nvidia-smi --query-gpu=index,utilization.gpu,memory.used
+/// --format=csv,noheader,nounits`, killed after 10 s.
+pub struct SmiReader {
+    program: String,
+}
+
+/// The query the `nvidia-smi` reader runs.
+pub const SMI_ARGS: [&str; 2] = [
+    "--query-gpu=index,utilization.gpu,memory.used",
+    "--format=csv,noheader,nounits",
+];
+
+impl SmiReader {
+    pub fn new(program: &str) -> SmiReader {
+        SmiReader {
+            program: program.to_string(),
+        }
+    }
+}
+
+impl GpuReader for SmiReader {
+    fn source(&self) -> String {
+        format!("{} (query mode)", self.program)
+    }
+
+    fn read(&mut self) -> Result<Vec<GpuReading>, String> {
+        let mut child = std::process::Command::new(&self.program)
+            .args(SMI_ARGS)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", self.program))?;
+        let started = std::time::Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if started.elapsed() > Duration::from_secs(10) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{} did not answer within 10s", self.program));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Err(format!("{}: {e}", self.program)),
+            }
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} exited with {}: {}",
+                self.program,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        parse_smi_query(&String::from_utf8_lossy(&out.stdout))
+    }
+}
+
+/// Parses the query's CSV: `index, utilization, memory used` per line,
+/// with or without units and header; `[N/A]` and `[Not Supported]` are
+/// no value.
+pub fn parse_smi_query(text: &str) -> Result<Vec<GpuReading>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.starts_with("index") {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let [index, utilization, memory] = fields[..] else {
+            return Err(format!(
+                "expected `index, utilization.gpu, memory.used`, got {line:?}"
+            ));
+        };
+        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("not a GPU index: {index:?} in {line:?}"));
+        }
+        let value = |v: &str, unit: &str| -> Result<Option<f64>, String> {
+            let v = v.trim_end_matches(unit).trim();
+            if v.starts_with('[') || v.eq_ignore_ascii_case("N/A") {
+                return Ok(None);
+            }
+            v.parse::<f64>()
+                .map(Some)
+                .map_err(|_| format!("not a number: {v:?} in {line:?}"))
+        };
+        out.push(GpuReading {
+            index: index.to_string(),
+            utilization_percent: value(utilization, "%")?,
+            memory_used_mb: value(memory, "MiB")?.map(|m| m.max(0.0) as u64),
+        });
+    }
+    Ok(out)
+}
+
+/// The reader `setting` asks for, or None (said once, why) when there is
+/// none on this node. Never fails the agent.
+pub fn open_reader(setting: GpuTelemetry, nvidia_smi: &str) -> Option<Box<dyn GpuReader>> {
+    let smi = || -> Result<Box<dyn GpuReader>, String> {
+        let mut r = SmiReader::new(nvidia_smi);
+        let first = r.read()?;
+        if first.is_empty() {
+            return Err(format!("{nvidia_smi} lists no GPU"));
+        }
+        Ok(Box::new(r))
+    };
+    let nvml = || NvmlReader::open().map(|r| Box::new(r) as Box<dyn GpuReader>);
+    let chosen = match setting {
+        GpuTelemetry::Off => {
+            tracing::info!("GPU telemetry is off (gpu_telemetry = \"off\")");
+            return None;
+        }
+        GpuTelemetry::Nvml => nvml(),
+        GpuTelemetry::NvidiaSmi => smi(),
+        GpuTelemetry::Auto => nvml().or_else(|a| smi().map_err(|b| format!("{a}; {b}"))),
+    };
+    match chosen {
+        Ok(r) => {
+            tracing::info!(source = %r.source(), "GPU telemetry: reading the GPUs");
+            Some(r)
+        }
+        Err(why) => {
+            tracing::warn!(%why, "no GPU telemetry on this node: its GPUs' utilization is not reported");
+            None
+        }
+    }
+}
+
+/// The GPUs each batch's parts hold on this node (batch uuid → addresses),
+/// as the agent's assignments say.
+pub type Held = BTreeMap<String, Vec<String>>;
+
+/// A reader shared across the agent's sessions.
+pub type SharedReader = Arc<std::sync::Mutex<Box<dyn GpuReader>>>;
+
+/// Reads the GPUs every `interval` and uploads each batch's points every
+/// `upload_every` readings, until the session ends or its lease is lost.
+pub(super) async fn sample(
+    ctx: Arc<Ctx>,
+    reader: SharedReader,
+    held: watch::Receiver<Held>,
+    interval: Duration,
+    upload_every: u32,
+    session: CancellationToken,
+) {
+    let mut pending: HashMap<String, Vec<GpuPoint>> = HashMap::new();
+    let mut failing = false;
+    let mut n = 0u32;
+    loop {
+        tokio::select! {
+            _ = session.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let r = reader.clone();
+        let read = tokio::task::spawn_blocking(move || match r.lock() {
+            Ok(mut reader) => reader.read(),
+            Err(_) => Err("the reader panicked before".to_string()),
+        });
+        let readings = match tokio::time::timeout(Duration::from_secs(15), read).await {
+            Ok(Ok(Ok(readings))) => {
+                if failing {
+                    tracing::info!("GPU telemetry: reading the GPUs again");
+                    failing = false;
+                }
+                readings
+            }
+            Ok(Ok(Err(why))) => {
+                if !failing {
+                    tracing::warn!(%why, "GPU telemetry: the GPUs could not be read; trying again");
+                    failing = true;
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        let now = Utc::now();
+        for (uuid, gpus) in held.borrow().iter() {
+            if let Some(p) = point(now, interval.as_secs_f64(), gpus, &readings) {
+                let kept = pending.entry(uuid.clone()).or_default();
+                kept.push(p);
+                if kept.len() > MAX_POINTS {
+                    kept.remove(0);
+                }
+            }
+        }
+        n += 1;
+        if n % upload_every.max(1) != 0 || pending.is_empty() {
+            continue;
+        }
+        let batches: Vec<BatchGpuPoints> = pending
+            .iter()
+            .map(|(uuid, points)| BatchGpuPoints {
+                uuid: uuid.clone(),
+                points: points.clone(),
+            })
+            .collect();
+        match ctx.client.telemetry(&ctx.epoch, batches).await {
+            Ok(()) => pending.clear(),
+            Err(CallError::LeaseLost(_)) => return,
+            Err(CallError::Refused(e)) => {
+                tracing::warn!(error = %e, "GPU telemetry refused; dropped");
+                pending.clear();
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "GPU telemetry not sent; kept for the next upload")
+            }
+        }
+        // Points of batches this node no longer runs go once, then no more.
+        let running = held.borrow().clone();
+        pending.retain(|uuid, _| running.contains_key(uuid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Written in the layout `nvidia-smi --query-gpu=index,utilization.gpu,
+    /// memory.used --format=csv,noheader,nounits` prints (one GPU a line),
+    /// not recorded on a GPU here: these machines have none
+    /// (`scripts/gpu-check` records the real one where a GPU is).
+    const NOUNITS: &str = "0, 87, 21034\n1, 0, 3\n2, [N/A], [N/A]\n";
+    /// The same with `--format=csv` (header and units), as people paste it.
+    const WITH_UNITS: &str =
+        "index, utilization.gpu [%], memory.used [MiB]\n0, 87 %, 21034 MiB\n1, 0 %, 3 MiB\n";
+
+    #[test]
+    fn the_query_is_read_with_or_without_units() {
+        let r = parse_smi_query(NOUNITS).expect("parsed");
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].utilization_percent, Some(87.0));
+        assert_eq!(r[0].memory_used_mb, Some(21034));
+        assert_eq!(r[2].utilization_percent, None, "[N/A] is no value");
+        let u = parse_smi_query(WITH_UNITS).expect("parsed");
+        assert_eq!(u, r[..2].to_vec());
+        assert!(parse_smi_query("").expect("empty").is_empty());
+        let e = parse_smi_query("0, 87\n").expect_err("two fields");
+        assert!(e.contains("expected"), "{e}");
+        let e = parse_smi_query("GPU-1234, 87, 1\n").expect_err("not an index");
+        assert!(e.contains("not a GPU index"), "{e}");
+        let e = parse_smi_query("0, busy, 1\n").expect_err("not a number");
+        assert!(e.contains("busy"), "{e}");
+    }
+
+    /// A FAKE `nvidia-smi` (a shell script: these machines have no GPU)
+    /// read through the real reader, and one that fails or hangs.
+    #[test]
+    fn the_smi_reader_runs_the_program_and_survives_its_failures() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = dir.path().join("nvidia-smi");
+        let write = |body: &str| {
+            std::fs::write(&fake, format!("#!/bin/sh\n{body}\n")).expect("write");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        };
+        write(
+            "[ \"$1\" = \"--query-gpu=index,utilization.gpu,memory.used\" ] || exit 9\nprintf '0, 55, 100\\n1, 5, 200\\n'",
+        );
+        let mut r = SmiReader::new(fake.to_str().expect("path"));
+        let got = r.read().expect("read");
+        assert_eq!(got[1].utilization_percent, Some(5.0));
+        write("echo 'NVIDIA-SMI has failed' >&2; exit 6");
+        let e = r.read().expect_err("fails");
+        assert!(e.contains("NVIDIA-SMI has failed"), "{e}");
+        let missing = SmiReader::new("/nonexistent/nvidia-smi").read();
+        assert!(missing.is_err());
+        // No reader at all: none, and no panic.
+        assert!(open_reader(GpuTelemetry::NvidiaSmi, "/nonexistent/nvidia-smi").is_none());
+        assert!(open_reader(GpuTelemetry::Off, "nvidia-smi").is_none());
+    }
+}
