@@ -270,3 +270,54 @@ pub(crate) fn preempting() -> Option<PreemptionConfig> {
         ..PreemptionConfig::default()
     })
 }
+
+/// After [`scenario`] (and, or not, [`preemption_scenario`]): an agent's
+/// node joins `region`, a queued batch lands on it, and the agent (this
+/// test) uploads what its GPUs did — a busy point and an idle one.
+pub(crate) async fn gpu_scenario(s: &TestServer, region: &str) {
+    let node = format!("{region}-gpu-1");
+    let (status, reg) = s
+        .post_json(
+            "/v1/nodes:register",
+            &json!({
+                "nodeId": node, "region": region, "zone": format!("{region}-a"), "pool": "l4",
+                "gpuAddresses": ["0", "1", "2", "3"],
+                "cores": 48, "memoryMb": 214144, "localSsdGb": 1500
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{reg:#}");
+    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let part = loop {
+        let (_, answer) = s
+            .post_json(
+                &format!("/v1/nodes/{node}:poll"),
+                &json!({"epoch": epoch, "version": "", "waitFor": "1s"}),
+            )
+            .await;
+        if let Some(a) = answer["assignments"].as_array().and_then(|a| a.first()) {
+            break a.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no batch landed on {node}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let point = |time: &str, utilization: f64| {
+        json!({"time": time, "seconds": 30.0, "gpus": 1,
+               "utilizationPercent": utilization, "maxUtilizationPercent": utilization,
+               "maxMemoryUsedMb": 1000})
+    };
+    let (status, answer) = s
+        .post_json(
+            &format!("/v1/nodes/{node}:telemetry"),
+            &json!({"epoch": epoch, "batches": [{"uuid": part["uuid"], "points": [
+                point("2026-12-03T10:00:30Z", 90.0),
+                point("2026-12-03T10:01:00Z", 0.0),
+            ]}]}),
+        )
+        .await;
+    assert_eq!((status, answer["taken"].as_u64()), (200, Some(2)), "{answer:#}");
+}
