@@ -139,7 +139,8 @@ pub struct GpuUsage {
     /// When the first point began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_time: Option<DateTime<Utc>>,
-    /// The latest point in which some GPU worked.
+    /// The latest point in which some GPU was at or above the idle
+    /// policy's `below_percent` (in force when the point was taken).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_busy_time: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,21 +149,25 @@ pub struct GpuUsage {
     /// retried upload's, taken once.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub latest: std::collections::BTreeMap<String, DateTime<Utc>>,
+    /// Whether the idle policy warned about it already (once a run).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warned: bool,
 }
 
 impl GpuUsage {
     /// Takes `node`'s point unless one as late was taken from it; answers
-    /// whether it did.
-    pub fn add_from(&mut self, node: &str, p: &GpuPoint) -> bool {
+    /// whether it did. `busy_from`: the utilization (percent) from which a
+    /// GPU counts as working for the idle policy.
+    pub fn add_from(&mut self, node: &str, p: &GpuPoint, busy_from: f64) -> bool {
         if self.latest.get(node).is_some_and(|t| *t >= p.time) {
             return false;
         }
         self.latest.insert(node.to_string(), p.time);
-        self.add(p);
+        self.add(p, busy_from);
         true
     }
 
-    pub fn add(&mut self, p: &GpuPoint) {
+    pub fn add(&mut self, p: &GpuPoint, busy_from: f64) {
         let weight = f64::from(p.gpus) * p.seconds;
         self.points += 1;
         self.gpu_seconds += weight;
@@ -177,7 +182,8 @@ impl GpuUsage {
         self.first_time = Some(self.first_time.map_or(start, |t| t.min(start)));
         if p.idle() {
             self.idle_gpu_seconds += weight;
-        } else {
+        }
+        if p.max_utilization_percent >= busy_from {
             self.last_busy_time = self.last_busy_time.max(Some(p.time));
         }
         self.last_time = self.last_time.max(Some(p.time));
@@ -229,6 +235,86 @@ impl GpuUsage {
     }
 }
 
+/// What the idle policy does with a batch whose GPUs idle
+/// (`[gpu_idle]` in the config; live on reload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleAction {
+    Off,
+    /// A warning in its history, once a run.
+    Warn,
+    /// The warning, and it is cancelled (end reason IDLE_GPUS).
+    Cancel,
+}
+
+/// The idle policy: a RUNNING batch whose every GPU stayed under
+/// `below_percent` for `after`, counted from `warm_up` after its driver
+/// started, is warned about or cancelled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdlePolicy {
+    pub action: IdleAction,
+    pub below_percent: f64,
+    #[serde(with = "humantime_serde")]
+    pub after: std::time::Duration,
+    #[serde(with = "humantime_serde")]
+    pub warm_up: std::time::Duration,
+}
+
+impl Default for IdlePolicy {
+    fn default() -> IdlePolicy {
+        IdlePolicy {
+            action: IdleAction::Warn,
+            below_percent: IDLE_BELOW_PERCENT,
+            after: std::time::Duration::from_secs(30 * 60),
+            warm_up: std::time::Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// What the idle policy decides about one batch now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdleVerdict {
+    Warn(String),
+    Cancel(String),
+}
+
+/// The idle policy's verdict on a batch whose driver started at `started`
+/// with `usage` so far, at `now`: None while its GPUs work, during its
+/// warm-up, before `after`, or once warned (a warning only).
+pub fn idle_verdict(
+    policy: &IdlePolicy,
+    usage: &GpuUsage,
+    started: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<IdleVerdict> {
+    if policy.action == IdleAction::Off {
+        return None;
+    }
+    let warm = started + chrono::Duration::from_std(policy.warm_up).ok()?;
+    let since = usage.idle_since()?.max(warm);
+    let idle_for = (usage.last_time?.min(now) - since).to_std().ok()?;
+    if idle_for < policy.after {
+        return None;
+    }
+    let words = format!(
+        "every GPU of it has been under {}% utilization for {} (since {}, after a warm-up of {})",
+        policy.below_percent,
+        humantime::format_duration(std::time::Duration::from_secs(idle_for.as_secs())),
+        since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        humantime::format_duration(policy.warm_up)
+    );
+    match policy.action {
+        IdleAction::Cancel => Some(IdleVerdict::Cancel(format!(
+            "Cancelled by the GPU idle policy: {words}. It may run on the CPU (see runtimeInfo.rapidsAccelerator) or wait on something else."
+        ))),
+        IdleAction::Warn if !usage.warned => Some(IdleVerdict::Warn(format!(
+            "GPU idle warning: {words}. It may run on the CPU (see runtimeInfo.rapidsAccelerator) or wait on something else."
+        ))),
+        _ => None,
+    }
+}
+
 fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
 }
@@ -242,6 +328,12 @@ mod tests {
             index: index.into(),
             utilization_percent: Some(u),
             memory_used_mb: Some(mem),
+        }
+    }
+
+    impl GpuUsage {
+        fn add_p(&mut self, p: &GpuPoint) {
+            self.add(p, IDLE_BELOW_PERCENT);
         }
     }
 
@@ -281,7 +373,7 @@ mod tests {
             for part in [["0", "1"], ["2", "3"]] {
                 let gpus: Vec<String> = part.iter().map(|g| g.to_string()).collect();
                 let node: Vec<GpuReading> = part.iter().map(|g| reading(g, 80.0, 20_000)).collect();
-                u.add(&point(at(s), 5.0, &gpus, &node).expect("point"));
+                u.add_p(&point(at(s), 5.0, &gpus, &node).expect("point"));
             }
         }
         assert_eq!(u.idle_since(), None);
@@ -291,8 +383,8 @@ mod tests {
                 .map(|g| reading(g, 80.0, 20_500))
                 .collect();
             let idle: Vec<GpuReading> = ["0", "1"].iter().map(|g| reading(g, 0.0, 500)).collect();
-            u.add(&point(at(s), 5.0, &["2".into(), "3".into()], &busy).expect("point"));
-            u.add(&point(at(s), 5.0, &["0".into(), "1".into()], &idle).expect("point"));
+            u.add_p(&point(at(s), 5.0, &["2".into(), "3".into()], &busy).expect("point"));
+            u.add_p(&point(at(s), 5.0, &["0".into(), "1".into()], &idle).expect("point"));
         }
         // 360 GPU-seconds at 80 %, 120 at 0 %: a mean of 60 %.
         assert_eq!(u.gpu_seconds, 480.0);
@@ -307,14 +399,14 @@ mod tests {
         // A batch whose every point is idle has been idle since the first.
         let mut idle = GpuUsage::default();
         for s in [5, 10, 15] {
-            idle.add(&point(at(s), 5.0, &["0".into()], &[reading("0", 1.0, 10)]).expect("p"));
+            idle.add_p(&point(at(s), 5.0, &["0".into()], &[reading("0", 1.0, 10)]).expect("p"));
         }
         assert_eq!(idle.idle_since(), Some(at(0)));
         assert_eq!(idle.p95_percent(), Some(5.0));
         // A busy point ends it; idle points after start it again there.
-        idle.add(&point(at(20), 5.0, &["0".into()], &[reading("0", 70.0, 10)]).expect("p"));
+        idle.add_p(&point(at(20), 5.0, &["0".into()], &[reading("0", 70.0, 10)]).expect("p"));
         assert_eq!(idle.idle_since(), None);
-        idle.add(&point(at(25), 5.0, &["0".into()], &[reading("0", 0.0, 10)]).expect("p"));
+        idle.add_p(&point(at(25), 5.0, &["0".into()], &[reading("0", 0.0, 10)]).expect("p"));
         assert_eq!(idle.idle_since(), Some(at(20)));
     }
 
@@ -322,10 +414,63 @@ mod tests {
     fn a_retried_upload_is_taken_once_per_node() {
         let mut u = GpuUsage::default();
         let p = point(at(5), 5.0, &["0".into()], &[reading("0", 50.0, 1)]).expect("p");
-        assert!(u.add_from("n1", &p));
-        assert!(!u.add_from("n1", &p), "the same point again");
-        assert!(u.add_from("n2", &p), "another node's point at that time");
+        assert!(u.add_from("n1", &p, 5.0));
+        assert!(!u.add_from("n1", &p, 5.0), "the same point again");
+        assert!(
+            u.add_from("n2", &p, 5.0),
+            "another node's point at that time"
+        );
         assert_eq!(u.points, 2);
+    }
+
+    #[test]
+    fn the_idle_policy_waits_for_its_warm_up_and_duration() {
+        let policy = IdlePolicy {
+            action: IdleAction::Warn,
+            below_percent: 10.0,
+            after: std::time::Duration::from_secs(60),
+            warm_up: std::time::Duration::from_secs(30),
+        };
+        let mut u = GpuUsage::default();
+        // Idle from the start (8 % is under 10 %), points every 10 s.
+        for s in (10..=80).step_by(10) {
+            u.add(
+                &point(at(s), 10.0, &["0".into()], &[reading("0", 8.0, 1)]).expect("p"),
+                10.0,
+            );
+        }
+        // Idle since 0, but counted from the warm-up's end (30): 50 s.
+        assert_eq!(idle_verdict(&policy, &u, at(0), at(80)), None);
+        u.add(
+            &point(at(90), 10.0, &["0".into()], &[reading("0", 8.0, 1)]).expect("p"),
+            10.0,
+        );
+        let Some(IdleVerdict::Warn(w)) = idle_verdict(&policy, &u, at(0), at(90)) else {
+            panic!("a warning after 60 s idle past the warm-up");
+        };
+        assert!(w.contains("under 10% utilization for 1m"), "{w}");
+        // Once warned, no second warning; a cancel policy still cancels.
+        u.warned = true;
+        assert_eq!(idle_verdict(&policy, &u, at(0), at(90)), None);
+        let cancel = IdlePolicy {
+            action: IdleAction::Cancel,
+            ..policy.clone()
+        };
+        assert!(matches!(
+            idle_verdict(&cancel, &u, at(0), at(90)),
+            Some(IdleVerdict::Cancel(_))
+        ));
+        // A busy point resets it; off never says anything.
+        u.add(
+            &point(at(100), 10.0, &["0".into()], &[reading("0", 60.0, 1)]).expect("p"),
+            10.0,
+        );
+        assert_eq!(idle_verdict(&cancel, &u, at(0), at(100)), None);
+        let off = IdlePolicy {
+            action: IdleAction::Off,
+            ..policy
+        };
+        assert_eq!(idle_verdict(&off, &u, at(0), at(1000)), None);
     }
 
     #[test]

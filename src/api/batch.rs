@@ -111,7 +111,7 @@ pub struct FlexqInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation_deadline: Option<DateTime<Utc>>,
     /// Why it ended without succeeding, once it has: EXPIRED, STOCK_OUT,
-    /// QUOTA, INFRASTRUCTURE, WORK_FAILED or CANCELLED. Its operation's
+    /// QUOTA, INFRASTRUCTURE, WORK_FAILED, CANCELLED or IDLE_GPUS. Its operation's
     /// error code follows from it, never from the message's words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,

@@ -86,16 +86,20 @@ pub enum EndReason {
     WorkFailed = 5,
     /// A user cancelled it.
     Cancelled = 6,
+    /// The GPU idle policy cancelled it: its GPUs did no work
+    /// (docs/rules.md#gpu-telemetry).
+    IdleGpus = 7,
 }
 
 impl EndReason {
-    pub const ALL: [EndReason; 6] = [
+    pub const ALL: [EndReason; 7] = [
         EndReason::Expired,
         EndReason::StockOut,
         EndReason::Quota,
         EndReason::Infrastructure,
         EndReason::WorkFailed,
         EndReason::Cancelled,
+        EndReason::IdleGpus,
     ];
 
     /// Its number in the store.
@@ -116,6 +120,7 @@ impl EndReason {
             EndReason::Infrastructure => "INFRASTRUCTURE",
             EndReason::WorkFailed => "WORK_FAILED",
             EndReason::Cancelled => "CANCELLED",
+            EndReason::IdleGpus => "IDLE_GPUS",
         }
     }
 
@@ -125,7 +130,7 @@ impl EndReason {
             EndReason::Expired => Code::DeadlineExceeded,
             EndReason::StockOut | EndReason::Quota => Code::ResourceExhausted,
             EndReason::Infrastructure | EndReason::WorkFailed => Code::FailedPrecondition,
-            EndReason::Cancelled => Code::Cancelled,
+            EndReason::Cancelled | EndReason::IdleGpus => Code::Cancelled,
         }
     }
 
@@ -138,6 +143,7 @@ impl EndReason {
             EndReason::Infrastructure => "infrastructure",
             EndReason::WorkFailed => "work_failed",
             EndReason::Cancelled => "cancelled",
+            EndReason::IdleGpus => "idle_gpus",
         }
     }
 }

@@ -143,6 +143,32 @@ impl Config {
                 }
             }
         }
+        let idle = &self.gpu_idle;
+        if !(idle.below_percent > 0.0 && idle.below_percent <= 100.0) {
+            return Err(invalid(
+                "gpu_idle.below_percent",
+                format!(
+                    "{} is not a utilization: above 0 and at most 100 (percent) is accepted",
+                    idle.below_percent
+                ),
+            ));
+        }
+        const WEEK: Duration = Duration::from_secs(7 * 86400);
+        for (key, d, least) in [
+            ("gpu_idle.after", idle.after, Duration::from_secs(1)),
+            ("gpu_idle.warm_up", idle.warm_up, Duration::ZERO),
+        ] {
+            if d < least || d > WEEK {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is outside what is accepted: from {} to 7d",
+                        humantime::format_duration(d),
+                        humantime::format_duration(least)
+                    ),
+                ));
+            }
+        }
         let p = &self.provisioning;
         if p.infrastructure_retries > crate::spec::MAX_INFRASTRUCTURE_RETRIES {
             return Err(invalid(

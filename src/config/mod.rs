@@ -84,6 +84,10 @@ pub struct Config {
     /// after it.
     #[serde(default)]
     pub alternatives: Vec<LadderConfig>,
+    /// What to do with a batch whose GPUs idle (docs/rules.md#gpu-telemetry).
+    /// Live on reload.
+    #[serde(default)]
+    pub gpu_idle: crate::gpu::IdlePolicy,
 }
 
 /// One `[[alternatives]]` entry: which batches (each filter absent: any),

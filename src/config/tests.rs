@@ -343,3 +343,41 @@ fn a_preemption_policy_is_checked_and_converted() {
         .expect("valid");
     assert!(off.preemption().is_empty());
 }
+
+#[test]
+fn a_gpu_idle_policy_is_checked() {
+    let c = Config::with_overlay("").expect("default");
+    assert_eq!(c.gpu_idle, crate::gpu::IdlePolicy::default());
+    assert_eq!(c.gpu_idle.action, crate::gpu::IdleAction::Warn);
+    for (toml, key, says) in [
+        (
+            "[gpu_idle]\nbelow_percent = 0\n",
+            "gpu_idle.below_percent",
+            "above 0 and at most 100",
+        ),
+        (
+            "[gpu_idle]\nbelow_percent = 101\n",
+            "gpu_idle.below_percent",
+            "at most 100",
+        ),
+        (
+            "[gpu_idle]\nafter = \"0s\"\n",
+            "gpu_idle.after",
+            "from 1s to 7d",
+        ),
+        (
+            "[gpu_idle]\nwarm_up = \"30d\"\n",
+            "gpu_idle.warm_up",
+            "from 0s to 7d",
+        ),
+        ("[gpu_idle]\naction = \"kill\"\n", "kill", "unknown variant"),
+        ("[gpu_idle]\nthreshold = 5\n", "threshold", "unknown field"),
+    ] {
+        let err = Config::with_overlay(toml).expect_err(toml).to_string();
+        assert!(err.contains(key) && err.contains(says), "{toml}: {err}");
+    }
+    let c =
+        Config::with_overlay("[gpu_idle]\naction = \"cancel\"\nafter = \"1h\"\n").expect("valid");
+    assert_eq!(c.gpu_idle.action, crate::gpu::IdleAction::Cancel);
+    assert_eq!(c.gpu_idle.after, Duration::from_secs(3600));
+}

@@ -4,12 +4,14 @@
 //! summary is kept with its run, and the metrics count utilization and
 //! idle GPU-seconds per region and project.
 
+use chrono::Utc;
+
 use super::nodes::parse_epoch_str;
 use super::{Engine, Error};
-use crate::api::quote;
-use crate::gpu::MAX_POINTS;
+use crate::api::{State, quote};
+use crate::gpu::{IdlePolicy, IdleVerdict, MAX_POINTS, idle_verdict};
 use crate::protocol::GpuTelemetry;
-use crate::store::StoreError;
+use crate::store::{GpuPointsTaken, StoreError};
 
 /// Most batches one upload may name (a node holds few parts).
 const MAX_BATCHES: usize = 256;
@@ -66,17 +68,19 @@ impl Engine {
             }
         }
         self.check_epoch_now(node, epoch).await?;
+        let policy = self.config().gpu_idle.clone();
         let mut out = TelemetryTaken::default();
         for b in &req.batches {
-            match self
+            let added = self
                 .shared
                 .store
-                .add_gpu_points(node, &b.uuid, &b.points)
-                .await
-            {
+                .add_gpu_points(node, &b.uuid, &b.points, policy.below_percent)
+                .await;
+            match added {
                 Ok(t) => {
                     crate::metrics::record_gpu_points(&t.region, &t.project, &t.taken);
                     out.taken += t.taken.len();
+                    self.idle_policy(&policy, &t).await?;
                 }
                 Err(StoreError::FailedPrecondition(why)) => {
                     tracing::debug!(node, batch_uuid = %b.uuid, %why, "GPU points not taken");
@@ -86,5 +90,33 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// The GPU idle policy on a batch whose points were just taken: a
+    /// warning in its history (once a run), or its cancel.
+    async fn idle_policy(&self, policy: &IdlePolicy, t: &GpuPointsTaken) -> Result<(), Error> {
+        let Some(started) = t.started.filter(|_| t.state == State::Running) else {
+            return Ok(());
+        };
+        let now = Utc::now();
+        let Some(verdict) = idle_verdict(policy, &t.usage, started, now) else {
+            return Ok(());
+        };
+        let applied = self.shared.store.gpu_idle(t.seq, &verdict, now).await?;
+        if applied.outcome.steps.is_empty() {
+            return Ok(());
+        }
+        self.record_lifecycle(&applied, None);
+        match verdict {
+            IdleVerdict::Warn(why) => {
+                tracing::warn!(batch.id = %t.batch_id, batch.seq = t.seq, project = %t.project, %why, "GPU idle warning");
+            }
+            IdleVerdict::Cancel(why) => {
+                tracing::warn!(batch.id = %t.batch_id, batch.seq = t.seq, project = %t.project, %why, "batch cancelled: its GPUs idle");
+                // Its agents learn to stop it.
+                self.work_changed();
+            }
+        }
+        Ok(())
     }
 }

@@ -205,7 +205,7 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         ),
         ended: counter_vec(
             "flexq_batches_ended_total",
-            "Batches that ended without succeeding, by their typed reason (the batch's flexq.endReason): expired, stockout, quota, infrastructure, work_failed, cancelled.",
+            "Batches that ended without succeeding, by their typed reason (the batch's flexq.endReason): expired, stockout, quota, infrastructure, work_failed, cancelled, idle_gpus.",
             &["reason"],
         ),
         gpu_seconds: prometheus::CounterVec::new(

@@ -37,6 +37,11 @@ pub enum Step {
     Requeue(RequeueReason),
     /// It was preempted (with a `Requeue`): one more preemption counted.
     Preempted,
+    /// Why it will end once its processes are gone (a policy's cancel):
+    /// kept over the reason its end would give.
+    Because(EndReason),
+    /// The GPU idle policy warned about it (once a run).
+    IdleWarned,
 }
 
 /// A batch's attempts: which one runs (1 for the first) and how many
@@ -115,6 +120,27 @@ pub fn preempted(state: State, by: &str) -> Vec<Step> {
         Step::Requeue(RequeueReason::Preempted),
         Step::Preempted,
     ]
+}
+
+/// The GPU idle policy's verdict on a batch (docs/rules.md#gpu-telemetry):
+/// a RUNNING batch gets the warning in its history, or is cancelled with
+/// the end reason IDLE_GPUS; any other is left alone.
+pub fn gpu_idle(state: State, verdict: &crate::gpu::IdleVerdict) -> Outcome {
+    use crate::gpu::IdleVerdict;
+    if state != State::Running {
+        return Outcome::default();
+    }
+    let steps = match verdict {
+        IdleVerdict::Warn(message) => {
+            vec![Step::To(State::Running, message.clone()), Step::IdleWarned]
+        }
+        IdleVerdict::Cancel(message) => vec![
+            Step::To(State::Cancelling, message.clone()),
+            Step::Because(EndReason::IdleGpus),
+            Step::IdleWarned,
+        ],
+    };
+    Outcome { steps }
 }
 
 /// What a decision does to one batch.

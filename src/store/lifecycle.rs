@@ -8,7 +8,7 @@ use sqlx::AnyConnection;
 
 use super::rows::{from_micros, micros, transition};
 use super::{Change, Provisioning, RunInfo, Store, StoreError};
-use crate::api::{RequeueReason, State};
+use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
 use crate::spec::ClusterRequest;
 
@@ -154,6 +154,7 @@ pub(super) async fn write_steps(
         started_after: None,
         ran: None,
     };
+    let mut ended_for = None;
     for step in &outcome.steps {
         match step {
             Step::To(to, message) => {
@@ -198,12 +199,29 @@ pub(super) async fn write_steps(
                 .execute(&mut *conn)
                 .await?;
             }
+            // A reason a policy gave before the end (`Because`) is kept.
             Step::Ended(reason) => {
+                let kept: Option<i64> = sqlx::query_scalar(
+                    "update batches set end_reason = coalesce(end_reason, $1) where seq = $2 \
+                     returning end_reason",
+                )
+                .bind(reason.number())
+                .bind(seq)
+                .fetch_one(&mut *conn)
+                .await?;
+                ended_for = kept.and_then(EndReason::from_number);
+            }
+            Step::Because(reason) => {
                 sqlx::query("update batches set end_reason = $1 where seq = $2")
                     .bind(reason.number())
                     .bind(seq)
                     .execute(&mut *conn)
                     .await?;
+            }
+            Step::IdleWarned => {
+                let mut run = run_info(conn, seq).await?;
+                run.gpu.get_or_insert_default().warned = true;
+                set_run_info(conn, seq, &run).await?;
             }
             Step::RunEnded { exit_code } => {
                 let mut run = run_info(conn, seq).await?;
@@ -214,11 +232,45 @@ pub(super) async fn write_steps(
             }
         }
     }
+    // The outcome says the reason the batch really ended for.
+    let mut outcome = outcome;
+    if let Some(kept) = ended_for {
+        for step in &mut outcome.steps {
+            if let Step::Ended(reason) = step {
+                *reason = kept;
+            }
+        }
+    }
     applied.outcome = outcome;
     Ok(applied)
 }
 
 impl Store {
+    /// Applies the GPU idle policy's verdict on batch `seq`
+    /// ([`lifecycle::gpu_idle`]): a warning in its history, or its cancel.
+    pub async fn gpu_idle(
+        &self,
+        seq: i64,
+        verdict: &crate::gpu::IdleVerdict,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let (state, batch_id): (i64, String) =
+            sqlx::query_as("select state, batch_id from batches where seq = $1")
+                .bind(seq)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+        let state = State::from_number(state).unwrap_or(State::StateUnspecified);
+        let outcome = lifecycle::gpu_idle(state, verdict);
+        let applied = write_steps(&mut tx, seq, &batch_id, state, outcome, now).await?;
+        if !applied.outcome.steps.is_empty() {
+            self.announce(&mut tx, &Change::Work).await?;
+        }
+        self.commit(tx).await?;
+        Ok(applied)
+    }
+
     /// Cancels the batch of an operation ([`lifecycle::cancel`]).
     pub async fn cancel(
         &self,

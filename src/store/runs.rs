@@ -34,25 +34,33 @@ pub struct OutputChunk {
 /// Points a node's agent sent for one batch, as taken.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuPointsTaken {
+    pub seq: i64,
+    pub batch_id: String,
     pub project: String,
     pub region: String,
     /// The points new to the batch (a retried upload's are taken once).
     pub taken: Vec<crate::gpu::GpuPoint>,
+    /// The batch's summary with them, its state, and when its driver
+    /// started (for the idle policy).
+    pub usage: crate::gpu::GpuUsage,
+    pub state: crate::api::State,
+    pub started: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Store {
     /// Adds `node`'s GPU points for batch `uuid` to its run's summary, in
     /// one transaction. Only a node that holds a part of the batch now
-    /// may.
+    /// may. `busy_from`: the idle policy's threshold (percent).
     pub async fn add_gpu_points(
         &self,
         node: &str,
         uuid: &str,
         points: &[crate::gpu::GpuPoint],
+        busy_from: f64,
     ) -> Result<GpuPointsTaken, StoreError> {
         let mut tx = self.begin_write().await?;
-        let row: Option<(i64, String, String)> = sqlx::query_as(
-            "select b.seq, b.project, b.region from batches b \
+        let row: Option<(i64, String, String, String, i64)> = sqlx::query_as(
+            "select b.seq, b.batch_id, b.project, b.region, b.state from batches b \
              join allocations a on a.batch_seq = b.seq \
              where b.uuid = $1 and a.node_id = $2 and a.released_at is null limit 1",
         )
@@ -60,24 +68,31 @@ impl Store {
         .bind(node)
         .fetch_optional(&mut *tx)
         .await?;
-        let (seq, project, region) = row.ok_or_else(|| {
+        let (seq, batch_id, project, region, state) = row.ok_or_else(|| {
             StoreError::FailedPrecondition(format!("node {node} holds no part of batch {uuid} now"))
         })?;
         let mut run = run_info(&mut tx, seq).await?;
         let usage = run.gpu.get_or_insert_default();
         let taken: Vec<_> = points
             .iter()
-            .filter(|p| usage.add_from(node, p))
+            .filter(|p| usage.add_from(node, p, busy_from))
             .cloned()
             .collect();
+        let usage = usage.clone();
         if !taken.is_empty() {
             set_run_info(&mut tx, seq, &run).await?;
         }
         self.commit(tx).await?;
         Ok(GpuPointsTaken {
+            seq,
+            batch_id,
             project,
             region,
             taken,
+            usage,
+            state: crate::api::State::from_number(state)
+                .unwrap_or(crate::api::State::StateUnspecified),
+            started: run.start_time,
         })
     }
 

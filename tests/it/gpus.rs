@@ -3,6 +3,7 @@
 //! batch, the metrics and the refusals say what was taken. (The agent's
 //! own sampling, on a fake `nvidia-smi`, is in `spark.rs`.)
 
+use flexq::gpu::{IdleAction, IdlePolicy};
 use serde_json::{Value, json};
 
 use crate::support::{TestServer, assert_status, flex_with, no_virtual_nodes, until};
@@ -130,4 +131,150 @@ async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
     stale["epoch"] = json!(wrong.to_string());
     let (status, _) = s.post_json("/v1/nodes/gpu-host-1:telemetry", &stale).await;
     assert!(status == 400 || status == 409, "{status}");
+}
+
+/// A server whose GPU idle policy is `action` after 2 s, no warm-up; one
+/// agent's node (this test) runs a 5-GPU batch `id`, its driver started.
+/// Answers the server, the node's epoch and the batch's uuid.
+async fn idle_case(action: IdleAction, id: &str) -> (TestServer, String, String) {
+    let s = TestServer::start_with(move |c| {
+        no_virtual_nodes(c);
+        c.agents.lease_duration = std::time::Duration::from_secs(60);
+        c.gpu_idle = IdlePolicy {
+            action,
+            below_percent: 10.0,
+            after: std::time::Duration::from_secs(2),
+            warm_up: std::time::Duration::ZERO,
+        };
+    })
+    .await;
+    let epoch = crate::agents::register(&s, "gpu-host-1").await;
+    let (status, body) = s
+        .create(
+            &format!("batchId={id}"),
+            &flex_with("spark.executor.instances", "4"),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let b = until(&s, &format!("{BATCHES}/{id}"), "provisioned", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    let (status, body) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &json!({"epoch": epoch, "uuid": uuid, "event": "DRIVER_STARTED", "rapids": "enabled"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    (s, epoch, uuid)
+}
+
+/// Idle points (8 %, under the policy's 10 %) from 1 s after now, one a
+/// second, up to `seconds`: uploaded once that much time has passed.
+async fn idle_for(
+    s: &TestServer,
+    epoch: &str,
+    uuid: &str,
+    from: chrono::DateTime<chrono::Utc>,
+    seconds: i64,
+) -> Value {
+    let until_then = from + chrono::Duration::seconds(seconds);
+    while chrono::Utc::now() < until_then {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let points: Vec<Value> = (1..=seconds)
+        .map(|k| {
+            let t = (from + chrono::Duration::seconds(k)).to_rfc3339();
+            json!({"time": t, "seconds": 1.0, "gpus": 5, "utilizationPercent": 8.0,
+                   "maxUtilizationPercent": 8.0, "maxMemoryUsedMb": 100})
+        })
+        .collect();
+    let (status, answer) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:telemetry",
+            &json!({"epoch": epoch, "batches": [{"uuid": uuid, "points": points}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer:#}");
+    answer
+}
+
+/// How many entries of the batch's history (the current state's
+/// included) start with `prefix`.
+fn said(b: &Value, prefix: &str) -> usize {
+    b["stateHistory"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h["stateMessage"].as_str())
+        .filter(|m| m.starts_with(prefix))
+        .count()
+}
+
+#[tokio::test]
+async fn a_batch_whose_gpus_idle_is_warned_once() {
+    let (s, epoch, uuid) = idle_case(IdleAction::Warn, "idler").await;
+    let from = chrono::Utc::now();
+    // One second idle: under the policy's 2 s, nothing said.
+    idle_for(&s, &epoch, &uuid, from, 1).await;
+    let (_, b) = s.get(&format!("{BATCHES}/idler")).await;
+    assert_eq!(said(&b, "GPU idle warning"), 0, "{b:#}");
+    idle_for(&s, &epoch, &uuid, from + chrono::Duration::seconds(1), 2).await;
+    let (_, b) = s.get(&format!("{BATCHES}/idler")).await;
+    assert_eq!(b["state"], "RUNNING", "{b:#}");
+    assert_eq!(
+        said(
+            &b,
+            "GPU idle warning: every GPU of it has been under 10% utilization for"
+        ),
+        1,
+        "{b:#}"
+    );
+    // More idle time: no second warning.
+    idle_for(&s, &epoch, &uuid, from + chrono::Duration::seconds(3), 1).await;
+    let (_, b) = s.get(&format!("{BATCHES}/idler")).await;
+    assert_eq!(said(&b, "GPU idle warning"), 1, "{b:#}");
+}
+
+#[tokio::test]
+async fn a_batch_whose_gpus_idle_is_cancelled_with_a_typed_reason_when_the_policy_says_so() {
+    let (s, epoch, uuid) = idle_case(IdleAction::Cancel, "idle-cancel").await;
+    idle_for(&s, &epoch, &uuid, chrono::Utc::now(), 3).await;
+    let (_, b) = s.get(&format!("{BATCHES}/idle-cancel")).await;
+    assert_eq!(b["state"], "CANCELLING", "{b:#}");
+    assert_eq!(
+        said(&b, "Cancelled by the GPU idle policy: every GPU of it"),
+        1,
+        "{b:#}"
+    );
+    // Its agent is told to stop it, and says it stopped.
+    let (_, answer) = crate::agents::poll(&s, "gpu-host-1", &epoch, "", "1s").await;
+    let parts = answer["assignments"].as_array().expect("assignments");
+    assert!(
+        !parts.is_empty() && parts.iter().all(|a| a["action"] == "STOP"),
+        "{answer:#}"
+    );
+    let (status, body) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &json!({"epoch": epoch, "uuid": uuid, "event": "FINISHED", "succeeded": false,
+                    "message": "stopped", "exitCode": 143}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let (_, b) = s.get(&format!("{BATCHES}/idle-cancel")).await;
+    assert_eq!(b["state"], "CANCELLED", "{b:#}");
+    assert_eq!(b["flexq"]["endReason"], "IDLE_GPUS", "{b:#}");
+    let (_, op) = s
+        .get(&format!("/v1/{}", b["operation"].as_str().expect("op")))
+        .await;
+    assert_eq!(op["error"]["code"], 1, "{op:#}");
+    let ended = crate::metrics::value(
+        &s.scrape().await,
+        "flexq_batches_ended_total",
+        &[("reason", "idle_gpus")],
+    );
+    assert!(ended.is_some_and(|n| n >= 1.0), "{ended:?}");
 }

@@ -319,5 +319,9 @@ pub(crate) async fn gpu_scenario(s: &TestServer, region: &str) {
             ]}]}),
         )
         .await;
-    assert_eq!((status, answer["taken"].as_u64()), (200, Some(2)), "{answer:#}");
+    assert_eq!(
+        (status, answer["taken"].as_u64()),
+        (200, Some(2)),
+        "{answer:#}"
+    );
 }
