@@ -192,6 +192,68 @@ pub fn open_reader(setting: GpuTelemetry, nvidia_smi: &str) -> Option<Box<dyn Gp
     }
 }
 
+/// `flexq agent --gpu-check N`: each reader in turn reads the node's GPUs
+/// `n` times, a second apart; prints every reading and the point a part
+/// holding all of them would send. True when one of them could read.
+pub fn check(n: u32, nvidia_smi: &str) -> bool {
+    let readers: Vec<(&str, Result<Box<dyn GpuReader>, String>)> = vec![
+        (
+            "NVML",
+            NvmlReader::open().map(|r| Box::new(r) as Box<dyn GpuReader>),
+        ),
+        (
+            "nvidia-smi",
+            Ok(Box::new(SmiReader::new(nvidia_smi)) as Box<dyn GpuReader>),
+        ),
+    ];
+    let mut any = false;
+    for (name, reader) in readers {
+        let mut reader = match reader {
+            Ok(r) => r,
+            Err(why) => {
+                println!("{name}: cannot open: {why}");
+                continue;
+            }
+        };
+        let mut read_ok = 0;
+        for k in 0..n.max(1) {
+            if k > 0 {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            let started = std::time::Instant::now();
+            match reader.read() {
+                Ok(readings) => {
+                    read_ok += 1;
+                    let all: Vec<String> = readings.iter().map(|r| r.index.clone()).collect();
+                    for r in &readings {
+                        println!(
+                            "{name} #{k}: GPU {}: utilization {} memory used {} ({:?})",
+                            r.index,
+                            r.utilization_percent
+                                .map_or("N/A".into(), |u| format!("{u} %")),
+                            r.memory_used_mb
+                                .map_or("N/A".into(), |m| format!("{m} MiB")),
+                            started.elapsed()
+                        );
+                    }
+                    match point(Utc::now(), 1.0, &all, &readings) {
+                        Some(p) => println!(
+                            "{name} #{k}: point for all {} GPUs: {}",
+                            p.gpus,
+                            serde_json::to_string(&p).unwrap_or_default()
+                        ),
+                        None => println!("{name} #{k}: no GPU reported a utilization"),
+                    }
+                }
+                Err(why) => println!("{name} #{k}: cannot read: {why}"),
+            }
+        }
+        println!("{name}: {read_ok} of {} readings", n.max(1));
+        any |= read_ok > 0;
+    }
+    any
+}
+
 /// The GPUs each batch's parts hold on this node (batch uuid → addresses),
 /// as the agent's assignments say.
 pub type Held = BTreeMap<String, Vec<String>>;

@@ -109,11 +109,28 @@ pub struct AgentArgs {
     /// Log lines as JSON.
     #[arg(long)]
     pub json_logs: bool,
+    /// Only check GPU telemetry: read this node's GPUs N times, a second
+    /// apart, through NVML and through `nvidia-smi`, print what each saw,
+    /// and exit (0 when one could read them). No server, no config needed.
+    #[arg(long, value_name = "N")]
+    pub gpu_check: Option<u32>,
+    /// With --gpu-check: the `nvidia-smi` to run.
+    #[arg(long, default_value = "nvidia-smi")]
+    pub nvidia_smi: String,
 }
 
 /// `flexq agent`: register this GPU node, heartbeat, and run the Spark
 /// work of the batches allocated to it, until SIGINT/SIGTERM.
 pub async fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    if let Some(n) = args.gpu_check {
+        let smi = args.nvidia_smi.clone();
+        let ok = tokio::task::spawn_blocking(move || crate::agent::gpus::check(n, &smi)).await?;
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     let config = match crate::agent::AgentSettings::load(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {

@@ -632,3 +632,51 @@ async fn wait_hears_a_change_on_the_event_stream_at_once() {
         "wait heard the cancel after {heard:?}"
     );
 }
+
+/// `flexq agent --gpu-check`: on a FAKE `nvidia-smi` (these machines have
+/// no GPU, and no NVML: that reader says why it cannot open) it prints
+/// each GPU and the point a part holding them would send, and exits 0;
+/// with no reader that works it exits 1.
+#[test]
+fn the_gpu_check_reads_through_each_reader_and_says_which_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = dir.path().join("nvidia-smi");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n# FAKE nvidia-smi (no hardware)\nprintf '0, 30, 100\\n1, 90, 300\\n'\n",
+    )
+    .expect("fake");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let out = Command::new(flexq_bin())
+        .args(["agent", "--gpu-check", "1", "--nvidia-smi"])
+        .arg(&fake)
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("NVML: cannot open"), "{text}");
+    assert!(
+        text.contains("GPU 1: utilization 90 % memory used 300 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("\"utilizationPercent\":60.0"), "{text}");
+    let out = Command::new(flexq_bin())
+        .args([
+            "agent",
+            "--gpu-check",
+            "1",
+            "--nvidia-smi",
+            "/nonexistent/nvidia-smi",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
