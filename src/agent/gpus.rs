@@ -196,7 +196,8 @@ pub fn open_reader(setting: GpuTelemetry, nvidia_smi: &str) -> Option<Box<dyn Gp
 /// `n` times, a second apart; prints every reading and the point a part
 /// holding all of them would send. True when one of them could read.
 pub fn check(n: u32, nvidia_smi: &str) -> bool {
-    let readers: Vec<(&str, Result<Box<dyn GpuReader>, String>)> = vec![
+    type Opened = Result<Box<dyn GpuReader>, String>;
+    let readers: Vec<(&str, Opened)> = vec![
         (
             "NVML",
             NvmlReader::open().map(|r| Box::new(r) as Box<dyn GpuReader>),
