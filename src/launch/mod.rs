@@ -6,6 +6,7 @@
 //! says went wrong. The agent's standalone launcher ([`crate::agent`]) and
 //! the Kubernetes launcher ([`k8s`]) both build on this.
 
+pub mod fallback;
 pub mod k8s;
 mod summary;
 
@@ -109,6 +110,9 @@ pub fn spark_conf(job: &SparkJob, rapids: &Rapids) -> BTreeMap<String, String> {
         if let Rapids::Jar(_) = rapids {
             set("spark.plugins", RAPIDS_PLUGIN.into());
             set("spark.rapids.sql.enabled", "true".into());
+            // What could not run on the GPU goes to the driver's log, where
+            // the agent counts it (unless the batch sets it otherwise).
+            set(fallback::EXPLAIN_KEY, fallback::EXPLAIN_VALUE.into());
         }
     }
     if c.driver.gpus > 0 {

@@ -62,6 +62,7 @@ fn spark_conf_has_the_gpu_defaults_of_spec_4() {
     for (k, v) in [
         ("spark.plugins", RAPIDS_PLUGIN),
         ("spark.rapids.sql.enabled", "true"),
+        ("spark.rapids.sql.explain", "NOT_ON_GPU"),
         ("spark.executor.resource.gpu.amount", "1"),
         ("spark.task.resource.gpu.amount", "0.25"),
         ("spark.executor.resource.gpu.vendor", "nvidia.com"),
@@ -91,9 +92,14 @@ fn user_properties_win_and_the_shuffle_manager_passes_through() {
         ),
         ("spark.rapids.shims-provider-override", "spark350"),
         ("spark.task.resource.gpu.amount", "0.5"),
+        ("spark.rapids.sql.explain", "ALL"),
     ]);
     let conf = spark_conf(&job, &Rapids::Jar("/r.jar".into()));
     assert_eq!(conf["spark.rapids.sql.enabled"], "false");
+    assert_eq!(
+        conf["spark.rapids.sql.explain"], "ALL",
+        "the batch's own explain wins"
+    );
     assert_eq!(
         conf["spark.shuffle.manager"],
         "com.nvidia.spark.rapids.RapidsShuffleManager"
