@@ -167,6 +167,11 @@ pub enum ReportEvent {
         #[serde(default)]
         infrastructure: bool,
     },
+    /// From the driver's node, before the end: what ran on the CPU
+    /// instead of the GPUs (docs/rules.md#gpu-telemetry). Changes no state.
+    CpuFallback {
+        fallback: crate::api::CpuFallback,
+    },
 }
 
 /// `POST /v1/nodes/{node}:telemetry`: what the GPUs of the node's parts

@@ -302,17 +302,45 @@ async fn drive(
         }
     };
     // Everything the driver printed is uploaded before the end is reported.
-    let tail = match tokio::time::timeout(Duration::from_secs(30), pump).await {
-        Ok(Ok(tail)) => tail,
+    let (tail, mut fallback) = match tokio::time::timeout(Duration::from_secs(30), pump).await {
+        Ok(Ok(done)) => done,
         // The upload is stuck (the server is slow or gone): the local log
         // still has the tail for the failure summary.
-        _ => tail_of(&dir.join("driver.log")).into_bytes(),
+        _ => (
+            tail_of(&dir.join("driver.log")).into_bytes(),
+            Default::default(),
+        ),
     };
     let tail = String::from_utf8_lossy(&tail);
+    // What ran on the CPU instead of the GPUs: said before the end.
+    let asked_gpus = job.cluster.executor.gpus > 0 || job.cluster.driver.gpus > 0;
+    fallback.without_rapids = asked_gpus && matches!(rapids, Rapids::Missing { .. });
+    let fell_back = fallback.operators > 0 || fallback.without_rapids;
+    if fell_back {
+        let event = ReportEvent::CpuFallback {
+            fallback: fallback.clone(),
+        };
+        if let Err(e) = ctx.client.report(&ctx.epoch, &a.uuid, event).await {
+            tracing::warn!(batch = %a.batch, error = %e, "CPU fallback not reported");
+        }
+    }
+    let on_cpu = if fallback.without_rapids {
+        " It asked for GPUs and ran without the RAPIDS Accelerator: all of it ran on the CPU."
+            .to_string()
+    } else if fallback.operators > 0 {
+        format!(
+            " RAPIDS: {} operator{} could not run on the GPU (first: {}).",
+            fallback.operators,
+            if fallback.operators == 1 { "" } else { "s" },
+            fallback.reasons.first().map(String::as_str).unwrap_or("?")
+        )
+    } else {
+        String::new()
+    };
     let event = match (end, exit) {
         (End::Exited(_), Some(status)) if status.success() => ReportEvent::Finished {
             succeeded: true,
-            message: "The driver finished successfully (exit status 0).".into(),
+            message: format!("The driver finished successfully (exit status 0).{on_cpu}"),
             exit_code: Some(0),
         },
         (End::Exited(_), Some(status)) => {

@@ -27,8 +27,9 @@ async fn read_into<R: AsyncRead + Unpin>(mut r: R, tx: mpsc::Sender<Vec<u8>>) {
 }
 
 /// Streams the driver's stdout and stderr to its log file and to the
-/// server as they come; returns the tail (for the failure summary) once
-/// both close.
+/// server as they come; returns the tail (for the failure summary) and
+/// what the RAPIDS Accelerator said could not run on the GPU once both
+/// close.
 pub(super) async fn pump_output(
     client: AgentClient,
     epoch: String,
@@ -36,7 +37,7 @@ pub(super) async fn pump_output(
     stdout: Option<tokio::process::ChildStdout>,
     stderr: Option<tokio::process::ChildStderr>,
     log: PathBuf,
-) -> Vec<u8> {
+) -> (Vec<u8>, crate::api::CpuFallback) {
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
     if let Some(out) = stdout {
         tokio::spawn(read_into(out, tx.clone()));
@@ -49,6 +50,7 @@ pub(super) async fn pump_output(
     let mut tail: Vec<u8> = Vec::new();
     let mut pending: Vec<u8> = Vec::new();
     let mut offset = 0u64;
+    let mut fallback = crate::launch::fallback::FallbackCounter::default();
     while let Some(first) = rx.recv().await {
         let mut chunk = first;
         while let Ok(more) = rx.try_recv() {
@@ -60,6 +62,7 @@ pub(super) async fn pump_output(
         if let Some(f) = file.as_mut() {
             let _ = f.write_all(&chunk).await;
         }
+        fallback.feed(&String::from_utf8_lossy(&chunk));
         tail.extend_from_slice(&chunk);
         if tail.len() > 2 * TAIL_BYTES {
             tail.drain(..tail.len() - TAIL_BYTES);
@@ -80,7 +83,7 @@ pub(super) async fn pump_output(
         let _ = f.flush().await;
     }
     let start = tail.len().saturating_sub(TAIL_BYTES);
-    tail.split_off(start)
+    (tail.split_off(start), fallback.finish())
 }
 
 /// Largest upload: well under the server's body limit.

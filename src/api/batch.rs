@@ -64,6 +64,24 @@ pub struct Batch {
     pub flexq: Option<FlexqInfo>,
 }
 
+/// What of a batch ran on the CPU instead of its GPUs
+/// (docs/rules.md#gpu-telemetry).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CpuFallback {
+    /// Lines the RAPIDS Accelerator wrote for operators and expressions
+    /// that could not run on the GPU (a plan may name one several times).
+    #[serde(default)]
+    pub operators: u64,
+    /// The first distinct ones (at most 5), `<Operator>: why`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// It asked for GPUs and ran without the RAPIDS Accelerator: all of it
+    /// ran on the CPU.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub without_rapids: bool,
+}
+
 /// How busy a batch's GPUs were, weighted by GPU-seconds
 /// (docs/rules.md#gpu-telemetry).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -350,6 +368,10 @@ pub struct RuntimeInfo {
     /// until the first sample, and where agents cannot read their GPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_utilization: Option<GpuUtilization>,
+    /// flexq: what ran on the CPU instead of the GPUs, once its driver's
+    /// agent reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_fallback: Option<CpuFallback>,
 }
 
 /// `google.cloud.dataproc.v1.UsageMetrics`: resources used over time.

@@ -367,6 +367,26 @@ impl Engine {
                 message,
                 infrastructure,
             },
+            // No decision: recorded with the run.
+            ReportEvent::CpuFallback { fallback } => {
+                if fallback.reasons.len() > crate::launch::fallback::MAX_REASONS {
+                    return Err(Error::invalid_field(
+                        "fallback.reasons",
+                        format!(
+                            "{} reasons; at most {} are accepted",
+                            fallback.reasons.len(),
+                            crate::launch::fallback::MAX_REASONS
+                        ),
+                    ));
+                }
+                self.check_epoch_now(node, epoch).await?;
+                self.shared
+                    .store
+                    .set_cpu_fallback(node, &req.uuid, &fallback)
+                    .await?;
+                tracing::info!(node, batch_uuid = %req.uuid, operators = fallback.operators, without_rapids = fallback.without_rapids, "CPU fallback reported");
+                return Ok(());
+            }
         };
         // Under the core's lock: a report and a lost-lease decision never
         // interleave, so a fenced agent cannot end a batch after its node was

@@ -100,6 +100,7 @@ fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
             approximate_usage: Some(approximate),
             current_usage,
             gpu_utilization,
+            cpu_fallback: r.run.cpu_fallback.clone(),
             ..Default::default()
         });
     }
@@ -118,6 +119,7 @@ fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
         approximate_usage,
         current_usage,
         gpu_utilization,
+        cpu_fallback: r.run.cpu_fallback.clone(),
     })
 }
 

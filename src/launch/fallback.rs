@@ -8,7 +8,7 @@
 //! (after the log's own prefix). [`FallbackCounter`] reads the driver's
 //! output line by line and keeps the count and the first reasons.
 
-use serde::{Deserialize, Serialize};
+pub use crate::api::CpuFallback;
 
 /// The explain setting the agent gives a batch that runs with RAPIDS,
 /// unless the batch set it itself.
@@ -22,23 +22,6 @@ pub const MAX_REASONS: usize = 5;
 const MAX_REASON_BYTES: usize = 300;
 
 const MARK: &str = " cannot run on GPU because ";
-
-/// What ran on the CPU instead of the GPU.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CpuFallback {
-    /// Lines the RAPIDS Accelerator wrote for operators and expressions
-    /// that could not run on the GPU (one plan may name one several
-    /// times).
-    pub operators: u64,
-    /// The first distinct ones, `<Operator>: why`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub reasons: Vec<String>,
-    /// The batch asked for GPUs and ran without the RAPIDS Accelerator:
-    /// all of it ran on the CPU.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub without_rapids: bool,
-}
 
 /// Reads a driver's output, a chunk at a time (lines may span chunks).
 #[derive(Debug, Default)]

@@ -226,6 +226,10 @@ pub struct RunInfo {
     /// Its GPUs' usage, from the agents' samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<crate::gpu::GpuUsage>,
+    /// What ran on the CPU instead of its GPUs, as its driver's agent
+    /// reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_fallback: Option<crate::api::CpuFallback>,
 }
 
 /// What a create did.

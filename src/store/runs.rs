@@ -48,6 +48,35 @@ pub struct GpuPointsTaken {
 }
 
 impl Store {
+    /// Records what of batch `uuid` ran on the CPU, as the agent of the
+    /// node that runs its driver reports.
+    pub async fn set_cpu_fallback(
+        &self,
+        node: &str,
+        uuid: &str,
+        fallback: &crate::api::CpuFallback,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        let seq: i64 = sqlx::query_scalar(
+            "select b.seq from batches b join allocations a on a.batch_seq = b.seq \
+             where b.uuid = $1 and a.node_id = $2 and a.role = 'driver' and a.released_at is null",
+        )
+        .bind(uuid)
+        .bind(node)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| {
+            StoreError::FailedPrecondition(format!(
+                "node {node} does not run the driver of batch {uuid} now"
+            ))
+        })?;
+        let mut run = run_info(&mut tx, seq).await?;
+        run.cpu_fallback = Some(fallback.clone());
+        set_run_info(&mut tx, seq, &run).await?;
+        self.commit(tx).await?;
+        Ok(())
+    }
+
     /// Adds `node`'s GPU points for batch `uuid` to its run's summary, in
     /// one transaction. Only a node that holds a part of the batch now
     /// may. `busy_from`: the idle policy's threshold (percent).

@@ -278,3 +278,46 @@ async fn a_batch_whose_gpus_idle_is_cancelled_with_a_typed_reason_when_the_polic
     );
     assert!(ended.is_some_and(|n| n >= 1.0), "{ended:?}");
 }
+
+/// The driver's agent says what ran on the CPU: the batch shows it; a
+/// node that does not run the driver, or too many reasons, is refused.
+#[tokio::test]
+async fn a_reported_cpu_fallback_is_shown_with_the_run() {
+    let (s, epoch, uuid) = idle_case(IdleAction::Off, "fell-back").await;
+    let fallback = json!({"operators": 3, "reasons": [
+        "<SortExec>: not all expressions can be replaced",
+        "<Concat>: input expression AttributeReference c2#4 (StringType(UNICODE) is not supported)"
+    ]});
+    let (status, body) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &json!({"epoch": epoch, "uuid": uuid, "event": "CPU_FALLBACK", "fallback": fallback}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let (_, b) = s.get(&format!("{BATCHES}/fell-back")).await;
+    assert_eq!(b["runtimeInfo"]["cpuFallback"], fallback, "{b:#}");
+    assert_eq!(
+        b["state"], "RUNNING",
+        "a report that changes no state: {b:#}"
+    );
+    let six: Vec<String> = (0..6).map(|i| format!("<Op{i}>: why")).collect();
+    let (status, err) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &json!({"epoch": epoch, "uuid": uuid, "event": "CPU_FALLBACK",
+                    "fallback": {"operators": 6, "reasons": six}}),
+        )
+        .await;
+    assert_status(status, &err, 400, "INVALID_ARGUMENT");
+    assert!(err.to_string().contains("fallback.reasons"), "{err:#}");
+    let other = crate::agents::register(&s, "gpu-host-2").await;
+    let (status, err) = s
+        .post_json(
+            "/v1/nodes/gpu-host-2:report",
+            &json!({"epoch": other, "uuid": uuid, "event": "CPU_FALLBACK",
+                    "fallback": {"operators": 1}}),
+        )
+        .await;
+    assert_status(status, &err, 400, "FAILED_PRECONDITION");
+}

@@ -388,6 +388,18 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         ["PENDING", "PENDING", "RUNNING", "SUCCEEDED"],
         "{b:#}"
     );
+    // It asked for GPUs and ran without the RAPIDS jar: flagged, in its
+    // runtimeInfo and its end's message.
+    assert_eq!(
+        b["runtimeInfo"]["cpuFallback"]["withoutRapids"], true,
+        "{b:#}"
+    );
+    assert!(
+        b["stateMessage"].as_str().is_some_and(
+            |m| m.contains("ran without the RAPIDS Accelerator: all of it ran on the CPU")
+        ),
+        "{b:#}"
+    );
     // The agents read their (fake) GPUs while it ran: 42 % each.
     let g = &b["runtimeInfo"]["gpuUtilization"];
     assert_eq!(g["meanPercent"], 42.0, "{b:#}");
