@@ -189,14 +189,10 @@ impl Scheduler {
                 }
             }
             let Some(mut plan) = plan else { continue };
-            // ...then none that is not needed, the last taken first (never
-            // none at all: the batch did not fit without a victim).
+            // ...then none that is not needed, the last taken first.
             for j in (0..chosen.len()).rev() {
                 let mut fewer = chosen.clone();
                 fewer.remove(j);
-                if fewer.is_empty() {
-                    continue;
-                }
                 if let Some(p) = fits(&fewer) {
                     chosen = fewer;
                     plan = p;
