@@ -47,6 +47,28 @@ pub struct GpuPointsTaken {
     pub started: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// The batch `uuid` whose driver `node` runs now: only that node's agent
+/// may upload its output or say what of it ran on the CPU.
+async fn driver_seq(
+    conn: &mut sqlx::AnyConnection,
+    node: &str,
+    uuid: &str,
+) -> Result<i64, StoreError> {
+    sqlx::query_scalar(
+        "select b.seq from batches b join allocations a on a.batch_seq = b.seq \
+         where b.uuid = $1 and a.node_id = $2 and a.role = 'driver' and a.released_at is null",
+    )
+    .bind(uuid)
+    .bind(node)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| {
+        StoreError::FailedPrecondition(format!(
+            "node {node} does not run the driver of batch {uuid} now"
+        ))
+    })
+}
+
 impl Store {
     /// Records what of batch `uuid` ran on the CPU, as the agent of the
     /// node that runs its driver reports.
@@ -57,19 +79,7 @@ impl Store {
         fallback: &crate::api::CpuFallback,
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
-        let seq: i64 = sqlx::query_scalar(
-            "select b.seq from batches b join allocations a on a.batch_seq = b.seq \
-             where b.uuid = $1 and a.node_id = $2 and a.role = 'driver' and a.released_at is null",
-        )
-        .bind(uuid)
-        .bind(node)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| {
-            StoreError::FailedPrecondition(format!(
-                "node {node} does not run the driver of batch {uuid} now"
-            ))
-        })?;
+        let seq = driver_seq(&mut tx, node, uuid).await?;
         let mut run = run_info(&mut tx, seq).await?;
         run.cpu_fallback = Some(fallback.clone());
         set_run_info(&mut tx, seq, &run).await?;
@@ -186,19 +196,7 @@ impl Store {
         max_bytes: u64,
     ) -> Result<u64, StoreError> {
         let mut tx = self.begin_write().await?;
-        let seq: i64 = sqlx::query_scalar(
-            "select b.seq from batches b join allocations a on a.batch_seq = b.seq \
-             where b.uuid = $1 and a.node_id = $2 and a.role = 'driver' and a.released_at is null",
-        )
-        .bind(uuid)
-        .bind(node)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| {
-            StoreError::FailedPrecondition(format!(
-                "node {node} does not run the driver of batch {uuid} now"
-            ))
-        })?;
+        let seq = driver_seq(&mut tx, node, uuid).await?;
         // The run keeps the stored size: no scan of the chunks per upload.
         let mut run = run_info(&mut tx, seq).await?;
         let stored = run.output_bytes;
