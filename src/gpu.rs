@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::api::GpuUtilization;
+use crate::api::{GpuChart, GpuChartPoint, GpuUtilization};
 
 /// A GPU whose utilization is below this (percent) does no work.
 pub const IDLE_BELOW_PERCENT: f64 = 5.0;
@@ -232,6 +232,144 @@ impl GpuUsage {
             sampled_gpu_seconds: round1(self.gpu_seconds),
             last_sample_time: self.last_time,
         })
+    }
+}
+
+/// Slots a batch's chart keeps: past them, neighbours merge two by two
+/// (the step doubles), so a run of any length keeps at most this many.
+pub const SERIES_SLOTS: usize = 120;
+/// The first step of a chart, seconds: two samples at the agent's
+/// default interval.
+const FIRST_STEP_SECONDS: i64 = 10;
+
+/// A batch's points over time, bounded ([`SERIES_SLOTS`]), for the chart
+/// its page shows. Stored beside its run (a requeued batch starts afresh).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSeries {
+    /// Where the first slot begins (None before the first point).
+    pub origin: Option<DateTime<Utc>>,
+    pub step_seconds: i64,
+    pub slots: Vec<GpuSlot>,
+}
+
+/// What the points that fell in one slot add up to.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSlot {
+    pub gpu_seconds: f64,
+    /// Σ utilization × GPU-seconds.
+    pub weighted_percent: f64,
+    pub max_percent: f64,
+    pub peak_memory_mb: u64,
+}
+
+impl GpuSlot {
+    fn merge(&mut self, other: &GpuSlot) {
+        self.gpu_seconds += other.gpu_seconds;
+        self.weighted_percent += other.weighted_percent;
+        self.max_percent = self.max_percent.max(other.max_percent);
+        self.peak_memory_mb = self.peak_memory_mb.max(other.peak_memory_mb);
+    }
+}
+
+impl GpuSeries {
+    /// Adds a point (one already taken by [`GpuUsage::add_from`]) to the
+    /// slot its time falls in. A point before the first slot or past the
+    /// last widens the series, coarsening it as often as it must to stay
+    /// within [`SERIES_SLOTS`]; so a point at any time takes bounded room.
+    pub fn add(&mut self, p: &GpuPoint) {
+        if self.step_seconds <= 0 {
+            self.step_seconds = FIRST_STEP_SECONDS;
+            self.slots.clear();
+        }
+        let mut origin = *self.origin.get_or_insert_with(|| {
+            let t = p.time.timestamp();
+            let start = t - t.rem_euclid(FIRST_STEP_SECONDS);
+            DateTime::from_timestamp(start, 0).unwrap_or(p.time)
+        });
+        let weight = f64::from(p.gpus) * p.seconds;
+        let slot = GpuSlot {
+            gpu_seconds: weight,
+            weighted_percent: p.utilization_percent * weight,
+            max_percent: p.max_utilization_percent,
+            peak_memory_mb: p.max_memory_used_mb,
+        };
+        loop {
+            // Milliseconds: chrono's range of times keeps them in an i64.
+            let from_origin = (p.time - origin).num_milliseconds();
+            let index = from_origin.div_euclid(self.step_seconds.saturating_mul(1000));
+            if index < 0 {
+                let before = index.unsigned_abs() as usize;
+                if before.saturating_add(self.slots.len()) <= SERIES_SLOTS {
+                    // A point so early that no time precedes the slot is
+                    // left out of the chart (the summary has it).
+                    let Some(earlier) = chrono::Duration::try_seconds(
+                        self.step_seconds.saturating_mul(before as i64),
+                    )
+                    .and_then(|moved| origin.checked_sub_signed(moved)) else {
+                        return;
+                    };
+                    self.slots
+                        .splice(0..0, std::iter::repeat_n(GpuSlot::default(), before));
+                    origin = earlier;
+                    self.origin = Some(origin);
+                    continue;
+                }
+            } else if (index as usize) < SERIES_SLOTS {
+                let index = index as usize;
+                if self.slots.len() <= index {
+                    self.slots.resize(index + 1, GpuSlot::default());
+                }
+                self.slots[index].merge(&slot);
+                return;
+            }
+            self.coarsen();
+        }
+    }
+
+    /// Doubles the step: each two neighbouring slots become one.
+    fn coarsen(&mut self) {
+        self.step_seconds = self.step_seconds.saturating_mul(2);
+        self.slots = self
+            .slots
+            .chunks(2)
+            .map(|pair| {
+                let mut merged = pair[0].clone();
+                if let Some(second) = pair.get(1) {
+                    merged.merge(second);
+                }
+                merged
+            })
+            .collect();
+    }
+
+    /// What the chart shows: the slots with points in them.
+    pub fn chart(&self) -> GpuChart {
+        let Some(origin) = self.origin else {
+            return GpuChart::default();
+        };
+        let points = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.gpu_seconds > 0.0)
+            .filter_map(|(i, s)| {
+                let time =
+                    chrono::Duration::try_seconds(self.step_seconds.saturating_mul(i as i64))
+                        .and_then(|d| origin.checked_add_signed(d))?;
+                Some(GpuChartPoint {
+                    time,
+                    mean_percent: round1(s.weighted_percent / s.gpu_seconds),
+                    max_percent: round1(s.max_percent),
+                    peak_memory_mb: s.peak_memory_mb,
+                })
+            })
+            .collect();
+        GpuChart {
+            step_seconds: self.step_seconds.max(0) as u64,
+            points,
+        }
     }
 }
 
@@ -499,5 +637,106 @@ mod tests {
             bad.check()
                 .is_err_and(|e| e.contains("below utilizationPercent"))
         );
+    }
+
+    fn busy(t: DateTime<Utc>, gpus: u32, u: f64, mem: u64) -> GpuPoint {
+        GpuPoint {
+            time: t,
+            seconds: 5.0,
+            gpus,
+            utilization_percent: u,
+            max_utilization_percent: u,
+            max_memory_used_mb: mem,
+        }
+    }
+
+    #[test]
+    fn a_short_run_is_charted_in_ten_second_slots_weighted_by_gpu_seconds() {
+        let mut series = GpuSeries::default();
+        // 1_800_000_000 is a multiple of 10: slot 0 begins at at(0).
+        series.add(&busy(at(3), 4, 80.0, 1000));
+        series.add(&busy(at(8), 1, 30.0, 3000));
+        series.add(&busy(at(25), 2, 10.0, 500));
+        let chart = series.chart();
+        assert_eq!(chart.step_seconds, 10);
+        let shown: Vec<_> = chart
+            .points
+            .iter()
+            .map(|p| (p.time, p.mean_percent, p.max_percent, p.peak_memory_mb))
+            .collect();
+        // (80 × 20 + 30 × 5) ÷ 25; slot 1 (at(10)) had no point.
+        assert_eq!(
+            shown,
+            vec![(at(0), 70.0, 80.0, 3000), (at(20), 10.0, 10.0, 500)]
+        );
+    }
+
+    #[test]
+    fn a_long_run_keeps_at_most_the_bounded_slots_and_every_gpu_second() {
+        let mut series = GpuSeries::default();
+        let mut usage = GpuUsage::default();
+        // 5000 s of 5 s points: 500 slots of 10 s would be needed.
+        for i in 1..=1000 {
+            let p = busy(at(i * 5), 2, (i % 100) as f64, i as u64);
+            series.add(&p);
+            usage.add_p(&p);
+        }
+        assert!(series.slots.len() <= SERIES_SLOTS, "{}", series.slots.len());
+        // 5000 ÷ 40 = 125 slots > 120: the step doubled to 80 s.
+        assert_eq!(series.step_seconds, 80);
+        let sum: f64 = series.slots.iter().map(|s| s.gpu_seconds).sum();
+        assert_eq!(sum, usage.gpu_seconds);
+        let weighted: f64 = series.slots.iter().map(|s| s.weighted_percent).sum();
+        assert!((weighted - usage.weighted_percent).abs() < 1e-6);
+        let chart = series.chart();
+        assert_eq!(chart.points.last().map(|p| p.peak_memory_mb), Some(1000));
+        assert!(chart.points.windows(2).all(|w| w[0].time < w[1].time));
+    }
+
+    #[test]
+    fn points_out_of_order_and_at_the_ends_of_time_take_bounded_room() {
+        let mut series = GpuSeries::default();
+        series.add(&busy(at(100), 1, 50.0, 1));
+        // Before the first slot: the series grows backwards.
+        series.add(&busy(at(45), 1, 20.0, 1));
+        assert_eq!(series.origin, Some(at(40)));
+        assert_eq!(series.chart().points.len(), 2);
+        for t in [
+            DateTime::<Utc>::MIN_UTC,
+            DateTime::<Utc>::MAX_UTC,
+            at(-1_000_000_000),
+        ] {
+            series.add(&busy(t, 1, 90.0, 7));
+            assert!(series.slots.len() <= SERIES_SLOTS);
+        }
+        let chart = series.chart();
+        assert!(chart.points.len() <= SERIES_SLOTS);
+        assert!(chart.points.windows(2).all(|w| w[0].time < w[1].time));
+    }
+
+    proptest::proptest! {
+        /// Whatever order points come in, the series stays bounded, keeps
+        /// every GPU-second, and each point lies in the slot it was added
+        /// to (the chart's slots cover the points' times).
+        #[test]
+        fn the_series_stays_bounded_and_loses_nothing(
+            offsets in proptest::collection::vec((-200_000i64..200_000, 1u32..9), 1..400),
+        ) {
+            let mut series = GpuSeries::default();
+            let mut total = 0.0;
+            for (t, gpus) in &offsets {
+                series.add(&busy(at(*t), *gpus, 50.0, 1));
+                total += f64::from(*gpus) * 5.0;
+            }
+            proptest::prop_assert!(series.slots.len() <= SERIES_SLOTS);
+            let sum: f64 = series.slots.iter().map(|s| s.gpu_seconds).sum();
+            proptest::prop_assert!((sum - total).abs() < 1e-6, "{} != {}", sum, total);
+            let origin = series.origin.expect("origin");
+            let step = chrono::Duration::seconds(series.step_seconds);
+            let end = origin + step * series.slots.len() as i32;
+            for (t, _) in &offsets {
+                proptest::prop_assert!(origin <= at(*t) && at(*t) < end);
+            }
+        }
     }
 }

@@ -353,6 +353,47 @@ mod tests {
     const WITH_UNITS: &str =
         "index, utilization.gpu [%], memory.used [MiB]\n0, 87 %, 21034 MiB\n1, 0 %, 3 MiB\n";
 
+    /// Recorded by someone else, on real GPUs: the output of this very
+    /// query with `--format=csv`, on a shared node of 4 GPUs, as pasted in
+    /// a benchmark report in a public repository (found through a code
+    /// search that did not name the repository), byte for byte.
+    const RECORDED: &str = "index, utilization.gpu [%], memory.used [MiB]
+0, 1 %, 529 MiB
+1, 0 %, 5 MiB
+2, 100 %, 74709 MiB
+3, 0 %, 567 MiB
+";
+
+    #[test]
+    fn a_recording_from_real_gpus_is_read() {
+        let r = parse_smi_query(RECORDED).expect("parsed");
+        let seen: Vec<_> = r
+            .iter()
+            .map(|g| (g.index.as_str(), g.utilization_percent, g.memory_used_mb))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("0", Some(1.0), Some(529)),
+                ("1", Some(0.0), Some(5)),
+                ("2", Some(100.0), Some(74709)),
+                ("3", Some(0.0), Some(567)),
+            ]
+        );
+        // What a part holding GPUs 2 and 3 did in it.
+        let p = crate::gpu::point(chrono::Utc::now(), 5.0, &["2".into(), "3".into()], &r)
+            .expect("a point");
+        assert_eq!(
+            (
+                p.gpus,
+                p.utilization_percent,
+                p.max_utilization_percent,
+                p.max_memory_used_mb
+            ),
+            (2, 50.0, 100.0, 74709)
+        );
+    }
+
     #[test]
     fn the_query_is_read_with_or_without_units() {
         let r = parse_smi_query(NOUNITS).expect("parsed");

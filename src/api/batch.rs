@@ -103,6 +103,33 @@ pub struct GpuUtilization {
     pub last_sample_time: Option<DateTime<Utc>>,
 }
 
+/// A batch's GPU utilization over time, for a chart
+/// (`GET .../batches/{batch}/gpuUtilization`; docs/rules.md#gpu-telemetry):
+/// at most 120 slots of `stepSeconds` each, the step doubling as the run
+/// grows longer, so that a run of any length is shown whole.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuChart {
+    /// The width of each slot, seconds (10, then 20, 40…).
+    pub step_seconds: u64,
+    /// The slots with points in them, oldest first.
+    pub points: Vec<GpuChartPoint>,
+}
+
+/// What a batch's GPUs did in one slot of its chart.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuChartPoint {
+    /// Where the slot begins.
+    pub time: DateTime<Utc>,
+    /// Mean utilization in the slot, percent, weighted by GPU-seconds.
+    pub mean_percent: f64,
+    /// The busiest GPU's utilization in the slot, percent.
+    pub max_percent: f64,
+    /// The fullest GPU's memory in use in the slot, MiB.
+    pub peak_memory_mb: u64,
+}
+
 /// The placement a batch was allocated with on one of its alternatives.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

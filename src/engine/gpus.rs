@@ -8,7 +8,7 @@ use chrono::Utc;
 
 use super::nodes::parse_epoch_str;
 use super::{Engine, Error};
-use crate::api::{State, quote};
+use crate::api::{BatchName, GpuChart, State, quote};
 use crate::gpu::{IdlePolicy, IdleVerdict, MAX_POINTS, idle_verdict};
 use crate::protocol::GpuTelemetry;
 use crate::store::{GpuPointsTaken, StoreError};
@@ -90,6 +90,15 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// A batch's GPU utilization over time, for its chart.
+    pub async fn gpu_chart(&self, name: &BatchName) -> Result<GpuChart, Error> {
+        let record = self.shared.store.get(name).await.map_err(|e| match e {
+            StoreError::NotFound => Error::not_found("batch", &name.to_string()),
+            other => other.into(),
+        })?;
+        Ok(self.shared.store.gpu_chart(record.seq).await?)
     }
 
     /// The GPU idle policy on a batch whose points were just taken: a

@@ -6,7 +6,8 @@
 //! `!Exec <ProjectExec> cannot run on GPU because …` or
 //! `!Expression <Concat> concat(a, b) cannot run on GPU because …`
 //! (after the log's own prefix). [`FallbackCounter`] reads the driver's
-//! output line by line and keeps the count and the first reasons.
+//! output line by line and keeps the count of distinct such lines and the
+//! first reasons. Real logs it is tested on: `testdata/rapids/`.
 
 pub use crate::api::CpuFallback;
 
@@ -23,11 +24,28 @@ const MAX_REASON_BYTES: usize = 300;
 
 const MARK: &str = " cannot run on GPU because ";
 
+/// Distinct fallback lines remembered, to count a plan logged again once;
+/// past this many, every further line counts.
+const MAX_SEEN: usize = 10_000;
+
 /// Reads a driver's output, a chunk at a time (lines may span chunks).
+/// Each operator counts once however often its plan is logged (Spark
+/// plans a query again and the Accelerator logs each plan).
 #[derive(Debug, Default)]
 pub struct FallbackCounter {
     partial: String,
     found: CpuFallback,
+    seen: std::collections::HashSet<String>,
+}
+
+/// Where a tree line's mark is: the first `!` followed by an operation
+/// name (maybe empty) and ` <`, after any log prefix. An `!` inside the
+/// expression's text (`a != b`) comes after it.
+fn mark_at(head: &str) -> Option<usize> {
+    head.match_indices('!').map(|(i, _)| i).find(|&i| {
+        let rest = head[i + 1..].trim_start_matches(|c: char| c.is_ascii_alphabetic() || c == '_');
+        rest.starts_with(" <")
+    })
 }
 
 impl FallbackCounter {
@@ -48,8 +66,7 @@ impl FallbackCounter {
             return;
         };
         let head = &line[..at];
-        // Its mark: `!` before the operator, after any log prefix.
-        let Some(bang) = head.rfind('!') else {
+        let Some(bang) = mark_at(head) else {
             return;
         };
         let operator = head[bang..]
@@ -59,6 +76,14 @@ impl FallbackCounter {
                 rest.find('>').map(|close| &rest[..=close])
             })
             .unwrap_or("<?>");
+        let tree_line = line[bang..].trim_end();
+        if self.seen.len() < MAX_SEEN {
+            if !self.seen.insert(tree_line.to_string()) {
+                return;
+            }
+        } else if self.seen.contains(tree_line) {
+            return;
+        }
         self.found.operators += 1;
         let mut why = line[at + MARK.len()..].trim().to_string();
         if why.len() > MAX_REASON_BYTES {
@@ -109,7 +134,8 @@ mod tests {
             c.feed(std::str::from_utf8(piece).expect("ascii"));
         }
         let f = c.finish();
-        assert_eq!(f.operators, 4);
+        // The repeated SortExec line counts once.
+        assert_eq!(f.operators, 3);
         assert_eq!(
             f.reasons,
             [
@@ -135,5 +161,74 @@ mod tests {
         let f = many.finish();
         assert_eq!(f.operators, 9);
         assert_eq!(f.reasons.len(), MAX_REASONS);
+    }
+
+    /// Counts the recorded logs of `testdata/rapids/` (see its README:
+    /// published by users and maintainers, copied byte for byte).
+    fn recorded(log: &str) -> CpuFallback {
+        let mut c = FallbackCounter::default();
+        for piece in log.as_bytes().chunks(61) {
+            c.feed(&String::from_utf8_lossy(piece));
+        }
+        c.finish()
+    }
+
+    #[test]
+    fn recorded_rapids_logs_are_counted_by_operator_with_their_reasons() {
+        let cde = recorded(include_str!("testdata/rapids/cde-not-on-gpu.log"));
+        assert_eq!(cde.operators, 2);
+        assert_eq!(
+            cde.reasons[0],
+            "<ShuffleExchangeExec>: Columnar exchange without columnar children is inefficient"
+        );
+        assert!(cde.reasons[1].starts_with(
+            "<FileSourceScanExec>: unsupported data types DecimalType(7,2) [cr_return_amount"
+        ));
+        assert!(cde.reasons[1].ends_with("GpuCSVScan only supports UTF8 encoded data"));
+
+        // `! <Percentile>`: a class the Accelerator has no rule for.
+        let percentile = recorded(include_str!("testdata/rapids/spark-rapids-6267.log"));
+        assert_eq!(percentile.operators, 3);
+        assert_eq!(
+            percentile.reasons[1..],
+            [
+                "<ObjectHashAggregateExec>: not all expressions can be replaced",
+                "<Percentile>: GPU does not currently support the operator class org.apache.spark.sql.catalyst.expressions.aggregate.Percentile",
+            ]
+        );
+
+        // With explain=ALL: what runs on the GPU (`*`, `@`) is not counted.
+        let join = recorded(include_str!("testdata/rapids/spark-rapids-3913.log"));
+        assert_eq!(join.operators, 2);
+        assert_eq!(
+            join.reasons,
+            [
+                "<SortMergeJoinExec>: ExistenceJoin(exists#416) currently is not supported",
+                "<SortMergeJoinExec>: ExistenceJoin(exists#415) currently is not supported",
+            ]
+        );
+
+        // Behind a log collector's timestamps; at most MAX_REASONS kept.
+        let dataproc = recorded(include_str!("testdata/rapids/dataproc-1282.log"));
+        assert_eq!(dataproc.operators, 6);
+        assert_eq!(dataproc.reasons.len(), MAX_REASONS);
+        assert!(
+            dataproc.reasons[0]
+                .starts_with("<DecodeUsingSerializer>: GPU does not currently support")
+        );
+    }
+
+    #[test]
+    fn a_plan_logged_again_counts_once_and_a_bang_in_an_expression_is_no_mark() {
+        let log = include_str!("testdata/rapids/spark-rapids-6267.log");
+        // Spark planned it again: the same tree, logged twice.
+        assert_eq!(recorded(&format!("{log}\n{log}")).operators, 3);
+        let f = recorded("!Expression <Not> NOT (a#1 != b#2) cannot run on GPU because reasons\n");
+        assert_eq!(f.reasons, ["<Not>: reasons"]);
+        // `!=` alone, with no mark before it: not a RAPIDS line.
+        assert_eq!(
+            recorded("where a != <b> cannot run on GPU because x\n").operators,
+            0
+        );
     }
 }

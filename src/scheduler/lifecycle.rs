@@ -42,6 +42,10 @@ pub enum Step {
     Because(EndReason),
     /// The GPU idle policy warned about it (once a run).
     IdleWarned,
+    /// An entry in its history, in the state it is in: something its
+    /// owner should know that changes no state (counted as no
+    /// transition).
+    Note(String),
 }
 
 /// A batch's attempts: which one runs (1 for the first) and how many
@@ -132,7 +136,7 @@ pub fn gpu_idle(state: State, verdict: &crate::gpu::IdleVerdict) -> Outcome {
     }
     let steps = match verdict {
         IdleVerdict::Warn(message) => {
-            vec![Step::To(State::Running, message.clone()), Step::IdleWarned]
+            vec![Step::Note(message.clone()), Step::IdleWarned]
         }
         IdleVerdict::Cancel(message) => vec![
             Step::To(State::Cancelling, message.clone()),
@@ -813,5 +817,21 @@ mod tests {
         };
         let o = on_driver_preempted(State::Running, &started).expect("ok");
         assert_eq!(o.requeued(), None);
+    }
+
+    #[test]
+    fn an_idle_warning_is_a_note_not_a_transition_and_a_cancel_is_one() {
+        use crate::gpu::IdleVerdict;
+        let warned = gpu_idle(State::Running, &IdleVerdict::Warn("idle".into()));
+        assert_eq!(warned.states().count(), 0, "{warned:?}");
+        assert!(warned.steps.contains(&Step::Note("idle".into())));
+        let cancelled = gpu_idle(State::Running, &IdleVerdict::Cancel("idle".into()));
+        assert_eq!(cancelled.states().collect::<Vec<_>>(), [State::Cancelling]);
+        // Only a RUNNING batch is judged.
+        assert!(
+            gpu_idle(State::Pending, &IdleVerdict::Warn("idle".into()))
+                .steps
+                .is_empty()
+        );
     }
 }

@@ -76,6 +76,22 @@ pub(super) async fn get(
     Ok(format.respond(StatusCode::OK, &batch))
 }
 
+/// `GET /v1/projects/{project}/locations/{region}/batches/{batch}/gpuUtilization`:
+/// the batch's GPU utilization over time, for a chart (a flexq extension).
+#[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches/{batch}/gpuUtilization", tag = "batches",
+    params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path)),
+    responses((status = 200, body = crate::api::GpuChart)))]
+pub(super) async fn gpu_chart(
+    AppState(app): AppState<App>,
+    ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,
+    ApiQuery(_): ApiQuery<PlainParams>,
+    format: Format,
+) -> Result<Response, Error> {
+    let name = BatchName::new(&project, &region, &batch_id);
+    let chart = app.engine.gpu_chart(&name).await?;
+    Ok(format.respond(StatusCode::OK, &chart))
+}
+
 /// `GET /v1/projects/{project}/locations/{region}/batches`
 #[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("pageSize" = Option<u32>, Query), ("pageToken" = Option<String>, Query), ("filter" = Option<String>, Query), ("orderBy" = Option<String>, Query)),

@@ -36,6 +36,7 @@ pub(super) fn declare() -> Routes {
         .at(Project, routes!(batches::watch))
         .at(Project, routes!(batches::get, batches::delete))
         .at(Project, routes!(agents::read_output))
+        .at(Project, routes!(batches::gpu_chart))
         .at(
             Project,
             routes!(batches::get_operation, batches::post_operation),

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::AnyConnection;
 
-use super::rows::{from_micros, micros, transition};
+use super::rows::{append_history, from_micros, micros, transition};
 use super::{Change, Provisioning, RunInfo, Store, StoreError};
 use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
@@ -117,6 +117,10 @@ async fn requeue(
         .bind(seq)
         .execute(&mut *conn)
         .await?;
+    sqlx::query("delete from gpu_series where batch_seq = $1")
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -155,9 +159,11 @@ pub(super) async fn write_steps(
         ran: None,
     };
     let mut ended_for = None;
+    let mut current = from;
     for step in &outcome.steps {
         match step {
             Step::To(to, message) => {
+                current = *to;
                 if *to == State::Running {
                     let allocated: Option<i64> =
                         sqlx::query_scalar("select allocate_time from batches where seq = $1")
@@ -168,6 +174,15 @@ pub(super) async fn write_steps(
                         allocated.and_then(|t| (now - from_micros(t)).to_std().ok());
                 }
                 transition(conn, seq, *to, message, now).await?;
+            }
+            // Not a transition: the state and the time it was entered stay.
+            Step::Note(message) => {
+                sqlx::query("update batches set state_message = $1 where seq = $2")
+                    .bind(message)
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await?;
+                append_history(conn, seq, current, message, now).await?;
             }
             Step::Release => release(conn, seq, now).await?,
             Step::MasterUrl(url) => {

@@ -455,6 +455,10 @@ impl Store {
             .bind(seq)
             .execute(&mut *tx)
             .await?;
+        sqlx::query("delete from gpu_series where batch_seq = $1")
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("delete from state_history where batch_seq = $1")
             .bind(seq)
             .execute(&mut *tx)

@@ -120,6 +120,20 @@ impl Store {
         let usage = usage.clone();
         if !taken.is_empty() {
             set_run_info(&mut tx, seq, &run).await?;
+            let mut series = gpu_series(&mut tx, seq).await?;
+            for p in &taken {
+                series.add(p);
+            }
+            let json = serde_json::to_string(&series)
+                .map_err(|e| StoreError::Unavailable(format!("cannot encode a GPU series: {e}")))?;
+            sqlx::query(
+                "insert into gpu_series (batch_seq, series) values ($1, $2) \
+                 on conflict (batch_seq) do update set series = excluded.series",
+            )
+            .bind(seq)
+            .bind(json)
+            .execute(&mut *tx)
+            .await?;
         }
         self.commit(tx).await?;
         Ok(GpuPointsTaken {
@@ -236,6 +250,13 @@ impl Store {
         Ok(end)
     }
 
+    /// Batch `seq`'s GPU utilization over time, for its chart (empty
+    /// before its run's first point).
+    pub async fn gpu_chart(&self, seq: i64) -> Result<crate::api::GpuChart, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(gpu_series(&mut conn, seq).await?.chart())
+    }
+
     /// Up to `max` bytes of a batch's driver output from `offset`.
     pub async fn read_output(
         &self,
@@ -277,4 +298,20 @@ impl Store {
             total: total.max(0) as u64,
         })
     }
+}
+
+/// Batch `seq`'s stored GPU series (empty when it has none, or one this
+/// build cannot read: the chart then starts afresh).
+async fn gpu_series(
+    conn: &mut sqlx::AnyConnection,
+    seq: i64,
+) -> Result<crate::gpu::GpuSeries, StoreError> {
+    let json: Option<String> =
+        sqlx::query_scalar("select series from gpu_series where batch_seq = $1")
+            .bind(seq)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(json
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or_default())
 }

@@ -455,6 +455,10 @@ async fn the_openapi_document_describes_every_route() {
         ),
         (
             "get",
+            "/v1/projects/{project}/locations/{region}/batches/{batch}/gpuUtilization",
+        ),
+        (
+            "get",
             "/v1/projects/{project}/regions/{region}/operations/{operation}",
         ),
         (

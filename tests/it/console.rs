@@ -838,6 +838,48 @@ async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
             .await,
         json!(0)
     );
+    // What its GPUs do arrives with no event (the page asks while the
+    // batch runs): four points of its 5 GPUs, in three 10 s slots.
+    let now = chrono::Utc::now().timestamp();
+    let base = now - now.rem_euclid(10) - 40;
+    let at = |s: i64| {
+        chrono::DateTime::from_timestamp(base + s, 0)
+            .expect("time")
+            .to_rfc3339()
+    };
+    let points: Vec<Value> = [(5, 60.0), (10, 70.0), (15, 60.0), (20, 70.0)]
+        .iter()
+        .map(|(t, u)| {
+            json!({"time": at(*t), "seconds": 5.0, "gpus": 5, "utilizationPercent": u,
+                   "maxUtilizationPercent": u + 10.0, "maxMemoryUsedMb": 10_240})
+        })
+        .collect();
+    let (st, taken) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:telemetry",
+            &json!({"epoch": epoch, "batches": [{"uuid": uuid, "points": points}]}),
+        )
+        .await;
+    assert_eq!((st, &taken["taken"]), (200, &json!(4)), "{taken:#}");
+    b.text_with(
+        "#gpu-summary",
+        "mean 65.0 %, p95 75 %, peak memory 10.0 GiB",
+    )
+    .await;
+    let d = b
+        .js("return document.querySelector('#gpu-chart path.mean').getAttribute('d')")
+        .await;
+    let d = d.as_str().unwrap_or_default();
+    // One unbroken line (one move) over three slots (three levels).
+    assert_eq!(
+        (d.matches('M').count(), d.matches('H').count()),
+        (1, 3),
+        "{d}"
+    );
+    b.js("document.querySelector('#gpus').scrollIntoView()")
+        .await;
+    b.shot("batch-gpus").await;
+    b.js("window.scrollTo(0, 0)").await;
     b.shot("batch-running").await;
     let (st, _) = s
         .post_json(

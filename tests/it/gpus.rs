@@ -75,6 +75,21 @@ async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
     let (_, again) = s.get(&format!("{BATCHES}/sampled")).await;
     assert_eq!(again["runtimeInfo"]["gpuUtilization"], *g);
 
+    // Over time, for the batch page's chart: 10 s slots from 10:00:00; the
+    // retried points are not in it twice.
+    let (status, chart) = s.get(&format!("{BATCHES}/sampled/gpuUtilization")).await;
+    assert_eq!(status, 200, "{chart:#}");
+    assert_eq!(
+        chart,
+        json!({"stepSeconds": 10, "points": [
+            {"time": "2026-12-03T10:00:00Z", "meanPercent": 80.0, "maxPercent": 90.0, "peakMemoryMb": 20_000},
+            // (80 × 25 + 1 × 25) ÷ 50 GPU-seconds.
+            {"time": "2026-12-03T10:00:10Z", "meanPercent": 40.5, "maxPercent": 95.0, "peakMemoryMb": 21_000}
+        ]}),
+    );
+    let (status, err) = s.get(&format!("{BATCHES}/nobody/gpuUtilization")).await;
+    assert_status(status, &err, 404, "NOT_FOUND");
+
     let text = s.scrape().await;
     let idle = crate::metrics::value(
         &text,
@@ -219,11 +234,14 @@ async fn a_batch_whose_gpus_idle_is_warned_once() {
     let from = chrono::Utc::now();
     // One second idle: under the policy's 2 s, nothing said.
     idle_for(&s, &epoch, &uuid, from, 1).await;
-    let (_, b) = s.get(&format!("{BATCHES}/idler")).await;
-    assert_eq!(said(&b, "GPU idle warning"), 0, "{b:#}");
+    let (_, before) = s.get(&format!("{BATCHES}/idler")).await;
+    assert_eq!(said(&before, "GPU idle warning"), 0, "{before:#}");
     idle_for(&s, &epoch, &uuid, from + chrono::Duration::seconds(1), 2).await;
     let (_, b) = s.get(&format!("{BATCHES}/idler")).await;
     assert_eq!(b["state"], "RUNNING", "{b:#}");
+    // A warning is no transition: the batch is RUNNING since it started
+    // (that it counts as none in the metrics is the core's unit test).
+    assert_eq!(b["stateTime"], before["stateTime"], "{b:#}");
     assert_eq!(
         said(
             &b,

@@ -1,7 +1,7 @@
 // A batch's page: its state, cluster, nodes and timeline, its place and
 // start estimate while queued, and its Cancel button.
 
-import { h, enc, duration, when, clock, stateBadge, number } from "./dom.js";
+import { h, svg, enc, duration, when, clock, stateBadge, number, sleep } from "./dom.js";
 import { api, mayWrite } from "./session.js";
 import { show } from "./page.js";
 
@@ -78,9 +78,10 @@ export async function batchPage(main, r, ctx) {
   // One Cancel control for the page's life: repaints move it, so a first
   // click's confirmation survives the events that arrive meanwhile.
   const cancel = cancelControl(project, () => batch);
+  let chart = null;
   const paint = () => {
     cancel.update();
-    body.replaceChildren(...batchView(batch, deleted, project, region, cancel.el));
+    body.replaceChildren(...batchView(batch, deleted, project, region, cancel.el, chart));
   };
   paint();
   show(
@@ -92,6 +93,32 @@ export async function batchPage(main, r, ctx) {
     output,
   );
   await pull().catch(() => {});
+  // GPU points arrive with no event of their own (they change no state):
+  // while the batch runs, its page asks for them every few seconds.
+  const refreshGpus = async () => {
+    if (!batch.runtimeInfo || !batch.runtimeInfo.gpuUtilization) return;
+    const c = await api(`${base}/gpuUtilization`);
+    if (!ctx.alive()) return;
+    chart = c;
+    paint();
+  };
+  refreshGpus().catch(() => {});
+  (async () => {
+    while (ctx.alive()) {
+      await sleep(GPU_POLL_MS);
+      if (!ctx.alive() || !["RUNNING", "CANCELLING"].includes(batch.state)) continue;
+      try {
+        const seen = events;
+        const b = await api(base);
+        if (!ctx.alive()) return;
+        // An event that came meanwhile is newer than this answer.
+        if (seen === events) take(b);
+        await refreshGpus();
+      } catch {
+        // Tried again at the next turn.
+      }
+    }
+  })();
   const stream = `v1/projects/${enc(project)}/locations/${enc(region)}/batches:watch?batchId=${enc(id)}`;
   ctx.watch(stream, (event, data) => {
     if (event === "batch") {
@@ -120,7 +147,10 @@ export async function batchPage(main, r, ctx) {
   });
 }
 
-export function batchView(b, deleted, project, region, cancel) {
+/** How often a running batch's page asks for its GPU points. */
+const GPU_POLL_MS = 5000;
+
+export function batchView(b, deleted, project, region, cancel, chart) {
   const f = b.flexq ?? {};
   const id = b.name.split("/").pop();
   const out = [];
@@ -179,8 +209,84 @@ export function batchView(b, deleted, project, region, cancel) {
     h("h2", null, f.provisioningState === "RELEASED" ? "Nodes (released)" : "Nodes"),
     nodesView(f.nodes ?? []),
   );
+  const gpus = gpuView(b.runtimeInfo ?? {}, chart);
+  if (gpus) left.push(h("h2", null, "GPUs"), gpus);
   out.push(h("div", { class: "cols" }, h("div", null, left), h("div", null, h("h2", null, "History"), timeline(b))));
   return out;
+}
+
+/** What the batch's GPUs did: its summary, the chart of its utilization
+ * over time, and what the RAPIDS Accelerator could not run on them. Null
+ * while nothing was sampled or reported. */
+export function gpuView(run, chart) {
+  const g = run.gpuUtilization;
+  const f = run.cpuFallback;
+  if (!g && !f) return null;
+  const parts = [];
+  if (g) {
+    parts.push(
+      h(
+        "p",
+        { id: "gpu-summary" },
+        `mean ${number(g.meanPercent, 1)} %, p95 ${number(g.p95Percent)} %, peak memory ${number(g.peakMemoryMb / 1024, 1)} GiB, idle ${duration(g.idleSeconds)}`,
+        g.lastSampleTime ? h("span", { class: "muted" }, ` · last sample ${when(g.lastSampleTime)}`) : null,
+      ),
+    );
+    if (chart && chart.points.length) parts.push(gpuChart(chart));
+  }
+  if (f) {
+    const said = f.withoutRapids
+      ? "It ran without the RAPIDS Accelerator: on the CPU only."
+      : f.operators
+        ? `${number(f.operators)} operator${f.operators === 1 ? "" : "s"} could not run on the GPU.`
+        : "Every operator ran on the GPU.";
+    parts.push(
+      h("p", { id: "cpu-fallback", class: f.withoutRapids || f.operators ? "banner" : null }, said),
+      f.reasons && f.reasons.length ? h("ul", { class: "reasons" }, f.reasons.map((r) => h("li", null, r))) : null,
+    );
+  }
+  return h("div", { id: "gpus" }, parts);
+}
+
+/** The batch's utilization over time: its mean (the line) and its busiest
+ * GPU (the band's top), slot by slot, 0 to 100 %; a slot with no point
+ * breaks the line. */
+export function gpuChart(chart) {
+  const W = 600;
+  const H = 120;
+  const step = chart.stepSeconds * 1000;
+  const t0 = Date.parse(chart.points[0].time);
+  const t1 = Date.parse(chart.points[chart.points.length - 1].time) + step;
+  const x = (t) => ((t - t0) / Math.max(t1 - t0, 1)) * W;
+  const y = (percent) => H - (percent / 100) * H;
+  const line = (key) => {
+    let d = "";
+    let end = null;
+    for (const p of chart.points) {
+      const start = Date.parse(p.time);
+      d += `${start === end ? "L" : "M"}${x(start).toFixed(1)} ${y(p[key]).toFixed(1)}H${x(start + step).toFixed(1)}`;
+      end = start + step;
+    }
+    return d;
+  };
+  const first = chart.points[0];
+  const last = chart.points[chart.points.length - 1];
+  return h(
+    "figure",
+    { class: "gpu-chart" },
+    svg(
+      "svg",
+      { id: "gpu-chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img", "aria-label": "GPU utilization over time" },
+      svg("line", { class: "grid", x1: 0, x2: W, y1: y(50), y2: y(50) }),
+      svg("path", { class: "max", d: line("maxPercent") }),
+      svg("path", { class: "mean", d: line("meanPercent") }),
+    ),
+    h(
+      "figcaption",
+      { class: "muted" },
+      `${when(first.time)} to ${when(new Date(Date.parse(last.time) + step).toISOString())}, ${duration(chart.stepSeconds)} a step: mean (dark), busiest GPU (light), 0 to 100 %`,
+    ),
+  );
 }
 
 /** Where the batch runs: on one of its placement alternatives (which, the

@@ -21,6 +21,19 @@ export function h(tag, attrs, ...children) {
   return el;
 }
 
+/** An SVG element: svg("path", {d: "M0 0"}). Attributes only; no text. */
+export function svg(tag, attrs, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs ?? {})) {
+    if (v != null && v !== false) el.setAttribute(k, String(v));
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c == null || c === false) continue;
+    el.append(c instanceof Node ? c : String(c));
+  }
+  return el;
+}
+
 export const enc = encodeURIComponent;
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
