@@ -339,3 +339,96 @@ async fn a_reported_cpu_fallback_is_shown_with_the_run() {
         .await;
     assert_status(status, &err, 400, "FAILED_PRECONDITION");
 }
+
+/// A real `flexq agent` on a node where GPU telemetry has nothing to read:
+/// no NVML here (these machines have no GPU driver) and an `nvidia-smi`
+/// that is not there. It says so once, registers and serves as before,
+/// and uploads nothing.
+#[tokio::test]
+async fn an_agent_without_nvml_or_nvidia_smi_says_so_once_and_runs_on() {
+    let s = TestServer::start_with(|c| {
+        no_virtual_nodes(c);
+        c.agents.lease_duration = std::time::Duration::from_secs(3);
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = crate::support::fake_gpu_script(dir.path());
+    // A FAKE Spark home: this test runs no batch, and the agent only
+    // checks that one is there.
+    let spark = dir.path().join("fake-spark");
+    std::fs::create_dir_all(spark.join("bin")).expect("fake spark");
+    std::fs::write(
+        spark.join("bin/spark-class"),
+        "#!/bin/sh\n# FAKE Spark for tests\nexit 1\n",
+    )
+    .expect("spark-class");
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"server = "http://{addr}"
+node_id = "no-telemetry"
+region = "us-central1"
+zone = "us-central1-a"
+pool = "l4"
+cores = 8
+memory_mb = 65536
+local_ssd_gb = 1500
+gpu_discovery_script = "{script}"
+advertise_host = "127.0.0.1"
+work_dir = "{work}"
+gpu_telemetry = "auto"
+nvidia_smi = "{missing}"
+gpu_sample_interval = "100ms"
+spark_home = "{spark}"
+"#,
+            addr = s.addr,
+            script = script.display(),
+            work = dir.path().join("work").display(),
+            missing = dir.path().join("no-such-nvidia-smi").display(),
+            spark = spark.display(),
+        ),
+    )
+    .expect("config");
+    let log = dir.path().join("agent.log");
+    let mut agent = crate::support::spawn_agent(&config, &log);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (_, nodes) = s.get("/v1/nodes").await;
+        let up = nodes["nodes"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n["id"] == "no-telemetry"));
+        if up {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not register: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Many sampling intervals and a few heartbeats later: still once, and
+    // still serving (its lease of 3 s kept).
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert_eq!(
+        text.matches("no GPU telemetry on this node").count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        text.contains("no-such-nvidia-smi"),
+        "it names what it tried: {text}"
+    );
+    // Its log is a file, not a terminal: plain text, no colour codes.
+    assert!(!text.contains('\u{1b}'), "{text}");
+    let (_, nodes) = s.get("/v1/nodes").await;
+    let node = nodes["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["id"] == "no-telemetry").cloned())
+        .expect("the node");
+    assert_eq!(node["state"], "SCHEDULABLE", "{node:#}");
+}

@@ -52,11 +52,15 @@ impl Agent {
         // A FAKE GPU: the discovery script names two addresses; no GPU is
         // behind them. Spark's resource scheduling is real all the same.
         let script = fake_gpu_script(&work);
-        // A FAKE nvidia-smi for GPU telemetry: both fake GPUs at 42 %.
+        // A FAKE nvidia-smi for GPU telemetry: both fake GPUs at 42 %, or
+        // at what the file `utilization` beside it says
+        // (`Agent::set_utilization`).
         let smi = work.join("fake-nvidia-smi");
         std::fs::write(
             &smi,
-            "#!/bin/sh\n# FAKE nvidia-smi for tests (no hardware): query mode only.\nprintf '0, 42, 1000\\n1, 42, 1500\\n'\n",
+            "#!/bin/sh\n# FAKE nvidia-smi for tests (no hardware): query mode only.\n\
+             u=$(cat \"$(dirname \"$0\")/utilization\" 2>/dev/null || echo 42)\n\
+             printf '0, %s, 1000\\n1, %s, 1500\\n' \"$u\" \"$u\"\n",
         )
         .expect("fake nvidia-smi");
         {
@@ -99,6 +103,12 @@ gpu_sample_interval = "500ms"
             config,
             log,
         }
+    }
+
+    /// What its FAKE GPUs report as their utilization from now on.
+    fn set_utilization(&self, percent: u32) {
+        let dir = self.config.parent().expect("agent dir");
+        std::fs::write(dir.join("utilization"), percent.to_string()).expect("utilization");
     }
 
     /// Starts the agent again after a kill.
@@ -328,6 +338,14 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
             grace: Duration::from_secs(10),
             ..Default::default()
         });
+        // Scenario 8: a batch whose GPUs do nothing for 4 s is cancelled
+        // (every other batch's fake GPUs are at 42 %).
+        c.gpu_idle = flexq::gpu::IdlePolicy {
+            action: flexq::gpu::IdleAction::Cancel,
+            below_percent: 10.0,
+            after: Duration::from_secs(4),
+            warm_up: Duration::ZERO,
+        };
     })
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -827,6 +845,55 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     assert_eq!(v["state"], "SUCCEEDED", "{v:#}");
     assert_eq!(v["flexq"]["attempt"], 2, "{v:#}");
     assert!(output(&s, "victim").await.contains("sleeps: done"));
+
+    // 8. The GPU idle policy: a batch whose (fake) GPUs read 0 % is
+    //    cancelled with the typed reason IDLE_GPUS once the agents' points
+    //    show 4 s of it, and every process of it is gone.
+    for a in &agents {
+        a.set_utilization(0);
+    }
+    let (st, body) = s
+        .create("batchId=idler", &gpu_batch("sleeps.py", &["600"], &[]))
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    let idler = until(
+        &s,
+        "idler",
+        "running",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "RUNNING",
+    )
+    .await;
+    let idler_uuid = idler["uuid"].as_str().expect("uuid").to_string();
+    let idler = until(
+        &s,
+        "idler",
+        "cancelled",
+        Duration::from_secs(60),
+        &agents,
+        |b| b["state"] == "CANCELLED" || b["state"] == "FAILED" || b["state"] == "SUCCEEDED",
+    )
+    .await;
+    assert_eq!(idler["state"], "CANCELLED", "{idler:#}");
+    assert_eq!(idler["flexq"]["endReason"], "IDLE_GPUS", "{idler:#}");
+    let said: Vec<&str> = idler["stateHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h["stateMessage"].as_str())
+        .collect();
+    assert!(
+        said.iter().any(|m| m.starts_with(
+            "Cancelled by the GPU idle policy: every GPU of it has been under 10% utilization"
+        )),
+        "{said:#?}"
+    );
+    assert_eq!(
+        idler["runtimeInfo"]["gpuUtilization"]["meanPercent"], 0.0,
+        "{idler:#}"
+    );
+    all_gone(&idler_uuid, Duration::from_secs(15)).await;
 
     // Agents stop cleanly on SIGTERM.
     for a in &mut agents {
