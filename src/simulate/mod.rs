@@ -222,6 +222,13 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
         .map(|b| b.submit_s)
         .min_by(f64::total_cmp)
         .unwrap_or(0.0);
+    // Zones of other regions that batches reached on a region rung count
+    // from their first allocation; their GPUs are known now.
+    for ((_, zone), gpus) in zone_gpus(config) {
+        if let Some(z) = report.zones.get_mut(&zone) {
+            z.gpus = gpus;
+        }
+    }
     report.finish(first, seconds(last), &core);
     Ok(report)
 }

@@ -176,3 +176,28 @@ fn refusals_and_bad_batches_are_reported_by_line() {
     let e = run(&config(""), &trace(&csv), 0).expect_err("region");
     assert!(e.message.contains("mars-north1"), "{e}");
 }
+
+#[test]
+fn a_region_rungs_gpu_hours_count_in_the_zone_it_ran_in() {
+    // 12 batches of 3 GPUs for an hour at once in europe-west4 (32 L4
+    // GPUs: 10 fit), each allowed us-central1 after a minute.
+    let cfg = config(
+        "[[alternatives]]\naccelerator = \"l4\"\nrungs = [\"region us-central1 after 1m\"]\n",
+    );
+    let mut csv = HEADER.to_string();
+    for _ in 0..12 {
+        csv.push_str("0,research,europe-west4,3600,7200s,2,\n");
+    }
+    let r = run(&cfg, &trace(&csv), 0).expect("runs");
+    assert_eq!(r.rungs.get(&1).copied(), Some(2), "{}", r.table());
+    let spilled: f64 = r
+        .zones
+        .iter()
+        .filter(|(z, _)| z.starts_with("us-central1"))
+        .map(|(_, s)| {
+            assert!(s.gpus > 0, "{}", r.table());
+            s.utilisation
+        })
+        .sum();
+    assert!(spilled > 0.0, "{}", r.table());
+}

@@ -85,6 +85,50 @@ fn the_example_week_runs_alone_side_by_side_and_as_json() {
     }
 }
 
+/// Issue 25's goal, on the shipped week trace, whose us-central1 GPUs idle
+/// all week: with a rung to them (examples/traces/spill.toml) fewer than a
+/// third of today's batches expire, and no project waits longer at p95.
+#[test]
+fn a_region_rung_to_idle_gpus_cuts_the_weeks_expiries_below_a_third() {
+    let week = repo("examples/traces/week.csv");
+    let week = week.to_str().expect("utf-8 path");
+    let report = |config: Option<&str>| -> Value {
+        let mut args = vec!["--trace", week, "--format", "json"];
+        let path;
+        if let Some(c) = config {
+            path = repo(c);
+            args.extend(["--config", path.to_str().expect("path")]);
+        }
+        let out = simulate(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let today = report(None);
+    let spill = report(Some("examples/traces/spill.toml"));
+    let expired = |r: &Value| r["total"]["expired"].as_u64().expect("expired");
+    assert!(expired(&today) > 0, "{today:#}");
+    assert!(
+        expired(&spill) * 3 < expired(&today),
+        "{} expired with the region rung, {} without",
+        expired(&spill),
+        expired(&today)
+    );
+    for (name, p) in today["projects"].as_object().expect("projects") {
+        let p95 = |r: &Value| r["waitP95S"].as_f64().expect("a p95 wait");
+        assert!(
+            p95(&spill["projects"][name]) <= p95(p),
+            "{name}: p95 {} with the rung, {} without",
+            p95(&spill["projects"][name]),
+            p95(p)
+        );
+    }
+    // The rung's GPU-hours count in the zones it ran in.
+    let spilled = spill["zones"]["us-central1-a"]["utilisation"]
+        .as_f64()
+        .expect("us-central1-a's utilisation");
+    assert!(spilled > 0.0, "{:#}", spill["zones"]);
+}
+
 #[test]
 fn bad_input_is_named_with_exit_code_2() {
     let dir = tempfile::tempdir().expect("tempdir");
