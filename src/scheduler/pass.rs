@@ -546,10 +546,18 @@ impl Scheduler {
             return Considered::Passed;
         };
         // Nothing to look at when the batch has no rung, or when every
-        // rung ripe in the region failed already in this pass.
-        if batch.cluster.alternatives.is_empty() || walk.rungs_open == Some(0) {
+        // rung ripe in the region fails in this pass: counted once (and
+        // again after capacity is taken), so that a walk past many
+        // batches whose rungs all fail touches none of their rungs.
+        if batch.cluster.alternatives.is_empty() {
             return Considered::Passed;
         }
+        if self.rungs_open(region, walk) == 0 {
+            return Considered::Passed;
+        }
+        let Some(batch) = self.pending.get(&key) else {
+            return Considered::Passed;
+        };
         let ends = batch
             .cluster
             .ttl_s
