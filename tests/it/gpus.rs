@@ -352,7 +352,6 @@ async fn an_agent_without_nvml_or_nvidia_smi_says_so_once_and_runs_on() {
     })
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let script = crate::support::fake_gpu_script(dir.path());
     // A FAKE Spark home: this test runs no batch, and the agent only
     // checks that one is there.
     let spark = dir.path().join("fake-spark");
@@ -362,34 +361,27 @@ async fn an_agent_without_nvml_or_nvidia_smi_says_so_once_and_runs_on() {
         "#!/bin/sh\n# FAKE Spark for tests\nexit 1\n",
     )
     .expect("spark-class");
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"server = "http://{addr}"
-node_id = "no-telemetry"
-region = "us-central1"
-zone = "us-central1-a"
-pool = "l4"
-cores = 8
-memory_mb = 65536
-local_ssd_gb = 1500
-gpu_discovery_script = "{script}"
-advertise_host = "127.0.0.1"
-work_dir = "{work}"
+    let config = crate::support::agent_config(
+        &s,
+        dir.path(),
+        crate::support::AgentNode {
+            node: "no-telemetry",
+            zone: "us-central1-a",
+            pool: "l4",
+            cores: 8,
+            memory_mb: 65536,
+        },
+        &format!(
+            r#"advertise_host = "127.0.0.1"
 gpu_telemetry = "auto"
 nvidia_smi = "{missing}"
 gpu_sample_interval = "100ms"
 spark_home = "{spark}"
 "#,
-            addr = s.addr,
-            script = script.display(),
-            work = dir.path().join("work").display(),
             missing = dir.path().join("no-such-nvidia-smi").display(),
             spark = spark.display(),
         ),
-    )
-    .expect("config");
+    );
     let log = dir.path().join("agent.log");
     let mut agent = crate::support::spawn_agent(&config, &log);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

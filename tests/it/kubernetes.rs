@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, fake_gpu_script, spawn_agent};
+use crate::support::{AgentNode, TestServer, agent_config, spawn_agent};
 
 const APPS: &str = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/{ns}/sparkapplications/{name}";
 const TOKEN: &str = "test-service-account-token";
@@ -144,24 +144,20 @@ impl Drop for KubeAgent {
 fn start_agent(s: &TestServer, kube: &str, dir: &Path, node: &str) -> KubeAgent {
     let work = dir.join(node);
     std::fs::create_dir_all(&work).expect("dir");
-    let script = fake_gpu_script(&work);
     let token = work.join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-    let config = work.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"server = "http://{addr}"
-node_id = "{node}"
-region = "us-central1"
-zone = "us-central1-a"
-pool = "l4"
-cores = 8
-memory_mb = 65536
-local_ssd_gb = 1500
-gpu_discovery_script = "{script}"
-work_dir = "{work}"
-launcher = "kubernetes"
+    let config = agent_config(
+        s,
+        &work,
+        AgentNode {
+            node,
+            zone: "us-central1-a",
+            pool: "l4",
+            cores: 8,
+            memory_mb: 65536,
+        },
+        &format!(
+            r#"launcher = "kubernetes"
 
 [kubernetes]
 api_server = "{kube}"
@@ -174,13 +170,10 @@ rapids_jar = "/opt/sparkRapidsPlugin/rapids-4-spark.jar"
 spark_version = "3.5.1"
 status_interval = "100ms"
 "#,
-            addr = s.addr,
-            script = script.display(),
             work = work.join("work").display(),
             token = token.display(),
         ),
-    )
-    .expect("config");
+    );
     KubeAgent(spawn_agent(&config, &work.join("agent.log")))
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, assert_status, fake_gpu_script, spawn_agent};
+use crate::support::{AgentNode, TestServer, agent_config, assert_status, spawn_agent};
 
 const ZONE: &str = "us-central1-a";
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
@@ -49,9 +49,9 @@ impl Agent {
     ) -> Agent {
         let work = dir.join(node);
         std::fs::create_dir_all(&work).expect("agent dir");
-        // A FAKE GPU: the discovery script names two addresses; no GPU is
-        // behind them. Spark's resource scheduling is real all the same.
-        let script = fake_gpu_script(&work);
+        // A FAKE GPU (`agent_config`): the discovery script names two
+        // addresses; no GPU is behind them. Spark's resource scheduling is
+        // real all the same.
         // A FAKE nvidia-smi for GPU telemetry: both fake GPUs at 42 %, or
         // at what the file `utilization` beside it says
         // (`Agent::set_utilization`).
@@ -67,21 +67,18 @@ impl Agent {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         }
-        let config = work.join("agent.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"server = "http://{addr}"
-node_id = "{node}"
-region = "us-central1"
-zone = "{zone}"
-pool = "{pool}"
-cores = {cores}
-memory_mb = {memory_mb}
-local_ssd_gb = 1500
-gpu_discovery_script = "{script}"
-advertise_host = "127.0.0.1"
-work_dir = "{work}"
+        let config = agent_config(
+            server,
+            &work,
+            AgentNode {
+                node,
+                zone,
+                pool,
+                cores,
+                memory_mb,
+            },
+            &format!(
+                r#"advertise_host = "127.0.0.1"
 rapids_jar = "{work}/no-rapids.jar"
 stop_grace = "3s"
 poll_wait = "20s"
@@ -89,13 +86,10 @@ gpu_telemetry = "nvidia-smi"
 nvidia_smi = "{smi}"
 gpu_sample_interval = "500ms"
 "#,
-                addr = server.addr,
-                script = script.display(),
                 smi = smi.display(),
                 work = work.join("work").display(),
             ),
-        )
-        .expect("config");
+        );
         let log = work.join("agent.log");
         Agent {
             node: node.to_string(),

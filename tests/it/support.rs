@@ -258,6 +258,42 @@ pub(crate) fn fake_gpu_script(dir: &Path) -> PathBuf {
     path
 }
 
+/// Where a test's `flexq agent` says its node is, and what it has.
+pub(crate) struct AgentNode<'a> {
+    pub node: &'a str,
+    pub zone: &'a str,
+    pub pool: &'a str,
+    pub cores: u32,
+    pub memory_mb: u64,
+}
+
+/// Writes `dir/agent.toml` for a `flexq agent` of `at` in us-central1,
+/// serving `server`, with a FAKE GPU discovery script (two addresses) and
+/// its work under `dir/work`, then `extra` (more keys, then any tables);
+/// answers the file's path.
+pub(crate) fn agent_config(server: &TestServer, dir: &Path, at: AgentNode, extra: &str) -> PathBuf {
+    let script = fake_gpu_script(dir);
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "server = \"http://{addr}\"\nnode_id = \"{node}\"\nregion = \"us-central1\"\n\
+             zone = \"{zone}\"\npool = \"{pool}\"\ncores = {cores}\nmemory_mb = {memory_mb}\n\
+             local_ssd_gb = 1500\ngpu_discovery_script = \"{script}\"\nwork_dir = \"{work}\"\n{extra}",
+            addr = server.addr,
+            node = at.node,
+            zone = at.zone,
+            pool = at.pool,
+            cores = at.cores,
+            memory_mb = at.memory_mb,
+            script = script.display(),
+            work = dir.join("work").display(),
+        ),
+    )
+    .expect("agent config");
+    config
+}
+
 /// Starts `flexq agent --config CONFIG`, its output appended to `log`.
 pub(crate) fn spawn_agent(config: &Path, log: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
