@@ -876,6 +876,27 @@ async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
         (1, 3),
         "{d}"
     );
+    // What the RAPIDS Accelerator could not run on the GPU, as the
+    // driver's agent reports it; its reasons are text, never markup.
+    let (st, body) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &report(
+                json!({"event": "CPU_FALLBACK", "fallback": {"operators": 2, "reasons": [
+                    "<SortExec>: not all expressions can be replaced",
+                    "<Percentile>: GPU does not currently support the operator class Percentile"
+                ]}}),
+            ),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    b.text_with("#cpu-fallback", "2 operators could not run on the GPU")
+        .await;
+    b.text_with(
+        "#gpus ul.reasons",
+        "<SortExec>: not all expressions can be replaced",
+    )
+    .await;
     b.js("document.querySelector('#gpus').scrollIntoView()")
         .await;
     b.shot("batch-gpus").await;
