@@ -253,15 +253,41 @@ pub struct GpuSeries {
     pub slots: Vec<GpuSlot>,
 }
 
-/// What the points that fell in one slot add up to.
+/// What the points that fell in one slot add up to. Stored as an array
+/// `[gpuSeconds, weightedPercent, maxPercent, peakMemoryMb]`: a series is
+/// read and written whole at every upload, so its size is its cost.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(from = "(f64, f64, f64, u64)", into = "(f64, f64, f64, u64)")]
 pub struct GpuSlot {
     pub gpu_seconds: f64,
     /// Σ utilization × GPU-seconds.
     pub weighted_percent: f64,
     pub max_percent: f64,
     pub peak_memory_mb: u64,
+}
+
+impl From<(f64, f64, f64, u64)> for GpuSlot {
+    fn from(
+        (gpu_seconds, weighted_percent, max_percent, peak_memory_mb): (f64, f64, f64, u64),
+    ) -> Self {
+        GpuSlot {
+            gpu_seconds,
+            weighted_percent,
+            max_percent,
+            peak_memory_mb,
+        }
+    }
+}
+
+impl From<GpuSlot> for (f64, f64, f64, u64) {
+    fn from(s: GpuSlot) -> Self {
+        (
+            s.gpu_seconds,
+            s.weighted_percent,
+            s.max_percent,
+            s.peak_memory_mb,
+        )
+    }
 }
 
 impl GpuSlot {
@@ -712,6 +738,19 @@ mod tests {
         let chart = series.chart();
         assert!(chart.points.len() <= SERIES_SLOTS);
         assert!(chart.points.windows(2).all(|w| w[0].time < w[1].time));
+    }
+
+    #[test]
+    fn a_series_is_stored_compactly_and_read_back_whole() {
+        let mut series = GpuSeries::default();
+        series.add(&busy(at(3), 4, 80.0, 1000));
+        let json = serde_json::to_string(&series).expect("json");
+        assert!(
+            json.contains(r#""slots":[[20.0,1600.0,80.0,1000]]"#),
+            "{json}"
+        );
+        let back: GpuSeries = serde_json::from_str(&json).expect("read back");
+        assert_eq!(back, series);
     }
 
     proptest::proptest! {

@@ -7,6 +7,7 @@
 //! cargo bench --features bench-hooks --bench flexq-bench -- fairshare --pending 100000 --batches 100000
 //! cargo bench --features bench-hooks --bench flexq-bench -- replicas
 //! cargo bench --features bench-hooks --bench flexq-bench -- agent --runs 10
+//! cargo bench --features bench-hooks --bench flexq-bench -- telemetry --nodes 200 --clients 16
 //! ```
 //!
 //! They start `flexq serve` (and `flexq agent`) from the `flexq` binary
@@ -23,6 +24,7 @@ mod fairshare;
 mod replicas;
 mod schedule;
 mod submit;
+mod telemetry;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -103,6 +105,18 @@ enum Bench {
         #[arg(long, default_value_t = 100_000)]
         batches: usize,
     },
+    /// GPU telemetry uploads beside heartbeats, in turns, against one
+    /// server on SQLite (the agents played by the benchmark).
+    Telemetry {
+        #[arg(long, default_value_t = 200)]
+        nodes: usize,
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+    },
     /// The scheduler at scale: pass time, memory, flood, end to end,
     /// expiry lateness, restart.
     Schedule {
@@ -165,6 +179,20 @@ async fn main() -> ExitCode {
             .await
         }
         Bench::Agent { runs } => agent::run(agent::AgentBenchOptions { runs }).await,
+        Bench::Telemetry {
+            nodes,
+            clients,
+            duration,
+            rounds,
+        } => {
+            telemetry::run(telemetry::TelemetryOptions {
+                nodes,
+                clients,
+                duration,
+                rounds,
+            })
+            .await
+        }
         Bench::Fairshare {
             pending,
             releases,
