@@ -48,6 +48,11 @@ pub struct GpuPoint {
 }
 
 impl GpuPoint {
+    /// The GPU-seconds it stands for: what it weighs in every sum.
+    pub fn gpu_seconds(&self) -> f64 {
+        f64::from(self.gpus) * self.seconds
+    }
+
     /// Every GPU of the part was idle.
     pub fn idle(&self) -> bool {
         self.max_utilization_percent < IDLE_BELOW_PERCENT
@@ -168,7 +173,7 @@ impl GpuUsage {
     }
 
     pub fn add(&mut self, p: &GpuPoint, busy_from: f64) {
-        let weight = f64::from(p.gpus) * p.seconds;
+        let weight = p.gpu_seconds();
         self.points += 1;
         self.gpu_seconds += weight;
         self.weighted_percent += p.utilization_percent * weight;
@@ -314,7 +319,7 @@ impl GpuSeries {
             let start = t - t.rem_euclid(FIRST_STEP_SECONDS);
             DateTime::from_timestamp(start, 0).unwrap_or(p.time)
         });
-        let weight = f64::from(p.gpus) * p.seconds;
+        let weight = p.gpu_seconds();
         let slot = GpuSlot {
             gpu_seconds: weight,
             weighted_percent: p.utilization_percent * weight,

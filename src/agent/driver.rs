@@ -313,7 +313,7 @@ async fn drive(
     };
     let tail = String::from_utf8_lossy(&tail);
     // What ran on the CPU instead of the GPUs: said before the end.
-    let asked_gpus = job.cluster.executor.gpus > 0 || job.cluster.driver.gpus > 0;
+    let asked_gpus = job.cluster.total_gpus() > 0;
     fallback.without_rapids = asked_gpus && matches!(rapids, Rapids::Missing { .. });
     let fell_back = fallback.operators > 0 || fallback.without_rapids;
     if fell_back {

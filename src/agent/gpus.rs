@@ -335,7 +335,7 @@ pub(super) async fn sample(
             }
         }
         // Points of batches this node no longer runs go once, then no more.
-        let running = held.borrow().clone();
+        let running = held.borrow();
         pending.retain(|uuid, _| running.contains_key(uuid));
     }
 }

@@ -69,8 +69,9 @@ pub struct Batch {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CpuFallback {
-    /// Lines the RAPIDS Accelerator wrote for operators and expressions
-    /// that could not run on the GPU (a plan may name one several times).
+    /// Distinct lines the RAPIDS Accelerator wrote for operators and
+    /// expressions that could not run on the GPU (a plan logged again
+    /// counts once).
     #[serde(default)]
     pub operators: u64,
     /// The first distinct ones (at most 5), `<Operator>: why`.

@@ -94,10 +94,12 @@ impl Engine {
 
     /// A batch's GPU utilization over time, for its chart.
     pub async fn gpu_chart(&self, name: &BatchName) -> Result<GpuChart, Error> {
-        let record = self.shared.store.get(name).await.map_err(|e| match e {
-            StoreError::NotFound => Error::not_found("batch", &name.to_string()),
-            other => other.into(),
-        })?;
+        let record = self
+            .shared
+            .store
+            .get(name)
+            .await
+            .map_err(|e| super::batches::not_found_as(e, "batch", &name.to_string()))?;
         Ok(self.shared.store.gpu_chart(record.seq).await?)
     }
 

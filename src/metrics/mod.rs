@@ -119,7 +119,7 @@ pub fn record_preemption(p: &crate::scheduler::Preemption) {
 pub fn record_gpu_points(region: &str, project: &str, points: &[crate::gpu::GpuPoint]) {
     let labels = [region, project];
     for p in points {
-        let gpu_seconds = f64::from(p.gpus) * p.seconds;
+        let gpu_seconds = p.gpu_seconds();
         METRICS
             .gpu_utilization
             .with_label_values(&labels)

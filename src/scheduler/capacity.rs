@@ -279,7 +279,6 @@ impl Capacity {
         self.unschedulable.contains(id)
     }
 
-    /// A copy of one region's nodes that take new work.
     /// A copy of one zone's schedulable nodes, to plan on without
     /// touching these.
     pub(super) fn zone(&self, region: &str, zone: &str) -> Capacity {
@@ -290,6 +289,7 @@ impl Capacity {
         out
     }
 
+    /// A copy of one region's nodes that take new work.
     pub(super) fn region(&self, region: &str) -> Capacity {
         let mut out = Capacity::default();
         for zone in self.zones(region) {

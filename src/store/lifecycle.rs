@@ -113,15 +113,7 @@ async fn requeue(
     .bind(seq)
     .execute(&mut *conn)
     .await?;
-    sqlx::query("delete from batch_output where batch_seq = $1")
-        .bind(seq)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("delete from gpu_series where batch_seq = $1")
-        .bind(seq)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    super::runs::forget_run(conn, seq).await
 }
 
 /// Marks every active part of a batch's cluster released.

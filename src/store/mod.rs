@@ -451,14 +451,7 @@ impl Store {
                 "the batch is {state}; only SUCCEEDED, CANCELLED or FAILED batches can be deleted (cancel it first)"
             )));
         }
-        sqlx::query("delete from batch_output where batch_seq = $1")
-            .bind(seq)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("delete from gpu_series where batch_seq = $1")
-            .bind(seq)
-            .execute(&mut *tx)
-            .await?;
+        runs::forget_run(&mut tx, seq).await?;
         sqlx::query("delete from state_history where batch_seq = $1")
             .bind(seq)
             .execute(&mut *tx)

@@ -47,6 +47,19 @@ pub struct GpuPointsTaken {
     pub started: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// Deletes what batch `seq`'s run stored beside it: its driver's output
+/// and its GPU chart (a requeue starts them afresh; a delete removes the
+/// batch).
+pub(super) async fn forget_run(conn: &mut sqlx::AnyConnection, seq: i64) -> Result<(), StoreError> {
+    for sql in [
+        "delete from batch_output where batch_seq = $1",
+        "delete from gpu_series where batch_seq = $1",
+    ] {
+        sqlx::query(sql).bind(seq).execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// The batch `uuid` whose driver `node` runs now: only that node's agent
 /// may upload its output or say what of it ran on the CPU.
 async fn driver_seq(
