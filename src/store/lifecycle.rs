@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::AnyConnection;
 
-use super::rows::{append_history, from_micros, micros, transition};
-use super::{Change, Provisioning, RunInfo, Store, StoreError};
+use super::rows::{append_history, from_micros, micros, run_info, set_run_info, transition};
+use super::{Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
 use crate::spec::ClusterRequest;
@@ -37,31 +37,6 @@ impl Applied {
     pub fn preempted(&self) -> bool {
         self.outcome.steps.contains(&Step::Preempted)
     }
-}
-
-pub(super) async fn run_info(conn: &mut AnyConnection, seq: i64) -> Result<RunInfo, StoreError> {
-    let json: Option<String> = sqlx::query_scalar("select run_info from batches where seq = $1")
-        .bind(seq)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(json
-        .and_then(|j| serde_json::from_str(&j).ok())
-        .unwrap_or_default())
-}
-
-pub(super) async fn set_run_info(
-    conn: &mut AnyConnection,
-    seq: i64,
-    run: &RunInfo,
-) -> Result<(), StoreError> {
-    let json = serde_json::to_string(run)
-        .map_err(|e| StoreError::Unavailable(format!("cannot encode run info: {e}")))?;
-    sqlx::query("update batches set run_info = $1 where seq = $2")
-        .bind(json)
-        .bind(seq)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
 }
 
 /// Which attempt of batch `seq` runs, and the requeues it may have.

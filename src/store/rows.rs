@@ -163,3 +163,33 @@ pub(super) async fn append_history(
     .await?;
     Ok(())
 }
+
+/// The run batch `seq` keeps beside its state (none yet: the default).
+pub(super) async fn run_info(
+    conn: &mut AnyConnection,
+    seq: i64,
+) -> Result<super::RunInfo, StoreError> {
+    let json: Option<String> = sqlx::query_scalar("select run_info from batches where seq = $1")
+        .bind(seq)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(json
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or_default())
+}
+
+/// Replaces the run batch `seq` keeps.
+pub(super) async fn set_run_info(
+    conn: &mut AnyConnection,
+    seq: i64,
+    run: &super::RunInfo,
+) -> Result<(), StoreError> {
+    let json = serde_json::to_string(run)
+        .map_err(|e| StoreError::Unavailable(format!("cannot encode run info: {e}")))?;
+    sqlx::query("update batches set run_info = $1 where seq = $2")
+        .bind(json)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}

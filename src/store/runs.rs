@@ -4,7 +4,7 @@
 
 use sqlx::Row;
 
-use super::lifecycle::{run_info, set_run_info};
+use super::rows::{run_info, set_run_info};
 use super::{BatchRecord, Change, Store, StoreError};
 use crate::scheduler::PartRole;
 
