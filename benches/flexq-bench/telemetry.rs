@@ -13,8 +13,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
+use crate::schedule::{err, histogram, ms};
 use crate::submit::start_server_with;
 use flexq::cli::CliError;
 
@@ -23,10 +25,6 @@ pub(crate) struct TelemetryOptions {
     pub clients: usize,
     pub duration: Duration,
     pub rounds: usize,
-}
-
-fn err(e: impl std::fmt::Display) -> CliError {
-    CliError::Transport(e.to_string())
 }
 
 /// One node as its agent knows it: its epoch and the batches it holds
@@ -129,8 +127,8 @@ pub(crate) async fn run(opts: TelemetryOptions) -> Result<(), CliError> {
         opts.clients,
         opts.duration
     );
-    let mut results: Vec<(&str, Vec<f64>, f64)> =
-        vec![("heartbeat", vec![], 0.0), ("telemetry", vec![], 0.0)];
+    // Latencies (µs) of each kind, over every turn.
+    let mut results = [("heartbeat", histogram()), ("telemetry", histogram())];
     // Points must be later than the last taken from the node: a clock
     // that only moves on.
     let tick = Arc::new(std::sync::atomic::AtomicI64::new(0));
@@ -138,7 +136,7 @@ pub(crate) async fn run(opts: TelemetryOptions) -> Result<(), CliError> {
         // Turns: heartbeat telemetry, then telemetry heartbeat.
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for kind in order {
-            let (latencies, calls) = turn(
+            let latencies = turn(
                 &client,
                 &endpoint,
                 &all,
@@ -148,37 +146,30 @@ pub(crate) async fn run(opts: TelemetryOptions) -> Result<(), CliError> {
                 &tick,
             )
             .await?;
-            results[kind].1.extend(latencies);
-            results[kind].2 += calls as f64;
+            results[kind].1.add(&latencies).map_err(err)?;
         }
     }
     let total_s = opts.duration.as_secs_f64() * opts.rounds.max(1) as f64;
-    let mut p50s = Vec::new();
-    for (name, lat, calls) in &mut results {
-        lat.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or(0.0)
-        };
+    let rate = |h: &Histogram<u64>| h.len() as f64 / total_s;
+    for (name, h) in &results {
         println!(
             "  {name:<10} {:>8.0} calls/s  p50 {:.2} ms  p99 {:.2} ms",
-            *calls / total_s,
-            at(0.5),
-            at(0.99)
+            rate(h),
+            ms(h, 0.5),
+            ms(h, 0.99)
         );
-        p50s.push((at(0.5), *calls / total_s));
     }
+    let [(_, beat), (_, upload)] = &results;
     println!(
         "  telemetry ÷ heartbeat: p50 {:.2}, calls/s {:.2}",
-        p50s[1].0 / p50s[0].0.max(1e-9),
-        p50s[1].1 / p50s[0].1.max(1e-9)
+        ms(upload, 0.5) / ms(beat, 0.5).max(1e-9),
+        rate(upload) / rate(beat).max(1e-9)
     );
     Ok(())
 }
 
 /// One turn: `clients` closed loops over the nodes for `duration`.
-/// Answers each call's latency (ms) and the calls made.
+/// Answers its calls' latencies (µs).
 async fn turn(
     client: &reqwest::Client,
     endpoint: &str,
@@ -187,7 +178,7 @@ async fn turn(
     clients: usize,
     duration: Duration,
     tick: &Arc<std::sync::atomic::AtomicI64>,
-) -> Result<(Vec<f64>, usize), CliError> {
+) -> Result<Histogram<u64>, CliError> {
     let until = Instant::now() + duration;
     let mut tasks = Vec::new();
     for c in 0..clients.max(1) {
@@ -203,7 +194,7 @@ async fn turn(
             continue;
         }
         tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
+            let mut latencies = histogram();
             let mut i = 0;
             while Instant::now() < until {
                 let n = &nodes[mine[i % mine.len()]];
@@ -241,15 +232,16 @@ async fn turn(
                     )
                     .await?;
                 }
-                latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+                latencies
+                    .record(started.elapsed().as_micros() as u64)
+                    .map_err(err)?;
             }
             Ok::<_, CliError>(latencies)
         }));
     }
-    let mut all = Vec::new();
+    let mut all = histogram();
     for t in tasks {
-        all.extend(t.await.map_err(err)??);
+        all.add(t.await.map_err(err)??).map_err(err)?;
     }
-    let calls = all.len();
-    Ok((all, calls))
+    Ok(all)
 }

@@ -9,7 +9,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::sql::Sql;
 
-use super::{BatchRecord, Provisioning, StoreError};
+use super::{BatchRecord, Provisioning, RunInfo, StoreError};
 use crate::api::{BatchName, State, StateHistory};
 
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
@@ -76,7 +76,7 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
             .and_then(crate::api::RequeueReason::from_number),
         run: match row.try_get::<Option<&str>, _>("run_info")? {
             Some(json) => serde_json::from_str(json).map_err(|e| corrupt("run", e))?,
-            None => super::RunInfo::default(),
+            None => RunInfo::default(),
         },
         history: Vec::new(),
     })
@@ -165,10 +165,7 @@ pub(super) async fn append_history(
 }
 
 /// The run batch `seq` keeps beside its state (none yet: the default).
-pub(super) async fn run_info(
-    conn: &mut AnyConnection,
-    seq: i64,
-) -> Result<super::RunInfo, StoreError> {
+pub(super) async fn run_info(conn: &mut AnyConnection, seq: i64) -> Result<RunInfo, StoreError> {
     let json: Option<String> = sqlx::query_scalar("select run_info from batches where seq = $1")
         .bind(seq)
         .fetch_one(&mut *conn)
@@ -182,7 +179,7 @@ pub(super) async fn run_info(
 pub(super) async fn set_run_info(
     conn: &mut AnyConnection,
     seq: i64,
-    run: &super::RunInfo,
+    run: &RunInfo,
 ) -> Result<(), StoreError> {
     let json = serde_json::to_string(run)
         .map_err(|e| StoreError::Unavailable(format!("cannot encode run info: {e}")))?;
