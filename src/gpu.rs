@@ -204,6 +204,18 @@ impl GpuUsage {
         }
     }
 
+    /// The time up to which every one of `nodes` has sent its points: the
+    /// latest of the slowest. None while one of them has sent none (or
+    /// when none is named).
+    pub fn reported_until(&self, nodes: &[String]) -> Option<DateTime<Utc>> {
+        let mut until: Option<DateTime<Utc>> = None;
+        for node in nodes {
+            let t = *self.latest.get(node)?;
+            until = Some(until.map_or(t, |u| u.min(t)));
+        }
+        until
+    }
+
     /// The mean utilization, percent.
     pub fn mean_percent(&self) -> Option<f64> {
         (self.gpu_seconds > 0.0).then(|| self.weighted_percent / self.gpu_seconds)
@@ -450,10 +462,13 @@ pub enum IdleVerdict {
 
 /// The idle policy's verdict on a batch whose driver started at `started`
 /// with `usage` so far, at `now`: None while its GPUs work, during its
-/// warm-up, before `after`, or once warned (a warning only).
+/// warm-up, before `after`, or once warned (a warning only). `nodes`: the
+/// nodes that hold GPUs of the batch now; the idle time counts only up to
+/// where every one of them has reported.
 pub fn idle_verdict(
     policy: &IdlePolicy,
     usage: &GpuUsage,
+    nodes: &[String],
     started: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Option<IdleVerdict> {
@@ -462,7 +477,11 @@ pub fn idle_verdict(
     }
     let warm = started + chrono::Duration::from_std(policy.warm_up).ok()?;
     let since = usage.idle_since()?.max(warm);
-    let idle_for = (usage.last_time?.min(now) - since).to_std().ok()?;
+    // Not the latest point of any node: a node whose uploads lag may yet
+    // send busy points for the time its idle neighbours already covered.
+    // A busy point past `until` makes the span negative: no verdict.
+    let until = usage.reported_until(nodes)?.min(now);
+    let idle_for = (until - since).to_std().ok()?;
     if idle_for < policy.after {
         return None;
     }
@@ -600,46 +619,97 @@ mod tests {
             after: std::time::Duration::from_secs(60),
             warm_up: std::time::Duration::from_secs(30),
         };
+        let nodes = ["n1".to_string()];
         let mut u = GpuUsage::default();
         // Idle from the start (8 % is under 10 %), points every 10 s.
         for s in (10..=80).step_by(10) {
-            u.add(
+            u.add_from(
+                "n1",
                 &point(at(s), 10.0, &["0".into()], &[reading("0", 8.0, 1)]).expect("p"),
                 10.0,
             );
         }
         // Idle since 0, but counted from the warm-up's end (30): 50 s.
-        assert_eq!(idle_verdict(&policy, &u, at(0), at(80)), None);
-        u.add(
+        assert_eq!(idle_verdict(&policy, &u, &nodes, at(0), at(80)), None);
+        u.add_from(
+            "n1",
             &point(at(90), 10.0, &["0".into()], &[reading("0", 8.0, 1)]).expect("p"),
             10.0,
         );
-        let Some(IdleVerdict::Warn(w)) = idle_verdict(&policy, &u, at(0), at(90)) else {
+        let Some(IdleVerdict::Warn(w)) = idle_verdict(&policy, &u, &nodes, at(0), at(90)) else {
             panic!("a warning after 60 s idle past the warm-up");
         };
         assert!(w.contains("under 10% utilization for 1m"), "{w}");
         // Once warned, no second warning; a cancel policy still cancels.
         u.warned = true;
-        assert_eq!(idle_verdict(&policy, &u, at(0), at(90)), None);
+        assert_eq!(idle_verdict(&policy, &u, &nodes, at(0), at(90)), None);
         let cancel = IdlePolicy {
             action: IdleAction::Cancel,
             ..policy.clone()
         };
         assert!(matches!(
-            idle_verdict(&cancel, &u, at(0), at(90)),
+            idle_verdict(&cancel, &u, &nodes, at(0), at(90)),
             Some(IdleVerdict::Cancel(_))
         ));
         // A busy point resets it; off never says anything.
-        u.add(
+        u.add_from(
+            "n1",
             &point(at(100), 10.0, &["0".into()], &[reading("0", 60.0, 1)]).expect("p"),
             10.0,
         );
-        assert_eq!(idle_verdict(&cancel, &u, at(0), at(100)), None);
+        assert_eq!(idle_verdict(&cancel, &u, &nodes, at(0), at(100)), None);
         let off = IdlePolicy {
             action: IdleAction::Off,
             ..policy
         };
-        assert_eq!(idle_verdict(&off, &u, at(0), at(1000)), None);
+        assert_eq!(idle_verdict(&off, &u, &nodes, at(0), at(1000)), None);
+    }
+
+    #[test]
+    fn an_idle_node_alone_cannot_declare_the_batch_idle_while_a_busy_nodes_points_lag() {
+        let policy = IdlePolicy {
+            action: IdleAction::Cancel,
+            below_percent: 10.0,
+            after: std::time::Duration::from_secs(60),
+            warm_up: std::time::Duration::ZERO,
+        };
+        let nodes = ["busy".to_string(), "idle".to_string()];
+        let p = |s: i64, percent: f64| {
+            point(at(s), 10.0, &["0".into()], &[reading("0", percent, 1)]).expect("p")
+        };
+        let mut u = GpuUsage::default();
+        // The busy node has sent up to 10 s, the idle one up to 300 s.
+        u.add_from("busy", &p(10, 90.0), 10.0);
+        for s in (10..=300).step_by(10) {
+            u.add_from("idle", &p(s, 1.0), 10.0);
+        }
+        assert_eq!(u.reported_until(&nodes), Some(at(10)));
+        assert_eq!(idle_verdict(&policy, &u, &nodes, at(0), at(300)), None);
+        // Its lagging points arrive busy: still working, nothing to say.
+        for s in (20..=300).step_by(10) {
+            u.add_from("busy", &p(s, 90.0), 10.0);
+        }
+        assert_eq!(idle_verdict(&policy, &u, &nodes, at(0), at(300)), None);
+        // Had they arrived idle, the batch would be idle from 10 s on.
+        let mut v = GpuUsage::default();
+        v.add_from("busy", &p(10, 90.0), 10.0);
+        for s in (10..=300).step_by(10) {
+            v.add_from("idle", &p(s, 1.0), 10.0);
+        }
+        for s in (20..=100).step_by(10) {
+            v.add_from("busy", &p(s, 1.0), 10.0);
+        }
+        // Reported by both up to 100 s: 90 s idle, past the 60 s.
+        let Some(IdleVerdict::Cancel(why)) = idle_verdict(&policy, &v, &nodes, at(0), at(300))
+        else {
+            panic!("both nodes idle for 90 s");
+        };
+        assert!(why.contains("for 1m 30s"), "{why}");
+        // A node holding GPUs that has sent nothing yet holds it back too.
+        let three = ["busy".to_string(), "idle".to_string(), "new".to_string()];
+        assert_eq!(v.reported_until(&three), None);
+        assert_eq!(idle_verdict(&policy, &v, &three, at(0), at(300)), None);
+        assert_eq!(v.reported_until(&[]), None);
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl Engine {
             return Ok(());
         };
         let now = Utc::now();
-        let Some(verdict) = idle_verdict(policy, &t.usage, started, now) else {
+        let Some(verdict) = idle_verdict(policy, &t.usage, &t.gpu_nodes, started, now) else {
             return Ok(());
         };
         let applied = self.shared.store.gpu_idle(t.seq, &verdict, now).await?;

@@ -127,14 +127,19 @@ pub fn preempted(state: State, by: &str) -> Vec<Step> {
 }
 
 /// The GPU idle policy's verdict on a batch (docs/rules.md#gpu-telemetry):
-/// a RUNNING batch gets the warning in its history, or is cancelled with
-/// the end reason IDLE_GPUS; any other is left alone.
-pub fn gpu_idle(state: State, verdict: &crate::gpu::IdleVerdict) -> Outcome {
+/// a RUNNING batch gets the warning in its history (unless `warned`, as
+/// stored now, says it got it this run), or is cancelled with the end
+/// reason IDLE_GPUS; any other is left alone.
+pub fn gpu_idle(state: State, warned: bool, verdict: &crate::gpu::IdleVerdict) -> Outcome {
     use crate::gpu::IdleVerdict;
     if state != State::Running {
         return Outcome::default();
     }
     let steps = match verdict {
+        // The verdict was judged on the run as an upload left it; two
+        // uploads judged at once both saw no warning. The flag read where
+        // the warning is written keeps it to one.
+        IdleVerdict::Warn(_) if warned => return Outcome::default(),
         IdleVerdict::Warn(message) => {
             vec![Step::Note(message.clone()), Step::IdleWarned]
         }
@@ -822,16 +827,31 @@ mod tests {
     #[test]
     fn an_idle_warning_is_a_note_not_a_transition_and_a_cancel_is_one() {
         use crate::gpu::IdleVerdict;
-        let warned = gpu_idle(State::Running, &IdleVerdict::Warn("idle".into()));
+        let warned = gpu_idle(State::Running, false, &IdleVerdict::Warn("idle".into()));
         assert_eq!(warned.states().count(), 0, "{warned:?}");
         assert!(warned.steps.contains(&Step::Note("idle".into())));
-        let cancelled = gpu_idle(State::Running, &IdleVerdict::Cancel("idle".into()));
+        let cancelled = gpu_idle(State::Running, false, &IdleVerdict::Cancel("idle".into()));
         assert_eq!(cancelled.states().collect::<Vec<_>>(), [State::Cancelling]);
         // Only a RUNNING batch is judged.
         assert!(
-            gpu_idle(State::Pending, &IdleVerdict::Warn("idle".into()))
+            gpu_idle(State::Pending, false, &IdleVerdict::Warn("idle".into()))
                 .steps
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_second_idle_warning_judged_before_the_first_was_stored_writes_nothing() {
+        use crate::gpu::IdleVerdict;
+        let again = gpu_idle(State::Running, true, &IdleVerdict::Warn("idle".into()));
+        assert_eq!(again, Outcome::default());
+        // A cancel after a warning still cancels: the warning was its notice.
+        let cancelled = gpu_idle(State::Running, true, &IdleVerdict::Cancel("idle".into()));
+        assert_eq!(cancelled.states().collect::<Vec<_>>(), [State::Cancelling]);
+        assert!(
+            cancelled
+                .steps
+                .contains(&Step::Because(EndReason::IdleGpus))
         );
     }
 }

@@ -341,12 +341,15 @@ impl Preemption {
 }
 
 /// What a preemptor waits for: its plan in one zone, the victims still
-/// holding their clusters, and what is set aside for it meanwhile (the
-/// capacity its plan found free at the decision, and each victim's
-/// cluster once it is gone).
+/// holding their clusters, and what is set aside for it meanwhile (its
+/// project's quota, the capacity its plan found free at the decision, and
+/// each victim's cluster once it is gone).
 #[derive(Debug, Clone)]
 pub(crate) struct Claim {
     pub(crate) region: String,
+    pub(crate) project: String,
+    /// The preemptor's quota, set aside in the ledger.
+    pub(crate) quota: Vec<QuotaAmount>,
     pub(crate) plan: Vec<Placement>,
     pub(crate) waiting: BTreeSet<BatchKey>,
     pub(crate) banked: Vec<Placement>,

@@ -205,20 +205,27 @@ impl Scheduler {
     /// aside returns to the capacity.
     fn settle_claims(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
         for (key, claim) in self.ready_claims(region) {
-            self.capacity.give_back(&claim.banked);
             let Some(batch) = self.pending.get(&key).map(|b| (**b).clone()) else {
                 continue;
             };
-            if self
-                .ledger
-                .shortfall(&batch.project, region, &batch.cluster.quota)
-                .is_some()
+            // A queue held while the victims stopped waits like any held
+            // queue, reserving nothing: what was set aside goes back.
+            if self.hold_of(region, &batch.project).is_some()
+                || self
+                    .ledger
+                    .shortfall(&batch.project, region, &batch.cluster.quota)
+                    .is_some()
             {
                 continue;
             }
+            // A node cordoned (or retired) since the plan was made takes no
+            // new work: the preemptor is placed again on what is there.
             let planned = claim
                 .plan
-                .first()
+                .iter()
+                .all(|p| !self.capacity.is_unschedulable(&p.node))
+                .then(|| claim.plan.first())
+                .flatten()
                 .and_then(|p| self.capacity.nodes.get(&p.node))
                 .map(|n| (n.spec.zone.clone(), claim.plan.clone()));
             let plan = match planned {

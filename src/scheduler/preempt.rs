@@ -43,7 +43,8 @@ impl Scheduler {
 
     /// Why `victim` may give way to `batch` at `now` under `policy`, if it
     /// may: old enough, not protected, not opted out, and of strictly
-    /// lower priority or of a project far enough over its fair share.
+    /// lower priority or, at no higher priority, of a project far enough
+    /// over its fair share.
     fn victim_cause(
         &self,
         policy: &PreemptionPolicy,
@@ -76,7 +77,13 @@ impl Scheduler {
                 victim: victim.priority,
             });
         }
-        if policy.by_fair_share && victim.project != batch.project {
+        // Fair share decides among batches of no higher priority than the
+        // preemptor's: it never undoes what a priority preemption won for
+        // an urgent batch (docs/rules.md#preemption).
+        if policy.by_fair_share
+            && victim.project != batch.project
+            && victim.priority <= batch.priority
+        {
             let mine = self.fair.standing(&batch.region, &batch.project, now).share;
             let theirs = self
                 .fair
@@ -198,6 +205,10 @@ impl Scheduler {
                     plan = p;
                 }
             }
+            // The batch fits here as things are: nothing to stop.
+            if chosen.is_empty() {
+                continue;
+            }
             if !self.fair_share_holds(batch, &chosen, &candidates, now) {
                 continue;
             }
@@ -292,10 +303,18 @@ impl Scheduler {
         for v in &p.victims {
             self.stopping.insert(v.key, p.preemptor);
         }
+        let quota = self
+            .pending
+            .get(&p.preemptor)
+            .map(|b| b.cluster.quota.clone())
+            .unwrap_or_default();
+        self.ledger.set_aside(&p.project, &p.region, &quota);
         self.claims.insert(
             p.preemptor,
             Claim {
                 region: p.region.clone(),
+                project: p.project.clone(),
+                quota,
                 plan,
                 waiting: p.victims.iter().map(|v| v.key).collect(),
                 banked,
@@ -324,14 +343,24 @@ impl Scheduler {
     /// victims stop anyway (they were told to): they stay out of other
     /// preemptions, and their clusters go back to the queue as they go.
     pub(super) fn drop_claim(&mut self, preemptor: BatchKey) -> Option<Claim> {
-        let claim = self.claims.remove(&preemptor)?;
-        self.capacity.give_back(&claim.banked);
+        let claim = self.end_claim(preemptor)?;
         self.dirty.insert(claim.region.clone());
         Some(claim)
     }
 
+    /// Takes `preemptor`'s claim out, and what it set aside (capacity and
+    /// quota) goes back.
+    fn end_claim(&mut self, preemptor: BatchKey) -> Option<Claim> {
+        let claim = self.claims.remove(&preemptor)?;
+        self.capacity.give_back(&claim.banked);
+        self.ledger
+            .release_aside(&claim.project, &claim.region, &claim.quota);
+        Some(claim)
+    }
+
     /// The preemptors of `region` whose victims are all gone: their
-    /// claims, taken out (the pass allocates each on its plan).
+    /// claims, taken out, with what they set aside given back (the pass
+    /// allocates each on its plan).
     pub(super) fn ready_claims(&mut self, region: &str) -> Vec<(BatchKey, Claim)> {
         let ready: Vec<BatchKey> = self
             .claims
@@ -341,7 +370,7 @@ impl Scheduler {
             .collect();
         ready
             .into_iter()
-            .filter_map(|k| Some((k, self.claims.remove(&k)?)))
+            .filter_map(|k| Some((k, self.end_claim(k)?)))
             .collect()
     }
 
@@ -366,19 +395,24 @@ impl Scheduler {
             return;
         }
         self.stopping.insert(victim, preemptor);
-        let Some(region) = self.pending.get(&preemptor).map(|b| b.region.clone()) else {
+        if let Some(claim) = self.claims.get_mut(&preemptor) {
+            claim.waiting.insert(victim);
+            return;
+        }
+        let Some(b) = self.pending.get(&preemptor) else {
             return;
         };
-        self.claims
-            .entry(preemptor)
-            .or_insert_with(|| Claim {
-                region,
-                plan: Vec::new(),
-                waiting: BTreeSet::new(),
-                banked: Vec::new(),
-            })
-            .waiting
-            .insert(victim);
+        let claim = Claim {
+            region: b.region.clone(),
+            project: b.project.clone(),
+            quota: b.cluster.quota.clone(),
+            plan: Vec::new(),
+            waiting: BTreeSet::from([victim]),
+            banked: Vec::new(),
+        };
+        self.ledger
+            .set_aside(&claim.project, &claim.region, &claim.quota);
+        self.claims.insert(preemptor, claim);
     }
 
     /// What preemption does for a queued `batch` that capacity blocks, in

@@ -74,6 +74,10 @@ pub(crate) struct Ledger {
     rules: Vec<QuotaRule>,
     overrides: PerRegion<Option<u64>>,
     usage: PerRegion<u64>,
+    /// Quota set aside for preemptors while their victims stop: not used
+    /// (usage and the API do not show it), but no other batch of the
+    /// project may take it, or the victims would stop for nothing.
+    aside: PerRegion<u64>,
 }
 
 impl Ledger {
@@ -166,7 +170,12 @@ impl Ledger {
         amounts.iter().find_map(|a| {
             let limit = self.limit(project, region, a.metric);
             let usage = self.usage(project, region, a.metric);
-            let taken = if in_use { usage } else { 0 };
+            let aside = self
+                .aside
+                .get(project)
+                .and_then(|r| r.get(region))
+                .map_or(0, |m| m[slot(a.metric)]);
+            let taken = if in_use { usage + aside } else { 0 };
             (taken + a.amount > limit).then_some(Shortfall {
                 metric: a.metric,
                 needed: a.amount,
@@ -185,6 +194,29 @@ impl Ledger {
             .or_insert([0; METRICS]);
         for a in amounts {
             usage[slot(a.metric)] += a.amount;
+        }
+    }
+
+    /// Sets `amounts` aside for a preemptor of `project` in `region`.
+    pub(super) fn set_aside(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+        let aside = self
+            .aside
+            .entry(project.to_string())
+            .or_default()
+            .entry(region.to_string())
+            .or_insert([0; METRICS]);
+        for a in amounts {
+            aside[slot(a.metric)] += a.amount;
+        }
+    }
+
+    /// Gives back what [`Self::set_aside`] set aside.
+    pub(super) fn release_aside(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+        if let Some(aside) = self.aside.get_mut(project).and_then(|r| r.get_mut(region)) {
+            for a in amounts {
+                let u = &mut aside[slot(a.metric)];
+                *u = u.saturating_sub(a.amount);
+            }
         }
     }
 

@@ -155,17 +155,39 @@ impl Scheduler {
                 }
             }
         }
-        for (id, (cores, mem, ssd, gpus)) in used {
-            let Some(n) = self.capacity.nodes.get(id) else {
-                continue;
-            };
+        // Every node, those that hold nothing included: what is free and
+        // what is held add up to the node, GPU by GPU, core, memory and SSD.
+        // A node whose GPUs leaked to no one shows here.
+        for (id, n) in &self.capacity.nodes {
+            let (cores, mem, ssd, gpus) = used.remove(id).unwrap_or_default();
             if cores > n.spec.cores || mem > n.spec.memory_mb || ssd > n.spec.local_ssd_gb {
                 return Err(format!("node {id} overcommitted"));
             }
+            for (address, free) in n.spec.gpu_addresses.iter().zip(&n.gpu_free) {
+                if *free == gpus.contains(address) {
+                    return Err(format!(
+                        "node {id}: GPU {address} is {} but {}",
+                        if *free { "free" } else { "not free" },
+                        if *free { "held" } else { "held by no one" }
+                    ));
+                }
+            }
+            if let Some(g) = gpus.iter().find(|g| !n.spec.gpu_addresses.contains(g)) {
+                return Err(format!("node {id}: GPU {g} is held but not the node's"));
+            }
             if n.free_cores + cores != n.spec.cores
-                || n.free_gpus() as usize + gpus.len() != n.spec.gpu_addresses.len()
+                || n.free_memory_mb + mem != n.spec.memory_mb
+                || n.free_ssd_gb + ssd != n.spec.local_ssd_gb
             {
-                return Err(format!("node {id}: free and used do not add up"));
+                return Err(format!(
+                    "node {id}: free and held do not add up: cores {}+{cores} of {}, memory {}+{mem} of {} MB, SSD {}+{ssd} of {} GB",
+                    n.free_cores,
+                    n.spec.cores,
+                    n.free_memory_mb,
+                    n.spec.memory_mb,
+                    n.free_ssd_gb,
+                    n.spec.local_ssd_gb
+                ));
             }
         }
         let mut usage: HashMap<(&str, &str, crate::spec::QuotaMetric), u64> = HashMap::new();

@@ -244,7 +244,10 @@ impl Store {
                 .await?
                 .ok_or(StoreError::NotFound)?;
         let state = State::from_number(state).unwrap_or(State::StateUnspecified);
-        let outcome = lifecycle::gpu_idle(state, verdict);
+        // Read in this write transaction, not taken from the upload's
+        // snapshot: another upload may have warned since.
+        let warned = run_info(&mut tx, seq).await?.gpu.is_some_and(|g| g.warned);
+        let outcome = lifecycle::gpu_idle(state, warned, verdict);
         let applied = write_steps(&mut tx, seq, &batch_id, state, outcome, now).await?;
         if !applied.outcome.steps.is_empty() {
             self.announce(&mut tx, &Change::Work).await?;

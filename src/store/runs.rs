@@ -45,6 +45,9 @@ pub struct GpuPointsTaken {
     pub usage: crate::gpu::GpuUsage,
     pub state: crate::api::State,
     pub started: Option<chrono::DateTime<chrono::Utc>>,
+    /// The nodes holding GPUs of the batch now: the idle policy counts
+    /// only the time every one of them has reported.
+    pub gpu_nodes: Vec<String>,
 }
 
 /// Deletes what batch `seq`'s run stored beside it: its driver's output
@@ -148,6 +151,15 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
+        // A part without GPUs (a CPU driver's) never sends points: it
+        // must not hold the idle policy back.
+        let gpu_nodes: Vec<String> = sqlx::query_scalar(
+            "select distinct node_id from allocations \
+             where batch_seq = $1 and released_at is null and gpus <> '[]'",
+        )
+        .bind(seq)
+        .fetch_all(&mut *tx)
+        .await?;
         self.commit(tx).await?;
         Ok(GpuPointsTaken {
             seq,
@@ -159,6 +171,7 @@ impl Store {
             state: crate::api::State::from_number(state)
                 .unwrap_or(crate::api::State::StateUnspecified),
             started: run.start_time,
+            gpu_nodes,
         })
     }
 

@@ -186,7 +186,7 @@ async fn idle_case(action: IdleAction, id: &str) -> (TestServer, String, String)
     (s, epoch, uuid)
 }
 
-/// Idle points (8 %, under the policy's 10 %) from 1 s after now, one a
+/// Idle points (8 %, under the policy's 10 %) from 1 s after `from`, one a
 /// second, up to `seconds`: uploaded once that much time has passed.
 async fn idle_for(
     s: &TestServer,
@@ -194,26 +194,38 @@ async fn idle_for(
     uuid: &str,
     from: chrono::DateTime<chrono::Utc>,
     seconds: i64,
-) -> Value {
-    let until_then = from + chrono::Duration::seconds(seconds);
-    while chrono::Utc::now() < until_then {
+) {
+    let points = points_at(from, 1..=seconds, 8.0).await;
+    upload_from(s, "gpu-host-1", epoch, uuid, &points).await;
+}
+
+/// Points of 5 GPUs at `percent`, one a second, at `from` + each of
+/// `seconds`; answered once the last of them is past.
+async fn points_at(
+    from: chrono::DateTime<chrono::Utc>,
+    seconds: std::ops::RangeInclusive<i64>,
+    percent: f64,
+) -> Vec<Value> {
+    while chrono::Utc::now() < from + chrono::Duration::seconds(*seconds.end()) {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    let points: Vec<Value> = (1..=seconds)
+    seconds
         .map(|k| {
             let t = (from + chrono::Duration::seconds(k)).to_rfc3339();
-            json!({"time": t, "seconds": 1.0, "gpus": 5, "utilizationPercent": 8.0,
-                   "maxUtilizationPercent": 8.0, "maxMemoryUsedMb": 100})
+            json!({"time": t, "seconds": 1.0, "gpus": 5, "utilizationPercent": percent,
+                   "maxUtilizationPercent": percent, "maxMemoryUsedMb": 100})
         })
-        .collect();
+        .collect()
+}
+
+async fn upload_from(s: &TestServer, node: &str, epoch: &str, uuid: &str, points: &[Value]) {
     let (status, answer) = s
         .post_json(
-            "/v1/nodes/gpu-host-1:telemetry",
+            &format!("/v1/nodes/{node}:telemetry"),
             &json!({"epoch": epoch, "batches": [{"uuid": uuid, "points": points}]}),
         )
         .await;
     assert_eq!(status, 200, "{answer:#}");
-    answer
 }
 
 /// How many entries of the batch's history (the current state's
@@ -295,6 +307,84 @@ async fn a_batch_whose_gpus_idle_is_cancelled_with_a_typed_reason_when_the_polic
         &[("reason", "idle_gpus")],
     );
     assert!(ended.is_some_and(|n| n >= 1.0), "{ended:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_uploads_judged_at_the_same_time_write_one_warning() {
+    let (s, epoch, uuid) = idle_case(IdleAction::Warn, "racers").await;
+    let points = points_at(chrono::Utc::now(), 1..=3, 8.0).await;
+    // The same upload 8 times at once (an agent's retry racing the one it
+    // retries): each judges the batch idle before any warning is stored.
+    let uploads = (0..32).map(|_| upload_from(&s, "gpu-host-1", &epoch, &uuid, &points));
+    futures_util::future::join_all(uploads).await;
+    let (_, b) = s.get(&format!("{BATCHES}/racers")).await;
+    assert_eq!(said(&b, "GPU idle warning"), 1, "{b:#}");
+}
+
+#[tokio::test]
+async fn an_idle_node_cannot_declare_a_batch_idle_before_a_busy_nodes_lagging_points_arrive() {
+    let s = TestServer::start_with(|c| {
+        no_virtual_nodes(c);
+        c.agents.lease_duration = std::time::Duration::from_secs(60);
+        c.gpu_idle = IdlePolicy {
+            action: IdleAction::Warn,
+            below_percent: 10.0,
+            after: std::time::Duration::from_secs(2),
+            warm_up: std::time::Duration::ZERO,
+        };
+    })
+    .await;
+    let mut nodes = Vec::new();
+    for node in ["gpu-host-1", "gpu-host-2"] {
+        nodes.push((node, crate::agents::register(&s, node).await));
+    }
+    // A driver and 8 executors of one GPU each: 9 GPUs, more than one
+    // node's 8, so both nodes hold GPUs of it.
+    let (status, body) = s
+        .create(
+            "batchId=spread",
+            &flex_with("spark.executor.instances", "8"),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let b = until(&s, &format!("{BATCHES}/spread"), "provisioned", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    let uuid = b["uuid"].as_str().expect("uuid").to_string();
+    let mut driver = None;
+    for (node, epoch) in &nodes {
+        let (_, answer) = crate::agents::poll(&s, node, epoch, "", "1s").await;
+        let parts = answer["assignments"].as_array().expect("assignments");
+        assert!(!parts.is_empty(), "{node} holds a part: {answer:#}");
+        if parts.iter().any(|a| a["role"] == "driver") {
+            driver = Some((*node, epoch.clone()));
+        }
+    }
+    let (driver, driver_epoch) = driver.expect("a node runs the driver");
+    let (status, body) = s
+        .post_json(
+            &format!("/v1/nodes/{driver}:report"),
+            &json!({"epoch": driver_epoch, "uuid": uuid, "event": "DRIVER_STARTED", "rapids": "enabled"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let (busy, busy_epoch) = &nodes[0];
+    let (idle, idle_epoch) = &nodes[1];
+    let from = chrono::Utc::now();
+    // The busy node has sent its first second; the idle one, 3 s.
+    let first = points_at(from, 1..=1, 90.0).await;
+    upload_from(&s, busy, busy_epoch, &uuid, &first).await;
+    let idle_points = points_at(from, 1..=3, 1.0).await;
+    upload_from(&s, idle, idle_epoch, &uuid, &idle_points).await;
+    let (_, b) = s.get(&format!("{BATCHES}/spread")).await;
+    assert_eq!(said(&b, "GPU idle warning"), 0, "{b:#}");
+    // The busy node's lagging points arrive, idle too: now 2 s are known
+    // idle on both.
+    let rest = points_at(from, 2..=3, 1.0).await;
+    upload_from(&s, busy, busy_epoch, &uuid, &rest).await;
+    let (_, b) = s.get(&format!("{BATCHES}/spread")).await;
+    assert_eq!(said(&b, "GPU idle warning"), 1, "{b:#}");
 }
 
 /// The driver's agent says what ran on the CPU: the batch shows it; a

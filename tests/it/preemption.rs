@@ -331,3 +331,112 @@ async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_que
     assert_eq!(u["state"], "CANCELLED", "{u:#}");
     assert!(u["flexq"].get("allocateTime").is_none(), "{u:#}");
 }
+
+/// The names of the demo project's queued batches in us-central1, in the
+/// region's order, each with its queue time.
+async fn queue(s: &TestServer) -> Vec<(String, Value)> {
+    let (status, page) = s
+        .get("/v1/projects/demo/regions/us-central1/queue/entries")
+        .await;
+    assert_eq!(status, 200, "{page:#}");
+    page["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            let name = e["name"].as_str().expect("name");
+            let id = name.rsplit('/').next().unwrap_or_default().to_string();
+            (id, e["queueTime"].clone())
+        })
+        .collect()
+}
+
+fn time(t: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    t.as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .unwrap_or_else(|| panic!("a time: {t}"))
+}
+
+/// The victim goes back to the queue at its place: its queue time is its
+/// create time, not the time of its requeue, so a batch of the same
+/// project and shape created after it (and waiting since) stays behind
+/// it, and the GPUs that free go to the victim first.
+#[tokio::test]
+async fn a_preempted_batch_goes_back_ahead_of_batches_created_after_it() {
+    let s = TestServer::start_with(preempting).await;
+    // Two clusters of 3 GPUs leave 2 of the 8 free; the victim is the one
+    // started last.
+    for id in ["older", "victim"] {
+        let (status, body) = s
+            .create(&format!("batchId={id}"), &gpu_batch(2, "3600s"))
+            .await;
+        assert_eq!(status, 200, "{body:#}");
+        until(&s, &format!("{BATCHES}/{id}"), "provisioned", provisioned).await;
+    }
+    // The same shape, created after the victim: it waits, first in the
+    // queue (at the same priority it preempts no one).
+    let (status, body) = s.create("batchId=competitor", &gpu_batch(2, "3600s")).await;
+    assert_eq!(status, 200, "{body:#}");
+    let queued = |b: &Value| b["flexq"]["queuePosition"].is_number();
+    let c = until(&s, &format!("{BATCHES}/competitor"), "queued", queued).await;
+    assert_eq!(c["flexq"]["queuePosition"], 1, "{c:#}");
+
+    // 3 GPUs at priority 10: the victim gives way.
+    let mut urgent = gpu_batch(2, "3600s");
+    urgent["labels"] = json!({"flexq-priority": "10"});
+    let (status, body) = s.create("batchId=urgent", &urgent).await;
+    assert_eq!(status, 200, "{body:#}");
+    let u = until(&s, &format!("{BATCHES}/urgent"), "provisioned", provisioned).await;
+    assert!(
+        history(&u)
+            .iter()
+            .any(|m| m.starts_with("Preempting victim (3 GPUs)")),
+        "{:#?}",
+        history(&u)
+    );
+
+    // Requeued after the competitor was created, it is still ahead of it:
+    // in a get, and in the queue's page, with its create time as its
+    // queue time.
+    let v = until(&s, &format!("{BATCHES}/victim"), "queued again", |b| {
+        b["flexq"]["attempt"] == 2 && queued(b)
+    })
+    .await;
+    assert_eq!(v["flexq"]["requeueReason"], "PREEMPTED", "{v:#}");
+    assert_eq!(v["flexq"]["queuePosition"], 1, "{v:#}");
+    let (_, c) = s.get(&format!("{BATCHES}/competitor")).await;
+    assert_eq!(c["flexq"]["queuePosition"], 2, "{c:#}");
+    let order = queue(&s).await;
+    let names: Vec<&str> = order.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(names, ["victim", "competitor"], "{order:#?}");
+    assert_eq!(
+        time(&order[0].1),
+        time(&v["createTime"]),
+        "{order:#?} {v:#}"
+    );
+    assert!(
+        time(&order[0].1) < time(&c["createTime"]),
+        "{order:#?} {c:#}"
+    );
+
+    // Room for one cluster of 3 again: the victim gets it, the competitor
+    // waits on, now first.
+    let (status, body) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            u["operation"].as_str().expect("op")
+        ))
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let v = until(
+        &s,
+        &format!("{BATCHES}/victim"),
+        "provisioned again (ahead of the competitor)",
+        provisioned,
+    )
+    .await;
+    assert_eq!(v["flexq"]["attempt"], 2, "{v:#}");
+    let (_, c) = s.get(&format!("{BATCHES}/competitor")).await;
+    assert_eq!(c["flexq"]["provisioningState"], "QUEUED", "{c:#}");
+    assert_eq!(c["flexq"]["queuePosition"], 1, "{c:#}");
+}

@@ -328,3 +328,74 @@ async fn an_agent_back_without_its_work_gets_the_batch_again_and_runs_it() {
     finished(&s, "gpu-a", &epoch, &uuid, true).await;
     until(&s, "came-back", |b| b["state"] == "SUCCEEDED").await;
 }
+
+#[tokio::test]
+async fn a_batch_requeued_after_a_lost_node_goes_back_ahead_of_batches_created_after_it() {
+    // A lease of 2s: the node lives through the creates below, and is
+    // lost soon once this test stops heartbeating.
+    let s = TestServer::start_for_agents(Duration::from_secs(2)).await;
+    let epoch = register(&s, "gpu-a").await;
+    // 8 GPUs: a batch without retries and the victim take 6 of them.
+    allocated(&s, "gpu-a", &epoch, "filler", None).await;
+    let (_, uuid) = allocated(&s, "gpu-a", &epoch, "victim", Some("1")).await;
+    started(&s, "gpu-a", &epoch, &uuid).await;
+    // The same project and shape, created after the victim: it waits for
+    // 3 GPUs, first in the queue.
+    let (st, body) = s.create("batchId=competitor", &batch(Some("1"))).await;
+    assert_eq!(st, 200, "{body:#}");
+    let queued = |b: &Value| b["flexq"]["queuePosition"].is_number();
+    let c = heartbeat_until(&s, "gpu-a", &epoch, "competitor", queued).await;
+    assert_eq!(c["flexq"]["provisioningState"], "QUEUED", "{c:#}");
+    assert_eq!(c["flexq"]["queuePosition"], 1, "{c:#}");
+
+    // The agent goes silent: the victim goes back to the queue after the
+    // competitor was created, and still ahead of it (its queue time is its
+    // create time), in a get and in the queue's page.
+    let v = until(&s, "victim", |b| b["flexq"]["attempt"] == 2 && queued(b)).await;
+    assert_eq!(v["flexq"]["requeueReason"], "INFRASTRUCTURE", "{v:#}");
+    assert_eq!(v["flexq"]["queuePosition"], 1, "{v:#}");
+    let (_, c) = s.get(&format!("{BATCHES}/competitor")).await;
+    assert_eq!(c["flexq"]["queuePosition"], 2, "{c:#}");
+    let (st, page) = s
+        .get("/v1/projects/demo/regions/us-central1/queue/entries")
+        .await;
+    assert_eq!(st, 200, "{page:#}");
+    let entries = page["entries"].as_array().expect("entries");
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|e| e["name"].as_str().expect("name"))
+        .map(|n| n.rsplit('/').next().unwrap_or_default())
+        .collect();
+    assert_eq!(names, ["victim", "competitor"], "{page:#}");
+    let time = |t: &Value| {
+        t.as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .unwrap_or_else(|| panic!("a time: {t}"))
+    };
+    assert_eq!(
+        time(&entries[0]["queueTime"]),
+        time(&v["createTime"]),
+        "{page:#}"
+    );
+    assert!(
+        time(&entries[0]["queueTime"]) < time(&c["createTime"]),
+        "{page:#}"
+    );
+
+    // A node with room for one cluster of 3 GPUs: the victim gets it, the
+    // competitor waits on, now first.
+    let (st, reg) = s
+        .post_json("/v1/nodes:register", &{
+            let mut n = node("gpu-b");
+            n["gpuAddresses"] = json!(["0", "1", "2", "3"]);
+            n
+        })
+        .await;
+    assert_eq!(st, 200, "{reg:#}");
+    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let v = heartbeat_until(&s, "gpu-b", &epoch, "victim", provisioned).await;
+    assert_eq!(v["flexq"]["attempt"], 2, "{v:#}");
+    let (_, c) = s.get(&format!("{BATCHES}/competitor")).await;
+    assert_eq!(c["flexq"]["provisioningState"], "QUEUED", "{c:#}");
+    assert_eq!(c["flexq"]["queuePosition"], 1, "{c:#}");
+}

@@ -51,6 +51,10 @@ struct Tracked {
 
 type HoldKey = (String, Option<String>);
 
+/// GPUs, cores, memory (MB) and local SSD (GB) of a node, or of what
+/// parts ask.
+type Room = (u32, u32, u64, u64);
+
 pub(super) struct Model {
     batches: BTreeMap<BatchKey, Tracked>,
     /// Nodes that are there: declared virtual ones, virtual ones a reload
@@ -620,6 +624,15 @@ impl Model {
                 reason
             ),
         }
+        // Liveness: a stock-out only where the model cannot place it.
+        if reason == EndReason::StockOut {
+            prop_assert!(
+                !self.fits_on_one_node(&b.region, &b.cluster),
+                "batch {} rejected as a stock-out, but its whole cluster fits on one node of {}",
+                key.0,
+                b.region
+            );
+        }
         Ok(())
     }
 
@@ -817,6 +830,156 @@ impl Model {
         }
         Ok(())
     }
+
+    // ---- liveness --------------------------------------------------------
+
+    /// What of each node a new part may take now, by the model's own
+    /// record: nodes that are there, not cordoned and not virtual ones the
+    /// config dropped, less what the clusters running on them hold
+    /// (GPUs, cores, memory, SSD).
+    fn free_nodes(&self) -> Vec<(&NodeSpec, Room)> {
+        let mut used: HashMap<&NodeId, Room> = HashMap::new();
+        for t in self.batches.values() {
+            if let State::Running { placements, .. } = &t.state {
+                for p in placements {
+                    let u = used.entry(&p.node).or_default();
+                    u.0 += p.gpus.len() as u32;
+                    u.1 += p.cores;
+                    u.2 += p.memory_mb;
+                    u.3 += p.local_ssd_gb;
+                }
+            }
+        }
+        self.nodes
+            .values()
+            .filter(|n| !self.cordons.contains(&n.id))
+            .filter(|n| !n.is_virtual || self.declared.contains(&n.id))
+            .map(|n| {
+                let u = used.get(&n.id).copied().unwrap_or_default();
+                let free = (
+                    (n.gpu_addresses.len() as u32).saturating_sub(u.0),
+                    n.cores.saturating_sub(u.1),
+                    n.memory_mb.saturating_sub(u.2),
+                    n.local_ssd_gb.saturating_sub(u.3),
+                );
+                (n, free)
+            })
+            .collect()
+    }
+
+    /// Whether the whole of `c` fits on one node of `region` now. The
+    /// model needs no packing of its own: where one node can take every
+    /// part, any placement that puts each part on some node where it fits
+    /// completes (what the other parts took elsewhere only leaves that
+    /// node more room), so the core must find one. A sufficient condition,
+    /// not a necessary one: clusters that need several nodes are not
+    /// judged.
+    pub(super) fn fits_on_one_node(&self, region: &str, c: &ClusterRequest) -> bool {
+        self.free_nodes()
+            .into_iter()
+            .any(|(n, free)| n.region == region && takes_whole(n, free, c))
+    }
+
+    /// Whether a create of `c` by `project` in `region` could ever start:
+    /// a node there, empty, takes the whole cluster, and no quota limit is
+    /// below what it asks. Sufficient, so the create must not refuse it as
+    /// one that never fits.
+    pub(super) fn could_ever_fit(&self, project: &str, region: &str, c: &ClusterRequest) -> bool {
+        let empty = |n: &NodeSpec| {
+            let gpus = n.gpu_addresses.len() as u32;
+            (gpus, n.cores, n.memory_mb, n.local_ssd_gb)
+        };
+        c.quota
+            .iter()
+            .all(|q| q.amount <= self.limit(project, region, q.metric))
+            && self
+                .nodes
+                .values()
+                .any(|n| n.region == region && takes_whole(n, empty(n), c))
+    }
+
+    /// Whether queued `b` can start now by the model: on its own placement,
+    /// or on a rung in its region whose delay has passed, its quota free
+    /// there and the cluster fitting on one node. A rung in another region
+    /// is left out: it takes only what that region's queue leaves, which
+    /// depends on the order the regions are walked in.
+    fn can_start(&self, b: &PendingBatch, now: DateTime<Utc>) -> bool {
+        let own = std::iter::once((&b.region, &b.cluster));
+        let rungs = b
+            .cluster
+            .alternatives
+            .iter()
+            .filter(|r| r.region == b.region && ripe_at(b, r) <= now)
+            .map(|r| (&r.region, &r.cluster));
+        own.chain(rungs).any(|(region, c)| {
+            self.quota_short_in(&b.project, region, &c.quota).is_none()
+                && self.fits_on_one_node(region, c)
+        })
+    }
+
+    /// Liveness, after every pass: the batch a region's order puts first
+    /// (of those not held) waits only when the model says it cannot start.
+    /// Nothing is ahead of it and no reservation precedes it, so a core
+    /// that leaks capacity, lets batches expire, or never takes a ripe rung
+    /// is caught here. In strict order the head is the model's own (higher
+    /// priority, then older); in fair-share order the model does not know
+    /// which project comes first, so it asks only when every project's
+    /// first batch could start: the head is then one of them. Answers in
+    /// how many regions it judged a queue.
+    pub(super) fn check_heads(&self, now: DateTime<Utc>) -> Result<u32, TestCaseError> {
+        let rank = |b: &PendingBatch| (Reverse(b.priority), b.key);
+        let mut checked = 0;
+        for region in super::generate::REGIONS {
+            let mut heads: BTreeMap<&str, &PendingBatch> = BTreeMap::new();
+            for t in self.batches.values() {
+                let b = &t.batch;
+                if t.state != State::Queued || b.region != region || self.held(b) {
+                    continue;
+                }
+                let group = if self.strict { "" } else { b.project.as_str() };
+                let head = heads.entry(group).or_insert(b);
+                if rank(b) < rank(head) {
+                    *head = b;
+                }
+            }
+            if heads.is_empty() {
+                continue;
+            }
+            checked += 1;
+            if !heads.values().all(|b| self.can_start(b, now)) {
+                continue;
+            }
+            let keys: Vec<i64> = heads.values().map(|b| b.key.0).collect();
+            prop_assert!(
+                false,
+                "at {} in {} ({} order) the first of the queue {:?} can start (quota free, the whole cluster fits on one node) but waits",
+                now,
+                region,
+                if self.strict { "strict" } else { "fair-share" },
+                keys
+            );
+        }
+        Ok(checked)
+    }
+}
+
+/// Whether node `n`, with `free` of it (GPUs, cores, memory, SSD), takes
+/// every part of `c`: each of its GPU type (or a CPU part), and all
+/// together within what is free.
+fn takes_whole(n: &NodeSpec, free: Room, c: &ClusterRequest) -> bool {
+    let parts = std::iter::once(&c.driver)
+        .chain(std::iter::repeat_n(&c.executor, c.executor_count as usize));
+    let mut need = (0u32, 0u32, 0u64, 0u64);
+    for s in parts {
+        if s.accelerator.is_some_and(|a| a != n.accelerator) {
+            return false;
+        }
+        need.0 += s.gpus;
+        need.1 += s.cores;
+        need.2 += s.memory_mb + s.memory_overhead_mb;
+        need.3 += s.local_ssd_gb;
+    }
+    need.0 <= free.0 && need.1 <= free.1 && need.2 <= free.2 && need.3 <= free.3
 }
 
 /// When `rung` of `b` may be tried: its queue time plus the rung's delay.
