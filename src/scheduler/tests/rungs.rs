@@ -220,3 +220,153 @@ fn a_reservation_for_l4_does_not_hold_back_a_rung_on_a100s() {
     assert!(allocated(&s.pass(t0())).is_empty());
     assert_eq!(allocated(&s.pass(t0() + Duration::seconds(60))), vec![3]);
 }
+
+// ---- preemption meets placement alternatives ---------------------------
+
+/// `two_types` with preemption on (default policy: by priority, 15 min of
+/// min_runtime) in region `r`.
+fn two_types_preempting() -> Scheduler {
+    let mut s = two_types();
+    s.set_preemption(std::collections::HashMap::from([(
+        "r".to_string(),
+        PreemptionPolicy::default(),
+    )]));
+    s
+}
+
+fn preempted(d: &[Decision]) -> Vec<(i64, Vec<i64>)> {
+    d.iter()
+        .filter_map(|d| match d {
+            Decision::Preempt(p) => {
+                Some((p.preemptor.0, p.victims.iter().map(|v| v.key.0).collect()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn usage(s: &Scheduler, region: &str, metric: QuotaMetric) -> u64 {
+    s.ledger_usage("p", region, metric)
+}
+
+#[test]
+fn a_cluster_running_on_a_rung_is_a_victim_like_any_and_gives_back_the_rungs_quota() {
+    let mut s = two_types_preempting();
+    // The L4 node is full; batch 2 asked for L4 and runs on its A100 rung,
+    // on all 8 A100s.
+    s.submit(batch(
+        1,
+        "p",
+        cluster(3, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    s.submit(batch(
+        2,
+        "p",
+        with_a100_rung(cluster(7, ProvisioningMode::Queue, 3600, None), 0),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0())), vec![1, 2]);
+    assert_eq!(usage(&s, "r", QuotaMetric::PreemptibleNvidiaA100Gpus), 8);
+    // An urgent A100 batch, past min_runtime: the rung's cluster stops.
+    let at = t0() + Duration::minutes(20);
+    let mut urgent = batch(3, "p", a100_gang(3), at);
+    urgent.priority = 10;
+    s.submit(urgent);
+    let d = s.pass(at);
+    assert_eq!(preempted(&d), vec![(3, vec![2])], "{d:?}");
+    assert!(allocated(&d).is_empty());
+    assert!(s.check_invariants().is_ok());
+    // Gone: the A100 quota it drew on its rung comes back there, none of
+    // the L4 quota it asked for was ever charged, and the preemptor gets
+    // the A100s it was set aside.
+    s.forget(BatchKey(2), at + Duration::seconds(30));
+    assert_eq!(usage(&s, "r", QuotaMetric::PreemptibleNvidiaA100Gpus), 0);
+    assert_eq!(usage(&s, "r", QuotaMetric::PreemptibleNvidiaL4Gpus), 4);
+    let d = s.pass(at + Duration::seconds(30));
+    assert_eq!(allocated(&d), vec![3]);
+    assert_eq!(usage(&s, "r", QuotaMetric::PreemptibleNvidiaA100Gpus), 4);
+    assert!(s.check_invariants().is_ok());
+}
+
+#[test]
+fn a_preemptor_whose_rung_ripens_while_its_victims_stop_keeps_to_one_placement() {
+    let mut s = two_types_preempting();
+    // L4 node full with batch 1; the A100 node full with batch 2 (asked
+    // directly), which ends later.
+    s.submit(batch(
+        1,
+        "p",
+        cluster(3, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    s.submit(batch(2, "p", a100_gang(7), t0()));
+    assert_eq!(allocated(&s.pass(t0())), vec![1, 2]);
+    // Batch 3, urgent, wants L4 (its A100 rung after 30 min): it stops 1.
+    let at = t0() + Duration::minutes(20);
+    let mut urgent = batch(
+        3,
+        "p",
+        with_a100_rung(cluster(3, ProvisioningMode::Queue, 3600, None), 1800),
+        at,
+    );
+    urgent.priority = 10;
+    s.submit(urgent);
+    assert_eq!(preempted(&s.pass(at)), vec![(3, vec![1])]);
+    // While 1 stops, the A100s free and 3's rung ripens: it waits on what
+    // is set aside for it, and takes no second placement.
+    let ripe = at + Duration::minutes(30);
+    s.forget(BatchKey(2), ripe);
+    let d = s.pass(ripe);
+    assert!(allocated(&d).is_empty(), "{d:?}");
+    assert!(s.is_claiming(BatchKey(3)));
+    assert!(s.check_invariants().is_ok());
+    // Once 1 is gone, 3 runs on its own placement, the L4s, once.
+    s.forget(BatchKey(1), ripe + Duration::seconds(10));
+    let d = s.pass(ripe + Duration::seconds(10));
+    let [Decision::Allocate(a)] = d.as_slice() else {
+        panic!("one allocation: {d:?}");
+    };
+    assert_eq!(
+        (a.key, a.rung_index(), a.zone.as_str()),
+        (BatchKey(3), 0, "z1")
+    );
+    assert!(s.check_invariants().is_ok());
+}
+
+#[test]
+fn victims_are_chosen_by_the_region_their_cluster_runs_in_and_give_quota_back_there() {
+    let mut s = two_types_preempting();
+    s.set_quota_limit("p", "home", QuotaMetric::PreemptibleNvidiaL4Gpus, 100);
+    // Batch 1 belongs to region `home`, which has no capacity; its region
+    // rung runs it in `r`, on the whole L4 node.
+    let mut c = cluster(3, ProvisioningMode::Queue, 3600, None);
+    c.alternatives = vec![Rung {
+        index: 1,
+        after_s: 0,
+        target: Target::Region("r".into()),
+        region: "r".into(),
+        cluster: c.clone(),
+    }];
+    let mut b = batch(1, "p", c, t0());
+    b.region = "home".into();
+    s.submit(b);
+    let d = s.pass(t0());
+    let [Decision::Allocate(a)] = d.as_slice() else {
+        panic!("allocated on its region rung: {d:?}");
+    };
+    assert_eq!(a.region, "r");
+    assert_eq!(usage(&s, "r", QuotaMetric::PreemptibleNvidiaL4Gpus), 4);
+    assert_eq!(usage(&s, "home", QuotaMetric::PreemptibleNvidiaL4Gpus), 0);
+    // An urgent L4 batch of `r` stops it: it runs in `r`.
+    let at = t0() + Duration::minutes(20);
+    let mut urgent = batch(2, "q", cluster(3, ProvisioningMode::Queue, 3600, None), at);
+    urgent.priority = 10;
+    s.submit(urgent);
+    assert_eq!(preempted(&s.pass(at)), vec![(2, vec![1])]);
+    s.forget(BatchKey(1), at + Duration::seconds(5));
+    assert_eq!(usage(&s, "r", QuotaMetric::PreemptibleNvidiaL4Gpus), 0);
+    assert_eq!(usage(&s, "home", QuotaMetric::PreemptibleNvidiaL4Gpus), 0);
+    assert_eq!(allocated(&s.pass(at + Duration::seconds(5))), vec![2]);
+    assert!(s.check_invariants().is_ok());
+}
