@@ -183,7 +183,12 @@ impl GpuUsage {
         let bucket = ((p.utilization_percent / BUCKET).floor() as usize).min(BUCKETS - 1);
         self.buckets[bucket] += weight;
         self.peak_memory_mb = self.peak_memory_mb.max(p.max_memory_used_mb);
-        let start = p.time - chrono::Duration::milliseconds((p.seconds * 1000.0) as i64);
+        // A point at the start of chrono's time (an upload may say any
+        // time it can write) begins there: no panic on the subtraction.
+        let start = p
+            .time
+            .checked_sub_signed(chrono::Duration::milliseconds((p.seconds * 1000.0) as i64))
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
         self.first_time = Some(self.first_time.map_or(start, |t| t.min(start)));
         if p.idle() {
             self.idle_gpu_seconds += weight;
@@ -813,6 +818,26 @@ mod tests {
         let chart = series.chart();
         assert!(chart.points.len() <= SERIES_SLOTS);
         assert!(chart.points.windows(2).all(|w| w[0].time < w[1].time));
+    }
+
+    /// A point whose time is the earliest an upload can write (chrono
+    /// reads `-262143-01-01T00:00:00Z`) passes its check; the usage takes
+    /// it without overflowing when it goes back its `seconds`.
+    #[test]
+    fn a_point_at_the_start_of_time_is_summed_without_overflow() {
+        let p: GpuPoint = serde_json::from_str(
+            r#"{"time":"-262143-01-01T00:00:00Z","seconds":3600,"gpus":1,
+                "utilizationPercent":50,"maxUtilizationPercent":50,"maxMemoryUsedMb":1}"#,
+        )
+        .expect("chrono reads it");
+        assert_eq!(p.time, DateTime::<Utc>::MIN_UTC);
+        p.check().expect("its fields are in range");
+        let mut usage = GpuUsage::default();
+        assert!(usage.add_from("n1", &p, IDLE_BELOW_PERCENT));
+        assert_eq!(usage.first_time, Some(DateTime::<Utc>::MIN_UTC));
+        let mut series = GpuSeries::default();
+        series.add(&p);
+        assert!(usage.view(1).is_some());
     }
 
     #[test]

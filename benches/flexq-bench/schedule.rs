@@ -599,7 +599,7 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let mut bytes = 0;
     for _ in 0..20 {
         let t = Instant::now();
-        let text = flexq::metrics::render(Some(&core.snapshot(now)), &[]);
+        let text = flexq::metrics::render(Some(&core.snapshot(now)), &[], None);
         let _ = scrape.record(t.elapsed().as_micros().max(1) as u64);
         bytes = text.len();
     }

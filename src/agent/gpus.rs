@@ -34,8 +34,23 @@ pub struct NvmlReader {
 }
 
 impl NvmlReader {
-    pub fn open() -> Result<NvmlReader, String> {
-        let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"))?;
+    /// Opens NVML from `library` (the agent's `nvml_library`); empty: the
+    /// system's (`libnvidia-ml.so.1`, found by the dynamic loader).
+    pub fn open(library: &str) -> Result<NvmlReader, String> {
+        let opened = if library.is_empty() {
+            nvml_wrapper::Nvml::init()
+        } else {
+            nvml_wrapper::Nvml::builder()
+                .lib_path(std::ffi::OsStr::new(library))
+                .init()
+        };
+        let nvml = opened.map_err(|e| {
+            if library.is_empty() {
+                format!("NVML: {e}")
+            } else {
+                format!("NVML ({library}): {e}")
+            }
+        })?;
         let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
         if count == 0 {
             return Err("NVML: no GPU".into());
@@ -65,10 +80,14 @@ impl GpuReader for NvmlReader {
 }
 
 /// `nvidia-smi --query-gpu=index,utilization.gpu,memory.used
-/// --format=csv,noheader,nounits`, killed after 10 s.
+/// --format=csv,noheader,nounits`, killed after [`SMI_TIMEOUT`].
 pub struct SmiReader {
     program: String,
+    timeout: Duration,
 }
+
+/// How long one `nvidia-smi` query may take before it is killed.
+pub const SMI_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The query the `nvidia-smi` reader runs.
 pub const SMI_ARGS: [&str; 2] = [
@@ -80,7 +99,14 @@ impl SmiReader {
     pub fn new(program: &str) -> SmiReader {
         SmiReader {
             program: program.to_string(),
+            timeout: SMI_TIMEOUT,
         }
+    }
+
+    /// The same, killing a query that takes longer than `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> SmiReader {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -101,10 +127,14 @@ impl GpuReader for SmiReader {
         loop {
             match child.try_wait() {
                 Ok(Some(_)) => break,
-                Ok(None) if started.elapsed() > Duration::from_secs(10) => {
+                Ok(None) if started.elapsed() > self.timeout => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!("{} did not answer within 10s", self.program));
+                    return Err(format!(
+                        "{} did not answer within {}",
+                        self.program,
+                        humantime::format_duration(self.timeout)
+                    ));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(20)),
                 Err(e) => return Err(format!("{}: {e}", self.program)),
@@ -146,9 +176,13 @@ pub fn parse_smi_query(text: &str) -> Result<Vec<GpuReading>, String> {
             if v.starts_with('[') || v.eq_ignore_ascii_case("N/A") {
                 return Ok(None);
             }
+            // `NaN` and `inf` parse as f64 but are no reading (a NaN
+            // point would make the server refuse the whole upload).
             v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite())
                 .map(Some)
-                .map_err(|_| format!("not a number: {v:?} in {line:?}"))
+                .ok_or_else(|| format!("not a number: {v:?} in {line:?}"))
         };
         out.push(GpuReading {
             index: index.to_string(),
@@ -160,8 +194,13 @@ pub fn parse_smi_query(text: &str) -> Result<Vec<GpuReading>, String> {
 }
 
 /// The reader `setting` asks for, or None (said once, why) when there is
-/// none on this node. Never fails the agent.
-pub fn open_reader(setting: GpuTelemetry, nvidia_smi: &str) -> Option<Box<dyn GpuReader>> {
+/// none on this node. Never fails the agent. `nvml_library`: where NVML
+/// is loaded from; empty: the system's.
+pub fn open_reader(
+    setting: GpuTelemetry,
+    nvidia_smi: &str,
+    nvml_library: &str,
+) -> Option<Box<dyn GpuReader>> {
     let smi = || -> Result<Box<dyn GpuReader>, String> {
         let mut r = SmiReader::new(nvidia_smi);
         let first = r.read()?;
@@ -170,7 +209,7 @@ pub fn open_reader(setting: GpuTelemetry, nvidia_smi: &str) -> Option<Box<dyn Gp
         }
         Ok(Box::new(r))
     };
-    let nvml = || NvmlReader::open().map(|r| Box::new(r) as Box<dyn GpuReader>);
+    let nvml = || NvmlReader::open(nvml_library).map(|r| Box::new(r) as Box<dyn GpuReader>);
     let chosen = match setting {
         GpuTelemetry::Off => {
             tracing::info!("GPU telemetry is off (gpu_telemetry = \"off\")");
@@ -195,12 +234,13 @@ pub fn open_reader(setting: GpuTelemetry, nvidia_smi: &str) -> Option<Box<dyn Gp
 /// `flexq agent --gpu-check N`: each reader in turn reads the node's GPUs
 /// `n` times, a second apart; prints every reading and the point a part
 /// holding all of them would send. True when one of them could read.
-pub fn check(n: u32, nvidia_smi: &str) -> bool {
+/// `nvml_library`: as [`open_reader`]'s.
+pub fn check(n: u32, nvidia_smi: &str, nvml_library: &str) -> bool {
     type Opened = Result<Box<dyn GpuReader>, String>;
     let readers: Vec<(&str, Opened)> = vec![
         (
             "NVML",
-            NvmlReader::open().map(|r| Box::new(r) as Box<dyn GpuReader>),
+            NvmlReader::open(nvml_library).map(|r| Box::new(r) as Box<dyn GpuReader>),
         ),
         (
             "nvidia-smi",
@@ -410,6 +450,10 @@ mod tests {
         assert!(e.contains("not a GPU index"), "{e}");
         let e = parse_smi_query("0, busy, 1\n").expect_err("not a number");
         assert!(e.contains("busy"), "{e}");
+        for odd in ["0, NaN, 1\n", "0, inf, 1\n", "0, 5, -infinity\n"] {
+            let e = parse_smi_query(odd).expect_err("not a finite number");
+            assert!(e.contains("not a number"), "{odd:?}: {e}");
+        }
     }
 
     /// A FAKE `nvidia-smi` (a shell script: these machines have no GPU)
@@ -435,7 +479,73 @@ mod tests {
         let missing = SmiReader::new("/nonexistent/nvidia-smi").read();
         assert!(missing.is_err());
         // No reader at all: none, and no panic.
-        assert!(open_reader(GpuTelemetry::NvidiaSmi, "/nonexistent/nvidia-smi").is_none());
-        assert!(open_reader(GpuTelemetry::Off, "nvidia-smi").is_none());
+        assert!(open_reader(GpuTelemetry::NvidiaSmi, "/nonexistent/nvidia-smi", "").is_none());
+        assert!(open_reader(GpuTelemetry::Off, "nvidia-smi", "").is_none());
+    }
+
+    /// NVML from a library that is not there: it cannot open, says where
+    /// it looked, and `auto` then has no reader either (its `nvidia-smi`
+    /// is missing too). Pinned to a missing library, this holds on a
+    /// machine with an NVIDIA driver as well as on one without.
+    #[test]
+    fn nvml_from_a_missing_library_cannot_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("no-such-libnvidia-ml.so.1");
+        let missing = missing.to_str().expect("path");
+        let e = NvmlReader::open(missing).err().expect("cannot open");
+        assert!(e.starts_with("NVML ("), "{e}");
+        assert!(e.contains("no-such-libnvidia-ml"), "{e}");
+        assert!(open_reader(GpuTelemetry::Nvml, "/nonexistent/nvidia-smi", missing).is_none());
+        assert!(open_reader(GpuTelemetry::Auto, "/nonexistent/nvidia-smi", missing).is_none());
+    }
+
+    /// A FAKE `nvidia-smi` that never answers (it writes its pid, then
+    /// sleeps): the reader gives up after its timeout, says so, and kills
+    /// and reaps it, so no process is left behind.
+    #[test]
+    fn a_hanging_smi_is_killed_after_the_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = dir.path().join("nvidia-smi");
+        let pid_file = dir.path().join("pid");
+        // `exec sleep`: the pid written is the one the reader spawned
+        // (the shell becomes sleep), so the kill reaches it.
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh
+# FAKE nvidia-smi that hangs
+echo $$ > '{}'
+exec sleep 1000
+",
+                pid_file.display()
+            ),
+        )
+        .expect("write");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        let mut r =
+            SmiReader::new(fake.to_str().expect("path")).with_timeout(Duration::from_millis(500));
+        let started = std::time::Instant::now();
+        let e = r.read().expect_err("it hangs");
+        let took = started.elapsed();
+        assert!(e.contains("did not answer within 500ms"), "{e}");
+        assert!(took >= Duration::from_millis(500), "gave up after {took:?}");
+        assert!(took < Duration::from_secs(5), "gave up after {took:?}");
+        let pid = std::fs::read_to_string(&pid_file).expect("the fake wrote its pid");
+        let pid = pid.trim();
+        assert!(!pid.is_empty());
+        // Killed and reaped: no such process any more (not even a zombie;
+        // a pid reused since would not be our sleep, hence the command check).
+        let proc = std::path::Path::new("/proc").join(pid);
+        match std::fs::read_to_string(proc.join("cmdline")) {
+            Err(_) => {}
+            Ok(cmdline) => assert!(
+                !cmdline.contains("sleep"),
+                "the hanging nvidia-smi ({pid}) still runs: {cmdline:?}"
+            ),
+        }
+        assert_eq!(SMI_TIMEOUT, Duration::from_secs(10), "the agent's bound");
     }
 }

@@ -129,9 +129,12 @@ pub async fn run(config: AgentSettings, shutdown: CancellationToken) -> anyhow::
     let client = AgentClient::new(&config.server, &config.node_id, token, ca);
     // GPU telemetry: read once here which reader this node has (none is
     // said once and changes nothing else).
-    let gpu_reader: Option<gpus::SharedReader> =
-        gpus::open_reader(config.gpu_telemetry, &config.nvidia_smi)
-            .map(|r| Arc::new(std::sync::Mutex::new(r)));
+    let gpu_reader: Option<gpus::SharedReader> = gpus::open_reader(
+        config.gpu_telemetry,
+        &config.nvidia_smi,
+        &config.nvml_library,
+    )
+    .map(|r| Arc::new(std::sync::Mutex::new(r)));
     let request = RegisterNode {
         node_id: config.node_id.clone(),
         region: config.region.clone(),

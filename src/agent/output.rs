@@ -11,14 +11,19 @@ use tokio::sync::mpsc;
 
 use super::client::{AgentClient, CallError};
 use super::work::TAIL_BYTES;
+use crate::launch::fallback::Stream;
 
-async fn read_into<R: AsyncRead + Unpin>(mut r: R, tx: mpsc::Sender<Vec<u8>>) {
+async fn read_into<R: AsyncRead + Unpin>(
+    mut r: R,
+    stream: Stream,
+    tx: mpsc::Sender<(Stream, Vec<u8>)>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => {
-                if tx.send(buf[..n].to_vec()).await.is_err() {
+                if tx.send((stream, buf[..n].to_vec())).await.is_err() {
                     return;
                 }
             }
@@ -38,12 +43,12 @@ pub(super) async fn pump_output(
     stderr: Option<tokio::process::ChildStderr>,
     log: PathBuf,
 ) -> (Vec<u8>, crate::api::CpuFallback) {
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
+    let (tx, mut rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
     if let Some(out) = stdout {
-        tokio::spawn(read_into(out, tx.clone()));
+        tokio::spawn(read_into(out, Stream::Stdout, tx.clone()));
     }
     if let Some(err) = stderr {
-        tokio::spawn(read_into(err, tx.clone()));
+        tokio::spawn(read_into(err, Stream::Stderr, tx.clone()));
     }
     drop(tx);
     let mut file = tokio::fs::File::create(&log).await.ok();
@@ -51,9 +56,14 @@ pub(super) async fn pump_output(
     let mut pending: Vec<u8> = Vec::new();
     let mut offset = 0u64;
     let mut fallback = crate::launch::fallback::FallbackCounter::default();
-    while let Some(first) = rx.recv().await {
+    while let Some((stream, first)) = rx.recv().await {
+        // The fallback counter reads each stream's lines apart: a line of
+        // stderr split across reads stays whole whatever stdout printed
+        // between its pieces.
+        fallback.feed_from(stream, &first);
         let mut chunk = first;
-        while let Ok(more) = rx.try_recv() {
+        while let Ok((stream, more)) = rx.try_recv() {
+            fallback.feed_from(stream, &more);
             chunk.extend_from_slice(&more);
         }
         if offset == 0 && pending.is_empty() {
@@ -62,7 +72,6 @@ pub(super) async fn pump_output(
         if let Some(f) = file.as_mut() {
             let _ = f.write_all(&chunk).await;
         }
-        fallback.feed(&String::from_utf8_lossy(&chunk));
         tail.extend_from_slice(&chunk);
         if tail.len() > 2 * TAIL_BYTES {
             tail.drain(..tail.len() - TAIL_BYTES);

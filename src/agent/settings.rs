@@ -62,6 +62,10 @@ pub struct AgentSettings {
     pub gpu_telemetry: GpuTelemetry,
     /// The `nvidia-smi` program the `nvidia-smi` reader runs.
     pub nvidia_smi: String,
+    /// The NVML library the NVML reader loads (a path, or a name the
+    /// dynamic loader finds); empty: the system's (`libnvidia-ml.so.1`).
+    #[serde(default)]
+    pub nvml_library: String,
     /// How often the GPUs are read.
     #[serde(with = "humantime_serde")]
     pub gpu_sample_interval: Duration,
@@ -152,6 +156,7 @@ impl Default for AgentSettings {
             poll_wait: Duration::from_secs(20),
             gpu_telemetry: GpuTelemetry::Auto,
             nvidia_smi: "nvidia-smi".into(),
+            nvml_library: String::new(),
             gpu_sample_interval: Duration::from_secs(5),
             launcher: Launcher::Standalone,
             kubernetes: KubernetesConfig::default(),
@@ -256,6 +261,12 @@ mod tests {
         let e = load(&format!("{GOOD}stop_grace = \"soon\"\n")).expect_err("duration");
         assert!(e.contains("stop_grace"), "{e}");
         assert_eq!(c.gpu_telemetry, GpuTelemetry::Auto);
+        assert_eq!(c.nvml_library, "", "the system's NVML by default");
+        let n = load(&format!(
+            "{GOOD}nvml_library = \"/opt/nvidia/libnvidia-ml.so.1\"\n"
+        ))
+        .expect("nvml_library");
+        assert_eq!(n.nvml_library, "/opt/nvidia/libnvidia-ml.so.1");
         let e = load(&format!("{GOOD}gpu_telemetry = \"dcgm\"\n")).expect_err("reader");
         assert!(e.contains("dcgm"), "{e}");
         let e = load(&format!("{GOOD}gpu_sample_interval = \"1h\"\n")).expect_err("interval");

@@ -117,6 +117,10 @@ pub struct AgentArgs {
     /// With --gpu-check: the `nvidia-smi` to run.
     #[arg(long, default_value = "nvidia-smi")]
     pub nvidia_smi: String,
+    /// With --gpu-check: the NVML library to load (a path); empty: the
+    /// system's.
+    #[arg(long, default_value = "")]
+    pub nvml_library: String,
 }
 
 /// `flexq agent`: register this GPU node, heartbeat, and run the Spark
@@ -124,7 +128,9 @@ pub struct AgentArgs {
 pub async fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = args.gpu_check {
         let smi = args.nvidia_smi.clone();
-        let ok = tokio::task::spawn_blocking(move || crate::agent::gpus::check(n, &smi)).await?;
+        let nvml = args.nvml_library.clone();
+        let ok =
+            tokio::task::spawn_blocking(move || crate::agent::gpus::check(n, &smi, &nvml)).await?;
         return Ok(if ok {
             ExitCode::SUCCESS
         } else {

@@ -28,6 +28,45 @@ pub struct TelemetryTaken {
     pub refused: Vec<String>,
 }
 
+/// What an upload must be before anything of it is taken (pure; the
+/// fuzz target `telemetry` runs it on any decoded body): an epoch, at most
+/// `MAX_BATCHES` batches of at most `gpu::MAX_POINTS` points, each point's
+/// fields in range. A malformed upload is refused whole, naming the field.
+/// Answers the epoch, for the fencing check that follows.
+pub fn check_telemetry(req: &GpuTelemetry) -> Result<u64, Error> {
+    let epoch = parse_epoch_str(&req.epoch)?;
+    if req.batches.len() > MAX_BATCHES {
+        return Err(Error::invalid_field(
+            "batches",
+            format!(
+                "{} batches; at most {MAX_BATCHES} are accepted",
+                req.batches.len()
+            ),
+        ));
+    }
+    for (i, b) in req.batches.iter().enumerate() {
+        if b.points.len() > MAX_POINTS {
+            return Err(Error::invalid_field(
+                &format!("batches[{i}].points"),
+                format!(
+                    "{} points; at most {MAX_POINTS} are accepted",
+                    b.points.len()
+                ),
+            ));
+        }
+        for (j, p) in b.points.iter().enumerate() {
+            p.check().map_err(|why| {
+                let (field, rest) = why.split_once(' ').unwrap_or((&why, ""));
+                Error::invalid_field(
+                    &format!("batches[{i}].points[{j}].{field}"),
+                    rest.to_string(),
+                )
+            })?;
+        }
+    }
+    Ok(epoch)
+}
+
 impl Engine {
     /// Takes a node's GPU points. A malformed upload is refused whole,
     /// naming the field; a batch the node no longer holds is skipped and
@@ -37,36 +76,7 @@ impl Engine {
         node: &str,
         req: GpuTelemetry,
     ) -> Result<TelemetryTaken, Error> {
-        let epoch = parse_epoch_str(&req.epoch)?;
-        if req.batches.len() > MAX_BATCHES {
-            return Err(Error::invalid_field(
-                "batches",
-                format!(
-                    "{} batches; at most {MAX_BATCHES} are accepted",
-                    req.batches.len()
-                ),
-            ));
-        }
-        for (i, b) in req.batches.iter().enumerate() {
-            if b.points.len() > MAX_POINTS {
-                return Err(Error::invalid_field(
-                    &format!("batches[{i}].points"),
-                    format!(
-                        "{} points; at most {MAX_POINTS} are accepted",
-                        b.points.len()
-                    ),
-                ));
-            }
-            for (j, p) in b.points.iter().enumerate() {
-                p.check().map_err(|why| {
-                    let (field, rest) = why.split_once(' ').unwrap_or((&why, ""));
-                    Error::invalid_field(
-                        &format!("batches[{i}].points[{j}].{field}"),
-                        rest.to_string(),
-                    )
-                })?;
-            }
-        }
+        let epoch = check_telemetry(&req)?;
         self.check_epoch_now(node, epoch).await?;
         let policy = self.config().gpu_idle.clone();
         let mut out = TelemetryTaken::default();

@@ -6,8 +6,10 @@
 //! `!Exec <ProjectExec> cannot run on GPU because …` or
 //! `!Expression <Concat> concat(a, b) cannot run on GPU because …`
 //! (after the log's own prefix). [`FallbackCounter`] reads the driver's
-//! output line by line and keeps the count of distinct such lines and the
-//! first reasons. Real logs it is tested on: `testdata/rapids/`.
+//! output line by line, each stream's lines apart (stdout and stderr come
+//! interleaved, a chunk at a time), and keeps the count of distinct such
+//! lines and the first reasons. Real logs it is tested on:
+//! `testdata/rapids/`.
 
 pub use crate::api::CpuFallback;
 
@@ -28,12 +30,27 @@ const MARK: &str = " cannot run on GPU because ";
 /// past this many, every further line counts.
 const MAX_SEEN: usize = 10_000;
 
-/// Reads a driver's output, a chunk at a time (lines may span chunks).
-/// Each operator counts once however often its plan is logged (Spark
-/// plans a query again and the Accelerator logs each plan).
+/// Which of the driver's streams a chunk was read from: each has its own
+/// partial line, so a line split across reads of stderr is whole again
+/// however many stdout chunks came between its pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout = 0,
+    Stderr = 1,
+}
+
+/// Longest partial line kept: a line longer than any RAPIDS writes is not
+/// one of its lines.
+const MAX_PARTIAL_BYTES: usize = 64 * 1024;
+
+/// Reads a driver's output, a chunk at a time (lines, and characters, may
+/// span chunks; stdout and stderr chunks may interleave). Each operator
+/// counts once however often its plan is logged (Spark plans a query
+/// again and the Accelerator logs each plan).
 #[derive(Debug, Default)]
 pub struct FallbackCounter {
-    partial: String,
+    /// The unfinished last line of stdout and of stderr.
+    partial: [Vec<u8>; 2],
     found: CpuFallback,
     seen: std::collections::HashSet<String>,
 }
@@ -49,16 +66,27 @@ fn mark_at(head: &str) -> Option<usize> {
 }
 
 impl FallbackCounter {
+    /// A chunk of a single stream's output (as [`Stream::Stdout`]).
     pub fn feed(&mut self, chunk: &str) {
-        self.partial.push_str(chunk);
-        while let Some(end) = self.partial.find('\n') {
-            let line: String = self.partial.drain(..=end).collect();
-            self.line(&line);
+        self.feed_from(Stream::Stdout, chunk.as_bytes());
+    }
+
+    /// A chunk read from `stream`, as it came (not necessarily whole lines
+    /// or whole UTF-8 characters).
+    pub fn feed_from(&mut self, stream: Stream, chunk: &[u8]) {
+        let mut buf = std::mem::take(&mut self.partial[stream as usize]);
+        buf.extend_from_slice(chunk);
+        let mut start = 0;
+        while let Some(n) = buf[start..].iter().position(|&b| b == b'\n') {
+            let end = start + n + 1;
+            self.line(&String::from_utf8_lossy(&buf[start..end]));
+            start = end;
         }
-        // A line longer than any RAPIDS writes is not one of its lines.
-        if self.partial.len() > 64 * 1024 {
-            self.partial.clear();
+        buf.drain(..start);
+        if buf.len() > MAX_PARTIAL_BYTES {
+            buf.clear();
         }
+        self.partial[stream as usize] = buf;
     }
 
     fn line(&mut self, line: &str) {
@@ -102,8 +130,9 @@ impl FallbackCounter {
 
     /// What was found so far (a last line without its newline included).
     pub fn finish(mut self) -> CpuFallback {
-        let rest = std::mem::take(&mut self.partial);
-        self.line(&rest);
+        for rest in std::mem::take(&mut self.partial) {
+            self.line(&String::from_utf8_lossy(&rest));
+        }
         self.found
     }
 }
@@ -216,6 +245,61 @@ mod tests {
             dataproc.reasons[0]
                 .starts_with("<DecodeUsingSerializer>: GPU does not currently support")
         );
+    }
+
+    /// The driver's stderr (where Spark's log, and so the Accelerator's
+    /// explain lines, go) read in chunks that split its lines (and a
+    /// character), with stdout chunks (the job's own prints, one without
+    /// its newline yet) read between them: every fallback line is counted
+    /// with its reason, and nothing of stdout is glued into one.
+    #[test]
+    fn stderr_lines_split_across_chunks_interleaved_with_stdout_are_counted() {
+        let err = "25/12/03 10:00:09 WARN GpuOverrides: \n\
+! <RowDataSourceScanExec> cannot run on GPU because GPU does not currently support the operator class X\n\
+!Exec <SortExec> cannot run on GPU because not all expressions can be replaced\n  \
+!Expression <Concat> concat(a#1, b#2) cannot run on GPU because reason \u{e9}t\u{e9}\n\
+!Exec <FilterExec> cannot run on GPU because the last one, no newline";
+        let after = |s: &str| err.find(s).expect(s) + s.len();
+        let cuts = [
+            0,
+            after("cannot run on GPU bec"),
+            after("<Sor"),
+            after("<Concat> con"),
+            // Inside the two bytes of the first `\u{e9}`.
+            err.find('\u{e9}').expect("\u{e9}") + 1,
+            after("!Exec <Filter"),
+            err.len(),
+        ];
+        let stdout = [
+            "rows so far: 1000\n",
+            "progress: 50% (no newline yet) ",
+            "done\n",
+            "stdout between the halves of \u{e9}\n",
+            // Would make a fallback line if glued to stderr's partial one.
+            "Exec> cannot run on GPU because of stdout\n",
+        ];
+        let mut c = FallbackCounter::default();
+        for (k, piece) in cuts.windows(2).enumerate() {
+            c.feed_from(Stream::Stderr, &err.as_bytes()[piece[0]..piece[1]]);
+            if let Some(out) = stdout.get(k) {
+                c.feed_from(Stream::Stdout, out.as_bytes());
+            }
+        }
+        let f = c.finish();
+        assert_eq!(f.operators, 4, "{f:?}");
+        assert_eq!(
+            f.reasons,
+            [
+                "<RowDataSourceScanExec>: GPU does not currently support the operator class X",
+                "<SortExec>: not all expressions can be replaced",
+                "<Concat>: reason \u{e9}t\u{e9}",
+                "<FilterExec>: the last one, no newline",
+            ]
+        );
+        // The same output read as one stream, whole: the same count.
+        let mut whole = FallbackCounter::default();
+        whole.feed(err);
+        assert_eq!(whole.finish(), f);
     }
 
     #[test]

@@ -261,12 +261,6 @@ pub fn set_config_file_differs(differs: bool) {
     METRICS.config_file_differs.set(i64::from(differs));
 }
 
-/// Whether the database's disk is full, as this replica's writes last
-/// found it.
-pub fn set_store_full(full: bool) {
-    METRICS.store_full.set(i64::from(full));
-}
-
 /// A write refused because the database's disk was full.
 pub fn record_store_full_refusal() {
     METRICS.store_full_refusals.inc();

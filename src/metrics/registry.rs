@@ -62,7 +62,6 @@ pub(super) struct Metrics {
     pub(super) config_reloads: IntCounterVec,
     pub(super) config_last_reload_ok: prometheus::IntGauge,
     pub(super) config_file_differs: prometheus::IntGauge,
-    pub(super) store_full: prometheus::IntGauge,
     pub(super) store_full_refusals: IntCounter,
     pub(super) watchers: prometheus::IntGauge,
     pub(super) watch_events: IntCounterVec,
@@ -130,11 +129,6 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         config_file_differs: prometheus::IntGauge::new(
             "flexq_config_file_differs",
             "1 when this replica's own config file differs from the generation in force (another replica loaded a different one).",
-        )
-        .expect("valid metric"),
-        store_full: prometheus::IntGauge::new(
-            "flexq_store_full",
-            "1 while this replica's last write found the database's disk full (writes are refused with RESOURCE_EXHAUSTED STORE_FULL; reads go on); 0 once a write succeeds again.",
         )
         .expect("valid metric"),
         store_full_refusals: IntCounter::new(
@@ -382,7 +376,6 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.config_reloads.clone()),
         Box::new(m.config_last_reload_ok.clone()),
         Box::new(m.config_file_differs.clone()),
-        Box::new(m.store_full.clone()),
         Box::new(m.store_full_refusals.clone()),
         Box::new(m.watchers.clone()),
         Box::new(m.watch_events.clone()),

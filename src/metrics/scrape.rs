@@ -1,8 +1,9 @@
-//! What a scrape computes: the gauges of a scheduler [`Snapshot`] and of
-//! the long polls waiting now, each in a registry made for the scrape, and
-//! the text exposition of those beside the event metrics.
+//! What a scrape computes: the gauges of a scheduler [`Snapshot`] and the
+//! scraped server's own (long polls waiting now, a full store), each in a
+//! registry made for the scrape, and the text exposition of those beside
+//! the event metrics.
 
-use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, GaugeVec, IntGauge, Opts, Registry, TextEncoder};
 
 use super::registry::{METRICS, PENDING_REASONS, offered};
 use crate::scheduler::Snapshot;
@@ -159,9 +160,12 @@ fn state_registry(s: &Snapshot) -> Registry {
     r
 }
 
-/// Long polls waiting now, by kind: one server's own (a process may run
-/// several, the tests do), so in a registry of its own made at scrape time.
-fn long_poll_registry(long_polls: &[(&str, usize)]) -> Registry {
+/// One server's own gauges, in a registry made at scrape time: a process
+/// may run several servers (the tests do), and a process-wide gauge set at
+/// scrape time would show whichever server set it last. The long polls
+/// waiting now, by kind; and, when the server has a store, whether its
+/// last write found the database's disk full.
+fn server_registry(long_polls: &[(&str, usize)], store_full: Option<bool>) -> Registry {
     let r = Registry::new();
     let g = gauge_vec(
         &r,
@@ -172,17 +176,32 @@ fn long_poll_registry(long_polls: &[(&str, usize)]) -> Registry {
     for (kind, n) in long_polls {
         g.with_label_values(&[kind]).set(*n as f64);
     }
+    if let Some(full) = store_full {
+        let g = IntGauge::new(
+            "flexq_store_full",
+            "1 while this replica's last write found the database's disk full (writes are refused with RESOURCE_EXHAUSTED STORE_FULL; reads go on); 0 once a write succeeds again.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(g.clone()))
+            .expect("registered once per scrape");
+        g.set(i64::from(full));
+    }
     r
 }
 
 /// The text exposition: every event metric, the gauges of `snapshot`, and
-/// the long polls waiting now.
-pub fn render(snapshot: Option<&Snapshot>, long_polls: &[(&str, usize)]) -> String {
+/// the scraped server's own: the long polls waiting now and, given one,
+/// whether its store is full (`None`: no store, no series).
+pub fn render(
+    snapshot: Option<&Snapshot>,
+    long_polls: &[(&str, usize)],
+    store_full: Option<bool>,
+) -> String {
     let mut families = METRICS.registry.gather();
     if let Some(s) = snapshot {
         families.extend(state_registry(s).gather());
     }
-    families.extend(long_poll_registry(long_polls).gather());
+    families.extend(server_registry(long_polls, store_full).gather());
     families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut buf = Vec::new();
     if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {

@@ -219,11 +219,14 @@ async fn readyz(AppState(app): AppState<App>) -> Response {
 /// scheduler snapshot taken now.
 async fn metrics(AppState(app): AppState<App>) -> Response {
     let snapshot = app.engine.snapshot().await;
-    crate::metrics::set_store_full(app.engine.store_full());
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4")],
-        crate::metrics::render(Some(&snapshot), &app.engine.long_polls()),
+        crate::metrics::render(
+            Some(&snapshot),
+            &app.engine.long_polls(),
+            Some(app.engine.store_full()),
+        ),
     )
         .into_response()
 }

@@ -2,6 +2,8 @@
 //! runs with, read back from the database rather than trusted from the
 //! code that set them. A process crash (SIGKILL) cannot tell these apart,
 //! since the kernel still holds what the process wrote; a power loss can.
+//! Any other setting of a session (the bounds `open.rs` sets from the
+//! lease) is read back the same way ([`Store::session_settings`]).
 
 use sqlx::AnyConnection;
 
@@ -58,6 +60,45 @@ impl Store {
         let settings = read(&mut conn, self.backend()).await?;
         Ok(Durability::judge(self.backend(), settings))
     }
+
+    /// The server settings `names` of one session of the store's pool
+    /// (PostgreSQL), as the server reports them: what the session runs
+    /// with, whatever its URL asked. See [`read_settings`].
+    pub async fn session_settings(
+        &self,
+        names: &[&str],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        read_settings(&mut conn, names).await
+    }
+
+    /// The same, of one session of the pool that reads the lease (opened
+    /// with the leadership's bounds).
+    pub async fn lease_session_settings(
+        &self,
+        names: &[&str],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut conn = self.lease_pool.acquire().await?;
+        read_settings(&mut conn, names).await
+    }
+}
+
+/// Each of `names` with its value on the session `conn` (PostgreSQL's
+/// `pg_settings.setting`: in the setting's own unit, milliseconds for
+/// the timeouts, seconds for the keepalives), in the order asked.
+pub(super) async fn read_settings(
+    conn: &mut AnyConnection,
+    names: &[&str],
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut out = Vec::new();
+    for name in names {
+        let value: String = sqlx::query_scalar("select setting from pg_settings where name = $1")
+            .bind(*name)
+            .fetch_one(&mut *conn)
+            .await?;
+        out.push((name.to_string(), value));
+    }
+    Ok(out)
 }
 
 async fn read(

@@ -203,6 +203,15 @@ impl LeaderSession {
         Ok(())
     }
 
+    /// The server settings `names` of this session, as the server reports
+    /// them (see [`Store::session_settings`]).
+    pub async fn session_settings(
+        &mut self,
+        names: &[&str],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        super::durability::read_settings(&mut self.conn, names).await
+    }
+
     /// Ends the session (and frees the lock if held).
     pub async fn close(self) {
         let _ = self.conn.close().await;

@@ -633,10 +633,11 @@ async fn wait_hears_a_change_on_the_event_stream_at_once() {
     );
 }
 
-/// `flexq agent --gpu-check`: on a FAKE `nvidia-smi` (these machines have
-/// no GPU, and no NVML: that reader says why it cannot open) it prints
-/// each GPU and the point a part holding them would send, and exits 0;
-/// with no reader that works it exits 1.
+/// `flexq agent --gpu-check`: on a FAKE `nvidia-smi`, and NVML loaded from
+/// a library that is not there (so that reader cannot open, and says why,
+/// on a machine with an NVIDIA driver too), it prints each GPU and the
+/// point a part holding them would send, and exits 0; with no reader that
+/// works it exits 1.
 #[test]
 fn the_gpu_check_reads_through_each_reader_and_says_which_work() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -650,14 +651,18 @@ fn the_gpu_check_reads_through_each_reader_and_says_which_work() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     }
+    let no_nvml = dir.path().join("no-such-libnvidia-ml.so.1");
     let out = Command::new(flexq_bin())
         .args(["agent", "--gpu-check", "1", "--nvidia-smi"])
         .arg(&fake)
+        .arg("--nvml-library")
+        .arg(&no_nvml)
         .output()
         .expect("run");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("NVML: cannot open"), "{text}");
+    assert!(text.contains("no-such-libnvidia-ml.so.1"), "{text}");
     assert!(
         text.contains("GPU 1: utilization 90 % memory used 300 MiB"),
         "{text}"
@@ -671,6 +676,8 @@ fn the_gpu_check_reads_through_each_reader_and_says_which_work() {
             "--nvidia-smi",
             "/nonexistent/nvidia-smi",
         ])
+        .arg("--nvml-library")
+        .arg(&no_nvml)
         .output()
         .expect("run");
     assert_eq!(

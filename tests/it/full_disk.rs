@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{TestServer, flex_with, no_virtual_nodes};
+use crate::support::{TestServer, flex_with, no_virtual_nodes, sample};
 
 /// A tmpfs of `size` mounted for the test, unmounted when dropped.
 struct SmallDisk {
@@ -115,10 +115,25 @@ async fn a_full_disk_refuses_writes_clearly_and_they_resume_when_space_returns()
             .starts_with("full"),
         "{ready}"
     );
-    assert!(
-        s.scrape().await.lines().any(|l| l == "flexq_store_full 1"),
-        "flexq_store_full is not 1 while the disk is full"
-    );
+    // `flexq_store_full` is each server's own: 1 here, and 0 from a
+    // healthy server of the same process scraped at the same moments (a
+    // process-wide gauge would say one server's state in the other's
+    // scrape).
+    let healthy = TestServer::start_with(no_virtual_nodes).await;
+    for _ in 0..20 {
+        let (full, fine) = tokio::join!(s.scrape(), healthy.scrape());
+        assert_eq!(
+            sample(&full, "flexq_store_full"),
+            Some(1.0),
+            "flexq_store_full while the disk is full:\n{full}"
+        );
+        assert_eq!(
+            sample(&fine, "flexq_store_full"),
+            Some(0.0),
+            "flexq_store_full of a healthy server:\n{fine}"
+        );
+    }
+    drop(healthy);
 
     // Still full: a write is refused the same way (a small one may still
     // fit), never a 503: the failed commit's connection is not reused
@@ -159,6 +174,11 @@ async fn a_full_disk_refuses_writes_clearly_and_they_resume_when_space_returns()
     assert_eq!(st, 200, "{answer}");
     let (_, ready) = s.get("/readyz").await;
     assert_eq!(ready["store"], "ok", "{ready}");
+    assert_eq!(
+        sample(&s.scrape().await, "flexq_store_full"),
+        Some(0.0),
+        "flexq_store_full once writes work again"
+    );
 
     // Nothing acknowledged was lost.
     let listed: Vec<String> = s

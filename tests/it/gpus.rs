@@ -3,6 +3,7 @@
 //! batch, the metrics and the refusals say what was taken. (The agent's
 //! own sampling, on a fake `nvidia-smi`, is in `spark.rs`.)
 
+use flexq::config::Config;
 use flexq::gpu::{IdleAction, IdlePolicy};
 use serde_json::{Value, json};
 
@@ -18,6 +19,10 @@ fn point(t: &str, utilization: f64, max: f64, memory: u64) -> Value {
     })
 }
 
+/// The project of the test that sums GPU points: the GPU counters are the
+/// test process's, and their series of this project are this test's alone.
+const SAMPLED_PROJECT: &str = "gpu-points-sum-up";
+
 #[tokio::test]
 async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
     let s = TestServer::start_with(|c| {
@@ -25,16 +30,17 @@ async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
         c.agents.lease_duration = std::time::Duration::from_secs(60);
     })
     .await;
+    let batches = format!("/v1/projects/{SAMPLED_PROJECT}/locations/us-central1/batches");
     let epoch = crate::agents::register(&s, "gpu-host-1").await;
     // 1 driver + 4 executors: 5 GPUs, all on the one node.
     let (status, body) = s
-        .create(
-            "batchId=sampled",
+        .post_json(
+            &format!("{batches}?batchId=sampled"),
             &flex_with("spark.executor.instances", "4"),
         )
         .await;
     assert_eq!(status, 200, "{body:#}");
-    let b = until(&s, &format!("{BATCHES}/sampled"), "provisioned", |b| {
+    let b = until(&s, &format!("{batches}/sampled"), "provisioned", |b| {
         b["flexq"]["provisioningState"] == "PROVISIONED"
     })
     .await;
@@ -53,7 +59,7 @@ async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
         .await;
     assert_eq!(status, 200, "{answer:#}");
     assert_eq!(answer["taken"], 3, "{answer:#}");
-    let (_, b) = s.get(&format!("{BATCHES}/sampled")).await;
+    let (_, b) = s.get(&format!("{batches}/sampled")).await;
     let g = &b["runtimeInfo"]["gpuUtilization"];
     // (80 × 50 + 1 × 25) ÷ 75 GPU-seconds.
     assert_eq!(g["meanPercent"], 53.7, "{b:#}");
@@ -72,12 +78,12 @@ async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
         (200, Some(0)),
         "{answer:#}"
     );
-    let (_, again) = s.get(&format!("{BATCHES}/sampled")).await;
+    let (_, again) = s.get(&format!("{batches}/sampled")).await;
     assert_eq!(again["runtimeInfo"]["gpuUtilization"], *g);
 
     // Over time, for the batch page's chart: 10 s slots from 10:00:00; the
     // retried points are not in it twice.
-    let (status, chart) = s.get(&format!("{BATCHES}/sampled/gpuUtilization")).await;
+    let (status, chart) = s.get(&format!("{batches}/sampled/gpuUtilization")).await;
     assert_eq!(status, 200, "{chart:#}");
     assert_eq!(
         chart,
@@ -87,16 +93,28 @@ async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
             {"time": "2026-12-03T10:00:10Z", "meanPercent": 40.5, "maxPercent": 95.0, "peakMemoryMb": 21_000}
         ]}),
     );
-    let (status, err) = s.get(&format!("{BATCHES}/nobody/gpuUtilization")).await;
+    let (status, err) = s.get(&format!("{batches}/nobody/gpuUtilization")).await;
     assert_status(status, &err, 404, "NOT_FOUND");
 
+    // The metrics took each point once (the retry added nothing): 75
+    // GPU-seconds sampled, 25 of them idle.
     let text = s.scrape().await;
-    let idle = crate::metrics::value(
-        &text,
-        "flexq_gpu_idle_seconds_total",
-        &[("region", "us-central1"), ("project", "demo")],
+    let labels = [("region", "us-central1"), ("project", SAMPLED_PROJECT)];
+    assert_eq!(
+        crate::metrics::value(&text, "flexq_gpu_sampled_seconds_total", &labels),
+        Some(75.0),
+        "{text}"
     );
-    assert!(idle.is_some_and(|v| v >= 25.0), "{idle:?}");
+    assert_eq!(
+        crate::metrics::value(&text, "flexq_gpu_idle_seconds_total", &labels),
+        Some(25.0),
+        "{text}"
+    );
+    assert_eq!(
+        crate::metrics::value(&text, "flexq_gpu_utilization_percent_count", &labels),
+        Some(3.0),
+        "{text}"
+    );
 
     // Another node holds no part of it: its points are not taken.
     let other = crate::agents::register(&s, "gpu-host-2").await;
@@ -148,11 +166,10 @@ async fn an_agents_gpu_points_sum_up_in_the_batch_and_bad_ones_are_refused() {
     assert!(status == 400 || status == 409, "{status}");
 }
 
-/// A server whose GPU idle policy is `action` after 2 s, no warm-up; one
-/// agent's node (this test) runs a 5-GPU batch `id`, its driver started.
-/// Answers the server, the node's epoch and the batch's uuid.
-async fn idle_case(action: IdleAction, id: &str) -> (TestServer, String, String) {
-    let s = TestServer::start_with(move |c| {
+/// A GPU idle policy of `action` after 2 s, no warm-up; capacity only
+/// from agents, whose lease is a minute.
+fn idle_policy(action: IdleAction) -> impl FnOnce(&mut Config) {
+    move |c| {
         no_virtual_nodes(c);
         c.agents.lease_duration = std::time::Duration::from_secs(60);
         c.gpu_idle = IdlePolicy {
@@ -161,8 +178,20 @@ async fn idle_case(action: IdleAction, id: &str) -> (TestServer, String, String)
             after: std::time::Duration::from_secs(2),
             warm_up: std::time::Duration::ZERO,
         };
-    })
-    .await;
+    }
+}
+
+/// A server whose GPU idle policy is `action` after 2 s, no warm-up; one
+/// agent's node (this test) runs a 5-GPU batch `id`, its driver started.
+/// Answers the server, the node's epoch and the batch's uuid.
+async fn idle_case(action: IdleAction, id: &str) -> (TestServer, String, String) {
+    idle_batch(TestServer::start_with(idle_policy(action)).await, id).await
+}
+
+/// On `s`, one agent's node (this test) runs a 5-GPU batch `id`, its
+/// driver started. Answers the server, the node's epoch and the batch's
+/// uuid.
+async fn idle_batch(s: TestServer, id: &str) -> (TestServer, String, String) {
     let epoch = crate::agents::register(&s, "gpu-host-1").await;
     let (status, body) = s
         .create(
@@ -270,7 +299,11 @@ async fn a_batch_whose_gpus_idle_is_warned_once() {
 
 #[tokio::test]
 async fn a_batch_whose_gpus_idle_is_cancelled_with_a_typed_reason_when_the_policy_says_so() {
-    let (s, epoch, uuid) = idle_case(IdleAction::Cancel, "idle-cancel").await;
+    // A process of its own: the ended counter (labelled by reason alone)
+    // moves for this batch only, so its count is exact.
+    let s = TestServer::start_process_with(idle_policy(IdleAction::Cancel)).await;
+    let (s, epoch, uuid) = idle_batch(s, "idle-cancel").await;
+    let before = crate::scheduler::ended_by_reason(&s.scrape().await);
     idle_for(&s, &epoch, &uuid, chrono::Utc::now(), 3).await;
     let (_, b) = s.get(&format!("{BATCHES}/idle-cancel")).await;
     assert_eq!(b["state"], "CANCELLING", "{b:#}");
@@ -301,12 +334,14 @@ async fn a_batch_whose_gpus_idle_is_cancelled_with_a_typed_reason_when_the_polic
         .get(&format!("/v1/{}", b["operation"].as_str().expect("op")))
         .await;
     assert_eq!(op["error"]["code"], 1, "{op:#}");
-    let ended = crate::metrics::value(
-        &s.scrape().await,
-        "flexq_batches_ended_total",
-        &[("reason", "idle_gpus")],
-    );
-    assert!(ended.is_some_and(|n| n >= 1.0), "{ended:?}");
+    // Counted once, under its own reason (not also as a user's cancel).
+    let after = crate::scheduler::ended_by_reason(&s.scrape().await);
+    let counted: Vec<(&str, f64)> = after
+        .iter()
+        .map(|(reason, n)| (*reason, n - before[reason]))
+        .filter(|(_, n)| *n != 0.0)
+        .collect();
+    assert_eq!(counted, [("idle_gpus", 1.0)], "batches ended by reason");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,8 +466,9 @@ async fn a_reported_cpu_fallback_is_shown_with_the_run() {
 }
 
 /// A real `flexq agent` on a node where GPU telemetry has nothing to read:
-/// no NVML here (these machines have no GPU driver) and an `nvidia-smi`
-/// that is not there. It says so once, registers and serves as before,
+/// NVML loaded from a library that is not there (`nvml_library`, so this
+/// holds on a machine with an NVIDIA driver too) and an `nvidia-smi` that
+/// is not there. It says so once, registers and serves as before,
 /// and uploads nothing.
 #[tokio::test]
 async fn an_agent_without_nvml_or_nvidia_smi_says_so_once_and_runs_on() {
@@ -465,10 +501,12 @@ async fn an_agent_without_nvml_or_nvidia_smi_says_so_once_and_runs_on() {
             r#"advertise_host = "127.0.0.1"
 gpu_telemetry = "auto"
 nvidia_smi = "{missing}"
+nvml_library = "{no_nvml}"
 gpu_sample_interval = "100ms"
 spark_home = "{spark}"
 "#,
             missing = dir.path().join("no-such-nvidia-smi").display(),
+            no_nvml = dir.path().join("no-such-libnvidia-ml.so.1").display(),
             spark = spark.display(),
         ),
     );
@@ -504,6 +542,10 @@ spark_home = "{spark}"
     assert!(
         text.contains("no-such-nvidia-smi"),
         "it names what it tried: {text}"
+    );
+    assert!(
+        text.contains("no-such-libnvidia-ml.so.1"),
+        "it names the NVML it tried: {text}"
     );
     // Its log is a file, not a terminal: plain text, no colour codes.
     assert!(!text.contains('\u{1b}'), "{text}");

@@ -5,6 +5,7 @@
 //! must be stored exactly once.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -13,7 +14,8 @@ use proptest::test_runner::TestRunner;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{TestServer, flex_batch};
+use crate::metrics::value;
+use crate::support::{TestServer, flex_batch, no_virtual_nodes};
 
 /// Random request bodies: arbitrary bytes, JSON of the wrong shape, deep
 /// nesting, near-valid batches with random property values.
@@ -44,32 +46,95 @@ const PATHS: &[&str] = &[
     "/v1/nodes/n1:poll",
 ];
 
+/// Connections that send half a request head, a byte at a time: well
+/// under `server.max_connections`, so the server must hold them all.
+const SLOW_CLIENTS: usize = 200;
+
+/// The server's own `flexq_connections{listener="api"}` and the API
+/// connections it refused over its cap (overflow or closed), from its
+/// metrics listener.
+async fn api_connections(http: &reqwest::Client, metrics: SocketAddr) -> (f64, f64) {
+    let text = http
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    let open = value(&text, "flexq_connections", &[("listener", "api")]).unwrap_or(0.0);
+    let refused = ["overflow", "closed"]
+        .into_iter()
+        .map(|reason| {
+            value(
+                &text,
+                "flexq_connections_refused_total",
+                &[("listener", "api"), ("reason", reason)],
+            )
+            .unwrap_or(0.0)
+        })
+        .sum::<f64>();
+    (open, refused)
+}
+
+/// Polls the server's API connections until `until`: once they reach
+/// [`SLOW_CLIENTS`] (the slow clients all held; the other clients' add to
+/// it), the fewest read from then on, else `None`; and the connections
+/// refused over the cap by the end.
+async fn held_connections(
+    http: &reqwest::Client,
+    metrics: SocketAddr,
+    until: Instant,
+) -> (Option<f64>, f64) {
+    let mut fewest: Option<f64> = None;
+    loop {
+        let (open, refused) = api_connections(http, metrics).await;
+        if fewest.is_some() || open >= SLOW_CLIENTS as f64 {
+            fewest = Some(fewest.map_or(open, |f| f.min(open)));
+        }
+        if Instant::now() >= until {
+            return (fewest, refused);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn normal_submits_survive_hostile_input_and_slow_clients() {
-    let s = TestServer::start().await;
+    // A process of its own: its connection gauge counts this test's
+    // connections alone, not those of the other tests of this binary.
+    let s = TestServer::start_process_with(no_virtual_nodes).await;
     let stop = Instant::now() + Duration::from_secs(6);
 
-    // Slow clients: connections that send half a request, a byte at a time.
+    // Slow clients: connections that send half a request, a byte at a time
+    // (their heads take longer than the test: they end at `stop`).
     let mut slow = Vec::new();
-    for i in 0..200 {
+    for i in 0..SLOW_CLIENTS {
         let addr = s.addr;
         slow.push(tokio::spawn(async move {
-            // (Whether it could connect: the server must take them all.)
-            let Ok(mut conn) = tokio::net::TcpStream::connect(addr).await else {
-                return false;
-            };
+            let mut conn = tokio::net::TcpStream::connect(addr)
+                .await
+                .expect("a loopback connect");
             let head = format!(
                 "POST /v1/projects/demo/locations/us-central1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\nX-Slow-{i}: "
             );
             for b in head.bytes() {
                 if Instant::now() > stop || conn.write_all(&[b]).await.is_err() {
-                    return true;
+                    return;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            true
         }));
     }
+    // Whether the server holds them, from its own gauge: a loopback
+    // connect succeeds while the backlog has room, accepted or not, and a
+    // write to a closed connection ends the client quietly, so the clients
+    // cannot tell. Up to a second before `stop`, when they start to go.
+    let holding = {
+        let (http, metrics) = (s.http.clone(), s.metrics_addr);
+        let until = stop - Duration::from_secs(1);
+        tokio::spawn(async move { held_connections(&http, metrics, until).await })
+    };
 
     // Hostile bodies, as fast as one client sends them.
     let hostile = {
@@ -147,13 +212,20 @@ async fn normal_submits_survive_hostile_input_and_slow_clients() {
         n += 1;
     }
     let (statuses, five_hundreds, dropped, oversized) = hostile.await.expect("hostile task");
-    let mut refused = 0;
     for t in slow {
-        if !t.await.expect("slow client") {
-            refused += 1;
-        }
+        t.await.expect("slow client");
     }
-    assert_eq!(refused, 0, "slow clients could not connect");
+    let (fewest, refused) = holding.await.expect("connection gauge");
+    let fewest = fewest.unwrap_or_else(|| {
+        panic!(
+            "the server never held all {SLOW_CLIENTS} slow clients at once ({refused} connections refused over its cap)"
+        )
+    });
+    assert!(
+        fewest >= SLOW_CLIENTS as f64,
+        "the server let slow clients go: {fewest} API connections at the fewest while {SLOW_CLIENTS} sent their heads"
+    );
+    assert_eq!(refused, 0.0, "API connections refused over the cap");
     assert!(
         dropped.is_empty(),
         "connections dropped without an answer: {dropped:#?}"

@@ -125,7 +125,7 @@ impl Replica {
         r.json().await.ok()
     }
 
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -191,17 +191,21 @@ pub(crate) fn config_file(dir: &Path) -> PathBuf {
 
 /// Checks the whole allocation history: no GPU given twice at once, no
 /// node's cores, memory or local SSD over its size, a project's GPUs
-/// never over `quota`, every cluster whole (one driver and exactly the
-/// executors its stored request asks, per attempt: an attempt's parts are
-/// allocated in one transaction, at one instant), and none allocated
-/// after its deadline. Returns the number of clusters ever allocated.
+/// never over `quota`; every cluster whole on the rung it was allocated
+/// on (one driver and exactly the executors that rung's cluster asks,
+/// each with that rung's GPUs, GPU type and region, per attempt: an
+/// attempt's parts are allocated in one transaction, at one instant);
+/// every attempt's cluster allocated before that attempt's own deadline;
+/// and no part still held by a batch that ended. Returns the number of
+/// clusters ever allocated.
 pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
     let db = sqlx::PgPool::connect(url)
         .await
         .map_err(|e| e.to_string())?;
+    let batches = allocated_batches(&db).await?;
     let rows = sqlx::query(
         "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
-         a.allocated_at, a.released_at, b.project, b.deadline, b.allocate_time, b.cluster \
+         a.allocated_at, a.released_at, a.region, a.accelerator, b.project, b.state \
          from allocations a join batches b on b.seq = a.batch_seq order by a.id",
     )
     .fetch_all(&db)
@@ -210,34 +214,34 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
     // (time, +1 start / -1 end, what): ends sort before starts at the same
     // microsecond (half-open intervals).
     let mut events: Vec<(i64, i64, String, [i64; 4])> = Vec::new();
-    // (batch, allocated at) → (drivers, executors, executors asked)
-    let mut parts: BTreeMap<(i64, i64), (usize, usize, u32)> = BTreeMap::new();
+    // (batch, allocated at) → the parts of that attempt's cluster.
+    let mut clusters: BTreeMap<(i64, i64), Vec<Part>> = BTreeMap::new();
     for r in &rows {
         let seq: i64 = r.get("batch_seq");
         let node: String = r.get("node_id");
         let gpus: Vec<String> = serde_json::from_str(r.get::<&str, _>("gpus")).expect("gpus");
         let start: i64 = r.get("allocated_at");
-        let end: i64 = r.get::<Option<i64>, _>("released_at").unwrap_or(i64::MAX);
-        if let (Some(deadline), Some(at)) = (
-            r.get::<Option<i64>, _>("deadline"),
-            r.get::<Option<i64>, _>("allocate_time"),
-        ) {
-            if at >= deadline {
-                return Err(format!(
-                    "batch {seq} allocated at {at}, at or after its deadline {deadline}"
-                ));
-            }
+        let released: Option<i64> = r.get("released_at");
+        let end = released.unwrap_or(i64::MAX);
+        let role: String = r.get("role");
+        if role != "driver" && role != "executor" {
+            return Err(format!("batch {seq}: a part with role {role:?}"));
         }
-        let cluster: ClusterRequest = serde_json::from_str(r.get::<&str, _>("cluster"))
-            .map_err(|e| format!("batch {seq}: its stored cluster request does not read: {e}"))?;
-        let p = parts
-            .entry((seq, start))
-            .or_insert((0, 0, cluster.executor_count));
-        match r.get::<&str, _>("role") {
-            "driver" => p.0 += 1,
-            "executor" => p.1 += 1,
-            role => return Err(format!("batch {seq}: a part with role {role:?}")),
+        // An end gives the cluster back in the same transaction
+        // (lifecycle's Release step): a part left held is capacity the
+        // scheduler never sees free again, which no overlap shows.
+        let state: i64 = r.get("state");
+        if released.is_none() && ENDED.contains(&state) {
+            return Err(format!(
+                "batch {seq} ended (state {state}) but its {role} part on {node}, allocated at {start}, was never released"
+            ));
         }
+        clusters.entry((seq, start)).or_default().push(Part {
+            role,
+            gpus: gpus.len(),
+            region: r.get("region"),
+            accelerator: r.get("accelerator"),
+        });
         let amounts = [
             gpus.len() as i64,
             r.get("cores"),
@@ -255,10 +259,52 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
         events.push((start, 1, pool.clone(), [gpus.len() as i64, 0, 0, 0]));
         events.push((end, -1, pool, [gpus.len() as i64, 0, 0, 0]));
     }
-    for ((seq, at), (drivers, executors, wanted)) in &parts {
-        if *drivers != 1 || *executors != *wanted as usize {
+    // A batch's clusters in time order are its attempts' in order: only a
+    // held cluster is requeued, and the requeue gives it back.
+    let mut attempts: HashMap<i64, usize> = HashMap::new();
+    for ((seq, at), parts) in &clusters {
+        let b = batches
+            .get(seq)
+            .ok_or_else(|| format!("batch {seq}: allocated, but not read"))?;
+        let attempt = attempts.entry(*seq).or_default();
+        *attempt += 1;
+        let attempt = *attempt;
+        let Some(&queued) = b.queued.get(attempt - 1) else {
             return Err(format!(
-                "batch {seq}, allocated at {at}: {drivers} drivers and {executors} executors, {wanted} executors asked"
+                "batch {seq}: {attempt} clusters allocated in {} attempts",
+                b.queued.len()
+            ));
+        };
+        // The deadline of this attempt, not only the latest's: a requeue
+        // overwrites the stored one.
+        if let Some(deadline) = attempt_deadline(&b.cluster, queued) {
+            if *at >= deadline {
+                return Err(format!(
+                    "batch {seq}, attempt {attempt} (queued at {queued}): allocated at {at}, at or after its deadline {deadline}"
+                ));
+            }
+        }
+        // The rung the cluster is on: the latest attempt's is stored with
+        // the batch; a requeue clears it, so an earlier attempt's must be
+        // one rung the parts are whole on. A rung reshapes the cluster
+        // (another GPU type: other executors), so its own shape is not
+        // what a rung's allocation is counted against.
+        let latest = attempt == b.queued.len() && b.allocate_time == Some(*at);
+        let rungs: Vec<u32> = if latest {
+            vec![b.alternative]
+        } else {
+            (0..=b.cluster.alternatives.len() as u32).collect()
+        };
+        if !rungs.iter().any(|&rung| whole_on(b, rung, parts)) {
+            let count = |role: &str| parts.iter().filter(|p| p.role == role).count();
+            let asked: Vec<u32> = rungs
+                .iter()
+                .map(|&rung| b.cluster.on_rung(rung).0.executor_count)
+                .collect();
+            return Err(format!(
+                "batch {seq}, attempt {attempt}, allocated at {at}: {} drivers and {} executors ({parts:?}), {asked:?} executors asked on rungs {rungs:?}",
+                count("driver"),
+                count("executor"),
             ));
         }
     }
@@ -283,7 +329,134 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
         }
     }
     db.close().await;
-    Ok(parts.len())
+    Ok(clusters.len())
+}
+
+/// The states a batch ends in: CANCELLED, SUCCEEDED, FAILED.
+const ENDED: [i64; 3] = [4, 5, 6];
+
+/// One stored part of a cluster, as the audit checks it against a rung.
+#[derive(Debug)]
+struct Part {
+    role: String,
+    gpus: usize,
+    /// Where it was held (null on rows older than the column).
+    region: Option<String>,
+    /// Its GPUs' type (null without GPUs, or on older rows).
+    accelerator: Option<String>,
+}
+
+/// What the audit reads of a batch that was ever allocated.
+struct Audited {
+    region: String,
+    cluster: ClusterRequest,
+    /// When each attempt was queued (unix µs): at create, then at each
+    /// requeue.
+    queued: Vec<i64>,
+    /// When its latest attempt was allocated, if it was.
+    allocate_time: Option<i64>,
+    /// The rung its latest attempt's cluster is on (0: its own).
+    alternative: u32,
+}
+
+/// The batches ever allocated, with when each of their attempts was
+/// queued: at create, then at each requeue, whose history entry
+/// ("Requeued after ...") and fresh deadline are written at one instant
+/// (the store's `requeue`). The stored deadline is the latest attempt's
+/// alone; an earlier attempt's is had again from when it was queued, by
+/// the store's own rule, after checking that rule gives the stored one.
+async fn allocated_batches(db: &sqlx::PgPool) -> Result<HashMap<i64, Audited>, String> {
+    let requeues = sqlx::query(
+        "select batch_seq, start_time from state_history \
+         where state = 1 and message like 'Requeued after%' order by batch_seq, idx",
+    )
+    .fetch_all(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut requeued: HashMap<i64, Vec<i64>> = HashMap::new();
+    for r in &requeues {
+        requeued
+            .entry(r.get::<i64, _>("batch_seq"))
+            .or_default()
+            .push(r.get::<i64, _>("start_time"));
+    }
+    let rows = sqlx::query(
+        "select seq, region, cluster, create_time, deadline, attempt, allocate_time, alternative \
+         from batches where seq in (select batch_seq from allocations)",
+    )
+    .fetch_all(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut batches = HashMap::new();
+    for r in &rows {
+        let seq: i64 = r.get("seq");
+        let cluster: ClusterRequest = serde_json::from_str(r.get::<&str, _>("cluster"))
+            .map_err(|e| format!("batch {seq}: its stored cluster request does not read: {e}"))?;
+        let mut queued = vec![r.get::<i64, _>("create_time")];
+        queued.extend(requeued.remove(&seq).unwrap_or_default());
+        // (`attempt` and `alternative` are integer columns, not bigint.)
+        let attempt: i32 = r.get("attempt");
+        if queued.len() != usize::try_from(attempt).unwrap_or(0) {
+            return Err(format!(
+                "batch {seq}: attempt {attempt}, but {} requeues in its history",
+                queued.len() - 1
+            ));
+        }
+        let stored: Option<i64> = r.get("deadline");
+        let latest = queued[queued.len() - 1];
+        if attempt_deadline(&cluster, latest) != stored {
+            return Err(format!(
+                "batch {seq}: its stored deadline {stored:?} is not that of its attempt {attempt}, queued at {latest}: {:?}",
+                attempt_deadline(&cluster, latest)
+            ));
+        }
+        batches.insert(
+            seq,
+            Audited {
+                region: r.get("region"),
+                cluster,
+                queued,
+                allocate_time: r.get("allocate_time"),
+                alternative: r
+                    .get::<Option<i32>, _>("alternative")
+                    .and_then(|a| u32::try_from(a).ok())
+                    .unwrap_or(0),
+            },
+        );
+    }
+    Ok(batches)
+}
+
+/// The allocation deadline (unix µs) of an attempt queued at `queued`
+/// (unix µs), by the rule the store sets it with; none in default mode.
+fn attempt_deadline(cluster: &ClusterRequest, queued: i64) -> Option<i64> {
+    let queued = chrono::DateTime::from_timestamp_micros(queued)?;
+    cluster.deadline(queued).map(|d| d.timestamp_micros())
+}
+
+/// Whether `parts` are a whole cluster of `b` on `rung`: one driver and
+/// exactly the executors the rung's cluster asks, each part with that
+/// cluster's GPU count for its role, of its GPU type, in the rung's
+/// region (where the row records them).
+fn whole_on(b: &Audited, rung: u32, parts: &[Part]) -> bool {
+    let (cluster, region) = b.cluster.on_rung(rung);
+    let region = region.unwrap_or(b.region.as_str());
+    let count = |role: &str| parts.iter().filter(|p| p.role == role).count();
+    count("driver") == 1
+        && count("executor") == cluster.executor_count as usize
+        && parts.iter().all(|p| {
+            let shape = if p.role == "driver" {
+                &cluster.driver
+            } else {
+                &cluster.executor
+            };
+            p.gpus == shape.gpus as usize
+                && p.region.as_deref().is_none_or(|r| r == region)
+                && (p.gpus == 0
+                    || p.accelerator
+                        .as_deref()
+                        .is_none_or(|a| shape.accelerator.is_some_and(|s| s.name() == a)))
+        })
 }
 
 /// `flexq_scheduler_leader` of a replica, from its metrics listener (which

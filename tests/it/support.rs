@@ -811,3 +811,19 @@ pub(crate) async fn until_long_polls(s: &TestServer, kind: &str, n: u64) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The URL of a server's own database, wherever it runs, for a test that
+/// looks at or changes what is stored directly: an in-process server's
+/// ([`TestServer::database_url`]), or that of one in a process of its own
+/// ([`TestServer::start_process_with`]), which keeps its SQLite file in
+/// the test's directory itself (`FLEXQ_DATABASE__DATA_DIR`), not under
+/// `data`.
+pub(crate) async fn server_database_url(s: &TestServer) -> String {
+    if s.process.is_none() {
+        return s.database_url().await;
+    }
+    match database_url(s._dir.path()).await {
+        Some(url) => url,
+        None => format!("sqlite://{}", s._dir.path().join("flexq.db").display()),
+    }
+}

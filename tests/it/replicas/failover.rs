@@ -86,6 +86,54 @@ async fn a_live_lease_is_taken_only_with_the_lock_its_holder_held() {
     assert_eq!((holder.holder.as_str(), holder.term), ("a", term_c));
 }
 
+/// Now, in unix seconds, as the metrics' timestamps are.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64()
+}
+
+/// Until the replica whose metrics listener is `metrics` has `queued`
+/// batches queued in us-central1 and has run a pass since the last event
+/// that asked it for one, an event after `since` (unix seconds): a pass
+/// runs under the core's lock, after every change applied before the
+/// wake-up that asked for it, so the batch announced after `since` was in
+/// it. Fails after 10 s.
+async fn until_a_pass_saw(metrics: &str, queued: f64, since: f64) {
+    let http = reqwest::Client::new();
+    let t = Instant::now();
+    loop {
+        let text = match http
+            .get(format!("{metrics}/metrics"))
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let pending: f64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("flexq_pending_batches{") && l.contains("region=\"us-central1\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        let at = |name: &str| crate::metrics::value(&text, name, &[]).unwrap_or(0.0);
+        let woken = at("flexq_scheduler_last_wake_timestamp_seconds");
+        let passed = at("flexq_scheduler_last_pass_timestamp_seconds");
+        if pending == queued && woken >= since && passed >= woken {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no pass with {queued} queued since {since}: {pending} queued, woken at {woken}, last pass at {passed}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Median, 90th percentile and maximum.
 fn spread(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
     v.sort();
@@ -182,6 +230,7 @@ async fn a_killed_leader_is_replaced_in_a_blink_and_a_waiting_batch_allocated() 
         let survivor = replicas[(old + 1) % 3].endpoint.clone();
         // A batch waits for a node: queued before the kill.
         let waiter = format!("wait-{round}");
+        let since = unix_now();
         create(survivor.clone(), waiter.clone()).await;
         let holder: String = sqlx::query_scalar(
             "select operation_id from batches where provisioning = 1 and state = 1 \
@@ -190,7 +239,10 @@ async fn a_killed_leader_is_replaced_in_a_blink_and_a_waiting_batch_allocated() 
         .fetch_one(&db)
         .await
         .expect("a holder");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The leader has run a pass with the waiter queued (and found no
+        // node for it): it waits for a node, not for the leader to hear
+        // of it.
+        until_a_pass_saw(&replicas[old].metrics, 1.0, since).await;
 
         let name = replicas[old].name.clone();
         let (killed, killed_at) = (Instant::now(), chrono::Utc::now().timestamp_micros());
