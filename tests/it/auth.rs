@@ -38,6 +38,10 @@ const PRINCIPALS: &[Row] = &[
 async fn server() -> TestServer {
     TestServer::start_with(|c| {
         crate::support::no_virtual_nodes(c);
+        // The spelling test registers gpu-1 once and then walks every
+        // route for minutes on a loaded machine: its lease must outlast
+        // the walk (it lapsed once, on PostgreSQL, and the node was gone).
+        c.agents.lease_duration = std::time::Duration::from_secs(3600);
         c.principals = PRINCIPALS
             .iter()
             .map(
