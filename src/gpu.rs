@@ -98,9 +98,12 @@ pub fn point(
     gpus: &[String],
     readings: &[GpuReading],
 ) -> Option<GpuPoint> {
+    // One reading per GPU: a GPU listed twice counts once (the first).
+    let mut seen = std::collections::HashSet::new();
     let mine: Vec<&GpuReading> = readings
         .iter()
         .filter(|r| gpus.contains(&r.index) && r.utilization_percent.is_some())
+        .filter(|r| seen.insert(r.index.as_str()))
         .collect();
     if mine.is_empty() {
         return None;
@@ -110,12 +113,15 @@ pub fn point(
         .filter_map(|r| r.utilization_percent)
         .map(|u| u.clamp(0.0, 100.0))
         .collect();
+    let max = utilization.iter().copied().fold(0.0, f64::max);
     Some(GpuPoint {
         time,
         seconds,
         gpus: mine.len() as u32,
-        utilization_percent: utilization.iter().sum::<f64>() / utilization.len() as f64,
-        max_utilization_percent: utilization.iter().copied().fold(0.0, f64::max),
+        // Rounding can put the mean of equal values a hair above them
+        // ((0.1 + 0.1 + 0.1) / 3): the server refuses a mean above the max.
+        utilization_percent: (utilization.iter().sum::<f64>() / utilization.len() as f64).min(max),
+        max_utilization_percent: max,
         max_memory_used_mb: mine
             .iter()
             .filter_map(|r| r.memory_used_mb)
@@ -557,6 +563,28 @@ mod tests {
         assert_eq!(point(at(0), 5.0, &["7".into()], &node), None);
     }
 
+    /// Whatever a reader lists, the point is one the server takes: a GPU
+    /// listed twice counts once, and the mean of equal readings is not
+    /// rounded above their max (found by the fuzz target `smi`).
+    #[test]
+    fn a_point_from_any_reading_passes_the_servers_check() {
+        let thirds = [
+            reading("0", 0.1, 1),
+            reading("1", 0.1, 1),
+            reading("2", 0.1, 1),
+        ];
+        let gpus: Vec<String> = ["0", "1", "2"].map(String::from).to_vec();
+        let p = point(at(0), 5.0, &gpus, &thirds).expect("point");
+        assert_eq!(p.check(), Ok(()));
+        assert_eq!(p.utilization_percent, 0.1);
+        let twice = [reading("0", 90.0, 1000), reading("0", 10.0, 3000)];
+        let p = point(at(0), 5.0, &["0".into()], &twice).expect("point");
+        assert_eq!(
+            (p.gpus, p.utilization_percent, p.max_memory_used_mb),
+            (1, 90.0, 1000)
+        );
+        assert_eq!(p.check(), Ok(()));
+    }
     /// A scripted series: 4 GPUs busy at 80 % for 60 s, then idle for 60 s
     /// on one part of 2 GPUs while the other 2 stay at 80 %.
     #[test]

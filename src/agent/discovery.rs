@@ -37,10 +37,11 @@ pub fn parse_nvidia_smi(out: &str) -> Vec<String> {
         .collect()
 }
 
-/// The GPU addresses of this node.
-pub async fn discover(script: &str) -> Result<Vec<String>, String> {
+/// The GPU addresses of this node: the discovery `script`'s, or where it
+/// is empty, `nvidia_smi -L`'s.
+pub async fn discover(nvidia_smi: &str, script: &str) -> Result<Vec<String>, String> {
     let (program, args, what): (&str, &[&str], String) = if script.is_empty() {
-        ("nvidia-smi", &["-L"], "nvidia-smi -L".into())
+        (nvidia_smi, &["-L"], format!("{nvidia_smi} -L"))
     } else {
         (script, &[], format!("discovery script {script}"))
     };

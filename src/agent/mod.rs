@@ -101,7 +101,7 @@ pub async fn run(config: AgentSettings, shutdown: CancellationToken) -> anyhow::
         Launcher::Standalone => spark_home(&config).await?,
         Launcher::Kubernetes => PathBuf::new(),
     };
-    let gpus = discovery::discover(&config.gpu_discovery_script)
+    let gpus = discovery::discover(&config.nvidia_smi, &config.gpu_discovery_script)
         .await
         .map_err(|e| {
             anyhow::anyhow!("the node's GPUs cannot be seen, so it is not offered: {e}")

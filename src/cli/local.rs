@@ -109,9 +109,11 @@ pub struct AgentArgs {
     /// Log lines as JSON.
     #[arg(long)]
     pub json_logs: bool,
-    /// Only check GPU telemetry: read this node's GPUs N times, a second
-    /// apart, through NVML and through `nvidia-smi`, print what each saw,
-    /// and exit (0 when one could read them). No server, no config needed.
+    /// Only check GPU discovery and telemetry: list this node's GPUs as the
+    /// agent does (`nvidia-smi -L`), read them N times, a second apart,
+    /// through NVML and through `nvidia-smi`, print what each saw, and exit
+    /// (0 when discovery found GPUs and one reader could read them). No
+    /// server, no config needed.
     #[arg(long, value_name = "N")]
     pub gpu_check: Option<u32>,
     /// With --gpu-check: the `nvidia-smi` to run.
@@ -127,11 +129,22 @@ pub struct AgentArgs {
 /// work of the batches allocated to it, until SIGINT/SIGTERM.
 pub async fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = args.gpu_check {
+        // Discovery first, as the agent registers: the GPUs a node offers.
+        let found = match crate::agent::discovery::discover(&args.nvidia_smi, "").await {
+            Ok(gpus) => {
+                println!("discovery: {} -L found GPUs {gpus:?}", args.nvidia_smi);
+                true
+            }
+            Err(why) => {
+                println!("discovery: {why}");
+                false
+            }
+        };
         let smi = args.nvidia_smi.clone();
         let nvml = args.nvml_library.clone();
         let ok =
             tokio::task::spawn_blocking(move || crate::agent::gpus::check(n, &smi, &nvml)).await?;
-        return Ok(if ok {
+        return Ok(if ok && found {
             ExitCode::SUCCESS
         } else {
             ExitCode::from(1)

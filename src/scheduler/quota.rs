@@ -69,6 +69,28 @@ fn slot(m: QuotaMetric) -> usize {
 /// allocate to do it.
 type PerRegion<T> = HashMap<String, HashMap<String, [T; METRICS]>>;
 
+/// Adds `amounts` to a project's counts in a region.
+fn add(to: &mut PerRegion<u64>, project: &str, region: &str, amounts: &[QuotaAmount]) {
+    let counts = to
+        .entry(project.to_string())
+        .or_default()
+        .entry(region.to_string())
+        .or_insert([0; METRICS]);
+    for a in amounts {
+        counts[slot(a.metric)] += a.amount;
+    }
+}
+
+/// Takes `amounts` from a project's counts in a region (never below 0).
+fn take(from: &mut PerRegion<u64>, project: &str, region: &str, amounts: &[QuotaAmount]) {
+    if let Some(counts) = from.get_mut(project).and_then(|r| r.get_mut(region)) {
+        for a in amounts {
+            let c = &mut counts[slot(a.metric)];
+            *c = c.saturating_sub(a.amount);
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ledger {
     rules: Vec<QuotaRule>,
@@ -186,47 +208,21 @@ impl Ledger {
     }
 
     pub(super) fn charge(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
-        let usage = self
-            .usage
-            .entry(project.to_string())
-            .or_default()
-            .entry(region.to_string())
-            .or_insert([0; METRICS]);
-        for a in amounts {
-            usage[slot(a.metric)] += a.amount;
-        }
+        add(&mut self.usage, project, region, amounts);
+    }
+
+    pub(super) fn refund(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
+        take(&mut self.usage, project, region, amounts);
     }
 
     /// Sets `amounts` aside for a preemptor of `project` in `region`.
     pub(super) fn set_aside(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
-        let aside = self
-            .aside
-            .entry(project.to_string())
-            .or_default()
-            .entry(region.to_string())
-            .or_insert([0; METRICS]);
-        for a in amounts {
-            aside[slot(a.metric)] += a.amount;
-        }
+        add(&mut self.aside, project, region, amounts);
     }
 
     /// Gives back what [`Self::set_aside`] set aside.
     pub(super) fn release_aside(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
-        if let Some(aside) = self.aside.get_mut(project).and_then(|r| r.get_mut(region)) {
-            for a in amounts {
-                let u = &mut aside[slot(a.metric)];
-                *u = u.saturating_sub(a.amount);
-            }
-        }
-    }
-
-    pub(super) fn refund(&mut self, project: &str, region: &str, amounts: &[QuotaAmount]) {
-        if let Some(usage) = self.usage.get_mut(project).and_then(|r| r.get_mut(region)) {
-            for a in amounts {
-                let u = &mut usage[slot(a.metric)];
-                *u = u.saturating_sub(a.amount);
-            }
-        }
+        take(&mut self.aside, project, region, amounts);
     }
 
     /// Every (project, region) with usage, an override or a rule naming

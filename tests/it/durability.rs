@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use crate::support::{ServerProcess, database_url, flex_batch};
+use crate::support::{ServerProcess, database_url, flex_batch, open_engine};
 
 /// Every batch id stored, with how often it appears.
 async fn stored_ids(endpoint: &str) -> HashMap<String, usize> {
@@ -161,14 +161,7 @@ async fn the_store_syncs_each_commit_on_every_session() {
     let mut config = flexq::config::Config::load_without_env(None).expect("config");
     config.database.data_dir = dir.path().join("data");
     config.database.url = database_url(dir.path()).await;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let engine = flexq::engine::Engine::open(
-        config.clone(),
-        flexq::engine::ConfigSource::Given,
-        shutdown.clone(),
-    )
-    .await
-    .expect("open");
+    let (engine, shutdown) = open_engine(&config).await;
     // As many at once as the pool holds: each reads its own session.
     let sessions = config.database.max_connections.max(2) as usize;
     let all =

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::replicas::{
     Replica, audit, config_file, gpu_batch, leader, leads_by_metrics, leads_within,
 };
-use crate::support::fresh_postgres_database;
+use crate::support::{fresh_postgres_database, metrics_text, open_engine};
 
 /// The default config's lease and renewal (L + R): the bound on a stall.
 const LEASE_AND_RENEWAL: Duration = Duration::from_millis(2250);
@@ -392,6 +392,22 @@ impl Cluster {
         }
     }
 
+    /// Lets the cut that began at `cut` last its whole `CUT`, heals it,
+    /// and waits until r0 says on its metrics listener that it no longer
+    /// leads; fails after 10 s.
+    async fn heal(&self, cut: Instant) {
+        tokio::time::sleep(CUT.saturating_sub(cut.elapsed())).await;
+        self.proxy.thaw();
+        let t = Instant::now();
+        while leads_by_metrics(&self.r0.metrics).await != Some(false) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "r0 still leads after the cut"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn allocated(&self) -> Vec<String> {
         let db = sqlx::PgPool::connect(&self.url).await.expect("db");
         let ops = sqlx::query_scalar(
@@ -523,16 +539,7 @@ async fn cut_off_holding(trigger: &str) {
 
     // The cut heals: the old leader is a follower, and wrote nothing once
     // fenced (the audit: no GPU twice, every cluster whole).
-    tokio::time::sleep(CUT.saturating_sub(cut.elapsed())).await;
-    c.proxy.thaw();
-    let t = Instant::now();
-    while leads_by_metrics(&c.r0.metrics).await != Some(false) {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "r0 still leads after the cut"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    c.heal(cut).await;
     // The pass whose commit was cut off has come back, failed (the server
     // ended its transaction) or refused: whatever r0 would still write is
     // written by now, so the audit sees it.
@@ -588,15 +595,7 @@ async fn a_leader_cut_off_after_checking_its_term_stalls_nobody_past_the_lease()
 /// `flexq_scheduler_leader_takeovers_total{how}` of replica `r`, from its
 /// metrics listener; None when it does not answer.
 async fn takeovers(r: &Replica, how: &str) -> Option<f64> {
-    let text = reqwest::Client::new()
-        .get(format!("{}/metrics", r.metrics))
-        .timeout(Duration::from_secs(1))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let text = metrics_text(&r.metrics).await?;
     crate::metrics::value(
         &text,
         "flexq_scheduler_leader_takeovers_total",
@@ -631,16 +630,7 @@ async fn a_leader_elected_during_a_cut_is_replaced_in_a_blink_once_the_cut_heals
 
     // The cut heals: r0 follows, and the new leader holds the lease and
     // the leader lock, alone, as PostgreSQL has it.
-    tokio::time::sleep(CUT.saturating_sub(cut.elapsed())).await;
-    c.proxy.thaw();
-    let t = Instant::now();
-    while leads_by_metrics(&c.r0.metrics).await != Some(false) {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "r0 still leads after the cut"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    c.heal(cut).await;
     let held = c
         .leader_lock_held_by(&name, LEASE_AND_RENEWAL + SLACK)
         .await;
@@ -831,14 +821,7 @@ async fn every_session_a_replica_opens_is_bounded_by_the_lease() {
         LEASE_AND_RENEWAL,
         "the default config's lease and renewal"
     );
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let engine = flexq::engine::Engine::open(
-        config.clone(),
-        flexq::engine::ConfigSource::Given,
-        shutdown.clone(),
-    )
-    .await
-    .expect("open");
+    let (engine, shutdown) = open_engine(&config).await;
     let store = engine.store();
     let names = [
         "idle_in_transaction_session_timeout",

@@ -41,6 +41,60 @@ fn history(b: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Creates a batch of 3 GPUs (a driver and two executors) under each of
+/// `ids` among `batches` (one project's batches in us-central1), each
+/// waited on until it is provisioned before the next is created.
+async fn provision_clusters(s: &TestServer, batches: &str, ids: &[&str]) {
+    for id in ids {
+        let (status, body) = s
+            .post_json(&format!("{batches}?batchId={id}"), &gpu_batch(2, "3600s"))
+            .await;
+        assert_eq!(status, 200, "{body:#}");
+        until(s, &format!("{batches}/{id}"), "provisioned", provisioned).await;
+    }
+}
+
+/// Creates `urgent` as the batch `urgent` among `batches`, waits until it
+/// is provisioned, and checks that its history tells of the preemption it
+/// made, in a message starting with `preempting`; returns the batch.
+async fn provision_preemptor(
+    s: &TestServer,
+    batches: &str,
+    urgent: &Value,
+    preempting: &str,
+) -> Value {
+    let (status, body) = s
+        .post_json(&format!("{batches}?batchId=urgent"), urgent)
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let u = until(s, &format!("{batches}/urgent"), "provisioned", provisioned).await;
+    assert!(
+        history(&u).iter().any(|m| m.starts_with(preempting)),
+        "{:#?}",
+        history(&u)
+    );
+    u
+}
+
+/// Cancels batch `b` (as a get answers it) through its operation.
+async fn cancel(s: &TestServer, b: &Value) {
+    let (status, body) = s
+        .post(&format!(
+            "/v1/{}:cancel",
+            b["operation"].as_str().expect("op")
+        ))
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+}
+
+/// Cancels the preemptor `u` and waits until its victim, at `victim`, is
+/// provisioned again (`what` names what is waited for); returns the
+/// victim.
+async fn cancel_until_reprovisioned(s: &TestServer, u: &Value, victim: &str, what: &str) -> Value {
+    cancel(s, u).await;
+    until(s, victim, what, provisioned).await
+}
+
 /// The project of the test that counts a preemption: the counter is the
 /// test process's, and its series of this project is this test's alone.
 const URGENT_PROJECT: &str = "preempts-the-latest";
@@ -64,13 +118,7 @@ async fn an_urgent_batch_preempts_the_latest_lower_one_which_requeues_and_runs_a
     let before = preemptions(&s.scrape().await);
     // Two clusters of 3 GPUs (a driver and two executors) leave 2 of the
     // 8 GPUs free.
-    for id in ["first", "second"] {
-        let (status, body) = s
-            .post_json(&format!("{batches}?batchId={id}"), &gpu_batch(2, "3600s"))
-            .await;
-        assert_eq!(status, 200, "{body:#}");
-        until(&s, &format!("{batches}/{id}"), "provisioned", provisioned).await;
-    }
+    provision_clusters(&s, &batches, &["first", "second"]).await;
     // 3 GPUs more at priority 10: one victim is enough. Validate-only
     // says whom it would preempt.
     let mut urgent = gpu_batch(2, "3600s");
@@ -90,18 +138,13 @@ async fn an_urgent_batch_preempts_the_latest_lower_one_which_requeues_and_runs_a
                 .starts_with("would preempt second (priority 10 > 0) (3 GPUs) in us-central1-a")),
         "{v:#}"
     );
-    let (status, body) = s
-        .post_json(&format!("{batches}?batchId=urgent"), &urgent)
-        .await;
-    assert_eq!(status, 200, "{body:#}");
-    let u = until(&s, &format!("{batches}/urgent"), "provisioned", provisioned).await;
-    assert!(
-        history(&u)
-            .iter()
-            .any(|m| m.starts_with("Preempting second (3 GPUs) in us-central1-a")),
-        "{:#?}",
-        history(&u)
-    );
+    let u = provision_preemptor(
+        &s,
+        &batches,
+        &urgent,
+        "Preempting second (3 GPUs) in us-central1-a",
+    )
+    .await;
 
     // The victim is the one started last, back in the queue at its place.
     let (_, v) = s.get(&format!("{batches}/second")).await;
@@ -154,20 +197,8 @@ async fn an_urgent_batch_preempts_the_latest_lower_one_which_requeues_and_runs_a
     assert!(lost > 0.0 && lost < held, "{usage:#}");
 
     // Once the urgent batch is done, the victim gets its GPUs back.
-    let (status, body) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            u["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(status, 200, "{body:#}");
-    let v = until(
-        &s,
-        &format!("{batches}/second"),
-        "provisioned again",
-        provisioned,
-    )
-    .await;
+    let v =
+        cancel_until_reprovisioned(&s, &u, &format!("{batches}/second"), "provisioned again").await;
     assert_eq!(v["flexq"]["preemptions"], 1, "{v:#}");
     // Preempted max_preemptions (1) times: protected, and counted so.
     let text = s.scrape().await;
@@ -317,13 +348,7 @@ async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_que
     assert_eq!(u["flexq"]["provisioningState"], "QUEUED", "{u:#}");
 
     // The preemptor is cancelled before the victim is gone.
-    let (status, body) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            u["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(status, 200, "{body:#}");
+    cancel(&s, &u).await;
     let (_, u) = s.get(&format!("{BATCHES}/urgent")).await;
     assert_eq!(u["state"], "CANCELLED", "{u:#}");
     // What was set aside for it is free again: a batch of 3 GPUs runs on
@@ -403,13 +428,7 @@ async fn a_preempted_batch_goes_back_ahead_of_batches_created_after_it() {
     let s = TestServer::start_with(preempting).await;
     // Two clusters of 3 GPUs leave 2 of the 8 free; the victim is the one
     // started last.
-    for id in ["older", "victim"] {
-        let (status, body) = s
-            .create(&format!("batchId={id}"), &gpu_batch(2, "3600s"))
-            .await;
-        assert_eq!(status, 200, "{body:#}");
-        until(&s, &format!("{BATCHES}/{id}"), "provisioned", provisioned).await;
-    }
+    provision_clusters(&s, BATCHES, &["older", "victim"]).await;
     // The same shape, created after the victim: it waits, first in the
     // queue (at the same priority it preempts no one).
     let (status, body) = s.create("batchId=competitor", &gpu_batch(2, "3600s")).await;
@@ -421,16 +440,7 @@ async fn a_preempted_batch_goes_back_ahead_of_batches_created_after_it() {
     // 3 GPUs at priority 10: the victim gives way.
     let mut urgent = gpu_batch(2, "3600s");
     urgent["labels"] = json!({"flexq-priority": "10"});
-    let (status, body) = s.create("batchId=urgent", &urgent).await;
-    assert_eq!(status, 200, "{body:#}");
-    let u = until(&s, &format!("{BATCHES}/urgent"), "provisioned", provisioned).await;
-    assert!(
-        history(&u)
-            .iter()
-            .any(|m| m.starts_with("Preempting victim (3 GPUs)")),
-        "{:#?}",
-        history(&u)
-    );
+    let u = provision_preemptor(&s, BATCHES, &urgent, "Preempting victim (3 GPUs)").await;
 
     // Requeued after the competitor was created, it is still ahead of it:
     // in a get, and in the queue's page, with its create time as its
@@ -458,18 +468,11 @@ async fn a_preempted_batch_goes_back_ahead_of_batches_created_after_it() {
 
     // Room for one cluster of 3 again: the victim gets it, the competitor
     // waits on, now first.
-    let (status, body) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            u["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(status, 200, "{body:#}");
-    let v = until(
+    let v = cancel_until_reprovisioned(
         &s,
+        &u,
         &format!("{BATCHES}/victim"),
         "provisioned again (ahead of the competitor)",
-        provisioned,
     )
     .await;
     assert_eq!(v["flexq"]["attempt"], 2, "{v:#}");

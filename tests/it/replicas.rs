@@ -15,7 +15,7 @@ use flexq::spec::ClusterRequest;
 use serde_json::{Value, json};
 use sqlx::Row;
 
-use crate::support::{flex_with, flexq_bin, fresh_postgres_database};
+use crate::support::{flex_with, flexq_bin, fresh_postgres_database, metrics_text};
 
 mod cut_off;
 mod failover;
@@ -462,15 +462,7 @@ fn whole_on(b: &Audited, rung: u32, parts: &[Part]) -> bool {
 /// `flexq_scheduler_leader` of a replica, from its metrics listener (which
 /// answers without the database).
 pub(crate) async fn leads_by_metrics(metrics: &str) -> Option<bool> {
-    let text = reqwest::Client::new()
-        .get(format!("{metrics}/metrics"))
-        .timeout(Duration::from_secs(1))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let text = metrics_text(metrics).await?;
     let line = text
         .lines()
         .find(|l| l.starts_with("flexq_scheduler_leader{"))?;

@@ -495,6 +495,20 @@ pub(crate) fn sample(exposition: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The text of `/metrics` from the metrics listener at `metrics` (its
+/// `http://host:port`); None when it does not answer within a second.
+pub(crate) async fn metrics_text(metrics: &str) -> Option<String> {
+    reqwest::Client::new()
+        .get(format!("{metrics}/metrics"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()
+}
+
 /// A `flexq serve` child process on a given data directory.
 pub(crate) struct ServerProcess {
     pub child: Child,
@@ -826,4 +840,19 @@ pub(crate) async fn server_database_url(s: &TestServer) -> String {
         Some(url) => url,
         None => format!("sqlite://{}", s._dir.path().join("flexq.db").display()),
     }
+}
+
+/// An engine opened on `config` as the server opens it (migrations run,
+/// the config taken as given), for a test that reads its store's
+/// sessions back; with the token that shuts it down.
+pub(crate) async fn open_engine(config: &Config) -> (flexq::engine::Engine, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let engine = flexq::engine::Engine::open(
+        config.clone(),
+        flexq::engine::ConfigSource::Given,
+        shutdown.clone(),
+    )
+    .await
+    .expect("open");
+    (engine, shutdown)
 }

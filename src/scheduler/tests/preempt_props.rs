@@ -175,6 +175,15 @@ struct Harness {
     held: BTreeSet<String>,
 }
 
+/// Puts `item` in `set` when `on`, takes it out otherwise.
+fn toggle<T: Ord>(set: &mut BTreeSet<T>, item: T, on: bool) {
+    if on {
+        set.insert(item);
+    } else {
+        set.remove(&item);
+    }
+}
+
 impl Harness {
     fn new(policy: PreemptionPolicy) -> Harness {
         let a100_pool = PoolDecl {
@@ -213,6 +222,14 @@ impl Harness {
             cordoned: BTreeSet::new(),
             held: BTreeSet::new(),
         }
+    }
+
+    /// Whether a node of `zone` is cordoned (a cordon there since a
+    /// preemption was decided may void its plan).
+    fn cordoned_in(&self, zone: &str) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.zone == zone && self.cordoned.contains(&n.id))
     }
 
     /// What of each uncordoned node of `zone` is free by the record (GPUs,
@@ -397,11 +414,7 @@ impl Harness {
             }
             Op::Cordon(n, on) => {
                 let id = self.nodes[n % self.nodes.len()].id.clone();
-                if *on {
-                    self.cordoned.insert(id);
-                } else {
-                    self.cordoned.remove(&id);
-                }
+                toggle(&mut self.cordoned, id, *on);
                 let cordon = Cordon {
                     since: self.now,
                     by: "admin".into(),
@@ -412,11 +425,7 @@ impl Harness {
             }
             Op::Hold(p, on) => {
                 let project = PROJECTS[*p].to_string();
-                if *on {
-                    self.held.insert(project);
-                } else {
-                    self.held.remove(&project);
-                }
+                toggle(&mut self.held, project, *on);
                 let hold = Hold {
                     since: self.now,
                     by: "admin".into(),
@@ -441,10 +450,7 @@ impl Harness {
             .filter(|(k, _)| !self.held.contains(&self.queued[k].project))
             .filter(|(_, c)| {
                 // A cordon since the decision may void its plan.
-                !self
-                    .nodes
-                    .iter()
-                    .any(|n| n.zone == c.zone && self.cordoned.contains(&n.id))
+                !self.cordoned_in(&c.zone)
             })
             .map(|(k, _)| *k)
             .collect();
@@ -476,10 +482,7 @@ impl Harness {
                             .queued
                             .get(k)
                             .is_none_or(|p| self.held.contains(&p.project));
-                        let voided = self
-                            .nodes
-                            .iter()
-                            .any(|n| n.zone == c.zone && self.cordoned.contains(&n.id));
+                        let voided = self.cordoned_in(&c.zone);
                         if held || voided {
                             continue;
                         }
@@ -506,10 +509,7 @@ impl Harness {
                         );
                         // In the zone the preemption named, unless a cordon
                         // there since voided its plan.
-                        let voided = self
-                            .nodes
-                            .iter()
-                            .any(|n| n.zone == c.zone && self.cordoned.contains(&n.id));
+                        let voided = self.cordoned_in(&c.zone);
                         prop_assert!(
                             a.zone == c.zone || voided,
                             "preemptor {} allocated in {}, its preemption named {}",
