@@ -231,7 +231,11 @@ async fn metrics(AppState(app): AppState<App>) -> Response {
         .into_response()
 }
 
-/// Serves `/metrics` on `listener` until `shutdown` fires.
+/// Serves `/metrics`, and the health checks `/healthz` and `/readyz`, on
+/// `listener` until `shutdown` fires. The probes belong here: a flood of
+/// the API port (over `server.max_connections`) takes the API's overflow
+/// places, and a probe there can be closed unanswered; this listener is
+/// its own.
 pub async fn run_metrics(
     listener: TcpListener,
     app: App,
@@ -242,6 +246,8 @@ pub async fn run_metrics(
     let limits = connections::Limits::metrics(&app.engine.config().server);
     let router = Router::new()
         .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .fallback(unknown_route)
         .with_state(app);
     connections::serve(listener, router, limits, shutdown).await;

@@ -2,7 +2,8 @@
 //! request head that never ends, a silent connection, an idle kept-alive
 //! one (HTTP/1.1 and HTTP/2), an HTTP/2 preface and nothing more, a gRPC
 //! message that never ends; connections over `server.max_connections`;
-//! and a server under a low descriptor limit, flooded with idle
+//! a flood of the API port that the probes on the metrics listener never
+//! see; and a server under a low descriptor limit, flooded with idle
 //! connections, that still answers its health checks and `/metrics`.
 
 use std::time::{Duration, Instant};
@@ -351,6 +352,77 @@ async fn over_the_cap_health_checks_answer_and_the_rest_is_refused() {
         assert!(Instant::now() < deadline, "never served again: {answer}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A flood of the API port past its cap and past the overflow's places
+/// (slow heads, each holding a place as long as it may, opened without
+/// end) closes probes there unanswered; the probes on the metrics
+/// listener, where deploy/kubernetes/flexq.yaml points them, answer every
+/// time within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_the_api_port_leaves_the_probes_on_the_metrics_listener_answering() {
+    let s = TestServer::start_with(|c| {
+        no_virtual_nodes(c);
+        c.server.max_connections = 4;
+        c.server.header_read_timeout = Duration::from_secs(60);
+        c.server.idle_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+        assert_eq!(request(&mut conn, "/v1/regions").await.0, 200);
+        held.push(conn);
+    }
+    let addr = s.addr;
+    let flood = tokio::spawn(async move {
+        loop {
+            for _ in 0..32 {
+                if let Ok(conn) = TcpStream::connect(addr).await {
+                    tokio::spawn(slowloris(conn, HEAD));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let (mut api_missed, mut metrics_missed) = (0, Vec::new());
+    for round in 0..20 {
+        let api = probe.get(format!("http://{}/healthz", s.addr)).send().await;
+        if !api.is_ok_and(|r| r.status() == 200) {
+            api_missed += 1;
+        }
+        for path in ["/healthz", "/readyz"] {
+            let started = Instant::now();
+            let answer = probe
+                .get(format!("http://{}{path}", s.metrics_addr))
+                .send()
+                .await;
+            if !answer.as_ref().is_ok_and(|r| r.status() == 200) {
+                metrics_missed.push(format!(
+                    "round {round} {path} after {:?}: {answer:?}",
+                    started.elapsed()
+                ));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    flood.abort();
+    drop(held);
+    // The flood is real: the API port's own probe went unanswered.
+    assert!(
+        api_missed > 0,
+        "every probe on the flooded API port was answered: no flood"
+    );
+    assert!(
+        metrics_missed.is_empty(),
+        "probes on the metrics listener missed ({api_missed} of 20 missed on the API port): {metrics_missed:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

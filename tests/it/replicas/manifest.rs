@@ -1,5 +1,5 @@
 //! The Kubernetes manifest of the replicas (deploy/kubernetes/flexq.yaml):
-//! three replicas, gRPC health probes, the database URL from a Secret,
+//! three replicas, health probes on the metrics listener, the database URL from a Secret,
 //! and a config that flexq accepts.
 
 use std::path::Path;
@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::support::flexq_bin;
 
 /// The Kubernetes manifest runs three replicas whose configuration flexq
-/// accepts, probes them over gRPC health, reads the database URL from a
+/// accepts, probes them on the metrics listener, reads the database URL from a
 /// Secret and names each replica after its pod; the bad lease setting of
 /// a config is refused by name.
 #[test]
@@ -26,16 +26,34 @@ fn the_kubernetes_manifest_runs_three_replicas_with_a_valid_config() {
     let deployment = kind("Deployment");
     assert_eq!(deployment["spec"]["replicas"], 3);
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-    // gRPC probes on the API port, the readiness one on the API service
-    // (which follows /readyz; tests/it/grpc.rs checks the answers).
-    let port = &container["ports"][0]["containerPort"];
-    assert_eq!(port, 8080);
-    assert_eq!(&container["readinessProbe"]["grpc"]["port"], port);
-    assert_eq!(
-        container["readinessProbe"]["grpc"]["service"],
-        "google.cloud.dataproc.v1.BatchController"
+    // HTTP probes on the metrics listener (a flood of the API port does
+    // not reach it: tests/it/connections.rs), the port the config binds.
+    let ports = container["ports"].as_sequence().expect("ports");
+    let named = |name: &str| {
+        ports
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no port {name}"))["containerPort"]
+            .as_u64()
+            .expect("a port number")
+    };
+    assert_eq!(named("http"), 8080);
+    let flexq_toml: toml::Value = kind("ConfigMap")["data"]["flexq.toml"]
+        .as_str()
+        .expect("flexq.toml")
+        .parse()
+        .expect("toml");
+    let metrics_bind = flexq_toml["server"]["metrics_bind"]
+        .as_str()
+        .expect("server.metrics_bind");
+    assert!(
+        metrics_bind.ends_with(&format!(":{}", named("metrics"))),
+        "{metrics_bind}"
     );
-    assert_eq!(&container["livenessProbe"]["grpc"]["port"], port);
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        assert_eq!(container[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(container[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
     let env: Vec<&str> = container["env"]
         .as_sequence()
         .expect("env")
