@@ -288,6 +288,9 @@ impl Scheduler {
             reasons.extend(self.preemption_reason(batch, now));
         }
         reasons.extend(self.rung_reasons(batch, now));
+        if let Some(why) = likely_to_expire(estimated_start_time, batch.deadline) {
+            reasons.push(why);
+        }
         Some(PendingInfo {
             queue_position: position,
             reasons,
@@ -575,4 +578,22 @@ impl Scheduler {
         }
         Verdict::WouldQueue { reasons }
     }
+}
+
+/// Said of a queued batch whose estimated start lies after its allocation
+/// deadline: unless capacity frees sooner than estimated, it fails then.
+fn likely_to_expire(
+    estimated_start: Option<DateTime<Utc>>,
+    deadline: Option<DateTime<Utc>>,
+) -> Option<String> {
+    let (start, deadline) = (estimated_start?, deadline?);
+    let late = (start - deadline).to_std().ok().filter(|d| !d.is_zero())?;
+    let seconds = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    Some(format!(
+        "likely to expire: its estimated start {} is {} after its allocation deadline {} \
+         (allocationTimeout); it fails then unless capacity frees sooner than estimated",
+        seconds(start),
+        humantime::format_duration(std::time::Duration::from_secs(late.as_secs())),
+        seconds(deadline)
+    ))
 }

@@ -59,6 +59,51 @@ fn the_estimated_start_follows_the_fair_share_order() {
     );
 }
 
+/// A queued batch whose estimated start is past its allocation deadline
+/// says it will likely expire, and by how much; one whose estimate is in
+/// time, or that has no deadline, does not.
+#[test]
+fn a_batch_estimated_to_start_after_its_deadline_says_it_will_likely_expire() {
+    let mut s = Scheduler::new(vec![pool("a", 4, 1)], rules(100));
+    s.add_node(l4_node("n0", "a", 4));
+    s.submit(batch(
+        1,
+        "p",
+        cluster(3, ProvisioningMode::Queue, 7200, Some(3600)),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    // 2 may wait 30 min and would start when 1 ends, in an hour; 3 may
+    // wait two hours and would start a minute after 2.
+    s.submit(batch(
+        2,
+        "p",
+        cluster(2, ProvisioningMode::Queue, 1800, Some(60)),
+        t0(),
+    ));
+    s.submit(batch(
+        3,
+        "p",
+        cluster(2, ProvisioningMode::Queue, 7200, Some(60)),
+        t0(),
+    ));
+    assert!(allocated(&s.pass(t0())).is_empty());
+    let why = |k| {
+        s.pending_info(BatchKey(k), t0())
+            .expect("queued")
+            .reasons
+            .join(" | ")
+    };
+    assert!(
+        why(2).contains(
+            "likely to expire: its estimated start 2026-11-29T13:00:00Z is 30m after its allocation deadline 2026-11-29T12:30:00Z"
+        ),
+        "{}",
+        why(2)
+    );
+    assert!(!why(3).contains("likely to expire"), "{}", why(3));
+}
+
 #[test]
 fn no_estimate_behind_a_cluster_without_a_ttl_or_too_deep_a_queue() {
     let mut s = Scheduler::new(vec![pool("a", 4, 1)], rules(100_000));
