@@ -146,7 +146,7 @@ impl Engine {
         // keeps group commits small (see BENCHMARKS.md).
         let uuid = Uuid::now_v7();
         let batch_id = batch_id.unwrap_or_else(|| Uuid::now_v7().to_string());
-        let state_message = match cluster.mode {
+        let mut state_message = match cluster.mode {
             spec::ProvisioningMode::Queue => format!(
                 "Queued: waiting up to {}s for quota and capacity for the whole cluster ({} GPUs).",
                 cluster.allocation_timeout_s,
@@ -154,6 +154,9 @@ impl Engine {
             ),
             spec::ProvisioningMode::Default => "Queued for allocation.".to_string(),
         };
+        if let Some(note) = cluster.dynamic_allocation_note() {
+            state_message = format!("{state_message} {note}.");
+        }
         let priority = spec::priority(&batch.labels);
         let name = BatchName::new(&project, &region, &batch_id);
         let new = NewBatch {

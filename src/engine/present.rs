@@ -267,7 +267,10 @@ pub(super) fn operation(r: &BatchRecord) -> Operation {
             operation_type: "BATCH".into(),
             description: format!("Batch {}", r.name.batch_id),
             labels: r.spec.labels.clone(),
-            warnings: requeue_warning(r).into_iter().collect(),
+            warnings: requeue_warning(r)
+                .into_iter()
+                .chain(r.cluster.dynamic_allocation_note())
+                .collect(),
         },
         done,
         error,

@@ -122,10 +122,28 @@ pub fn spark_conf(job: &SparkJob, rapids: &Rapids) -> BTreeMap<String, String> {
         );
         set("spark.driver.resource.gpu.vendor", "nvidia.com".into());
     }
+    if c.dynamic_allocation {
+        // Without an external shuffle service, Spark gives executors back
+        // only when it tracks their shuffle files (the batch may say
+        // otherwise).
+        conf.insert(
+            "spark.dynamicAllocation.shuffleTracking.enabled".into(),
+            "true".into(),
+        );
+    }
     for (k, v) in job.spec.properties() {
         if k.starts_with("spark.") && !k.starts_with("spark.dataproc.") {
             conf.insert(k.clone(), v.clone());
         }
+    }
+    if c.dynamic_allocation {
+        // Never beyond what was allocated: an executor Spark asks for past
+        // the cluster would land on GPUs the ledger counts as free
+        // (docs/rules.md#dynamic-allocation). Over the batch's own value.
+        conf.insert(
+            crate::spec::MAX_EXECUTORS_KEY.into(),
+            c.executor_count.to_string(),
+        );
     }
     conf
 }

@@ -108,6 +108,49 @@ fn user_properties_win_and_the_shuffle_manager_passes_through() {
     assert_eq!(conf["spark.task.resource.gpu.amount"], "0.5");
 }
 
+/// With dynamic allocation on, Spark is capped at the executors allocated
+/// whatever the batch says, on both launchers; shuffle tracking is on
+/// unless the batch says otherwise. Off, the keys pass untouched.
+#[test]
+fn dynamic_allocation_is_capped_at_the_allocated_executors_on_both_launchers() {
+    let job = pyspark(&[
+        ("spark.dynamicAllocation.enabled", "true"),
+        ("spark.dynamicAllocation.initialExecutors", "3"),
+        ("spark.dynamicAllocation.maxExecutors", "1000"),
+    ]);
+    assert_eq!(job.cluster.executor_count, 3);
+    let conf = spark_conf(&job, &Rapids::Jar("/r.jar".into()));
+    assert_eq!(conf["spark.dynamicAllocation.maxExecutors"], "3");
+    assert_eq!(conf["spark.dynamicAllocation.initialExecutors"], "3");
+    assert_eq!(
+        conf["spark.dynamicAllocation.shuffleTracking.enabled"],
+        "true"
+    );
+    let app = spark_application(&job, &parts(), &target(true));
+    assert_eq!(
+        app["spec"]["sparkConf"]["spark.dynamicAllocation.maxExecutors"],
+        "3"
+    );
+    assert_eq!(app["spec"]["executor"]["instances"], 3);
+
+    let own = pyspark(&[
+        ("spark.dynamicAllocation.enabled", "true"),
+        ("spark.dynamicAllocation.shuffleTracking.enabled", "false"),
+        ("spark.shuffle.service.enabled", "true"),
+    ]);
+    let conf = spark_conf(&own, &Rapids::Jar("/r.jar".into()));
+    assert_eq!(
+        conf["spark.dynamicAllocation.shuffleTracking.enabled"],
+        "false"
+    );
+    assert_eq!(conf["spark.dynamicAllocation.maxExecutors"], "2");
+
+    let off = pyspark(&[("spark.dynamicAllocation.maxExecutors", "1000")]);
+    let conf = spark_conf(&off, &Rapids::Jar("/r.jar".into()));
+    assert_eq!(conf["spark.dynamicAllocation.maxExecutors"], "1000");
+    assert!(!conf.contains_key("spark.dynamicAllocation.shuffleTracking.enabled"));
+}
+
 #[test]
 fn without_the_rapids_jar_the_plugin_is_not_configured() {
     let conf = spark_conf(

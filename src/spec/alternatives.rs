@@ -444,6 +444,16 @@ pub fn reshape(batch: &Batch, own: &ClusterRequest, target: &Target) -> Batch {
                     let total = u64::from(own.executor_count) * u64::from(shape.gpus);
                     let count = total.div_ceil(u64::from(gpus.max(1)));
                     props.insert("spark.executor.instances".into(), count.to_string());
+                    // With dynamic allocation the rung's executors are the
+                    // gang Spark starts with (never fewer than the own
+                    // placement's: a rung's node has at most as many GPUs),
+                    // so a maxExecutors below them is raised to them.
+                    let below = |v: &String| v.trim().parse::<u64>().map_or(true, |n| n < count);
+                    if own.dynamic_allocation
+                        && props.get(super::MAX_EXECUTORS_KEY).is_some_and(below)
+                    {
+                        props.insert(super::MAX_EXECUTORS_KEY.into(), count.to_string());
+                    }
                 }
             }
         }

@@ -25,7 +25,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::{Batch, Code, FieldViolation, check_batch_id, check_request_id, quote};
 
 pub use node::{NodeOffer, NodeSize, check_node};
-pub use properties::{DATAPROC_PROPERTIES, property_field};
+pub use properties::{
+    DATAPROC_PROPERTIES, DYNAMIC_ALLOCATION, INITIAL_EXECUTORS, MAX_EXECUTORS_KEY, MIN_EXECUTORS,
+    property_field,
+};
 pub use request::{
     ClusterRequest, NodeShape, PRIORITY_LABEL, ProvisioningMode, QuotaAmount, RuntimeVersion,
     Workload, priority,
@@ -258,7 +261,7 @@ fn check_create(
     let pyspark = workload == Some(Workload::Pyspark);
     let executor = props.node_shape(PartRole::Executor, executor_accel, pyspark, &mut v);
     let driver = props.node_shape(PartRole::Driver, driver_accel, pyspark, &mut v);
-    let executor_count = props.executor_instances(&mut v);
+    let (executor_count, dynamic_allocation) = props.executor_count(&mut v);
     let mode = props.provisioning_mode(uses_gpus, runtime, &mut v);
     let allocation_timeout_s = props.allocation_timeout(policy, &mut v);
     let ttl_s = check_ttl(batch, runtime, policy, &mut v);
@@ -293,6 +296,7 @@ fn check_create(
         infrastructure_retries,
         alternatives: Vec::new(),
         preemptible,
+        dynamic_allocation,
     })
 }
 

@@ -32,6 +32,15 @@ const DRIVER_ENV_PREFIX: &str = "spark.dataproc.driverEnv.";
 /// Executors per batch, at most (a guard against absurd requests; the
 /// region's capacity is the real limit).
 const MAX_EXECUTORS: u32 = 1000;
+/// Spark's dynamic allocation (docs/rules.md#dynamic-allocation): on only
+/// where a batch says `true`; its bounds are those of Dataproc's
+/// serverless Spark.
+pub const DYNAMIC_ALLOCATION: &str = "spark.dynamicAllocation.enabled";
+pub const MIN_EXECUTORS: &str = "spark.dynamicAllocation.minExecutors";
+pub const INITIAL_EXECUTORS: &str = "spark.dynamicAllocation.initialExecutors";
+pub const MAX_EXECUTORS_KEY: &str = "spark.dynamicAllocation.maxExecutors";
+/// The most `initialExecutors` may be (Dataproc's bound).
+const MAX_INITIAL_EXECUTORS: u32 = 100;
 /// Maximum memory per core of a CPU node, in MB (standard compute tier).
 const CPU_MB_PER_CORE: u64 = 7424;
 const CPU_CORES: &[u32] = &[4, 8, 16];
@@ -345,6 +354,66 @@ impl Properties {
                 .unwrap_or(default),
             (None, None) => default,
         }
+    }
+
+    /// The cluster's executors, and whether Spark's dynamic allocation is
+    /// on: with it, as many as Spark starts with, the largest of
+    /// `spark.executor.instances`, `minExecutors` and `initialExecutors`,
+    /// each checked against Dataproc's bounds and `minExecutors ≤
+    /// initialExecutors ≤ maxExecutors`.
+    pub(crate) fn executor_count(&self, v: &mut Violations) -> (u32, bool) {
+        let instances = self.executor_instances(v);
+        match self.get(DYNAMIC_ALLOCATION) {
+            None | Some("false") => return (instances, false),
+            Some("true") => {}
+            Some(other) => {
+                v.invalid(
+                    property_field(DYNAMIC_ALLOCATION),
+                    format!("{} is not a boolean; accepted: true or false", quote(other)),
+                );
+                return (instances, false);
+            }
+        }
+        let mut whole = |key: &str, default: u32, most: u32| -> Option<u32> {
+            let Some(value) = self.get(key) else {
+                return Some(default);
+            };
+            match value.trim().parse::<u32>() {
+                Ok(n) if (2..=most).contains(&n) => Some(n),
+                _ => {
+                    v.invalid(
+                        property_field(key),
+                        format!(
+                            "{} is not an executor count; accepted: a whole number from 2 to {most}",
+                            quote(value)
+                        ),
+                    );
+                    None
+                }
+            }
+        };
+        let min = whole(MIN_EXECUTORS, 2, MAX_EXECUTORS);
+        // Spark starts from minExecutors when initialExecutors is not set.
+        let initial = whole(INITIAL_EXECUTORS, min.unwrap_or(2), MAX_INITIAL_EXECUTORS);
+        let max = whole(MAX_EXECUTORS_KEY, MAX_EXECUTORS, MAX_EXECUTORS);
+        let (Some(min), Some(initial), Some(max)) = (min, initial, max) else {
+            return (instances, true);
+        };
+        let count = instances.max(min).max(initial);
+        if min > initial {
+            v.invalid(
+                property_field(INITIAL_EXECUTORS),
+                format!("{initial} is below {MIN_EXECUTORS} {min}; accepted: minExecutors ≤ initialExecutors ≤ maxExecutors"),
+            );
+        } else if count > max {
+            v.invalid(
+                property_field(MAX_EXECUTORS_KEY),
+                format!(
+                    "{max} is below the {count} executors Spark starts with (the largest of spark.executor.instances {instances}, minExecutors {min} and initialExecutors {initial}); accepted: from {count} to {MAX_EXECUTORS}"
+                ),
+            );
+        }
+        (count, true)
     }
 
     pub(crate) fn executor_instances(&self, v: &mut Violations) -> u32 {

@@ -148,6 +148,11 @@ pub struct ClusterRequest {
     /// `spark.flexq.preemptible`; docs/rules.md#preemption).
     #[serde(default = "preemptible_by_default", skip_serializing_if = "is_true")]
     pub preemptible: bool,
+    /// Spark's dynamic allocation is on (`spark.dynamicAllocation.enabled`):
+    /// `executor_count` is what Spark starts with, and Spark is capped at
+    /// it (docs/rules.md#dynamic-allocation).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dynamic_allocation: bool,
 }
 
 fn preemptible_by_default() -> bool {
@@ -159,6 +164,18 @@ fn is_true(b: &bool) -> bool {
 }
 
 impl ClusterRequest {
+    /// What a batch with Spark's dynamic allocation on is told (its
+    /// operation's warnings, its history): Spark is capped at the cluster
+    /// allocated, naming the keys (docs/rules.md#dynamic-allocation).
+    pub fn dynamic_allocation_note(&self) -> Option<String> {
+        self.dynamic_allocation.then(|| {
+            format!(
+                "spark.dynamicAllocation.enabled: Spark runs with at most the {n} executors allocated with the whole cluster (spark.dynamicAllocation.maxExecutors is set to {n}, the largest of spark.executor.instances, spark.dynamicAllocation.minExecutors and spark.dynamicAllocation.initialExecutors); flexq grants no executor beyond it",
+                n = self.executor_count
+            )
+        })
+    }
+
     /// The cluster it holds on `rung` (0: its own; 1 and up: its
     /// alternatives), and that rung's region (None: its own).
     pub fn on_rung(&self, rung: u32) -> (&ClusterRequest, Option<&str>) {

@@ -215,6 +215,74 @@ fn executor_instances_default_to_two_and_must_be_at_least_two() {
     }
 }
 
+/// Dynamic allocation (docs/rules.md#dynamic-allocation): on only where
+/// the batch says so; the cluster is what Spark starts with, the largest of
+/// spark.executor.instances, minExecutors and initialExecutors; each key
+/// is checked against Dataproc's bounds, naming it.
+#[test]
+fn dynamic_allocation_sizes_the_cluster_as_spark_starts_it() {
+    let on = |extra: &[(&str, &str)]| {
+        let mut p = vec![(DYNAMIC_ALLOCATION, "true")];
+        p.extend_from_slice(extra);
+        flex(&p)
+    };
+    let size = |b: &Batch| check(b).map(|c| (c.executor_count, c.dynamic_allocation));
+    assert_eq!(size(&flex(&[(INITIAL_EXECUTORS, "9")])), Ok((2, false)));
+    assert_eq!(
+        size(&flex(&[(DYNAMIC_ALLOCATION, "false")])),
+        Ok((2, false))
+    );
+    assert_eq!(size(&on(&[])), Ok((2, true)));
+    for (extra, want) in [
+        (&[("spark.executor.instances", "3")][..], 3),
+        (&[(MIN_EXECUTORS, "4")][..], 4),
+        (&[(MIN_EXECUTORS, "3"), (INITIAL_EXECUTORS, " 5 ")][..], 5),
+        (
+            &[("spark.executor.instances", "7"), (INITIAL_EXECUTORS, "5")][..],
+            7,
+        ),
+        (&[(INITIAL_EXECUTORS, "6"), (MAX_EXECUTORS_KEY, "6")][..], 6),
+    ] {
+        assert_eq!(size(&on(extra)), Ok((want, true)), "{extra:?}");
+    }
+    // Quota follows the size: as many GPUs as six fixed executors.
+    let gpus = |b: &Batch| check(b).expect("valid").total_gpus();
+    assert_eq!(
+        gpus(&on(&[(INITIAL_EXECUTORS, "6")])),
+        gpus(&flex(&[("spark.executor.instances", "6")]))
+    );
+
+    rejected(
+        &flex(&[(DYNAMIC_ALLOCATION, "yes")]),
+        &property_field(DYNAMIC_ALLOCATION),
+        "\"yes\" is not a boolean; accepted: true or false",
+    );
+    for (key, bad, accepted) in [
+        (MIN_EXECUTORS, "1", "from 2 to 1000"),
+        (MIN_EXECUTORS, "2.5", "from 2 to 1000"),
+        (INITIAL_EXECUTORS, "101", "from 2 to 100"),
+        (MAX_EXECUTORS_KEY, "1001", "from 2 to 1000"),
+        (MAX_EXECUTORS_KEY, "ten", "from 2 to 1000"),
+    ] {
+        rejected(&on(&[(key, bad)]), &property_field(key), accepted);
+    }
+    rejected(
+        &on(&[(MIN_EXECUTORS, "4"), (INITIAL_EXECUTORS, "3")]),
+        &property_field(INITIAL_EXECUTORS),
+        "3 is below spark.dynamicAllocation.minExecutors 4",
+    );
+    rejected(
+        &on(&[(INITIAL_EXECUTORS, "6"), (MAX_EXECUTORS_KEY, "5")]),
+        &property_field(MAX_EXECUTORS_KEY),
+        "5 is below the 6 executors Spark starts with",
+    );
+    rejected(
+        &on(&[("spark.executor.instances", "8"), (MAX_EXECUTORS_KEY, "4")]),
+        &property_field(MAX_EXECUTORS_KEY),
+        "4 is below the 8 executors Spark starts with",
+    );
+}
+
 #[test]
 fn executor_cores_follow_the_gpu_type() {
     let c = check(&flex(&[("spark.executor.cores", "48")])).expect("l4 48 cores");

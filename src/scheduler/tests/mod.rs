@@ -91,6 +91,7 @@ fn cluster(
             },
         ],
         preemptible: true,
+        dynamic_allocation: false,
     }
 }
 

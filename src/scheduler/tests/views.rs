@@ -162,3 +162,28 @@ fn the_scrape_tally_follows_batches_across_regions_gpu_types_and_requeues() {
     assert!(snapshot.pending.is_empty() && snapshot.wait_fraction.is_empty());
     assert!(s.tally.is_empty());
 }
+
+/// Agents' nodes: the scrape counts those holding a lease, and a node is
+/// of a pool only where it registered, never a virtual one (the engine
+/// asks before counting a registration against the pool's max_nodes).
+/// Found missed by cargo-mutants (BENCHMARKS.md, Testing).
+#[test]
+fn the_scrape_counts_agents_and_a_node_is_of_the_pool_it_registered_in() {
+    let mut s = Scheduler::new(vec![pool("a", 4, 2), pool("b", 4, 2)], rules(100));
+    s.add_node(l4_node("virtual", "a", 4));
+    let agent = |id: &str, zone: &str| NodeSpec {
+        is_virtual: false,
+        ..l4_node(id, zone, 4)
+    };
+    let later = t0() + Duration::seconds(60);
+    assert!(s.register_node(agent("g1", "a"), 1, later));
+    assert!(s.register_node(agent("g2", "b"), 1, later));
+    assert_eq!(s.snapshot(t0()).agent_nodes, 2);
+    let id = |n: &str| NodeId(n.into());
+    assert!(s.is_node_of_pool(&id("g1"), "a", "l4"));
+    assert!(s.is_node_of_pool(&id("g2"), "b", "l4"));
+    assert!(!s.is_node_of_pool(&id("g1"), "b", "l4"), "another zone");
+    assert!(!s.is_node_of_pool(&id("g1"), "a", "a100"), "another pool");
+    assert!(!s.is_node_of_pool(&id("virtual"), "a", "l4"), "virtual");
+    assert!(!s.is_node_of_pool(&id("gone"), "a", "l4"));
+}

@@ -162,6 +162,38 @@ fn two_gpu_l4_executors_become_twice_as_many_one_gpu_a100_executors() {
     );
 }
 
+/// With dynamic allocation, a rung of more, smaller executors raises the
+/// batch's maxExecutors to them: the reshaped batch is valid and Spark
+/// may start the whole rung (planted: the raise left out, the create
+/// was refused).
+#[test]
+fn a_rung_of_more_executors_raises_a_dynamic_batchs_max_executors() {
+    let p = policy(&[(&["a100-40 after 15m"], &[])]);
+    let b = flex(&[
+        ("spark.executor.cores", "24"),
+        ("spark.executor.instances", "3"),
+        ("spark.dynamicAllocation.enabled", "true"),
+        ("spark.dynamicAllocation.initialExecutors", "3"),
+        ("spark.dynamicAllocation.maxExecutors", "3"),
+    ]);
+    let c = create(&b, &p).expect("valid");
+    let r = &c.alternatives[0].cluster;
+    assert_eq!(
+        (r.executor.gpus, r.executor_count, r.dynamic_allocation),
+        (1, 6, true)
+    );
+    let (spec, placed) = as_placed(&b, &c, 1);
+    assert_eq!(
+        spec.properties()["spark.dynamicAllocation.maxExecutors"],
+        "6"
+    );
+    assert_eq!(
+        spec.properties()["spark.dynamicAllocation.initialExecutors"],
+        "3"
+    );
+    assert_eq!(&placed, r);
+}
+
 #[test]
 fn on_demand_draws_the_standard_quota() {
     let p = policy(&[(&["on-demand after 20m"], &[])]);
@@ -281,6 +313,7 @@ proptest::proptest! {
         memory_g in proptest::option::of(4u32..60),
         driver_like in proptest::bool::weighted(0.7),
         region in proptest::sample::select(vec!["us-central1", "europe-west4", "asia-southeast1"]),
+        dynamic in proptest::option::of((2u32..6, 0u32..3, proptest::option::of(2u32..12))),
     ) {
         use proptest::prelude::*;
         let p = {
@@ -307,6 +340,19 @@ proptest::proptest! {
         if let Some(m) = memory.as_deref() {
             extra.push(("spark.executor.memory", m));
         }
+        // Dynamic allocation: minExecutors, initialExecutors (not below
+        // it) and maybe maxExecutors, which the rung's gang must fit.
+        let dynamic = dynamic.map(|(min, more, max)| {
+            (min.to_string(), (min + more).to_string(), max.map(|m| m.to_string()))
+        });
+        if let Some((min, initial, max)) = &dynamic {
+            extra.push(("spark.dynamicAllocation.enabled", "true"));
+            extra.push(("spark.dynamicAllocation.minExecutors", min.as_str()));
+            extra.push(("spark.dynamicAllocation.initialExecutors", initial.as_str()));
+            if let Some(max) = max {
+                extra.push(("spark.dynamicAllocation.maxExecutors", max.as_str()));
+            }
+        }
         let b = flex(&extra);
         let Ok(own) = validate_create(&b, Default::default(), "demo", region, &p) else {
             // Not a valid batch here (a GPU type the region lacks, too
@@ -321,6 +367,18 @@ proptest::proptest! {
             let mut direct = direct.expect("valid");
             direct.alternatives.clear();
             prop_assert_eq!(&direct, &rung.cluster, "rung {} ({})", rung.index, rung.target);
+            // The rung's gang holds the own executors' GPUs, rounded up to
+            // whole executors, never more (dynamic allocation's bounds
+            // included: they follow the rung's executors).
+            let held = |c: &ClusterRequest| u64::from(c.executor_count) * u64::from(c.executor.gpus);
+            if rung.cluster.executor.gpus > 0 {
+                prop_assert!(
+                    held(&rung.cluster) < held(&own) + u64::from(rung.cluster.executor.gpus),
+                    "rung {} ({}): {} executors of {} GPUs for {} GPUs",
+                    rung.index, rung.target, rung.cluster.executor_count,
+                    rung.cluster.executor.gpus, held(&own)
+                );
+            }
             // And what the core is given is what Spark is given.
             let (_, placed) = as_placed(&b, &own, rung.index);
             prop_assert_eq!(&placed, &rung.cluster);

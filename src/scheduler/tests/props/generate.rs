@@ -256,6 +256,7 @@ impl Submit {
             infrastructure_retries: self.retries,
             alternatives: Vec::new(),
             preemptible: true,
+            dynamic_allocation: false,
         };
         if mode == ProvisioningMode::Queue {
             let region = REGIONS[self.region];
