@@ -15,7 +15,14 @@ from pyspark.sql import SparkSession
 out = sys.argv[1]
 tasks = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 spark = SparkSession.builder.getOrCreate()
-print("gpu_addresses: started", flush=True)
+conf = spark.sparkContext.getConf()
+print(
+    "gpu_addresses: started; dynamic allocation "
+    + conf.get("spark.dynamicAllocation.enabled", "false")
+    + ", maxExecutors "
+    + conf.get("spark.dynamicAllocation.maxExecutors", "unset"),
+    flush=True,
+)
 
 
 def record(i):

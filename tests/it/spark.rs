@@ -469,6 +469,70 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         assert_eq!(n["freeGpus"], 2, "capacity back: {n}");
     }
 
+    // 1b. Dynamic allocation on, initialExecutors 3: the cluster is 3
+    //     executors, Spark is capped at them (maxExecutors 3, over the
+    //     batch's 1000), the operation warns of it, and with a backlog of
+    //     tasks no fourth executor runs although GPUs are free.
+    let dyn_file = dir.path().join("dynamic.json");
+    let (st, op) = s
+        .create(
+            "batchId=dynamic",
+            &gpu_batch(
+                "gpu_addresses.py",
+                &[&dyn_file.display().to_string(), "24"],
+                &[
+                    ("spark.task.resource.gpu.amount", "1"),
+                    ("spark.dynamicAllocation.enabled", "true"),
+                    ("spark.dynamicAllocation.initialExecutors", "3"),
+                    ("spark.dynamicAllocation.maxExecutors", "1000"),
+                    ("spark.dynamicAllocation.schedulerBacklogTimeout", "1s"),
+                ],
+            ),
+        )
+        .await;
+    assert_eq!(st, 200, "{op:#}");
+    assert!(
+        op["metadata"]["warnings"].as_array().is_some_and(|w| w.iter().any(|w| w
+            .as_str()
+            .is_some_and(|w| w.contains("at most the 3 executors allocated")))),
+        "{op:#}"
+    );
+    let b = until(
+        &s,
+        "dynamic",
+        "finished",
+        Duration::from_secs(240),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    let text = output(&s, "dynamic").await;
+    assert_eq!(b["state"], "SUCCEEDED", "{b:#}\n{text}");
+    assert!(
+        text.contains("dynamic allocation true, maxExecutors 3"),
+        "{text}"
+    );
+    let executors = b["flexq"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|p| p["role"] == "executor")
+        .count();
+    assert_eq!(executors, 3, "{b:#}");
+    let tasks: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(&dyn_file).expect("the job wrote its records"))
+            .expect("records");
+    let ran_on: std::collections::BTreeSet<&str> = tasks
+        .iter()
+        .filter_map(|t| t["executorIndex"].as_str())
+        .collect();
+    assert_eq!(tasks.len(), 24);
+    assert!(
+        !ran_on.is_empty() && ran_on.iter().all(|i| ["0", "1", "2"].contains(i)),
+        "tasks ran only on the 3 executors allocated: {ran_on:?}"
+    );
+    all_gone(b["uuid"].as_str().expect("uuid"), Duration::from_secs(20)).await;
+
     // 2. A job that raises: FAILED with the exception; output readable.
     let (st, _) = s
         .create("batchId=raises", &gpu_batch("fails.py", &[], &[]))
