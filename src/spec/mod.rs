@@ -25,10 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::{Batch, Code, FieldViolation, check_batch_id, check_request_id, quote};
 
 pub use node::{NodeOffer, NodeSize, check_node};
-pub use properties::{
-    DATAPROC_PROPERTIES, DYNAMIC_ALLOCATION, INITIAL_EXECUTORS, MAX_EXECUTORS_KEY, MIN_EXECUTORS,
-    property_field,
-};
+pub use properties::{DATAPROC_PROPERTIES, property_field};
 pub use request::{
     ClusterRequest, NodeShape, PRIORITY_LABEL, ProvisioningMode, QuotaAmount, RuntimeVersion,
     Workload, priority,
@@ -300,6 +297,13 @@ fn check_create(
     })
 }
 
+/// Spark's dynamic allocation (docs/rules.md#dynamic-allocation): on only
+/// where a batch says `true`; its bounds are those of Dataproc's
+/// serverless Spark.
+pub const DYNAMIC_ALLOCATION: &str = "spark.dynamicAllocation.enabled";
+pub const MIN_EXECUTORS: &str = "spark.dynamicAllocation.minExecutors";
+pub const INITIAL_EXECUTORS: &str = "spark.dynamicAllocation.initialExecutors";
+pub const MAX_EXECUTORS_KEY: &str = "spark.dynamicAllocation.maxExecutors";
 /// The property by which a batch declares its cluster not preemptible.
 pub const PREEMPTIBLE_PROPERTY: &str = "spark.flexq.preemptible";
 

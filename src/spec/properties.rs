@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::shape::Accelerator;
 use super::units::{parse_allocation_timeout, parse_memory_mb, parse_size_gb};
+use super::{DYNAMIC_ALLOCATION, INITIAL_EXECUTORS, MAX_EXECUTORS_KEY, MIN_EXECUTORS};
 use super::{NodeShape, ProvisioningMode, RuntimeVersion, Violations};
 use super::{PartRole, Policy};
 use crate::api::quote;
@@ -32,13 +33,6 @@ const DRIVER_ENV_PREFIX: &str = "spark.dataproc.driverEnv.";
 /// Executors per batch, at most (a guard against absurd requests; the
 /// region's capacity is the real limit).
 const MAX_EXECUTORS: u32 = 1000;
-/// Spark's dynamic allocation (docs/rules.md#dynamic-allocation): on only
-/// where a batch says `true`; its bounds are those of Dataproc's
-/// serverless Spark.
-pub const DYNAMIC_ALLOCATION: &str = "spark.dynamicAllocation.enabled";
-pub const MIN_EXECUTORS: &str = "spark.dynamicAllocation.minExecutors";
-pub const INITIAL_EXECUTORS: &str = "spark.dynamicAllocation.initialExecutors";
-pub const MAX_EXECUTORS_KEY: &str = "spark.dynamicAllocation.maxExecutors";
 /// The most `initialExecutors` may be (Dataproc's bound).
 const MAX_INITIAL_EXECUTORS: u32 = 100;
 /// Maximum memory per core of a CPU node, in MB (standard compute tier).

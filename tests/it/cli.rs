@@ -636,15 +636,15 @@ async fn wait_hears_a_change_on_the_event_stream_at_once() {
 /// `flexq agent --gpu-check`: on a FAKE `nvidia-smi`, and NVML loaded from
 /// a library that is not there (so that reader cannot open, and says why,
 /// on a machine with an NVIDIA driver too), it prints each GPU and the
-/// point a part holding them would send, and exits 0; with no reader that
-/// works it exits 1.
+/// point a part holding them would send, with the GPUs discovery lists, and
+/// exits 0; with no reader that works (nor discovery) it exits 1.
 #[test]
 fn the_gpu_check_reads_through_each_reader_and_says_which_work() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fake = dir.path().join("nvidia-smi");
     std::fs::write(
         &fake,
-        "#!/bin/sh\n# FAKE nvidia-smi (no hardware)\nprintf '0, 30, 100\\n1, 90, 300\\n'\n",
+        "#!/bin/sh\n# FAKE nvidia-smi (no hardware)\nif [ \"$1\" = -L ]; then\n  printf 'GPU 0: NVIDIA L4 (UUID: GPU-a)\\nGPU 1: NVIDIA L4 (UUID: GPU-b)\\n'\n  exit 0\nfi\nprintf '0, 30, 100\\n1, 90, 300\\n'\n",
     )
     .expect("fake");
     {
@@ -661,6 +661,7 @@ fn the_gpu_check_reads_through_each_reader_and_says_which_work() {
         .expect("run");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
+    assert!(text.contains("-L found GPUs [\"0\", \"1\"]"), "{text}");
     assert!(text.contains("NVML: cannot open"), "{text}");
     assert!(text.contains("no-such-libnvidia-ml.so.1"), "{text}");
     assert!(
