@@ -874,12 +874,6 @@ async fn per_project_limits_are_enforced_and_named() {
     let (_, b) = s
         .get("/v1/projects/demo/locations/us-central1/batches/queued-0")
         .await;
-    let (st, _) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            b["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(st, 200);
+    s.cancel(&b).await;
     assert_eq!(s.create("batchId=queued-3", &flex_batch()).await.0, 200);
 }

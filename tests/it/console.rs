@@ -548,13 +548,7 @@ async fn a_queued_batch_shows_why_and_a_cancel_and_the_next_allocation_show_live
     b.goto(&format!("{console}#/capacity")).await;
     b.element("#live.on").await;
     b.mark().await;
-    let (st, body) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            second["operation"].as_str().expect("operation")
-        ))
-        .await;
-    assert_eq!(st, 200, "{body:#}");
+    s.cancel(&second).await;
     let deadline = Instant::now() + WAIT;
     loop {
         let allocated = b

@@ -328,13 +328,7 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
     applied(&k, &k8s_cancel).await;
     set_state(&k, &k8s_cancel, "RUNNING", "");
     let b = until(&s, "k8s-cancel", "running", |b| b["state"] == "RUNNING").await;
-    let (st, _) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            b["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(st, 200);
+    s.cancel(&b).await;
     until(&s, "k8s-cancel", "cancelled", |b| b["state"] == "CANCELLED").await;
 
     // An agent stopped (SIGTERM) while its batch runs stops the work and

@@ -76,22 +76,11 @@ async fn provision_preemptor(
     u
 }
 
-/// Cancels batch `b` (as a get answers it) through its operation.
-async fn cancel(s: &TestServer, b: &Value) {
-    let (status, body) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            b["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(status, 200, "{body:#}");
-}
-
 /// Cancels the preemptor `u` and waits until its victim, at `victim`, is
 /// provisioned again (`what` names what is waited for); returns the
 /// victim.
 async fn cancel_until_reprovisioned(s: &TestServer, u: &Value, victim: &str, what: &str) -> Value {
-    cancel(s, u).await;
+    s.cancel(u).await;
     until(s, victim, what, provisioned).await
 }
 
@@ -348,7 +337,7 @@ async fn a_preemptor_cancelled_while_its_victim_stops_leaves_the_gpus_to_the_que
     assert_eq!(u["flexq"]["provisioningState"], "QUEUED", "{u:#}");
 
     // The preemptor is cancelled before the victim is gone.
-    cancel(&s, &u).await;
+    s.cancel(&u).await;
     let (_, u) = s.get(&format!("{BATCHES}/urgent")).await;
     assert_eq!(u["state"], "CANCELLED", "{u:#}");
     // What was set aside for it is free again: a batch of 3 GPUs runs on

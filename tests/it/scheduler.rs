@@ -113,14 +113,7 @@ async fn gpu_usage(s: &TestServer) -> (u64, u64) {
 }
 
 async fn cancel(s: &TestServer, id: &str) {
-    let b = batch(s, id).await;
-    let (st, body) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            b["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(st, 200, "{body:#}");
+    s.cancel(&batch(s, id).await).await;
 }
 
 #[tokio::test]

@@ -278,16 +278,6 @@ async fn output(s: &TestServer, id: &str) -> String {
     out["data"].as_str().expect("data").to_string()
 }
 
-async fn cancel(s: &TestServer, b: &Value) {
-    let (st, body) = s
-        .post(&format!(
-            "/v1/{}:cancel",
-            b["operation"].as_str().expect("op")
-        ))
-        .await;
-    assert_eq!(st, 200, "{body:#}");
-}
-
 async fn node(s: &TestServer, id: &str) -> Option<Value> {
     let (_, nodes) = s.get("/v1/nodes").await;
     nodes["nodes"]
@@ -603,7 +593,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         "held back by the quota of 2 GPUs"
     );
     let cancelled_at = Instant::now();
-    cancel(&s, &b1).await;
+    s.cancel(&b1).await;
     let b1 = until(
         &s,
         "long-1",

@@ -191,6 +191,14 @@ impl TestServer {
         (status, resp.json().await.expect("JSON body"))
     }
 
+    /// Cancels the batch `b` (as the API answers it) through its
+    /// operation; the cancel must be accepted.
+    pub(crate) async fn cancel(&self, b: &Value) {
+        let op = b["operation"].as_str().expect("the batch's operation");
+        let (status, body) = self.post(&format!("/v1/{op}:cancel")).await;
+        assert_eq!(status, 200, "cancel of {op}: {body:#}");
+    }
+
     pub(crate) async fn delete(&self, path: &str) -> (u16, Value) {
         let resp = self
             .http
