@@ -306,20 +306,18 @@ impl Capacity {
     pub(super) fn take(&mut self, placements: &[Placement]) -> bool {
         let ok = placements.iter().all(|p| {
             self.nodes.get(&p.node).is_some_and(|n| {
-                n.free_cores >= p.cores
-                    && n.free_memory_mb >= p.memory_mb
-                    && n.free_ssd_gb >= p.local_ssd_gb
-                    && p.gpus.iter().all(|g| {
-                        n.spec
-                            .gpu_addresses
-                            .iter()
-                            .position(|a| a == g)
-                            .is_some_and(|i| n.gpu_free[i])
-                    })
+                p.gpus.iter().all(|g| {
+                    n.spec
+                        .gpu_addresses
+                        .iter()
+                        .position(|a| a == g)
+                        .is_some_and(|i| n.gpu_free[i])
+                })
             })
         });
-        // A plan never puts the same GPU twice, but a bad restore could:
-        // count per node too.
+        // Each GPU is free; no GPU is given twice (a plan never does, but
+        // a bad restore could); and each node's cores, memory and SSD
+        // cover the sum of its parts.
         if !ok || !no_gpu_twice(placements) || !sums_fit(self, placements) {
             return false;
         }

@@ -339,8 +339,12 @@ mod tests {
         f.record_past("r", "idle", 4.0, t(0), t(3600));
         f.prune(t(3600));
         assert_eq!(f.projects().count(), 2);
-        // Forty half-lives later idle's usage is below a millionth.
-        f.prune(t(41 * 3600));
+        // Twenty-five half-lives later idle's usage is below a millionth
+        // of a GPU, though its decayed GPU-seconds are not (cargo-mutants:
+        // a prune by GPU-seconds, `/` → `%`, was missed at forty).
+        let faded = f.standing("r", "idle", t(26 * 3600)).usage;
+        assert!(faded < 1e-6 && faded * f.policy.tau() > 1e-4, "{faded}");
+        f.prune(t(26 * 3600));
         assert_eq!(f.projects().collect::<Vec<_>>(), vec![("r", "busy")]);
     }
 

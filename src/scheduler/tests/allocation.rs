@@ -502,3 +502,66 @@ fn a_node_registering_again_with_another_shape_keeps_what_it_holds() {
     s.check_invariants().expect("invariants");
     assert_eq!(s.nodes()[0].0.gpu_addresses.len(), 8);
 }
+
+/// `Capacity::take` refuses a placement that no longer fits on any one
+/// of a node's resources, whatever the others say: each is checked on its
+/// own (cargo-mutants: `&&` → `||` between memory and SSD was missed).
+#[test]
+fn take_refuses_a_part_short_of_any_one_resource() {
+    let mut s = Scheduler::new(vec![], rules(100));
+    s.add_node(l4_node("n", "a", 1));
+    let spec = l4_node("n", "a", 1);
+    let part = |cores: u32, memory_mb: u64, local_ssd_gb: u64| Placement {
+        node: NodeId("n".into()),
+        role: PartRole::Executor,
+        gpus: vec![],
+        cores,
+        memory_mb,
+        local_ssd_gb,
+        accelerator: None,
+    };
+    for (short, p) in [
+        ("cores", part(spec.cores + 1, 1, 1)),
+        ("memory", part(1, spec.memory_mb + 1, 1)),
+        ("local SSD", part(1, 1, spec.local_ssd_gb + 1)),
+    ] {
+        assert!(
+            !s.capacity.take(std::slice::from_ref(&p)),
+            "taken though short of {short}: {p:?}"
+        );
+        let node = &s.capacity.nodes[&NodeId("n".into())];
+        assert_eq!(
+            (node.free_cores, node.free_memory_mb, node.free_ssd_gb),
+            (spec.cores, spec.memory_mb, spec.local_ssd_gb),
+            "a refused take takes nothing ({short})"
+        );
+    }
+    assert!(
+        s.capacity
+            .take(&[part(spec.cores, spec.memory_mb, spec.local_ssd_gb)]),
+        "the whole node fits exactly"
+    );
+}
+
+/// A part without GPUs carries no GPU type, even in a GPU cluster whose
+/// shape names one (cargo-mutants: `gpus > 0` → `>= 0` was missed).
+#[test]
+fn a_part_without_gpus_is_not_labelled_with_the_clusters_gpu_type() {
+    let mut s = Scheduler::new(vec![], rules(100));
+    s.add_node(l4_node("n", "a", 4));
+    let mut c = cluster(1, ProvisioningMode::Queue, 3600, None);
+    c.driver.gpus = 0;
+    s.submit(batch(1, "p", c, t0()));
+    let d = s.pass(t0());
+    let [Decision::Allocate(a)] = d.as_slice() else {
+        panic!("one allocation: {d:?}");
+    };
+    let label = |role: PartRole| {
+        a.placements
+            .iter()
+            .find(|p| p.role == role)
+            .map(|p| (p.gpus.len(), p.accelerator))
+    };
+    assert_eq!(label(PartRole::Driver), Some((0, None)));
+    assert_eq!(label(PartRole::Executor), Some((1, Some(Accelerator::L4))));
+}

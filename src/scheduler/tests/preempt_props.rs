@@ -567,6 +567,17 @@ impl Harness {
                 p.preemptor.0
             )));
         };
+        // A claim whose victims are all gone is over, allocated or not: a
+        // cordon since may have voided its plan, and with nowhere else to
+        // go its preemptor may preempt again in the very pass that ended
+        // it (the record's claims are pruned only after the pass).
+        if self
+            .claims
+            .get(&p.preemptor)
+            .is_some_and(|c| c.waiting.is_empty())
+        {
+            self.claims.remove(&p.preemptor);
+        }
         prop_assert!(!self.claims.contains_key(&p.preemptor), "preempting twice");
         prop_assert!(!p.victims.is_empty());
         prop_assert!(

@@ -107,6 +107,14 @@ fn a_rung_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluste
             info.reasons
         );
     }
+    // At the very instant it ripens, the rung is no longer "tried from"
+    // (cargo-mutants: `>` → `>=` in `rung_reasons` was missed).
+    let info = s.pending_info(BatchKey(2), ripe).expect("queued");
+    assert!(
+        !info.reasons.iter().any(|r| r.contains("tried from")),
+        "{:?}",
+        info.reasons
+    );
     let d = s.pass(ripe);
     let [Decision::Allocate(a)] = d.as_slice() else {
         panic!("one allocation on the rung: {d:?}");
@@ -369,4 +377,48 @@ fn victims_are_chosen_by_the_region_their_cluster_runs_in_and_give_quota_back_th
     assert_eq!(usage(&s, "home", QuotaMetric::PreemptibleNvidiaL4Gpus), 0);
     assert_eq!(allocated(&s.pass(at + Duration::seconds(5))), vec![2]);
     assert!(s.check_invariants().is_ok());
+}
+
+/// A ripe rung counts its batch's region as a home of the rung's region,
+/// and its option in the batch's region, once per batch: each batch that
+/// leaves takes its count with it, and the last leaves nothing behind
+/// (cargo-mutants: `-=` → `/=` in `drop_rungs` was missed; a count that
+/// never falls widens every later pass's walk).
+#[test]
+fn batches_that_leave_take_their_ripe_rungs_counts_with_them() {
+    let mut s = two_types();
+    s.submit(batch(
+        1,
+        "p",
+        cluster(3, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0())), vec![1], "the L4 node is full now");
+    for key in [2, 3] {
+        let mut c = with_a100_rung(cluster(2, ProvisioningMode::Queue, 3600, None), 0);
+        c.alternatives[0].region = "elsewhere".into();
+        s.submit(batch(key, "p", c, t0()));
+    }
+    assert!(
+        allocated(&s.pass(t0())).is_empty(),
+        "nothing fits: {:?}",
+        s.capacity.nodes.keys()
+    );
+    let homes = |s: &Scheduler| {
+        s.rung_homes
+            .get("elsewhere")
+            .and_then(|h| h.get("r"))
+            .copied()
+    };
+    let options = |s: &Scheduler| s.rung_options.get("r").map(|o| o.values().sum::<usize>());
+    assert_eq!(
+        (homes(&s), options(&s)),
+        (Some(2), Some(2)),
+        "both rungs ripe"
+    );
+    s.forget(BatchKey(2), t0());
+    assert_eq!((homes(&s), options(&s)), (Some(1), Some(1)));
+    s.forget(BatchKey(3), t0());
+    assert_eq!((homes(&s), options(&s)), (None, None));
+    assert!(s.rung_homes.is_empty() && s.rung_options.is_empty());
 }
