@@ -68,7 +68,7 @@ use crate::scheduler::{BatchKey, PendingBatch, Scheduler};
 use crate::store::{Backend, Store, StoreError, StoreOptions};
 
 /// The longest a database call made under the core's lock may take.
-pub const DB_UNDER_LOCK: std::time::Duration = std::time::Duration::from_secs(30);
+pub const DB_UNDER_LOCK: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Engine {
     /// A database call made under the core's lock, bounded by

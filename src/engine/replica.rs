@@ -113,8 +113,24 @@ impl Engine {
         self.work_changed();
     }
 
+    /// The database answers again after a fault `seen` (by the leadership
+    /// session or the change stream) since `since`: the
+    /// pooled connections opened before now may be ones the fault lost
+    /// without a word, and are not used again
+    /// ([`crate::store::Store::distrust_connections`]).
+    fn database_back(&self, seen: &str, since: Instant) {
+        self.shared.store.distrust_connections();
+        crate::metrics::record_database_back(seen, since.elapsed());
+        tracing::info!(
+            replica = %self.shared.replica_id,
+            seen,
+            lost_ms = since.elapsed().as_millis() as u64,
+            "the database answers again; connections opened before are not reused"
+        );
+    }
+
     /// The term the election loop holds, if any (terms start at 1).
-    fn held_term(&self) -> Option<i64> {
+    pub(crate) fn held_term(&self) -> Option<i64> {
         Some(self.shared.held_term.load(Ordering::SeqCst)).filter(|t| *t != 0)
     }
 
@@ -283,6 +299,9 @@ async fn lead(engine: Engine, shutdown: CancellationToken) {
     let mut next = Instant::now();
     let mut tick = tokio::time::interval(WATCH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Since when the leadership session has been failing: the database
+    // was lost (a partition, a restart) until a session opens again.
+    let mut lost_since: Option<Instant> = None;
     tracing::info!(replica = %me, lease_ms = lease.as_millis() as u64, "taking part in leader election");
     loop {
         tokio::select! {
@@ -315,8 +334,14 @@ async fn lead(engine: Engine, shutdown: CancellationToken) {
         let s = match session.as_mut() {
             Some(s) => s,
             None => match tokio::time::timeout(bound, store.leader_session()).await {
-                Ok(Ok(s)) => session.insert(s),
+                Ok(Ok(s)) => {
+                    if let Some(since) = lost_since.take() {
+                        engine.database_back("leadership", since);
+                    }
+                    session.insert(s)
+                }
                 failed => {
+                    lost_since.get_or_insert_with(Instant::now);
                     let error = match failed {
                         Ok(Err(e)) => e.to_string(),
                         _ => "did not answer".into(),
@@ -341,6 +366,7 @@ async fn lead(engine: Engine, shutdown: CancellationToken) {
                         tracing::warn!("the leadership session did not answer; opening another");
                     }
                     session = None;
+                    lost_since.get_or_insert_with(Instant::now);
                     next = Instant::now() + every;
                     continue;
                 }
@@ -389,6 +415,7 @@ async fn lead(engine: Engine, shutdown: CancellationToken) {
                 }
                 // The session may be gone, and the lock with it.
                 session = None;
+                lost_since.get_or_insert_with(Instant::now);
                 if held.is_some() {
                     if had_lock {
                         // A follower may take over as soon as it sees
@@ -414,18 +441,27 @@ async fn listen(engine: Engine, shutdown: CancellationToken) {
     let store = engine.shared.store.clone();
     let me = engine.shared.replica_id.clone();
     let mut pings: u64 = 0;
+    // Since when listening has failed, after it once worked.
+    let mut lost_since: Option<Instant> = None;
     loop {
+        // Bounded: a connection opened into a partition may never answer.
         let mut changes = tokio::select! {
             _ = shutdown.cancelled() => return,
-            l = store.listen() => match l {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for changes; retrying");
+            l = tokio::time::timeout(LISTEN_SILENCE, store.listen()) => match l {
+                Ok(Ok(l)) => l,
+                failed => {
+                    match failed {
+                        Ok(Err(e)) => tracing::warn!(error = %e, "cannot listen for changes; retrying"),
+                        _ => tracing::warn!("listening for changes did not answer; retrying"),
+                    }
                     tokio::time::sleep(Duration::from_millis(250)).await;
                     continue;
                 }
             },
         };
+        if let Some(since) = lost_since.take() {
+            engine.database_back("listening", since);
+        }
         // Whatever was committed before this LISTEN (at start: before the
         // first rebuild may have read) is read again.
         tracing::info!("listening for changes");
@@ -439,6 +475,7 @@ async fn listen(engine: Engine, shutdown: CancellationToken) {
                 _ = ping.tick() => {
                     if heard.elapsed() > LISTEN_SILENCE {
                         tracing::warn!(silent_ms = heard.elapsed().as_millis() as u64, "the connection that listens for changes went silent");
+                        lost_since.get_or_insert_with(Instant::now);
                         break;
                     }
                     pings += 1;
@@ -468,10 +505,12 @@ async fn listen(engine: Engine, shutdown: CancellationToken) {
                 }
                 None => {
                     tracing::warn!("lost the connection that listens for changes");
+                    lost_since.get_or_insert_with(Instant::now);
                     break;
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "listening for changes failed");
+                    lost_since.get_or_insert_with(Instant::now);
                     break;
                 }
             }

@@ -282,6 +282,15 @@ pub fn record_leader_change(how: &str) {
     METRICS.leader_changes.with_label_values(&[how]).inc();
 }
 
+/// This replica has its database again after `lost` without it, as
+/// `seen` by its leadership session or its change stream.
+pub fn record_database_back(seen: &str, lost: Duration) {
+    METRICS
+        .database_lost
+        .with_label_values(&[seen])
+        .observe(lost.as_secs_f64());
+}
+
 /// A commit refused by fencing.
 pub fn record_fenced() {
     METRICS.fenced.inc();

@@ -57,6 +57,7 @@ pub(super) struct Metrics {
     pub(super) leader: IntGaugeVec,
     pub(super) leader_term: prometheus::IntGauge,
     pub(super) leader_changes: IntCounterVec,
+    pub(super) database_lost: HistogramVec,
     pub(super) fenced: IntCounter,
     pub(super) config_generation: prometheus::IntGauge,
     pub(super) config_reloads: IntCounterVec,
@@ -111,6 +112,12 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             &["how"],
         )
         .expect("valid metric"),
+        database_lost: histogram_vec(
+            "flexq_database_lost_seconds",
+            "How long this replica was without its database (PostgreSQL), by what saw it: leadership (its leadership session failed, until one opens again) or listening (its change stream); observed as it comes back, when the pooled connections from before stop being used.",
+            exponential(0.25, 10),
+            &["seen"],
+        ),
         config_generation: prometheus::IntGauge::new(
             "flexq_config_generation",
             "The generation of the config in force on this replica (every replica applies the latest).",
@@ -367,10 +374,14 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     for how in ["lapse", "lock", "own"] {
         m.leader_changes.with_label_values(&[how]);
     }
+    for seen in ["leadership", "listening"] {
+        m.database_lost.with_label_values(&[seen]);
+    }
     let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
         Box::new(m.leader.clone()),
         Box::new(m.leader_term.clone()),
         Box::new(m.leader_changes.clone()),
+        Box::new(m.database_lost.clone()),
         Box::new(m.fenced.clone()),
         Box::new(m.config_generation.clone()),
         Box::new(m.config_reloads.clone()),

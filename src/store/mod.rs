@@ -280,11 +280,24 @@ pub struct Store {
     /// When a write last found the disk full, while no write has
     /// succeeded since ([`Store::commit`]).
     full: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// Connections opened before this replica last saw the database come
+    /// back are not used again.
+    suspect: open::Suspect,
 }
 
 impl Store {
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The database came back after a fault this replica saw (its
+    /// leadership session or its listening connection failed, then opened
+    /// again): every pooled connection opened before now is closed
+    /// instead of used, as each is next taken or given back. A
+    /// connection the fault lost silently would otherwise hang whoever
+    /// took it next, with no error, for as long as its caller waits.
+    pub fn distrust_connections(&self) {
+        self.suspect.mark();
     }
 
     /// Begins the transaction of a group of creates. On PostgreSQL it does

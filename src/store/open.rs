@@ -95,6 +95,14 @@ impl SessionLimits {
 
     /// `url` with the settings of `session` as startup options, before
     /// the URL's own (which win).
+    /// How long a write on a pool session may take, seen from the
+    /// client: the server's `lock_timeout` (L + R) ends a live session's
+    /// wait first, and a lease more is room for the rest of it. What
+    /// outlasts this waits on a connection lost without a word.
+    pub(crate) fn write_bound(&self) -> Duration {
+        self.lease * 2 + self.renew
+    }
+
     pub(crate) fn url(&self, url: &str, session: Session) -> String {
         let ours: Vec<String> = self
             .settings(session)
@@ -115,7 +123,8 @@ impl Store {
     /// Opens (creating if needed) the database, runs the migrations and
     /// starts the group-commit writer.
     pub async fn open(options: &StoreOptions) -> Result<Store, StoreError> {
-        let (pool, backend) = connect(options, Session::Pool).await?;
+        let suspect = Suspect::default();
+        let (pool, backend) = connect(options, Session::Pool, &suspect).await?;
         match backend {
             Backend::Sqlite => migrate(&pool, backend).await?,
             Backend::Postgres => migrate_with(options).await?,
@@ -127,7 +136,7 @@ impl Store {
                     max_connections: 2,
                     ..options.clone()
                 };
-                connect(&lease, Session::Leadership).await?.0
+                connect(&lease, Session::Leadership, &suspect).await?.0
             }
         };
         let (tx, rx) = mpsc::channel(options.group_commit_max.max(1) * 4);
@@ -141,6 +150,7 @@ impl Store {
             leadership_url: options.limits.url(&options.url, Session::Leadership).into(),
             limits: options.limits,
             full: Default::default(),
+            suspect,
         };
         tokio::spawn(writer::run(
             store.clone(),
@@ -151,9 +161,36 @@ impl Store {
     }
 }
 
+/// The instant before which every pooled connection is suspect: opened
+/// before this replica last saw the database come back after a fault
+/// (a partition, a restart). Such a connection may be one that the fault
+/// lost without a word (a proxy or NAT that forgot it, its bytes held for
+/// good): used, it would hang its caller with no error. So it is never
+/// handed out again, nor taken back: closed, and a fresh one opened
+/// ([`Store::distrust_connections`]).
+#[derive(Clone, Default)]
+pub(super) struct Suspect(std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>);
+
+impl Suspect {
+    pub(super) fn mark(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    /// Whether a connection `age` old was opened before the mark.
+    fn is_suspect(&self, age: Duration) -> bool {
+        let mark = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        mark.is_some_and(|mark| {
+            std::time::Instant::now()
+                .checked_sub(age)
+                .is_none_or(|born| born < mark)
+        })
+    }
+}
+
 async fn connect(
     options: &StoreOptions,
     session: Session,
+    suspect: &Suspect,
 ) -> Result<(AnyPool, Backend), StoreError> {
     sqlx::any::install_default_drivers();
     let backend = Backend::of_url(&options.url)?;
@@ -161,6 +198,10 @@ async fn connect(
         Backend::Sqlite => options.url.clone(),
         Backend::Postgres => options.limits.url(&options.url, session),
     };
+    // A connection's check never waits longer than this: one lost in a
+    // partition never answers.
+    let bound = (options.limits.lease / 2).max(Duration::from_millis(100));
+    let released = suspect.clone();
     let pool = AnyPoolOptions::new()
         .max_connections(options.max_connections.max(2))
         // A connection comes back inside a transaction when its commit
@@ -169,14 +210,21 @@ async fn connect(
         // driver still counts it open). Reused, every later write would
         // fail ("begin_with at non-zero transaction depth"): closed
         // instead. A rollback queued by a dropped transaction is let
-        // through first (the ping waits for it).
-        .after_release(|conn, _| {
+        // through first (the ping waits for it, bounded). A suspect
+        // connection is closed, not taken back.
+        .after_release(move |conn, meta| {
+            let suspect = released.is_suspect(meta.age);
             Box::pin(async move {
                 use sqlx::Connection;
+                if suspect {
+                    return Ok(false);
+                }
                 if !conn.is_in_transaction() {
                     return Ok(true);
                 }
-                conn.ping().await?;
+                if !matches!(tokio::time::timeout(bound, conn.ping()).await, Ok(Ok(()))) {
+                    return Ok(false);
+                }
                 if conn.is_in_transaction() {
                     tracing::warn!("a database connection came back inside a transaction: closed");
                     return Ok(false);
@@ -212,7 +260,22 @@ async fn connect(
         }
         // A replica that lost its database must notice within the leader
         // lease, not after the kernel's TCP timeouts.
-        Backend::Postgres => pool.acquire_timeout(Duration::from_secs(5)),
+        Backend::Postgres => {
+            // The check before a pooled connection is handed out, bounded:
+            // sqlx's own ping is bounded only by the acquire's timeout. A
+            // suspect connection is not even tried.
+            let suspect = suspect.clone();
+            pool.acquire_timeout(Duration::from_secs(5))
+                .test_before_acquire(false)
+                .before_acquire(move |conn, meta| {
+                    let suspect = suspect.is_suspect(meta.age);
+                    Box::pin(async move {
+                        use sqlx::Connection;
+                        Ok(!suspect
+                            && matches!(tokio::time::timeout(bound, conn.ping()).await, Ok(Ok(()))))
+                    })
+                })
+        }
     };
     pool.connect(&url)
         .await
@@ -247,7 +310,7 @@ async fn migrate_with(options: &StoreOptions) -> Result<(), StoreError> {
         max_connections: 1,
         ..options.clone()
     };
-    let (pool, backend) = connect(&once, Session::Migration).await?;
+    let (pool, backend) = connect(&once, Session::Migration, &Suspect::default()).await?;
     let result = migrate(&pool, backend).await;
     pool.close().await;
     result

@@ -167,7 +167,32 @@ enum Disposition {
 type Key = (String, String, String);
 
 /// Each create's outcome, `None` for those left to wait apart.
+/// [`try_group_once`], bounded on PostgreSQL: a connection that a
+/// partition lost without a word never answers, and the one writer must
+/// not wait on it with every create behind it. The server's own bounds
+/// (the session's `lock_timeout`) end a live session's wait first.
 async fn try_group(
+    store: &Store,
+    batches: &[NewBatch],
+    now: DateTime<Utc>,
+    wait: bool,
+) -> Result<Vec<Option<Result<Created, StoreError>>>, StoreError> {
+    if store.backend != super::Backend::Postgres {
+        return try_group_once(store, batches, now, wait).await;
+    }
+    let bound = store.limits.write_bound();
+    tokio::time::timeout(bound, try_group_once(store, batches, now, wait))
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "the database did not answer a group commit of {} create(s) within {} ms",
+                batches.len(),
+                bound.as_millis()
+            )))
+        })
+}
+
+async fn try_group_once(
     store: &Store,
     batches: &[NewBatch],
     now: DateTime<Utc>,

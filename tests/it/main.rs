@@ -22,6 +22,7 @@ mod metrics;
 mod partition;
 mod preemption;
 mod prometheus;
+mod proxy;
 mod queues;
 mod reload;
 mod replicas;

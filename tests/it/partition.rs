@@ -8,15 +8,11 @@
 //! leader must hold the leader lock, so that its own crash is again seen
 //! at once.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::watch;
 
+use crate::proxy::FreezingProxy;
 use crate::replicas::{
     Replica, audit, config_file, gpu_batch, leader, leads_by_metrics, leads_within,
 };
@@ -41,168 +37,6 @@ const CUT: Duration = Duration::from_secs(7);
 const BLINK: Duration = Duration::from_secs(1);
 /// The leader lock's key (src/store/leader_lock.rs: "flexq\0\0\2").
 const LEADER_LOCK: i64 = 0x666c_6578_7100_0002;
-
-/// A TCP proxy to PostgreSQL that can freeze: then it forwards nothing
-/// either way and closes nothing. `freeze_after(text)` freezes the moment
-/// a client has sent the execution of a statement whose SQL contains
-/// `text` (forwarded first, so the server runs it).
-struct FreezingProxy {
-    url: String,
-    frozen: watch::Sender<bool>,
-    trigger: Arc<Mutex<Option<String>>>,
-}
-
-impl FreezingProxy {
-    async fn start(db_url: &str) -> FreezingProxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let (frozen, _) = watch::channel(false);
-        let trigger = Arc::new(Mutex::new(None::<String>));
-        let (f, t) = (frozen.clone(), trigger.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let (f, t) = (f.clone(), t.clone());
-                tokio::spawn(async move {
-                    // A connection opened while frozen hangs, as in a
-                    // partition.
-                    let _ = f.subscribe().wait_for(|x| !*x).await;
-                    let Ok(up) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
-                        return;
-                    };
-                    let ((cr, cw), (ur, uw)) = (client.into_split(), up.into_split());
-                    tokio::spawn(pump(ur, cw, f.clone(), None));
-                    pump(cr, uw, f, Some(t)).await;
-                });
-            }
-        });
-        let url = db_url.replacen("127.0.0.1:5432", &format!("127.0.0.1:{port}"), 1);
-        assert_ne!(
-            url, db_url,
-            "the test PostgreSQL is expected on 127.0.0.1:5432"
-        );
-        // In clear, so that the proxy can see which statement runs.
-        let url = format!("{url}?sslmode=disable");
-        FreezingProxy {
-            url,
-            frozen,
-            trigger,
-        }
-    }
-
-    fn freeze_after(&self, sql: &str) {
-        *self.trigger.lock().expect("trigger") = Some(sql.into());
-    }
-
-    fn thaw(&self) {
-        self.frozen.send_replace(false);
-    }
-
-    /// Waits until frozen; answers when.
-    async fn frozen_within(&self, within: Duration) -> Instant {
-        let t = Instant::now();
-        while !*self.frozen.borrow() {
-            assert!(t.elapsed() < within, "the proxy never froze");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        Instant::now()
-    }
-}
-
-async fn pump(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
-    frozen: watch::Sender<bool>,
-    trigger: Option<Arc<Mutex<Option<String>>>>,
-) {
-    let mut thawed = frozen.subscribe();
-    let mut seen = Frontend::default();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        if thawed.wait_for(|x| !*x).await.is_err() {
-            return;
-        }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        // Froze meanwhile: hold the bytes until thawed.
-        if thawed.wait_for(|x| !*x).await.is_err() {
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-        if let Some(t) = &trigger {
-            let needle = t.lock().expect("trigger").clone();
-            if seen.feed(&buf[..n], needle.as_deref()) {
-                *t.lock().expect("trigger") = None;
-                frozen.send_replace(true);
-            }
-        }
-    }
-}
-
-/// Just enough of PostgreSQL's frontend protocol to see which statement a
-/// Bind or Query runs: sqlx parses a statement once per connection under
-/// a name, then binds it by name.
-#[derive(Default)]
-struct Frontend {
-    started: bool,
-    pending: Vec<u8>,
-    names: HashMap<String, String>,
-}
-
-impl Frontend {
-    /// Reads `bytes`; true when they executed a statement containing
-    /// `needle`.
-    fn feed(&mut self, bytes: &[u8], needle: Option<&str>) -> bool {
-        fn cstr(b: &[u8]) -> (String, usize) {
-            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-            (
-                String::from_utf8_lossy(&b[..end]).into_owned(),
-                (end + 1).min(b.len()),
-            )
-        }
-        self.pending.extend_from_slice(bytes);
-        let mut hit = false;
-        loop {
-            let head = if self.started { 5 } else { 4 };
-            if self.pending.len() < head {
-                return hit;
-            }
-            let len =
-                u32::from_be_bytes(self.pending[head - 4..head].try_into().expect("four bytes"))
-                    as usize;
-            let total = len + head - 4;
-            if self.pending.len() < total {
-                return hit;
-            }
-            let msg: Vec<u8> = self.pending.drain(..total).collect();
-            if !self.started {
-                self.started = true;
-                continue;
-            }
-            let body = &msg[5..];
-            let has = |sql: &str| needle.is_some_and(|n| sql.contains(n));
-            match msg[0] {
-                b'P' => {
-                    let (name, k) = cstr(body);
-                    let (sql, _) = cstr(&body[k..]);
-                    self.names.insert(name, sql);
-                }
-                b'B' => {
-                    let (_, k) = cstr(body);
-                    let (statement, _) = cstr(&body[k..]);
-                    hit |= self.names.get(&statement).is_some_and(|s| has(s));
-                }
-                b'Q' => hit |= has(&cstr(body).0),
-                _ => {}
-            }
-        }
-    }
-}
 
 struct Cluster {
     /// The replicas' logs (`r0.log`, ...).

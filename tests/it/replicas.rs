@@ -20,6 +20,7 @@ use crate::support::{flex_with, flexq_bin, fresh_postgres_database, metrics_text
 mod cut_off;
 mod failover;
 mod followers;
+mod heal;
 mod manifest;
 mod preemption;
 mod reload;
