@@ -306,6 +306,69 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
     set_state(&k, &on_k8s, "COMPLETED", "");
     until(&s, "on-k8s", "succeeded", |b| b["state"] == "SUCCEEDED").await;
 
+    // Dynamic allocation on, as Dataproc's serverless clients send it: the
+    // application starts with the executors allocated and can never ask
+    // for one more (Spark would create executor pods itself, up to
+    // maxExecutors, with the same affinity and GPU request: on GPUs the
+    // ledger counts as free). The operator's own dynamicAllocation
+    // stanza, which would override the conf, is not set.
+    let mut elastic = batch();
+    for (key, value) in [
+        ("spark.dynamicAllocation.enabled", "true"),
+        ("spark.dynamicAllocation.minExecutors", "2"),
+        ("spark.dynamicAllocation.initialExecutors", "2"),
+        ("spark.dynamicAllocation.maxExecutors", "1000"),
+    ] {
+        elastic["runtimeConfig"]["properties"][key] = json!(value);
+    }
+    let (st, op) = s.create("batchId=k8s-elastic", &elastic).await;
+    assert_eq!(st, 200, "{op:#}");
+    assert!(
+        op["metadata"]["warnings"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w
+                .as_str()
+                .is_some_and(|w| w.contains("spark.dynamicAllocation.maxExecutors")))),
+        "the create warns of the cap: {op:#}"
+    );
+    let elastic_app = format!(
+        "flexq-{}",
+        op["metadata"]["batchUuid"].as_str().expect("uuid")
+    );
+    let app = applied(&k, &elastic_app).await;
+    let b = until(&s, "k8s-elastic", "provisioned", |b| {
+        b["flexq"]["nodes"].is_array()
+    })
+    .await;
+    let allocated = b["flexq"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|p| p["role"] == "executor")
+        .count();
+    assert_eq!(allocated, 2, "{b:#}");
+    assert_eq!(app["spec"]["executor"]["instances"], allocated, "{app:#}");
+    let conf = &app["spec"]["sparkConf"];
+    let most = |key: &str| -> usize {
+        conf[key]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {conf:#}"))
+    };
+    assert_eq!(
+        most("spark.dynamicAllocation.maxExecutors"),
+        allocated,
+        "{conf:#}"
+    );
+    assert!(most("spark.dynamicAllocation.initialExecutors") <= allocated);
+    assert!(most("spark.dynamicAllocation.minExecutors") <= allocated);
+    assert!(app["spec"]["dynamicAllocation"].is_null(), "{app:#}");
+    set_state(&k, &elastic_app, "COMPLETED", "");
+    until(&s, "k8s-elastic", "succeeded", |b| {
+        b["state"] == "SUCCEEDED"
+    })
+    .await;
+
     // A failed application fails the batch with the operator's message.
     let k8s_fails = create(&s, "k8s-fails").await;
     applied(&k, &k8s_fails).await;
