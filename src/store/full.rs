@@ -2,6 +2,12 @@
 //! marks the store full (readiness and metrics say so), the next write
 //! that succeeds clears it, and a readiness check tries a small write of
 //! its own while it stays full ([`Store::probe_if_full`]).
+//!
+//! On PostgreSQL only a write that grows the database counts: a create, or
+//! the probe, which makes a table of its own. A full disk there still
+//! takes writes into pages the database already has (an update in place,
+//! a lease renewal, WAL on another disk), so their success says nothing of
+//! the space creates need.
 
 use std::time::Duration;
 
@@ -21,12 +27,14 @@ impl Store {
     /// transaction (see the release check of [`connect`](super::open)).
     pub(crate) async fn commit(&self, tx: Transaction<'static, Any>) -> Result<(), StoreError> {
         let result = tx.commit().await.map_err(StoreError::from);
-        self.note_write(&result);
+        self.note_write(&result, false);
         result
     }
 
-    /// Notes what a write's outcome says of the disk.
-    pub(crate) fn note_write<T>(&self, result: &Result<T, StoreError>) {
+    /// Notes what a write's outcome says of the disk; whether it `grew`
+    /// the database (see the module's text).
+    pub(crate) fn note_write<T>(&self, result: &Result<T, StoreError>, grew: bool) {
+        let proves_space = grew || self.backend == super::Backend::Sqlite;
         let mut full = self.full.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Err(StoreError::Full(e)) => {
@@ -34,12 +42,12 @@ impl Store {
                     tracing::error!(error = %e, "the database's disk is full: writes are refused until space is freed");
                 }
             }
-            Ok(_) => {
+            Ok(_) if proves_space => {
                 if full.take().is_some() {
                     tracing::info!("the database accepts writes again");
                 }
             }
-            Err(_) => {}
+            _ => {}
         }
     }
 
@@ -64,17 +72,36 @@ impl Store {
             return;
         }
         let result = async {
-            let mut tx = self.begin_write().await?;
-            sqlx::query("delete from store_probe")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("insert into store_probe (id, written) values (1, 'probe')")
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(())
+            match self.backend {
+                super::Backend::Sqlite => {
+                    let mut tx = self.begin_write().await?;
+                    sqlx::query("delete from store_probe")
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query("insert into store_probe (id, written) values (1, 'probe')")
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                }
+                super::Backend::Postgres => {
+                    // A table of its own, in the database's tablespace: its
+                    // file is made and grown by a page, as a create's would
+                    // be. Temporary, gone with the transaction; no lock.
+                    let mut tx = self.pool.begin().await?;
+                    sqlx::query(
+                        "create temporary table flexq_space_probe (written text) on commit drop",
+                    )
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query("insert into flexq_space_probe values ('probe')")
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                }
+            }
+            Ok::<(), StoreError>(())
         }
         .await;
-        self.note_write(&result);
+        self.note_write(&result, true);
     }
 }

@@ -170,26 +170,32 @@ type Key = (String, String, String);
 /// [`try_group_once`], bounded on PostgreSQL: a connection that a
 /// partition lost without a word never answers, and the one writer must
 /// not wait on it with every create behind it. The server's own bounds
-/// (the session's `lock_timeout`) end a live session's wait first.
+/// (the session's `lock_timeout`) end a live session's wait first. What
+/// it says of the disk is noted ([`Store::note_write`]).
 async fn try_group(
     store: &Store,
     batches: &[NewBatch],
     now: DateTime<Utc>,
     wait: bool,
 ) -> Result<Vec<Option<Result<Created, StoreError>>>, StoreError> {
-    if store.backend != super::Backend::Postgres {
-        return try_group_once(store, batches, now, wait).await;
-    }
-    let bound = store.limits.write_bound();
-    tokio::time::timeout(bound, try_group_once(store, batches, now, wait))
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(format!(
-                "the database did not answer a group commit of {} create(s) within {} ms",
-                batches.len(),
-                bound.as_millis()
-            )))
-        })
+    let result = if store.backend != super::Backend::Postgres {
+        try_group_once(store, batches, now, wait).await
+    } else {
+        let bound = store.limits.write_bound();
+        tokio::time::timeout(bound, try_group_once(store, batches, now, wait))
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "the database did not answer a group commit of {} create(s) within {} ms",
+                    batches.len(),
+                    bound.as_millis()
+                )))
+            })
+    };
+    // Creates grow the database: on PostgreSQL a full disk refuses their
+    // inserts (before any commit), and their success says there is space.
+    store.note_write(&result, true);
+    result
 }
 
 async fn try_group_once(

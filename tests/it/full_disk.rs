@@ -196,3 +196,191 @@ async fn a_full_disk_refuses_writes_clearly_and_they_resume_when_space_returns()
     }
     drop(s);
 }
+
+/// A database of the test PostgreSQL whose tablespace lies on a disk of
+/// its own; dropped, with the tablespace, when this value is.
+struct DatabaseOnDisk {
+    url: String,
+    name: String,
+    tablespace: String,
+}
+
+impl DatabaseOnDisk {
+    /// PostgreSQL's server runs as its own user (`postgres`, on the same
+    /// machine): the tablespace's directory is its, and on the way to it
+    /// every directory lets it through.
+    async fn create(disk: &SmallDisk) -> DatabaseOnDisk {
+        use sqlx::{Connection, Executor};
+        use std::os::unix::fs::PermissionsExt;
+        let location = disk.path.join("tablespace");
+        std::fs::create_dir(&location).expect("tablespace directory");
+        let mut dir = Some(location.as_path());
+        while let Some(d) =
+            dir.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir())
+        {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            dir = d.parent();
+        }
+        let out = Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(&location)
+            .output()
+            .expect("run chown");
+        assert!(
+            out.status.success(),
+            "chown the tablespace to postgres: {out:?}"
+        );
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let (name, tablespace) = (format!("flexq_t_{suffix}"), format!("flexq_ts_{suffix}"));
+        let admin = crate::support::postgres_admin_url();
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("PostgreSQL");
+        conn.execute(
+            format!(
+                "create tablespace {tablespace} location '{}'",
+                location.display()
+            )
+            .as_str(),
+        )
+        .await
+        .expect("create the tablespace (PostgreSQL must run on this machine)");
+        conn.execute(format!("create database {name} tablespace {tablespace}").as_str())
+            .await
+            .expect("create the database on it");
+        let _ = conn.close().await;
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+        DatabaseOnDisk {
+            url: format!("{base}/{name}"),
+            name,
+            tablespace,
+        }
+    }
+}
+
+impl Drop for DatabaseOnDisk {
+    fn drop(&mut self) {
+        let (name, tablespace) = (self.name.clone(), self.tablespace.clone());
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                use sqlx::{Connection, Executor};
+                let Ok(mut conn) =
+                    sqlx::PgConnection::connect(&crate::support::postgres_admin_url()).await
+                else {
+                    return;
+                };
+                for sql in [
+                    format!("drop database if exists {name} with (force)"),
+                    format!("drop tablespace if exists {tablespace}"),
+                ] {
+                    if let Err(e) = conn.execute(sql.as_str()).await {
+                        eprintln!("{sql}: {e}");
+                    }
+                }
+                let _ = conn.close().await;
+            })
+        });
+        let _ = done.join();
+    }
+}
+
+/// PostgreSQL's disk full, for real: the server's database lives in a
+/// tablespace on a small tmpfs, filled with a ballast file and then with
+/// creates until PostgreSQL cannot extend a file (SQLSTATE 53100).
+/// Writes are refused as STORE_FULL, reads go on, `/readyz` says so, and
+/// writes resume once space comes back, with no restart; nothing
+/// acknowledged is lost.
+#[tokio::test]
+async fn postgres_out_of_disk_refuses_writes_clearly_and_they_resume_when_space_returns() {
+    let disk = SmallDisk::mount("48m");
+    let database = DatabaseOnDisk::create(&disk).await;
+    let url = database.url.clone();
+    let s = TestServer::start_with(|c| {
+        no_virtual_nodes(c);
+        c.database.url = Some(url);
+    })
+    .await;
+    let ballast = disk.path.join("ballast");
+    fill(&ballast, 256 * 1024);
+
+    let body = flex_with("spark.app.name", &"p".repeat(3000));
+    let mut acknowledged: Vec<String> = Vec::new();
+    let (st, err) = loop {
+        let id = format!("fill-{}", acknowledged.len());
+        let (st, answer) = s.create(&format!("batchId={id}"), &body).await;
+        if st != 200 {
+            break (st, answer);
+        }
+        acknowledged.push(id);
+        assert!(acknowledged.len() < 5000, "the disk never filled");
+    };
+    assert_eq!(
+        (st, reason(&err)),
+        (429, "STORE_FULL".into()),
+        "after {} creates: {err}",
+        acknowledged.len()
+    );
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("disk is full")),
+        "{err}"
+    );
+    assert_eq!(
+        s.list_all("").await.len(),
+        acknowledged.len(),
+        "reads go on"
+    );
+    let (st, ready) = s.get("/readyz").await;
+    assert_eq!(st, 200, "{ready}");
+    assert!(
+        ready["store"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("full")),
+        "{ready}"
+    );
+
+    // Past the probe's delay, readiness tries a write of its own: it must
+    // need space as a create does (on PostgreSQL a write into pages the
+    // database has would pass on a full disk), so it still says full.
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    let (_, ready) = s.get("/readyz").await;
+    assert!(
+        ready["store"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("full")),
+        "the probe found space on a full disk: {ready}"
+    );
+
+    // Space comes back: readiness sees it by itself, then creates work.
+    std::fs::remove_file(&ballast).expect("remove the ballast");
+    let freed = Instant::now();
+    loop {
+        let (_, ready) = s.get("/readyz").await;
+        if ready["store"] == "ok" {
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(8),
+            "readiness did not see space come back within 8 s: {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (st, answer) = s.create("batchId=after-space", &body).await;
+    assert_eq!(st, 200, "{answer}");
+    let listed: Vec<String> = s
+        .list_all("")
+        .await
+        .iter()
+        .filter_map(|b| Some(b["name"].as_str()?.rsplit('/').next()?.to_string()))
+        .collect();
+    for id in &acknowledged {
+        assert!(listed.contains(id), "{id} was acknowledged and is gone");
+    }
+    drop(s);
+    drop(database);
+}
