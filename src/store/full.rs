@@ -38,14 +38,13 @@ impl Store {
         let mut full = self.full.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Err(StoreError::Full(e)) => {
-                if full.replace(std::time::Instant::now()).is_none() {
+                let first = full.replace(std::time::Instant::now()).is_none();
+                if first {
                     tracing::error!(error = %e, "the database's disk is full: writes are refused until space is freed");
                 }
             }
-            Ok(_) if proves_space => {
-                if full.take().is_some() {
-                    tracing::info!("the database accepts writes again");
-                }
+            Ok(_) if proves_space && full.take().is_some() => {
+                tracing::info!("the database accepts writes again");
             }
             _ => {}
         }
