@@ -220,15 +220,19 @@ impl Scheduler {
     /// Queue position (1-based) in the region's order, reasons and an
     /// estimated start, as of `now`.
     pub fn pending_info(&self, key: BatchKey, now: DateTime<Utc>) -> Option<PendingInfo> {
-        self.pending_info_at(key, Place::Unknown, now)
+        self.pending_info_at(key, Place::Unknown, None, now)
     }
 
     /// [`Self::pending_info`], told the batch's place when the caller
     /// walked the queue to it, so that it is not searched for again.
+    /// `own`, when the caller estimated the batch's start on its own
+    /// placement already (a page of the queue estimates its batches in
+    /// one walk, [`Scheduler::estimates_in_order`]).
     pub(super) fn pending_info_at(
         &self,
         key: BatchKey,
         place: Place,
+        own: Option<Option<DateTime<Utc>>>,
         now: DateTime<Utc>,
     ) -> Option<PendingInfo> {
         let batch = self.pending.get(&key)?;
@@ -276,7 +280,7 @@ impl Scheduler {
             None
         } else {
             let short = reasons.iter().any(|r| matches!(r, Blocker::Quota(_)));
-            self.earliest_start(batch, before.as_deref(), short, now)
+            self.earliest_start(batch, before.as_deref(), short, own, now)
         };
         // Blocked by capacity alone: what preemption does for it.
         let by_capacity = !reasons.is_empty()
@@ -306,9 +310,10 @@ impl Scheduler {
         batch: &PendingBatch,
         before: Option<&[ProjectAhead<'_>]>,
         short: bool,
+        own: Option<Option<DateTime<Utc>>>,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
-        let (own, rungs) = self.starts(batch, before, short, now);
+        let (own, rungs) = self.starts(batch, before, short, own, now);
         own.into_iter().chain(rungs.into_iter().flatten()).min()
     }
 
@@ -320,15 +325,21 @@ impl Scheduler {
         batch: &PendingBatch,
         before: Option<&[ProjectAhead<'_>]>,
         short: bool,
+        known: Option<Option<DateTime<Utc>>>,
         now: DateTime<Utc>,
     ) -> (Option<DateTime<Utc>>, Vec<Option<DateTime<Utc>>>) {
-        let ahead = self.ahead(batch, before);
-        let own = if short {
+        // The batches ahead, unless already estimated and without rungs.
+        let ahead = if known.is_some() && batch.cluster.alternatives.is_empty() {
             None
         } else {
-            ahead
+            self.ahead(batch, before)
+        };
+        let own = match known {
+            _ if short => None,
+            Some(own) => own,
+            None => ahead
                 .as_deref()
-                .and_then(|ahead| self.estimate_in_order(batch, ahead, now))
+                .and_then(|ahead| self.estimate_in_order(batch, ahead, now)),
         };
         let rungs = batch
             .cluster
@@ -402,7 +413,7 @@ impl Scheduler {
             .ledger
             .shortfall(&probe.project, &probe.region, &probe.cluster.quota)
             .is_some();
-        self.starts(probe, before.as_deref(), short, now)
+        self.starts(probe, before.as_deref(), short, None, now)
     }
 
     /// The batches ahead of `batch` in its region's order, first first:

@@ -12,7 +12,7 @@ use super::capacity::{NodeId, NodeSpec};
 use super::core::{QueueKey, Scheduler};
 use super::fairshare::Order;
 use super::model::{BatchKey, PendingBatch};
-use super::pending::{PendingInfo, Place};
+use super::pending::{ESTIMATE_DEPTH, PendingInfo, Place};
 use super::quota::QuotaView;
 
 /// Capacity per region, zone and GPU type, for the admin views.
@@ -282,17 +282,74 @@ impl Scheduler {
                 .take(take)
                 .map(|(i, (_, k))| (*k, Place::Region(i + 1)))
                 .collect(),
-            (Order::Strict, None) => self
-                .queues
-                .get(region)
-                .into_iter()
-                .flatten()
+            (_, None) => self
+                .region_walk(region, now)
                 .enumerate()
                 .skip(skip)
                 .take(take)
-                .map(|(i, (_, k))| (*k, Place::Region(i + 1)))
+                .map(|(i, k)| (k, Place::Region(i + 1)))
                 .collect(),
-            (Order::FairShare, None) => {
+        };
+        // The start estimates of the page's batches near the head (with
+        // at most ESTIMATE_DEPTH ahead), in one walk of the region's order
+        // rather than one simulation each.
+        let deepest = placed
+            .iter()
+            .map(|(_, place)| match place {
+                Place::Region(i) => *i,
+                Place::InProject(_) | Place::Unknown => ESTIMATE_DEPTH + 1,
+            })
+            .max()
+            .unwrap_or(0)
+            .min(ESTIMATE_DEPTH + 1);
+        let shallow = placed.iter().any(|(_, place)| match place {
+            Place::Region(i) | Place::InProject(i) => *i <= ESTIMATE_DEPTH + 1,
+            Place::Unknown => true,
+        });
+        let estimates: HashMap<BatchKey, Option<DateTime<Utc>>> = if shallow {
+            let order = self.region_order(region, deepest, now);
+            order
+                .iter()
+                .copied()
+                .zip(self.estimates_in_order(region, &order, now))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let page = placed
+            .into_iter()
+            .filter_map(|(k, place)| {
+                Some((
+                    &**self.pending.get(&k)?,
+                    self.pending_info_at(k, place, estimates.get(&k).copied(), now)?,
+                ))
+            })
+            .collect();
+        (total, page)
+    }
+
+    /// The first `n` batches of `region`'s queue in the order a pass walks
+    /// it at `now` (strict, or fair share: the projects by usage ÷ weight,
+    /// then each project's queue).
+    fn region_order(&self, region: &str, n: usize, now: DateTime<Utc>) -> Vec<BatchKey> {
+        self.region_walk(region, now).take(n).collect()
+    }
+
+    /// `region`'s queue in the order a pass walks it at `now`.
+    fn region_walk<'a>(
+        &'a self,
+        region: &str,
+        now: DateTime<Utc>,
+    ) -> Box<dyn Iterator<Item = BatchKey> + 'a> {
+        match self.fair.order() {
+            Order::Strict => Box::new(
+                self.queues
+                    .get(region)
+                    .into_iter()
+                    .flatten()
+                    .map(|(_, k)| *k),
+            ),
+            Order::FairShare => {
                 let mut order: Vec<(u64, &str, &BTreeSet<QueueKey>)> = self
                     .project_queues
                     .get(region)
@@ -301,26 +358,14 @@ impl Scheduler {
                     .map(|(p, q)| (self.fair_key(region, p, now), p.as_str(), q))
                     .collect();
                 order.sort_unstable_by_key(|&(share, p, _)| (share, p));
-                order
-                    .into_iter()
-                    .flat_map(|(_, _, q)| q.iter())
-                    .enumerate()
-                    .skip(skip)
-                    .take(take)
-                    .map(|(i, (_, k))| (*k, Place::Region(i + 1)))
-                    .collect()
+                Box::new(
+                    order
+                        .into_iter()
+                        .flat_map(|(_, _, q)| q.iter())
+                        .map(|(_, k)| *k),
+                )
             }
-        };
-        let page = placed
-            .into_iter()
-            .filter_map(|(k, place)| {
-                Some((
-                    &**self.pending.get(&k)?,
-                    self.pending_info_at(k, place, now)?,
-                ))
-            })
-            .collect();
-        (total, page)
+        }
     }
 
     /// The first batch of a region's queue in its order at `now`.

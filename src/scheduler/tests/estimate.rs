@@ -152,3 +152,78 @@ fn no_estimate_behind_a_cluster_without_a_ttl_or_too_deep_a_queue() {
         None
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// A page of the queue estimates its batches in one walk
+    /// (`estimates_in_order`); each estimate must be exactly the one the
+    /// batch gets on its own (`pending_info`, one simulation behind the
+    /// batches ahead): any order, shapes of 1 to 4 GPUs with and without
+    /// a ttl, clusters running to their ttl or without one, a held
+    /// project, a project short of quota.
+    #[test]
+    fn a_page_estimates_each_batch_as_it_is_estimated_alone(
+        fair in proptest::bool::ANY,
+        running in proptest::collection::vec((0u32..3, proptest::option::of(1u64..8)), 0..6),
+        queued in proptest::collection::vec(
+            (0usize..4, 0u32..3, proptest::option::of(1u64..8), -1i32..2),
+            1..40,
+        ),
+        held in proptest::bool::ANY,
+        skip in 0usize..10,
+    ) {
+        let mut rules = rules(100);
+        // Project p3 has room for nothing.
+        rules.push(QuotaRule {
+            project: "p3".into(),
+            region: "*".into(),
+            metric: QuotaMetric::PreemptibleNvidiaL4Gpus,
+            limit: 0,
+        });
+        let mut s = Scheduler::new(vec![pool("a", 4, 3), pool("b", 4, 3)], rules);
+        s.set_fair_share(FairSharePolicy {
+            order: if fair { Order::FairShare } else { Order::Strict },
+            ..FairSharePolicy::default()
+        });
+        for (i, zone) in ["a", "a", "b"].into_iter().enumerate() {
+            s.add_node(l4_node(&format!("n{i}"), zone, 4));
+        }
+        let mut key = 0;
+        for (executors, ttl_h) in &running {
+            key += 1;
+            let c = cluster(*executors, ProvisioningMode::Queue, 7200, ttl_h.map(|h| h * 1800));
+            s.submit(batch(key, &format!("p{}", key % 3), c, t0()));
+            s.pass(t0());
+        }
+        for (project, executors, ttl_h, priority) in &queued {
+            key += 1;
+            let c = cluster(*executors, ProvisioningMode::Queue, 7200, ttl_h.map(|h| h * 1800));
+            let mut b = batch(key, &format!("p{project}"), c, t0());
+            b.priority = *priority;
+            s.submit(b);
+        }
+        if held {
+            s.set_holds(vec![(
+                "r".into(),
+                Some("p1".into()),
+                Hold { since: t0(), by: "admin".into() },
+            )]);
+        }
+        let now = t0() + Duration::seconds(60);
+        for scope in [None, Some("p0")] {
+        let (_, page) = s.queue_page("r", scope, skip, 50, now);
+        for (b, info) in page {
+            let alone = s.pending_info(b.key, now).expect("queued");
+            proptest::prop_assert_eq!(
+                info.estimated_start_time,
+                alone.estimated_start_time,
+                "batch {} at {}",
+                b.key.0,
+                info.queue_position
+            );
+            proptest::prop_assert_eq!(info.reasons, alone.reasons);
+        }
+        }
+    }
+}
