@@ -539,7 +539,7 @@ fn queue_pages(n: usize) -> Result<(), CliError> {
     for scope in [None, Some("p3")] {
         let depth = core.queued_in(&region, scope);
         let mut pages = Vec::new();
-        for skip in [0, depth / 2, depth.saturating_sub(50)] {
+        for skip in [0, 450.min(depth / 3), depth / 2, depth.saturating_sub(50)] {
             let mut h = histogram();
             for _ in 0..10 {
                 let t = Instant::now();

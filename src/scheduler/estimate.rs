@@ -7,6 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
+use std::rc::Rc;
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -138,11 +139,14 @@ impl Scheduler {
                 first
                     .releases
                     .push(Reverse((end.max(now), first.held.len())));
-                first.held.push(a.placements.clone());
+                first.held.push(Some(Rc::new(a.placements.clone())));
             }
         }
         let mut rounds = vec![first];
         let mut out = Vec::with_capacity(order.len());
+        // Each entry's shape and parts, worked out once: `waiting` holds
+        // indexes into this.
+        let mut entries: Vec<Entry> = Vec::with_capacity(order.len());
         for key in order {
             let Some(b) = self.pending.get(key).map(Box::as_ref).filter(|b| {
                 self.hold_of(region, &b.project).is_none()
@@ -154,11 +158,14 @@ impl Scheduler {
                 out.push(None);
                 continue;
             };
-            let shape = shape_key(&b.cluster);
-            let parts = needs(&b.cluster);
-            let kept = rounds
-                .iter_mut()
-                .position(|r| r.try_start(region, b, &shape, &parts));
+            let i = entries.len();
+            entries.push(Entry {
+                ttl_s: b.cluster.ttl_s,
+                shape: shape_key(&b.cluster),
+                parts: needs(&b.cluster),
+            });
+            let e = &entries[i];
+            let kept = rounds.iter_mut().position(|r| r.try_start(region, e));
             if let Some(k) = kept {
                 out.push(Some(rounds[k].at));
                 rounds.truncate(k + 1);
@@ -166,18 +173,18 @@ impl Scheduler {
                 // starts in one of them, the rounds after are replayed, and
                 // its turn with them.
                 for r in &mut rounds[..k] {
-                    r.waiting.push(b);
+                    r.waiting.push(i);
                 }
                 continue;
             }
             for r in &mut rounds {
-                r.waiting.push(b);
+                r.waiting.push(i);
             }
             // New rounds: the next releases, then the waiting entries'
             // turns in order; this entry is the last of them.
             let mut started = None;
             while let Some(mut next) = rounds.last().and_then(Round::next) {
-                let fits = next.turns(region);
+                let fits = next.turns(region, &entries);
                 rounds.push(next);
                 if fits {
                     started = rounds.last().map(|r| r.at);
@@ -230,48 +237,52 @@ fn best_zone_in(
         .map(|(_, z, p)| (z, p))
 }
 
+/// An entry of [`Scheduler::estimates_in_order`]'s walk: what a round
+/// needs of its batch.
+struct Entry {
+    ttl_s: Option<u64>,
+    shape: ShapeKey,
+    parts: Vec<PartNeed>,
+}
+
 /// One round of [`Scheduler::estimates_in_order`]'s walk: the state of the
 /// region's copy at `at`, after the turns of the entries taken so far.
 #[derive(Clone)]
-struct Round<'a> {
+struct Round {
     at: DateTime<Utc>,
     sim: Capacity,
-    /// When each held cluster is given back, by its index in `held`.
+    /// When each held cluster is given back, by its index in `held`
+    /// (shared between rounds; None once given back).
     releases: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
-    held: Vec<Vec<Placement>>,
-    /// The entries taken so far that have not started, in order.
-    waiting: Vec<&'a PendingBatch>,
+    held: Vec<Option<Rc<Vec<Placement>>>>,
+    /// The entries taken so far that have not started, in order (indexes
+    /// into the walk's entries).
+    waiting: Vec<usize>,
     /// Shapes that did not fit in this round: capacity only shrinks
     /// within a round, so they do not fit again in it.
     failed: HashSet<ShapeKey>,
 }
 
-impl<'a> Round<'a> {
-    /// Starts `b` in this round if it fits: takes its placement and, with
-    /// a ttl, its release.
-    fn try_start(
-        &mut self,
-        region: &str,
-        b: &PendingBatch,
-        shape: &ShapeKey,
-        parts: &[PartNeed],
-    ) -> bool {
-        if self.failed.contains(shape) {
+impl Round {
+    /// Starts entry `e` in this round if it fits: takes its placement
+    /// and, with a ttl, its release.
+    fn try_start(&mut self, region: &str, e: &Entry) -> bool {
+        if self.failed.contains(&e.shape) {
             return false;
         }
-        match best_zone_in(&self.sim, region, parts) {
+        match best_zone_in(&self.sim, region, &e.parts) {
             Some((_, placements)) if self.sim.take(&placements) => {
-                if let Some(ttl) = b.cluster.ttl_s {
+                if let Some(ttl) = e.ttl_s {
                     self.releases.push(Reverse((
                         self.at + Duration::seconds(ttl as i64),
                         self.held.len(),
                     )));
-                    self.held.push(placements);
+                    self.held.push(Some(Rc::new(placements)));
                 }
                 true
             }
             _ => {
-                self.failed.insert(*shape);
+                self.failed.insert(e.shape);
                 false
             }
         }
@@ -280,14 +291,15 @@ impl<'a> Round<'a> {
     /// The round after this one: at the next release (and every one at
     /// the same time) given back; no turns taken yet. None when nothing
     /// is left to give back.
-    fn next(&self) -> Option<Round<'a>> {
+    fn next(&self) -> Option<Round> {
         let mut next = self.clone();
         let Reverse((at, first)) = next.releases.pop()?;
         next.at = at;
         next.failed.clear();
-        let give = |next: &mut Round<'a>, i: usize| {
-            let placements = std::mem::take(&mut next.held[i]);
-            next.sim.give_back(&placements);
+        let give = |next: &mut Round, i: usize| {
+            if let Some(placements) = next.held[i].take() {
+                next.sim.give_back(&placements);
+            }
         };
         give(&mut next, first);
         while let Some(Reverse((t, i))) = next.releases.peek().copied() {
@@ -302,15 +314,14 @@ impl<'a> Round<'a> {
 
     /// The waiting entries' turns in order, the last one's included;
     /// answers whether the last one started.
-    fn turns(&mut self, region: &str) -> bool {
+    fn turns(&mut self, region: &str, entries: &[Entry]) -> bool {
         let waiting = std::mem::take(&mut self.waiting);
         let last = waiting.len().saturating_sub(1);
         let mut started_last = false;
-        for (i, b) in waiting.into_iter().enumerate() {
-            let started = self.try_start(region, b, &shape_key(&b.cluster), &needs(&b.cluster));
-            if !started {
-                self.waiting.push(b);
-            } else if i == last {
+        for (n, i) in waiting.into_iter().enumerate() {
+            if !self.try_start(region, &entries[i]) {
+                self.waiting.push(i);
+            } else if n == last {
                 started_last = true;
             }
         }

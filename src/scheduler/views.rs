@@ -293,19 +293,35 @@ impl Scheduler {
         // The start estimates of the page's batches near the head (with
         // at most ESTIMATE_DEPTH ahead), in one walk of the region's order
         // rather than one simulation each.
+        // A project's page in fair share: its batches come after every
+        // batch of the projects before it.
+        let offset = match (self.fair.order(), project) {
+            (Order::FairShare, Some(p)) => {
+                let mine = (self.fair_key(region, p, now), p);
+                self.project_queues
+                    .get(region)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(q, _)| (self.fair_key(region, q, now), q.as_str()) < mine)
+                    .map(|(_, q)| q.len())
+                    .sum()
+            }
+            _ => 0,
+        };
+        let in_region = |place: &Place| match place {
+            Place::Region(i) => *i,
+            Place::InProject(i) => offset + i,
+            Place::Unknown => ESTIMATE_DEPTH + 1,
+        };
         let deepest = placed
             .iter()
-            .map(|(_, place)| match place {
-                Place::Region(i) => *i,
-                Place::InProject(_) | Place::Unknown => ESTIMATE_DEPTH + 1,
-            })
+            .map(|(_, place)| in_region(place))
             .max()
             .unwrap_or(0)
             .min(ESTIMATE_DEPTH + 1);
-        let shallow = placed.iter().any(|(_, place)| match place {
-            Place::Region(i) | Place::InProject(i) => *i <= ESTIMATE_DEPTH + 1,
-            Place::Unknown => true,
-        });
+        let shallow = placed
+            .iter()
+            .any(|(_, place)| in_region(place) <= ESTIMATE_DEPTH + 1);
         let estimates: HashMap<BatchKey, Option<DateTime<Utc>>> = if shallow {
             let order = self.region_order(region, deepest, now);
             order
