@@ -260,31 +260,10 @@ impl DatabaseOnDisk {
 
 impl Drop for DatabaseOnDisk {
     fn drop(&mut self) {
-        let (name, tablespace) = (self.name.clone(), self.tablespace.clone());
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                use sqlx::{Connection, Executor};
-                let Ok(mut conn) =
-                    sqlx::PgConnection::connect(&crate::support::postgres_admin_url()).await
-                else {
-                    return;
-                };
-                for sql in [
-                    format!("drop database if exists {name} with (force)"),
-                    format!("drop tablespace if exists {tablespace}"),
-                ] {
-                    if let Err(e) = conn.execute(sql.as_str()).await {
-                        eprintln!("{sql}: {e}");
-                    }
-                }
-                let _ = conn.close().await;
-            })
-        });
-        let _ = done.join();
+        crate::support::admin_statements(vec![
+            format!("drop database if exists {} with (force)", self.name),
+            format!("drop tablespace if exists {}", self.tablespace),
+        ]);
     }
 }
 

@@ -324,11 +324,7 @@ async fn batches_run_as_spark_applications_pinned_to_their_nodes() {
     let (st, op) = s.create("batchId=k8s-elastic", &elastic).await;
     assert_eq!(st, 200, "{op:#}");
     assert!(
-        op["metadata"]["warnings"]
-            .as_array()
-            .is_some_and(|w| w.iter().any(|w| w
-                .as_str()
-                .is_some_and(|w| w.contains("spark.dynamicAllocation.maxExecutors")))),
+        crate::support::warns(&op, "spark.dynamicAllocation.maxExecutors"),
         "the create warns of the cap: {op:#}"
     );
     let elastic_app = format!(

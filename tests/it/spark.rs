@@ -482,11 +482,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         .await;
     assert_eq!(st, 200, "{op:#}");
     assert!(
-        op["metadata"]["warnings"]
-            .as_array()
-            .is_some_and(|w| w.iter().any(|w| w
-                .as_str()
-                .is_some_and(|w| w.contains("at most the 3 executors allocated")))),
+        crate::support::warns(&op, "at most the 3 executors allocated"),
         "{op:#}"
     );
     let b = until(

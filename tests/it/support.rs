@@ -436,31 +436,46 @@ impl Drop for PgDatabase {
             );
             return;
         }
-        // Drop runs inside the test's runtime: the drop is made on a
-        // thread of its own, with a runtime of its own, and waited for.
-        let name = self.name.clone();
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                use sqlx::{Connection, Executor};
-                let admin = postgres_admin_url();
-                let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await else {
-                    return;
-                };
-                if let Err(e) = conn
-                    .execute(format!("drop database if exists {name} with (force)").as_str())
-                    .await
-                {
-                    eprintln!("cannot drop the test database {name}: {e}");
-                }
-                let _ = conn.close().await;
-            })
-        });
-        let _ = done.join();
+        admin_statements(vec![format!(
+            "drop database if exists {} with (force)",
+            self.name
+        )]);
     }
+}
+
+/// Runs `statements` in turn on the test PostgreSQL's admin database, from
+/// a `Drop` (inside the test's runtime): on a thread of its own, with a
+/// runtime of its own, waited for. A statement that fails is said, and
+/// the next one runs.
+pub(crate) fn admin_statements(statements: Vec<String>) {
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            use sqlx::{Connection, Executor};
+            let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await else {
+                return;
+            };
+            for sql in statements {
+                if let Err(e) = conn.execute(sql.as_str()).await {
+                    eprintln!("{sql}: {e}");
+                }
+            }
+            let _ = conn.close().await;
+        })
+    });
+    let _ = done.join();
+}
+
+/// Whether the operation `op` (a create's answer) warns of something
+/// containing `text`.
+pub(crate) fn warns(op: &Value, text: &str) -> bool {
+    op["metadata"]["warnings"].as_array().is_some_and(|w| {
+        w.iter()
+            .any(|w| w.as_str().is_some_and(|w| w.contains(text)))
+    })
 }
 
 /// A new, empty database on the test PostgreSQL (`flexq_t_*`), dropped
