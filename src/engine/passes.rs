@@ -179,6 +179,9 @@ impl Engine {
                 // written, and this core no longer decides.
                 tracing::warn!(reason = %why, decisions = decisions.len(), "decisions refused: this replica no longer leads");
                 crate::metrics::record_fenced();
+                // The term is no longer this replica's: /readyz, which says
+                // leader from the lease's taking on, must not say so.
+                self.hold(None);
                 self.set_role(ReplicaRole::Follower);
                 drop(core);
                 self.refresh_mirror();

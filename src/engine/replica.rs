@@ -134,7 +134,7 @@ impl Engine {
         Some(self.shared.held_term.load(Ordering::SeqCst)).filter(|t| *t != 0)
     }
 
-    fn hold(&self, term: Option<i64>) {
+    pub(super) fn hold(&self, term: Option<i64>) {
         self.shared
             .held_term
             .store(term.unwrap_or(0), Ordering::SeqCst);
