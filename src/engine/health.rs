@@ -44,13 +44,7 @@ impl Engine {
     pub async fn readiness(&self) -> Result<Readiness, Error> {
         let mut ready = Readiness {
             replica: self.replica_id().to_string(),
-            // Leading from the moment the lease is this replica's, as the
-            // database has it: the rebuild that follows waits for the
-            // core's lock, which a pass may hold a while.
-            role: match self.held_term() {
-                Some(term) => ReplicaRole::Leader { term },
-                None => self.role(),
-            },
+            role: self.announced_role(),
             database: self.shared.store.backend(),
             leader: None,
             config: self.config_status(),

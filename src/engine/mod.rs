@@ -160,6 +160,9 @@ pub(crate) struct Shared {
     /// The term the leader election loop holds (0: none). A rebuild for a
     /// term that is no longer held does not make this replica lead.
     pub(crate) held_term: AtomicI64,
+    /// The term whose takeover (the rebuild under the core's lock) has
+    /// not ended yet (0: none): readiness says leader through it.
+    pub(crate) taking_term: AtomicI64,
     /// Fired when the server shuts down: long waits answer at once.
     pub(crate) shutdown: CancellationToken,
     /// Fired when this replica no longer takes part in leader election
@@ -331,6 +334,7 @@ impl Engine {
                 election_done: CancellationToken::new(),
                 stale: AtomicBool::new(false),
                 held_term: AtomicI64::new(0),
+                taking_term: AtomicI64::new(0),
                 shutdown: shutdown.clone(),
                 watchers: std::sync::atomic::AtomicUsize::new(0),
                 long_polls: long_poll::LongPolls::default(),

@@ -72,11 +72,13 @@ impl Engine {
     async fn take_lead(&self, term: i64, how: Option<Takeover>) {
         let started = Instant::now();
         let mut core = self.lock().await;
-        if self.held_term() != Some(term) {
+        let _taken = TakeoverEnds(self, term);
+        // Checked and set as one step: a release between the two would
+        // leave a replica leading in a term it no longer holds.
+        if !self.lead_if_held(term) {
             // The lease was lost while this waited for the lock.
             return;
         }
-        self.set_role(ReplicaRole::Leader { term });
         let shared = &self.shared;
         let fresh = tokio::time::timeout(
             DB_UNDER_LOCK,
@@ -138,6 +140,53 @@ impl Engine {
         self.shared
             .held_term
             .store(term.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// The election loop took the lease in `term`: its takeover (a rebuild
+    /// under the core's lock) is under way until [`Self::take_lead`] ends.
+    fn hold_taking(&self, term: i64) {
+        self.shared.taking_term.store(term, Ordering::SeqCst);
+        self.hold(Some(term));
+    }
+
+    /// Leads in `term` if the election loop still holds it, under the
+    /// role's own lock: whoever gives the term up clears it before it
+    /// reads the role ([`Self::release`]), so one of the two sees the
+    /// other.
+    fn lead_if_held(&self, term: i64) -> bool {
+        let led = self.shared.role.send_if_modified(|role| {
+            if self.held_term() != Some(term) {
+                return false;
+            }
+            *role = ReplicaRole::Leader { term };
+            true
+        });
+        if led {
+            crate::metrics::set_role(&self.shared.replica_id, "leader", term);
+            self.wake();
+        }
+        led
+    }
+
+    /// The role this replica announces (`/readyz`): leader from the
+    /// moment the lease is held, as the database has it, through the
+    /// takeover's rebuild (which waits for the core's lock, which a pass
+    /// may hold a while) — and only while the term is still held and
+    /// this replica did not step down in it.
+    pub(crate) fn announced_role(&self) -> ReplicaRole {
+        let role = self.role();
+        let Some(term) = self.held_term() else {
+            return match role {
+                ReplicaRole::Single => ReplicaRole::Single,
+                _ => ReplicaRole::Follower,
+            };
+        };
+        let taking = self.shared.taking_term.load(Ordering::SeqCst) == term;
+        if taking || role == (ReplicaRole::Leader { term }) {
+            ReplicaRole::Leader { term }
+        } else {
+            ReplicaRole::Follower
+        }
     }
 
     /// The lease is no longer held (lost or given up): stop deciding.
@@ -271,6 +320,20 @@ impl Engine {
     }
 }
 
+/// Ends the takeover of a term however [`Engine::take_lead`] returns.
+struct TakeoverEnds<'a>(&'a Engine, i64);
+
+impl Drop for TakeoverEnds<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.shared.taking_term.compare_exchange(
+            self.1,
+            0,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+}
+
 /// How often a follower looks at the leader lock (and the lease): what a
 /// failover after a crash waits at most, beside the new leader's rebuild.
 const WATCH_EVERY: Duration = Duration::from_millis(25);
@@ -379,7 +442,7 @@ async fn lead(engine: Engine, shutdown: CancellationToken) {
             Ok(Ok(Some((term, how)))) => {
                 valid_until = sent + lease;
                 if held != Some(term) {
-                    engine.hold(Some(term));
+                    engine.hold_taking(term);
                     tracing::info!(replica = %me, term, how = how.name(), locked = s.locked(), "leader lease taken");
                     let taker = engine.clone();
                     taking = Some(tokio::spawn(async move {
