@@ -16,30 +16,18 @@ use chrono::{DateTime, Utc};
 use super::capacity::{Capacity, Node, NodeId};
 use super::fairshare::{FairShare, FairSharePolicy, share_key};
 use super::lease::Leases;
-use super::model::{
-    Allocation, BatchKey, Claim, Cordon, PendingBatch, PoolDecl, PreemptionPolicy, RegionHolds,
-    ShapeKey,
-};
+use super::model::{Allocation, BatchKey, Claim, Cordon, PoolDecl, PreemptionPolicy, RegionHolds};
+use super::queue::Queue;
 use super::quota::{Ledger, QuotaRule};
-use crate::spec::{Accelerator, ClusterRequest};
-
-/// Queue order within a project, and across projects in strict order:
-/// higher priority first, then older first.
-pub(super) type QueueKey = (std::cmp::Reverse<i32>, BatchKey);
+use crate::spec::Accelerator;
 
 #[derive(Debug, Default)]
 pub struct Scheduler {
     pub(super) capacity: Capacity,
     pub(super) declared: HashMap<String, BTreeMap<String, Vec<Node>>>,
     pub(super) ledger: Ledger,
-    /// Boxed: growing a map of a million entries moves only pointers, not
-    /// the batches (a rehash of inline entries stalled creates for 0.6 s).
-    pub(super) pending: HashMap<BatchKey, Box<PendingBatch>>,
-    /// Queued batches per project (for the per-project limit).
-    pub(super) pending_by_project: HashMap<String, usize>,
-    pub(super) queues: BTreeMap<String, BTreeSet<QueueKey>>,
-    /// The same batches per region and project, for fair-share order.
-    pub(super) project_queues: HashMap<String, HashMap<String, BTreeSet<QueueKey>>>,
+    /// The queued batches and their indexes.
+    pub(super) queue: Queue,
     /// Usage per region and project, and the policy that orders by it.
     pub(super) fair: FairShare,
     /// Queues an admin held, per region.
@@ -50,35 +38,11 @@ pub struct Scheduler {
     /// (`layout.rs`): they and the retired nodes it implies.
     pub(super) layout: Option<super::declared::Declared>,
     pub(super) retired: HashSet<NodeId>,
-    pub(super) deadlines: BTreeSet<(DateTime<Utc>, BatchKey)>,
     pub(super) running: HashMap<BatchKey, Allocation>,
     pub(super) leases: Leases,
-    /// Queued batches held back last time only by the reservation of an
-    /// earlier batch (for the metrics' not-admitted reason).
-    pub(super) held_back: HashSet<BatchKey>,
     /// Regions whose queue, capacity or quota changed since the last pass:
     /// only they can admit anything new, so only they are scanned.
     pub(super) dirty: BTreeSet<String>,
-    /// Per region: how many queued batches of each shape, and of default
-    /// mode. A pass stops scanning a region once every shape present has
-    /// failed and no default-mode batch awaits its verdict.
-    pub(super) shapes: HashMap<String, HashMap<ShapeKey, ShapeStats>>,
-    pub(super) defaults: HashMap<String, usize>,
-    /// When each placement alternative of a queued batch may be tried:
-    /// (its queue time + the rung's delay, the batch, the rung). A pass
-    /// moves those due into `rung_options` (`rungs.rs`).
-    pub(super) ripening: BTreeSet<(DateTime<Utc>, BatchKey, u32)>,
-    /// Per home region: the rungs its queued batches may try now, as
-    /// (the rung's region, its shape), counted. A pass goes on past the
-    /// point where every own shape failed while any of these has not.
-    pub(super) rung_options: HashMap<String, HashMap<(String, ShapeKey), usize>>,
-    /// The same options that run in another region than their batch's,
-    /// by that region: per home region, how many. A pass scans the homes
-    /// of a region whose capacity changed.
-    pub(super) rung_homes: HashMap<String, HashMap<String, usize>>,
-    /// The queued batches counted as a scrape reports them
-    /// (`tally.rs`), kept as they come and go.
-    pub(super) tally: super::tally::QueuedTally,
     /// The regions where preemption is on, and how (`preempt.rs`).
     pub(super) preemption: HashMap<String, PreemptionPolicy>,
     /// Per preemptor: what it waits for and what is set aside for it.
@@ -88,18 +52,6 @@ pub struct Scheduler {
     /// When a region is looked at again because a cluster there becomes
     /// old enough to give way to a blocked batch.
     pub(super) preempt_retry: BTreeSet<(DateTime<Utc>, String)>,
-}
-
-/// Queued batches of one shape in a region: how many, and how many of each
-/// ttl (the shortest bounds whether any of them could backfill).
-#[derive(Debug, Default)]
-pub(super) struct ShapeStats {
-    pub(super) count: usize,
-    pub(super) ttls: BTreeMap<u64, usize>,
-}
-
-pub(super) fn ttl_key(c: &ClusterRequest) -> u64 {
-    c.ttl_s.unwrap_or(u64::MAX)
 }
 
 impl Scheduler {
@@ -114,7 +66,7 @@ impl Scheduler {
     /// Sets how queues are ordered (fair share or strict, half-life,
     /// weights). Usage recorded so far stays.
     pub fn set_fair_share(&mut self, policy: FairSharePolicy) {
-        self.dirty.extend(self.queues.keys().cloned());
+        self.dirty.extend(self.queue.region_names().cloned());
         let reweigh = self.fair.policy().gpu_weights != policy.gpu_weights;
         self.fair.set_policy(policy);
         if reweigh {
@@ -131,7 +83,7 @@ impl Scheduler {
     /// region left out never preempts again; what is stopping goes on).
     pub fn set_preemption(&mut self, policies: HashMap<String, PreemptionPolicy>) {
         if self.preemption != policies {
-            self.dirty.extend(self.queues.keys().cloned());
+            self.dirty.extend(self.queue.region_names().cloned());
             self.preemption = policies;
         }
     }
@@ -140,7 +92,7 @@ impl Scheduler {
     /// again from the store under a new half-life.
     pub fn clear_past_usage(&mut self) {
         self.fair.clear_history();
-        self.dirty.extend(self.queues.keys().cloned());
+        self.dirty.extend(self.queue.region_names().cloned());
     }
 
     /// A part of a cluster that ended before this core was built (its
@@ -187,9 +139,9 @@ impl Scheduler {
     /// The earliest deadline still ahead.
     pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
         [
-            self.deadlines.first().map(|(d, _)| *d),
+            self.queue.first_deadline().map(|(d, _)| d),
             self.leases.next_expiry(),
-            self.ripening.first().map(|(t, _, _)| *t),
+            self.queue.rungs().next_ripe(),
             self.preempt_retry.first().map(|(t, _)| *t),
         ]
         .into_iter()
@@ -221,11 +173,11 @@ impl Scheduler {
 
     /// Queued batches of `project`.
     pub fn pending_of(&self, project: &str) -> usize {
-        self.pending_by_project.get(project).copied().unwrap_or(0)
+        self.queue.of_project(project)
     }
 
     pub fn pending_count(&self) -> usize {
-        self.pending.len()
+        self.queue.len()
     }
 
     pub fn allocation(&self, key: BatchKey) -> Option<&Allocation> {

@@ -50,7 +50,7 @@ impl Scheduler {
         }
         let mut waiting: Vec<&PendingBatch> = ahead
             .iter()
-            .filter_map(|k| self.pending.get(k).map(Box::as_ref))
+            .filter_map(|k| self.queue.get(*k))
             .filter(|b| {
                 self.hold_of(region, &b.project).is_none()
                     && self
@@ -148,7 +148,7 @@ impl Scheduler {
         // indexes into this.
         let mut entries: Vec<Entry> = Vec::with_capacity(order.len());
         for key in order {
-            let Some(b) = self.pending.get(key).map(Box::as_ref).filter(|b| {
+            let Some(b) = self.queue.get(*key).filter(|b| {
                 self.hold_of(region, &b.project).is_none()
                     && self
                         .ledger

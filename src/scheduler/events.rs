@@ -7,10 +7,9 @@
 use chrono::{DateTime, Utc};
 
 use super::capacity::{Node, NodeId, NodeSpec};
-use super::core::{Scheduler, ttl_key};
+use super::core::Scheduler;
 use super::lease::LeaseError;
-use super::model::{Allocation, BatchKey, PendingBatch, shape_key};
-use crate::spec::ProvisioningMode;
+use super::model::{Allocation, BatchKey, PendingBatch};
 
 impl Scheduler {
     pub fn add_node(&mut self, spec: NodeSpec) {
@@ -37,41 +36,13 @@ impl Scheduler {
     }
 
     pub fn submit(&mut self, batch: PendingBatch) {
-        if self.pending.contains_key(&batch.key) || self.running.contains_key(&batch.key) {
+        if self.running.contains_key(&batch.key) {
             return;
         }
-        self.dirty.insert(batch.region.clone());
-        let stats = self
-            .shapes
-            .entry(batch.region.clone())
-            .or_default()
-            .entry(shape_key(&batch.cluster))
-            .or_default();
-        stats.count += 1;
-        *stats.ttls.entry(ttl_key(&batch.cluster)).or_default() += 1;
-        if batch.cluster.mode == ProvisioningMode::Default {
-            *self.defaults.entry(batch.region.clone()).or_default() += 1;
+        let region = batch.region.clone();
+        if self.queue.insert(batch) {
+            self.dirty.insert(region);
         }
-        self.queues
-            .entry(batch.region.clone())
-            .or_default()
-            .insert((std::cmp::Reverse(batch.priority), batch.key));
-        self.project_queues
-            .entry(batch.region.clone())
-            .or_default()
-            .entry(batch.project.clone())
-            .or_default()
-            .insert((std::cmp::Reverse(batch.priority), batch.key));
-        if let Some(d) = batch.deadline {
-            self.deadlines.insert((d, batch.key));
-        }
-        *self
-            .pending_by_project
-            .entry(batch.project.clone())
-            .or_default() += 1;
-        self.schedule_rungs(&batch);
-        self.tally.add(&batch);
-        self.pending.insert(batch.key, Box::new(batch));
     }
 
     /// Restores a cluster that holds capacity (after a restart). False when
@@ -92,52 +63,8 @@ impl Scheduler {
     /// it held. Idempotent. Answers the cluster it gave back, if it held
     /// one.
     pub fn forget(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<Allocation> {
-        self.held_back.remove(&key);
-        if let Some(b) = self.pending.remove(&key) {
-            self.tally.remove(&b);
+        if let Some(b) = self.queue.remove(key) {
             self.dirty.insert(b.region.clone());
-            if let Some(n) = self.pending_by_project.get_mut(&b.project) {
-                *n -= 1;
-                if *n == 0 {
-                    self.pending_by_project.remove(&b.project);
-                }
-            }
-            if let Some(m) = self.shapes.get_mut(&b.region) {
-                let shape = shape_key(&b.cluster);
-                if let Some(stats) = m.get_mut(&shape) {
-                    stats.count -= 1;
-                    let ttl = ttl_key(&b.cluster);
-                    if let Some(n) = stats.ttls.get_mut(&ttl) {
-                        *n -= 1;
-                        if *n == 0 {
-                            stats.ttls.remove(&ttl);
-                        }
-                    }
-                    if stats.count == 0 {
-                        m.remove(&shape);
-                    }
-                }
-            }
-            if b.cluster.mode == ProvisioningMode::Default {
-                if let Some(n) = self.defaults.get_mut(&b.region) {
-                    *n = n.saturating_sub(1);
-                }
-            }
-            if let Some(q) = self.queues.get_mut(&b.region) {
-                q.remove(&(std::cmp::Reverse(b.priority), key));
-            }
-            if let Some(projects) = self.project_queues.get_mut(&b.region) {
-                if let Some(q) = projects.get_mut(&b.project) {
-                    q.remove(&(std::cmp::Reverse(b.priority), key));
-                    if q.is_empty() {
-                        projects.remove(&b.project);
-                    }
-                }
-            }
-            if let Some(d) = b.deadline {
-                self.deadlines.remove(&(d, key));
-            }
-            self.drop_rungs(&b);
             // A preemptor that leaves gives back what was set aside.
             self.drop_claim(key);
         }

@@ -34,7 +34,7 @@ impl Scheduler {
     pub fn set_cordons(&mut self, cordons: Vec<(NodeId, Cordon)>) {
         self.cordons = cordons.into_iter().collect();
         self.refresh_unschedulable();
-        self.dirty.extend(self.queues.keys().cloned());
+        self.dirty.extend(self.queue.region_names().cloned());
     }
 
     pub fn cordon_of(&self, node: &NodeId) -> Option<&Cordon> {

@@ -95,8 +95,8 @@ impl Scheduler {
         });
         let settled = self.settle();
         let regions: Vec<String> = self
-            .queues
-            .keys()
+            .queue
+            .region_names()
             .cloned()
             .chain(self.capacity.nodes.values().map(|n| n.spec.region.clone()))
             .collect();

@@ -22,6 +22,7 @@ mod model;
 mod pass;
 mod pending;
 mod preempt;
+mod queue;
 mod quota;
 mod rungs;
 mod snapshot;

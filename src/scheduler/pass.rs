@@ -12,12 +12,13 @@ use chrono::{DateTime, Duration, Utc};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::capacity::{PartNeed, Placement, needs};
-use super::core::{QueueKey, Scheduler};
+use super::core::Scheduler;
 use super::fairshare::Order;
 use super::model::{
     Allocation, BatchKey, Decision, OnRung, PendingBatch, ShapeKey, accelerator_label, shape_key,
     shape_text,
 };
+use super::queue::QueueKey;
 use super::rungs::ripe_at;
 use crate::api::EndReason;
 use crate::spec::{ClusterRequest, ProvisioningMode};
@@ -143,14 +144,14 @@ impl Scheduler {
         // Expiry next: a batch past its deadline is never allocated. What
         // was missing is the same for batches of one project, region and shape.
         let mut missing: HashMap<(String, String, ShapeKey), String> = HashMap::new();
-        while let Some(&(deadline, key)) = self.deadlines.first() {
+        while let Some((deadline, key)) = self.queue.first_deadline() {
             if deadline > now {
                 break;
             }
             let message = self.expiry_message(key, now, &mut missing);
             let (batch_id, region, accelerator) = self
-                .pending
-                .get(&key)
+                .queue
+                .get(key)
                 .map(|b| {
                     (
                         b.batch_id.clone(),
@@ -169,7 +170,8 @@ impl Scheduler {
             });
         }
         self.fair.prune(now);
-        self.ripen(now);
+        let ripe = self.queue.ripen(now);
+        self.dirty.extend(ripe);
         while let Some((at, _)) = self.preempt_retry.first() {
             if *at > now {
                 break;
@@ -205,7 +207,7 @@ impl Scheduler {
     /// aside returns to the capacity.
     fn settle_claims(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
         for (key, claim) in self.ready_claims(region) {
-            let Some(batch) = self.pending.get(&key).map(|b| (**b).clone()) else {
+            let Some(batch) = self.queue.get(key).cloned() else {
                 continue;
             };
             // A queue held while the victims stopped waits like any held
@@ -255,7 +257,7 @@ impl Scheduler {
             let queued = match buffer.next() {
                 Some(k) => k,
                 None => {
-                    let Some(queue) = self.queues.get(region) else {
+                    let Some(queue) = self.queue.region(region) else {
                         break;
                     };
                     let chunk: Vec<QueueKey> = match cursor {
@@ -285,7 +287,7 @@ impl Scheduler {
     /// its batches by priority, then age. An allocation raises its
     /// project's usage at once, so the order is taken again after each.
     fn admit_fair(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
-        let Some(projects) = self.project_queues.get(region) else {
+        let Some(projects) = self.queue.projects_in(region) else {
             return;
         };
         let mut order: BTreeSet<(u64, String)> = projects
@@ -298,17 +300,15 @@ impl Scheduler {
         let mut cursors: HashMap<String, QueueKey> = HashMap::new();
         let mut walk = Walk::default();
         while let Some((share, project)) = order.first().cloned() {
-            let next = self
-                .project_queues
-                .get(region)
-                .and_then(|m| m.get(&project))
-                .and_then(|q| match cursors.get(&project) {
+            let next = self.queue.project_queue(region, &project).and_then(|q| {
+                match cursors.get(&project) {
                     None => q.first().copied(),
                     Some(c) => q
                         .range((Bound::Excluded(*c), Bound::Unbounded))
                         .next()
                         .copied(),
-                });
+                }
+            });
             let Some(queued) = next else {
                 order.pop_first();
                 continue;
@@ -328,8 +328,8 @@ impl Scheduler {
     /// queued in the region either does not fit or cannot end before the
     /// reservation, and no default-mode batch awaits its verdict.
     fn nothing_more(&self, region: &str, walk: &mut Walk) -> bool {
-        let distinct = self.shapes.get(region).map_or(0, HashMap::len);
-        let defaults = self.defaults.get(region).copied().unwrap_or(0);
+        let distinct = self.queue.shapes(region).map_or(0, HashMap::len);
+        let defaults = self.queue.defaults(region);
         if defaults > 0 || walk.exhausted.len() < distinct {
             return false;
         }
@@ -340,7 +340,7 @@ impl Scheduler {
         }
         // Counted against the shapes still queued: a rejected batch may
         // have been a shape's last.
-        let present = self.shapes.get(region).map_or(0, |m| {
+        let present = self.queue.shapes(region).map_or(0, |m| {
             walk.exhausted.iter().filter(|s| m.contains_key(*s)).count()
         });
         present >= distinct
@@ -358,7 +358,7 @@ impl Scheduler {
         if let Some(open) = walk.rungs_open {
             return open;
         }
-        let Some(options) = self.rung_options.get(region) else {
+        let Some(options) = self.queue.rungs().options(region) else {
             walk.rungs_open = Some(0);
             return 0;
         };
@@ -368,8 +368,7 @@ impl Scheduler {
             {
                 continue;
             }
-            let blocked = rung_region != region
-                && self.queues.get(rung_region).is_some_and(|q| !q.is_empty());
+            let blocked = rung_region != region && self.queue.has_queued(rung_region);
             if blocked || self.best_zone(rung_region, &needs_of(shape)).is_none() {
                 walk.rung_failed.insert(rung_region, *shape);
             } else {
@@ -394,7 +393,7 @@ impl Scheduler {
         walk: &mut Walk,
         out: &mut Vec<Decision>,
     ) -> Considered {
-        let Some(batch) = self.pending.get(&key) else {
+        let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;
         };
         // A held queue's batches wait, reserving nothing; a preemptor
@@ -446,10 +445,10 @@ impl Scheduler {
                     if !default_mode {
                         let until = self.holder_start(r, region);
                         if delays_holder(until, ends) {
-                            self.held_back.insert(key);
+                            self.queue.set_held_back(key, true);
                             let shortest = self
-                                .shapes
-                                .get(region)
+                                .queue
+                                .shapes(region)
                                 .and_then(|m| m.get(&shape))
                                 .and_then(|st| st.ttls.keys().next().copied());
                             let none_can = match (until, shortest) {
@@ -466,8 +465,8 @@ impl Scheduler {
                         }
                     }
                 }
-                self.held_back.remove(&key);
-                let batch = self.pending.get(&key).cloned();
+                self.queue.set_held_back(key, false);
+                let batch = self.queue.get(key).cloned();
                 let Some(batch) = batch else {
                     return Considered::Passed;
                 };
@@ -505,8 +504,8 @@ impl Scheduler {
                     if walk.reservation.is_none() && !walk.preempted {
                         // The first batch capacity blocks may preempt.
                         let planned = self
-                            .pending
-                            .get(&key)
+                            .queue
+                            .get(key)
                             .and_then(|b| self.plan_preemption(b, now));
                         if let Some((preemption, plan)) = planned {
                             walk.preempted = true;
@@ -515,15 +514,15 @@ impl Scheduler {
                             return Considered::Passed;
                         }
                         let matures = self
-                            .pending
-                            .get(&key)
+                            .queue
+                            .get(key)
                             .and_then(|b| self.next_victim_matures(b, now));
                         if let Some(at) = matures {
                             self.preempt_retry.insert((at, region.to_string()));
                         }
                     }
                     if walk.reservation.is_none() {
-                        walk.reservation = self.pending.get(&key).map(|b| Reservation {
+                        walk.reservation = self.queue.get(key).map(|b| Reservation {
                             needs: needs(&b.cluster),
                             until: None,
                         });
@@ -549,7 +548,7 @@ impl Scheduler {
         walk: &mut Walk,
         out: &mut Vec<Decision>,
     ) -> Considered {
-        let Some(batch) = self.pending.get(&key) else {
+        let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;
         };
         // Nothing to look at when the batch has no rung, or when every
@@ -562,7 +561,7 @@ impl Scheduler {
         if self.rungs_open(region, walk) == 0 {
             return Considered::Passed;
         }
-        let Some(batch) = self.pending.get(&key) else {
+        let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;
         };
         let ends = batch
@@ -578,8 +577,7 @@ impl Scheduler {
             if walk.rung_failed.contains(&rung.region, &shape) {
                 continue;
             }
-            if rung.region != region && self.queues.get(&rung.region).is_some_and(|q| !q.is_empty())
-            {
+            if rung.region != region && self.queue.has_queued(&rung.region) {
                 walk.rung_fails(&rung.region, shape);
                 continue;
             }
@@ -611,7 +609,7 @@ impl Scheduler {
         let Some((rung, (zone, placements))) = chosen else {
             return Considered::Passed;
         };
-        let Some(batch) = self.pending.get(&key).map(|b| (**b).clone()) else {
+        let Some(batch) = self.queue.get(key).cloned() else {
             return Considered::Passed;
         };
         walk.capacity_taken();
@@ -710,7 +708,7 @@ impl Scheduler {
         now: DateTime<Utc>,
         cache: &mut HashMap<(String, String, ShapeKey), String>,
     ) -> String {
-        let Some(batch) = self.pending.get(&key) else {
+        let Some(batch) = self.queue.get(key) else {
             return "allocation timeout passed".into();
         };
         let cache_key = (

@@ -9,9 +9,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::capacity::{needs, plan_zone};
-use super::core::{QueueKey, Scheduler};
+use super::core::Scheduler;
 use super::fairshare::{Order, share_key};
 use super::model::{BatchKey, PendingBatch, shape_text};
+use super::queue::QueueKey;
 use super::quota::Shortfall;
 use crate::spec::{ClusterRequest, ProvisioningMode};
 
@@ -235,7 +236,7 @@ impl Scheduler {
         own: Option<Option<DateTime<Utc>>>,
         now: DateTime<Utc>,
     ) -> Option<PendingInfo> {
-        let batch = self.pending.get(&key)?;
+        let batch = self.queue.get(key)?;
         // Fair share: the projects ahead of the batch's own, lowest first.
         let before = match self.fair.order() {
             Order::Strict => None,
@@ -244,7 +245,7 @@ impl Scheduler {
         let position = match (&before, place) {
             (_, Place::Region(position)) => position,
             (None, _) => {
-                let queue = self.queues.get(&batch.region)?;
+                let queue = self.queue.region(&batch.region)?;
                 queue
                     .iter()
                     .position(|(_, k)| *k == key)
@@ -253,9 +254,8 @@ impl Scheduler {
             (Some(before), Place::InProject(within)) => queued_in_all(before) + within,
             (Some(before), Place::Unknown) => {
                 let within = self
-                    .project_queues
-                    .get(&batch.region)?
-                    .get(&batch.project)?
+                    .queue
+                    .project_queue(&batch.region, &batch.project)?
                     .iter()
                     .position(|(_, k)| *k == key)
                     .map_or(0, |p| p + 1);
@@ -377,8 +377,8 @@ impl Scheduler {
             ahead?
         } else {
             elsewhere = self
-                .queues
-                .get(&rung.region)
+                .queue
+                .region(&rung.region)
                 .into_iter()
                 .flatten()
                 .map(|(_, k)| *k)
@@ -435,13 +435,13 @@ impl Scheduler {
         // its region or of its project there.
         let keys: Box<dyn Iterator<Item = &QueueKey>> = match before {
             None => Box::new(
-                self.queues
-                    .get(&batch.region)
+                self.queue
+                    .region(&batch.region)
                     .into_iter()
                     .flat_map(move |q| q.range(..own)),
             ),
             Some(before) => {
-                let projects = self.project_queues.get(&batch.region);
+                let projects = self.queue.projects_in(&batch.region);
                 Box::new(
                     before
                         .iter()
@@ -472,7 +472,7 @@ impl Scheduler {
         batch: &PendingBatch,
         now: DateTime<Utc>,
     ) -> Option<Vec<ProjectAhead<'a>>> {
-        let projects = self.project_queues.get(&batch.region)?;
+        let projects = self.queue.projects_in(&batch.region)?;
         let mine = (
             self.fair_key(&batch.region, &batch.project, now),
             batch.project.as_str(),
@@ -568,7 +568,7 @@ impl Scheduler {
             preemptions: 0,
         };
         let blockers = self.blockers(&probe);
-        let queued_ahead = self.queues.get(region).is_some_and(|q| !q.is_empty());
+        let queued_ahead = self.queue.has_queued(region);
         if blockers.is_empty() && !queued_ahead {
             let zone = self
                 .best_zone(region, &needs(cluster))

@@ -304,8 +304,8 @@ impl Scheduler {
             self.stopping.insert(v.key, p.preemptor);
         }
         let quota = self
-            .pending
-            .get(&p.preemptor)
+            .queue
+            .get(p.preemptor)
             .map(|b| b.cluster.quota.clone())
             .unwrap_or_default();
         self.ledger.set_aside(&p.project, &p.region, &quota);
@@ -399,7 +399,7 @@ impl Scheduler {
             claim.waiting.insert(victim);
             return;
         }
-        let Some(b) = self.pending.get(&preemptor) else {
+        let Some(b) = self.queue.get(preemptor) else {
             return;
         };
         let claim = Claim {

@@ -2,12 +2,16 @@
 //! docs/rules.md#placement-alternatives): when each rung of a queued
 //! batch may be tried, which rungs a region's batches may try now, and
 //! which regions a pass must scan because capacity changed where their
-//! batches' rungs run. Where a rung is tried in a pass is `pass.rs`.
+//! batches' rungs run ([`Rungs`], kept by the queue); and why a queued
+//! batch's rungs have not taken it. Where a rung is tried in a pass is
+//! `pass.rs`.
+
+use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Duration, Utc};
 
 use super::core::Scheduler;
-use super::model::{PendingBatch, ShapeKey, shape_key};
+use super::model::{BatchKey, PendingBatch, ShapeKey, shape_key};
 use crate::spec::alternatives::{Rung, RungSpec};
 
 /// When `rung` of a batch queued at `queued_at` may be tried.
@@ -19,9 +23,27 @@ fn option_of(rung: &Rung) -> (String, ShapeKey) {
     (rung.region.clone(), shape_key(&rung.cluster))
 }
 
-impl Scheduler {
+/// The rungs of the queued batches: those that wait for their delay, and
+/// those that may be tried now, counted per home region.
+#[derive(Debug, Default)]
+pub(super) struct Rungs {
+    /// When each rung of a queued batch may be tried: (its queue time +
+    /// the rung's delay, the batch, the rung). [`Rungs::ripen`] moves
+    /// those due into `options`.
+    ripening: BTreeSet<(DateTime<Utc>, BatchKey, u32)>,
+    /// Per home region: the rungs its queued batches may try now, as
+    /// (the rung's region, its shape), counted. A pass goes on past the
+    /// point where every own shape failed while any of these has not.
+    options: HashMap<String, HashMap<(String, ShapeKey), usize>>,
+    /// The same options that run in another region than their batch's,
+    /// by that region: per home region, how many. A pass scans the homes
+    /// of a region whose capacity changed.
+    homes: HashMap<String, HashMap<String, usize>>,
+}
+
+impl Rungs {
     /// A batch entered the queue: its rungs wait for their delays.
-    pub(super) fn schedule_rungs(&mut self, batch: &PendingBatch) {
+    pub(super) fn schedule(&mut self, batch: &PendingBatch) {
         for rung in &batch.cluster.alternatives {
             self.ripening
                 .insert((ripe_at(batch.queued_at, rung), batch.key, rung.index));
@@ -29,7 +51,7 @@ impl Scheduler {
     }
 
     /// A batch left the queue: its rungs no longer wait, nor count.
-    pub(super) fn drop_rungs(&mut self, batch: &PendingBatch) {
+    pub(super) fn drop_batch(&mut self, batch: &PendingBatch) {
         for rung in &batch.cluster.alternatives {
             let waiting =
                 self.ripening
@@ -38,7 +60,7 @@ impl Scheduler {
                 continue;
             }
             if rung.region != batch.region {
-                if let Some(homes) = self.rung_homes.get_mut(&rung.region) {
+                if let Some(homes) = self.homes.get_mut(&rung.region) {
                     if let Some(n) = homes.get_mut(&batch.region) {
                         *n -= 1;
                         if *n == 0 {
@@ -46,11 +68,11 @@ impl Scheduler {
                         }
                     }
                     if homes.is_empty() {
-                        self.rung_homes.remove(&rung.region);
+                        self.homes.remove(&rung.region);
                     }
                 }
             }
-            if let Some(options) = self.rung_options.get_mut(&batch.region) {
+            if let Some(options) = self.options.get_mut(&batch.region) {
                 let option = option_of(rung);
                 if let Some(n) = options.get_mut(&option) {
                     *n -= 1;
@@ -59,21 +81,27 @@ impl Scheduler {
                     }
                 }
                 if options.is_empty() {
-                    self.rung_options.remove(&batch.region);
+                    self.options.remove(&batch.region);
                 }
             }
         }
     }
 
     /// Rungs whose delay has passed at `now` may be tried: they count in
-    /// their batch's region, which the pass scans.
-    pub(super) fn ripen(&mut self, now: DateTime<Utc>) {
+    /// their batch's region (found by `queued`), which the pass scans;
+    /// answers those regions.
+    pub(super) fn ripen<'a>(
+        &mut self,
+        now: DateTime<Utc>,
+        queued: impl Fn(BatchKey) -> Option<&'a PendingBatch>,
+    ) -> Vec<String> {
+        let mut regions = Vec::new();
         while let Some(&(at, key, index)) = self.ripening.first() {
             if at > now {
                 break;
             }
             self.ripening.pop_first();
-            let Some(batch) = self.pending.get(&key) else {
+            let Some(batch) = queued(key) else {
                 continue;
             };
             let Some(rung) = batch.cluster.alternatives.iter().find(|r| r.index == index) else {
@@ -83,22 +111,46 @@ impl Scheduler {
             let region = batch.region.clone();
             if rung.region != region {
                 *self
-                    .rung_homes
+                    .homes
                     .entry(rung.region.clone())
                     .or_default()
                     .entry(region.clone())
                     .or_default() += 1;
             }
             *self
-                .rung_options
+                .options
                 .entry(region.clone())
                 .or_default()
                 .entry(option)
                 .or_default() += 1;
-            self.dirty.insert(region);
+            regions.push(region);
         }
+        regions
     }
 
+    /// When the next rung may be tried.
+    pub(super) fn next_ripe(&self) -> Option<DateTime<Utc>> {
+        self.ripening.first().map(|(t, _, _)| *t)
+    }
+
+    /// The rung options the batches of `home` may try now, counted.
+    pub(super) fn options(&self, home: &str) -> Option<&HashMap<(String, ShapeKey), usize>> {
+        self.options.get(home)
+    }
+
+    /// The home regions of the options that run in `region`, counted.
+    pub(super) fn homes_of(&self, region: &str) -> Option<&HashMap<String, usize>> {
+        self.homes.get(region)
+    }
+
+    /// Whether no rung may be tried now (none ripe, or all gone).
+    #[cfg(test)]
+    pub(super) fn none_ripe(&self) -> bool {
+        self.options.is_empty() && self.homes.is_empty()
+    }
+}
+
+impl Scheduler {
     /// Why each placement alternative of a queued batch has not taken it,
     /// with numbers: not tried yet (and from when), or what stands in its
     /// way in its region.
@@ -123,9 +175,7 @@ impl Scheduler {
                         from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                     );
                 }
-                if rung.region != batch.region
-                    && self.queues.get(&rung.region).is_some_and(|q| !q.is_empty())
-                {
+                if rung.region != batch.region && self.queue.has_queued(&rung.region) {
                     return format!(
                         "{name}: {} has batches of its own queued, and an alternative only takes what its queue leaves",
                         rung.region
@@ -170,7 +220,7 @@ impl Scheduler {
         let mut regions = std::mem::take(&mut self.dirty);
         let homes: Vec<String> = regions
             .iter()
-            .filter_map(|r| self.rung_homes.get(r))
+            .filter_map(|r| self.queue.rungs().homes_of(r))
             .flat_map(|homes| homes.keys())
             .filter(|home| !regions.contains(*home))
             .cloned()

@@ -43,7 +43,7 @@ impl Scheduler {
         // back for a reservation are told apart one by one (few).
         let mut pending: FxHashMap<(&str, &'static str, &'static str), u64> = FxHashMap::default();
         let mut seen: Vec<(&str, &str)> = Vec::new();
-        for (region, projects) in &self.tally.classes {
+        for (region, projects) in &self.queue.tally().classes {
             for (project, classes) in projects {
                 seen.push((project, region));
                 for ((accelerator, asked), n) in classes {
@@ -56,8 +56,8 @@ impl Scheduler {
                 }
             }
         }
-        for key in &self.held_back {
-            let Some(b) = self.pending.get(key) else {
+        for key in self.queue.held_back() {
+            let Some(b) = self.queue.get(*key) else {
                 continue;
             };
             if self
@@ -82,7 +82,7 @@ impl Scheduler {
             .filter(|(_, n)| *n > 0)
             .map(|((r, a, why), n)| ((r.to_string(), a.to_string(), why), n))
             .collect();
-        for (region, by_timeout) in &self.tally.waits {
+        for (region, by_timeout) in &self.queue.tally().waits {
             let longest = by_timeout
                 .iter()
                 .filter_map(|(total, queued)| {
@@ -114,11 +114,7 @@ impl Scheduler {
             .into_iter()
             .map(|(r, p, _)| (r, p.unwrap_or_else(|| "-".into())))
             .collect();
-        for (region, project) in self.fair.projects().chain(
-            self.project_queues
-                .iter()
-                .flat_map(|(r, ps)| ps.keys().map(move |p| (r.as_str(), p.as_str()))),
-        ) {
+        for (region, project) in self.fair.projects().chain(self.queue.region_projects()) {
             let st = self.fair.standing(region, project, now);
             s.fair_share.insert(
                 (region.to_string(), project.to_string()),

@@ -9,10 +9,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::capacity::{NodeId, NodeSpec};
-use super::core::{QueueKey, Scheduler};
+use super::core::Scheduler;
 use super::fairshare::Order;
 use super::model::{BatchKey, PendingBatch};
 use super::pending::{ESTIMATE_DEPTH, PendingInfo, Place};
+use super::queue::QueueKey;
 use super::quota::QuotaView;
 
 /// Capacity per region, zone and GPU type, for the admin views.
@@ -51,7 +52,7 @@ impl Scheduler {
             .filter(|(_, r)| r == region)
             .map(|(p, _)| p)
             .collect();
-        if let Some(queued) = self.project_queues.get(region) {
+        if let Some(queued) = self.queue.projects_in(region) {
             projects.extend(queued.keys().cloned());
         }
         projects.into_iter().collect()
@@ -121,11 +122,12 @@ impl Scheduler {
     /// running clusters hold. For tests.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut by_project: HashMap<&str, usize> = HashMap::new();
-        for b in self.pending.values() {
+        for b in self.queue.batches() {
             *by_project.entry(b.project.as_str()).or_default() += 1;
         }
         let counted: HashMap<&str, usize> = self
-            .pending_by_project
+            .queue
+            .per_project()
             .iter()
             .map(|(p, n)| (p.as_str(), *n))
             .collect();
@@ -204,7 +206,7 @@ impl Scheduler {
         // A preemptor waits in the queue; its victims still stopping run,
         // each for one preemptor that counts it.
         for (key, claim) in &self.claims {
-            if !self.pending.contains_key(key) {
+            if !self.queue.contains(*key) {
                 return Err(format!("preemptor {} is not queued", key.0));
             }
             for v in &claim.waiting {
@@ -261,9 +263,8 @@ impl Scheduler {
         let total = self.queued_in(region, project);
         let placed: Vec<(BatchKey, Place)> = match (self.fair.order(), project) {
             (Order::FairShare, Some(p)) => self
-                .project_queues
-                .get(region)
-                .and_then(|q| q.get(p))
+                .queue
+                .project_queue(region, p)
                 .into_iter()
                 .flatten()
                 .enumerate()
@@ -272,12 +273,12 @@ impl Scheduler {
                 .map(|(i, (_, k))| (*k, Place::InProject(i + 1)))
                 .collect(),
             (Order::Strict, Some(p)) => self
-                .queues
-                .get(region)
+                .queue
+                .region(region)
                 .into_iter()
                 .flatten()
                 .enumerate()
-                .filter(|(_, (_, k))| self.pending.get(k).is_some_and(|b| b.project == p))
+                .filter(|(_, (_, k))| self.queue.get(*k).is_some_and(|b| b.project == p))
                 .skip(skip)
                 .take(take)
                 .map(|(i, (_, k))| (*k, Place::Region(i + 1)))
@@ -298,8 +299,8 @@ impl Scheduler {
         let offset = match (self.fair.order(), project) {
             (Order::FairShare, Some(p)) => {
                 let mine = (self.fair_key(region, p, now), p);
-                self.project_queues
-                    .get(region)
+                self.queue
+                    .projects_in(region)
                     .into_iter()
                     .flatten()
                     .filter(|(q, _)| (self.fair_key(region, q, now), q.as_str()) < mine)
@@ -336,7 +337,7 @@ impl Scheduler {
             .into_iter()
             .filter_map(|(k, place)| {
                 Some((
-                    &**self.pending.get(&k)?,
+                    self.queue.get(k)?,
                     self.pending_info_at(k, place, estimates.get(&k).copied(), now)?,
                 ))
             })
@@ -359,16 +360,16 @@ impl Scheduler {
     ) -> Box<dyn Iterator<Item = BatchKey> + 'a> {
         match self.fair.order() {
             Order::Strict => Box::new(
-                self.queues
-                    .get(region)
+                self.queue
+                    .region(region)
                     .into_iter()
                     .flatten()
                     .map(|(_, k)| *k),
             ),
             Order::FairShare => {
                 let mut order: Vec<(u64, &str, &BTreeSet<QueueKey>)> = self
-                    .project_queues
-                    .get(region)
+                    .queue
+                    .projects_in(region)
                     .into_iter()
                     .flatten()
                     .map(|(p, q)| (self.fair_key(region, p, now), p.as_str(), q))
@@ -387,10 +388,10 @@ impl Scheduler {
     /// The first batch of a region's queue in its order at `now`.
     pub fn queue_head(&self, region: &str, now: DateTime<Utc>) -> Option<BatchKey> {
         match self.fair.order() {
-            Order::Strict => self.queues.get(region)?.first().map(|(_, k)| *k),
+            Order::Strict => self.queue.region(region)?.first().map(|(_, k)| *k),
             Order::FairShare => self
-                .project_queues
-                .get(region)?
+                .queue
+                .projects_in(region)?
                 .iter()
                 .min_by_key(|(p, _)| (self.fair_key(region, p, now), *p))
                 .and_then(|(_, q)| q.first().map(|(_, k)| *k)),
@@ -400,12 +401,8 @@ impl Scheduler {
     /// Batches queued in `region`, of `project` or of every project.
     pub fn queued_in(&self, region: &str, project: Option<&str>) -> usize {
         match project {
-            None => self.queues.get(region).map_or(0, |q| q.len()),
-            Some(p) => self
-                .project_queues
-                .get(region)
-                .and_then(|m| m.get(p))
-                .map_or(0, |q| q.len()),
+            None => self.queue.region(region).map_or(0, |q| q.len()),
+            Some(p) => self.queue.project_queue(region, p).map_or(0, |q| q.len()),
         }
     }
 }

@@ -152,14 +152,14 @@ fn pending_counted_one_by_one(
 ) {
     let mut pending = BTreeMap::new();
     let mut fraction: BTreeMap<String, f64> = BTreeMap::new();
-    for b in s.pending.values() {
+    for b in s.queue.batches() {
         let reason = if s
             .ledger
             .shortfall(&b.project, &b.region, &b.cluster.quota)
             .is_some()
         {
             "quota"
-        } else if s.held_back.contains(&b.key) {
+        } else if s.queue.held_back().contains(&b.key) {
             "reservation"
         } else {
             "capacity"

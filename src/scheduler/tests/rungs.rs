@@ -405,12 +405,18 @@ fn batches_that_leave_take_their_ripe_rungs_counts_with_them() {
         s.capacity.nodes.keys()
     );
     let homes = |s: &Scheduler| {
-        s.rung_homes
-            .get("elsewhere")
+        s.queue
+            .rungs()
+            .homes_of("elsewhere")
             .and_then(|h| h.get("r"))
             .copied()
     };
-    let options = |s: &Scheduler| s.rung_options.get("r").map(|o| o.values().sum::<usize>());
+    let options = |s: &Scheduler| {
+        s.queue
+            .rungs()
+            .options("r")
+            .map(|o| o.values().sum::<usize>())
+    };
     assert_eq!(
         (homes(&s), options(&s)),
         (Some(2), Some(2)),
@@ -420,5 +426,5 @@ fn batches_that_leave_take_their_ripe_rungs_counts_with_them() {
     assert_eq!((homes(&s), options(&s)), (Some(1), Some(1)));
     s.forget(BatchKey(3), t0());
     assert_eq!((homes(&s), options(&s)), (None, None));
-    assert!(s.rung_homes.is_empty() && s.rung_options.is_empty());
+    assert!(s.queue.rungs().none_ripe());
 }

@@ -153,14 +153,14 @@ fn the_scrape_tally_follows_batches_across_regions_gpu_types_and_requeues() {
     s.pass(later);
     check(&s, later + Duration::seconds(10));
     // Every queued batch leaves: nothing is left counted.
-    let keys: Vec<BatchKey> = s.pending.keys().copied().collect();
+    let keys: Vec<BatchKey> = s.queue.batches().map(|b| b.key).collect();
     for k in keys {
         s.forget(k, later);
         check(&s, later);
     }
     let snapshot = s.snapshot(later);
     assert!(snapshot.pending.is_empty() && snapshot.wait_fraction.is_empty());
-    assert!(s.tally.is_empty());
+    assert!(s.queue.tally().is_empty());
 }
 
 /// Agents' nodes: the scrape counts those holding a lease, and a node is
