@@ -14,9 +14,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use chrono::{DateTime, Utc};
 
 use super::capacity::{Capacity, Node, NodeId};
+use super::claims::Claims;
 use super::fairshare::{FairShare, FairSharePolicy, share_key};
 use super::lease::Leases;
-use super::model::{Allocation, BatchKey, Claim, Cordon, PoolDecl, PreemptionPolicy, RegionHolds};
+use super::model::{Allocation, BatchKey, Cordon, PoolDecl, PreemptionPolicy, RegionHolds};
 use super::queue::Queue;
 use super::quota::{Ledger, QuotaRule};
 use crate::spec::Accelerator;
@@ -45,13 +46,8 @@ pub struct Scheduler {
     pub(super) dirty: BTreeSet<String>,
     /// The regions where preemption is on, and how (`preempt.rs`).
     pub(super) preemption: HashMap<String, PreemptionPolicy>,
-    /// Per preemptor: what it waits for and what is set aside for it.
-    pub(super) claims: HashMap<BatchKey, Claim>,
-    /// Per victim still stopping: its preemptor.
-    pub(super) stopping: HashMap<BatchKey, BatchKey>,
-    /// When a region is looked at again because a cluster there becomes
-    /// old enough to give way to a blocked batch.
-    pub(super) preempt_retry: BTreeSet<(DateTime<Utc>, String)>,
+    /// Who preempts whom, and when a region is looked at again.
+    pub(super) claims: Claims,
 }
 
 impl Scheduler {
@@ -142,7 +138,7 @@ impl Scheduler {
             self.queue.first_deadline().map(|(d, _)| d),
             self.leases.next_expiry(),
             self.queue.rungs().next_ripe(),
-            self.preempt_retry.first().map(|(t, _)| *t),
+            self.claims.next_retry(),
         ]
         .into_iter()
         .flatten()

@@ -9,6 +9,7 @@
 //! commits what it decides.
 
 mod capacity;
+mod claims;
 mod core;
 mod declared;
 mod estimate;

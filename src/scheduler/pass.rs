@@ -172,14 +172,8 @@ impl Scheduler {
         self.fair.prune(now);
         let ripe = self.queue.ripen(now);
         self.dirty.extend(ripe);
-        while let Some((at, _)) = self.preempt_retry.first() {
-            if *at > now {
-                break;
-            }
-            if let Some((_, region)) = self.preempt_retry.pop_first() {
-                self.dirty.insert(region);
-            }
-        }
+        let due = self.claims.due_retries(now);
+        self.dirty.extend(due);
         let regions = self.regions_to_scan();
         for region in regions {
             self.admit_region(&region, now, &mut decisions);
@@ -398,7 +392,7 @@ impl Scheduler {
         };
         // A held queue's batches wait, reserving nothing; a preemptor
         // waits for its victims, on what is set aside for it.
-        if self.hold_of(region, &batch.project).is_some() || self.claims.contains_key(&key) {
+        if self.hold_of(region, &batch.project).is_some() || self.claims.is_claiming(key) {
             return Considered::Passed;
         }
         let default_mode = batch.cluster.mode == ProvisioningMode::Default;
@@ -518,7 +512,7 @@ impl Scheduler {
                             .get(key)
                             .and_then(|b| self.next_victim_matures(b, now));
                         if let Some(at) = matures {
-                            self.preempt_retry.insert((at, region.to_string()));
+                            self.claims.retry_at(at, region);
                         }
                     }
                     if walk.reservation.is_none() {

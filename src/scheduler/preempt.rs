@@ -65,7 +65,7 @@ impl Scheduler {
         victim: &Allocation,
         now: DateTime<Utc>,
     ) -> Option<Cause> {
-        if self.stopping.contains_key(&victim.key)
+        if self.claims.stopping_for(victim.key).is_some()
             || victim.preemptions >= policy.max_preemptions
             || (!victim.preemptible && policy.allow_opt_out)
         {
@@ -135,7 +135,7 @@ impl Scheduler {
         let region = batch.region.as_str();
         let policy = self.preemption_in(region)?;
         if batch.deadline.is_none()
-            || self.claims.contains_key(&batch.key)
+            || self.claims.is_claiming(batch.key)
             || self
                 .ledger
                 .shortfall(&batch.project, region, &batch.cluster.quota)
@@ -300,16 +300,13 @@ impl Scheduler {
     /// its plan finds free now is set aside for the preemptor (its claim).
     pub(super) fn preempt(&mut self, p: Preemption, plan: Vec<Placement>, out: &mut Vec<Decision>) {
         let banked = self.capacity.take_free(&plan);
-        for v in &p.victims {
-            self.stopping.insert(v.key, p.preemptor);
-        }
         let quota = self
             .queue
             .get(p.preemptor)
             .map(|b| b.cluster.quota.clone())
             .unwrap_or_default();
         self.ledger.set_aside(&p.project, &p.region, &quota);
-        self.claims.insert(
+        self.claims.open(
             p.preemptor,
             Claim {
                 region: p.region.clone(),
@@ -327,61 +324,53 @@ impl Scheduler {
     /// (true), or, when the preemptor no longer waits, not (false: the
     /// caller gives it back).
     pub(super) fn bank_victim(&mut self, victim: &Allocation) -> bool {
-        let Some(preemptor) = self.stopping.remove(&victim.key) else {
+        let Some(region) = self.claims.bank(victim) else {
             return false;
         };
-        let Some(claim) = self.claims.get_mut(&preemptor) else {
-            return false;
-        };
-        claim.waiting.remove(&victim.key);
-        claim.banked.extend(victim.placements.iter().cloned());
-        self.dirty.insert(claim.region.clone());
+        self.dirty.insert(region);
         true
     }
 
     /// A preemptor left the queue: what was set aside for it returns. Its
     /// victims stop anyway (they were told to): they stay out of other
     /// preemptions, and their clusters go back to the queue as they go.
-    pub(super) fn drop_claim(&mut self, preemptor: BatchKey) -> Option<Claim> {
-        let claim = self.end_claim(preemptor)?;
-        self.dirty.insert(claim.region.clone());
-        Some(claim)
+    pub(super) fn drop_claim(&mut self, preemptor: BatchKey) {
+        if let Some(claim) = self.claims.take(preemptor) {
+            self.give_back_claim(&claim);
+        }
     }
 
-    /// Takes `preemptor`'s claim out, and what it set aside (capacity and
-    /// quota) goes back.
-    fn end_claim(&mut self, preemptor: BatchKey) -> Option<Claim> {
-        let claim = self.claims.remove(&preemptor)?;
+    /// What `claim` set aside (capacity and quota) goes back; its region
+    /// is looked at again.
+    fn give_back_claim(&mut self, claim: &Claim) {
         self.capacity.give_back(&claim.banked);
         self.ledger
             .release_aside(&claim.project, &claim.region, &claim.quota);
-        Some(claim)
+        self.dirty.insert(claim.region.clone());
     }
 
     /// The preemptors of `region` whose victims are all gone: their
     /// claims, taken out, with what they set aside given back (the pass
     /// allocates each on its plan).
     pub(super) fn ready_claims(&mut self, region: &str) -> Vec<(BatchKey, Claim)> {
-        let ready: Vec<BatchKey> = self
-            .claims
-            .iter()
-            .filter(|(_, c)| c.region == region && c.waiting.is_empty())
-            .map(|(k, _)| *k)
-            .collect();
+        let mut ready = Vec::new();
+        for key in self.claims.ready_in(region) {
+            if let Some(claim) = self.claims.take(key) {
+                self.capacity.give_back(&claim.banked);
+                self.ledger
+                    .release_aside(&claim.project, &claim.region, &claim.quota);
+                ready.push((key, claim));
+            }
+        }
         ready
-            .into_iter()
-            .filter_map(|k| Some((k, self.end_claim(k)?)))
-            .collect()
     }
 
     /// A preemption that was not carried out (its commit did not apply):
     /// the preemptor waits in the queue as before, what was set aside for
     /// it returns, and its victims are no longer stopping.
     pub fn withdraw_preemption(&mut self, preemptor: BatchKey) {
-        if let Some(claim) = self.drop_claim(preemptor) {
-            for v in &claim.waiting {
-                self.stopping.remove(v);
-            }
+        if let Some(claim) = self.claims.withdraw(preemptor) {
+            self.give_back_claim(&claim);
         }
     }
 
@@ -391,12 +380,7 @@ impl Scheduler {
     /// (the claim has no plan then: the preemptor takes the best zone once
     /// every victim is gone).
     pub fn restore_stopping(&mut self, victim: BatchKey, preemptor: BatchKey) {
-        if !self.running.contains_key(&victim) {
-            return;
-        }
-        self.stopping.insert(victim, preemptor);
-        if let Some(claim) = self.claims.get_mut(&preemptor) {
-            claim.waiting.insert(victim);
+        if !self.running.contains_key(&victim) || self.claims.restore_stopping(victim, preemptor) {
             return;
         }
         let Some(b) = self.queue.get(preemptor) else {
@@ -412,7 +396,7 @@ impl Scheduler {
         };
         self.ledger
             .set_aside(&claim.project, &claim.region, &claim.quota);
-        self.claims.insert(preemptor, claim);
+        self.claims.open(preemptor, claim);
     }
 
     /// What preemption does for a queued `batch` that capacity blocks, in
@@ -422,7 +406,7 @@ impl Scheduler {
     /// off or the batch never waits (default mode).
     pub fn preemption_reason(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Option<String> {
         let policy = self.preemption_in(&batch.region)?;
-        if let Some(claim) = self.claims.get(&batch.key) {
+        if let Some(claim) = self.claims.get(batch.key) {
             let names: Vec<&str> = claim
                 .waiting
                 .iter()
@@ -466,11 +450,11 @@ impl Scheduler {
 
     /// Whether `key` waits for its victims to stop.
     pub fn is_claiming(&self, key: BatchKey) -> bool {
-        self.claims.contains_key(&key)
+        self.claims.is_claiming(key)
     }
 
     /// The preemptor `key` (a victim) is stopping for, if any.
     pub fn stopping_for(&self, key: BatchKey) -> Option<BatchKey> {
-        self.stopping.get(&key).copied()
+        self.claims.stopping_for(key)
     }
 }

@@ -143,7 +143,7 @@ impl Scheduler {
             .running
             .values()
             .map(|a| &a.placements)
-            .chain(self.claims.values().map(|c| &c.banked));
+            .chain(self.claims.iter().map(|(_, c)| &c.banked));
         for placements in held {
             for p in placements {
                 let e = used.entry(&p.node).or_default();
@@ -205,12 +205,12 @@ impl Scheduler {
         }
         // A preemptor waits in the queue; its victims still stopping run,
         // each for one preemptor that counts it.
-        for (key, claim) in &self.claims {
+        for (key, claim) in self.claims.iter() {
             if !self.queue.contains(*key) {
                 return Err(format!("preemptor {} is not queued", key.0));
             }
             for v in &claim.waiting {
-                if !self.running.contains_key(v) || self.stopping.get(v) != Some(key) {
+                if !self.running.contains_key(v) || self.claims.stopping_for(*v) != Some(*key) {
                     return Err(format!(
                         "victim {} of {} is not stopping for it",
                         v.0, key.0
