@@ -365,13 +365,12 @@ fn parse_field(word: &str) -> Result<Field, String> {
         "create_time" => Field::CreateTime,
         w if w.starts_with("labels.") => {
             let key = &w["labels.".len()..];
-            let ok = !key.is_empty()
-                && key.len() <= 63
-                && key.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
-                });
-            if !ok {
-                return Err(format!("label key {} is invalid in filter", quote(key)));
+            if !crate::spec::is_label_key(key) {
+                return Err(format!(
+                    "label key {} is invalid in filter: {}",
+                    quote(key),
+                    crate::spec::LABEL_KEY_RULE
+                ));
             }
             Field::Label(key.to_string())
         }
@@ -466,6 +465,9 @@ mod tests {
             ("(state = RUNNING", "missing ')'"),
             ("batch_id = \"abc", "unterminated string"),
             ("state ! RUNNING", "use !="),
+            // The key a create refuses as a label is refused here too.
+            ("labels.1abc = x", "starting with a letter"),
+            ("labels. = x", "label key \"\" is invalid"),
         ] {
             let err = Filter::parse(f).expect_err(f);
             assert!(err.contains(fragment), "{f}: {err}");

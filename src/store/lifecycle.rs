@@ -10,7 +10,7 @@ use super::rows::{append_history, from_micros, micros, run_info, set_run_info, t
 use super::{Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
-use crate::spec::ClusterRequest;
+use super::rows::decode_cluster;
 
 /// A committed lifecycle decision, for the engine to log and count.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,9 +49,7 @@ pub(super) async fn attempts(conn: &mut AnyConnection, seq: i64) -> Result<Attem
     Ok(match row {
         Some((attempt, cluster)) => Attempts {
             attempt: u32::try_from(attempt).unwrap_or(1),
-            retries: serde_json::from_str::<ClusterRequest>(&cluster)
-                .map(|c| c.infrastructure_retries)
-                .unwrap_or(0),
+            retries: decode_cluster(&cluster)?.infrastructure_retries,
         },
         None => Attempts {
             attempt: 1,
@@ -73,8 +71,7 @@ async fn requeue(
         .bind(seq)
         .fetch_one(&mut *conn)
         .await?;
-    let cluster: ClusterRequest = serde_json::from_str(&cluster)
-        .map_err(|e| StoreError::Unavailable(format!("stored cluster cannot be read: {e}")))?;
+    let cluster = decode_cluster(&cluster)?;
     let deadline = cluster.deadline(now).map(micros);
     sqlx::query(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \

@@ -29,6 +29,12 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("stored {what} cannot be read: {e}"))
 }
 
+/// The cluster a batch was stored with: every reader goes through here,
+/// and one that cannot be read is an error, never a default.
+pub(super) fn decode_cluster(text: &str) -> Result<crate::spec::ClusterRequest, StoreError> {
+    serde_json::from_str(text).map_err(|e| corrupt("cluster", e))
+}
+
 fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
     let state: i64 = row.try_get("state")?;
     let spec: &str = row.try_get("spec")?;
@@ -49,7 +55,7 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
         state_time: from_micros(row.try_get("state_time")?),
         creator: row.try_get("creator")?,
         spec: serde_json::from_str(spec).map_err(|e| corrupt("batch", e))?,
-        cluster: serde_json::from_str(cluster).map_err(|e| corrupt("cluster", e))?,
+        cluster: decode_cluster(cluster)?,
         deadline: row.try_get::<Option<i64>, _>("deadline")?.map(from_micros),
         provisioning: Provisioning::from_number(row.try_get("provisioning")?),
         priority: row.try_get("priority")?,

@@ -11,7 +11,7 @@ use sqlx::{AnyConnection, Row};
 use super::sql::Sql;
 
 use super::lifecycle::write_steps;
-use super::rows::{append_history, from_micros, micros};
+use super::rows::{append_history, decode_cluster, from_micros, micros};
 use super::{Backend, Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, State};
 use crate::scheduler::lifecycle;
@@ -36,11 +36,6 @@ struct QueuedRow(
     ClusterRequest,
     u32,
 );
-
-fn decode_cluster(text: &str) -> Result<ClusterRequest, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Unavailable(format!("stored cluster cannot be read: {e}")))
-}
 
 /// Fences a lost node (new epoch) and fails every batch that held part
 /// of it, releasing their clusters. Void (`false`) when the node is no

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::rows::{from_micros, micros};
+use super::rows::{decode_cluster, from_micros, micros};
 use super::{Provisioning, Store, StoreError};
 use crate::spec::{Accelerator, ClusterRequest};
 
@@ -49,7 +49,7 @@ fn part_type(row: &sqlx::any::AnyRow, no_gpus: bool) -> Result<Option<Accelerato
     let Some(cluster) = row.try_get::<Option<String>, _>("cluster")? else {
         return Ok(None);
     };
-    let stored: ClusterRequest = serde_json::from_str(&cluster).map_err(corrupt)?;
+    let stored = decode_cluster(&cluster)?;
     let rung = row
         .try_get::<Option<i64>, _>("alternative")?
         .and_then(|a| u32::try_from(a).ok())
@@ -64,7 +64,7 @@ fn part_type(row: &sqlx::any::AnyRow, no_gpus: bool) -> Result<Option<Accelerato
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("stored cluster cannot be read: {e}"))
+    StoreError::Unavailable(format!("stored GPU list cannot be read: {e}"))
 }
 
 impl Store {
@@ -122,7 +122,7 @@ impl Store {
         for row in rows {
             created.push(CreatedBatch {
                 project: row.try_get("project")?,
-                cluster: serde_json::from_str(row.try_get("cluster")?).map_err(corrupt)?,
+                cluster: decode_cluster(row.try_get("cluster")?)?,
                 create_time: from_micros(row.try_get("create_time")?),
                 allocate_time: row
                     .try_get::<Option<i64>, _>("allocate_time")?
