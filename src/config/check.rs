@@ -366,12 +366,9 @@ impl Config {
             let key = |k: &str| format!("alternatives[{i}].{k}");
             let ladder = entry.ladder().map_err(|(k, e)| invalid(key(k), e))?;
             let served = |r: &str| self.regions.contains_key(r);
-            let regions = || self.regions.keys().cloned().collect::<Vec<_>>().join(", ");
+            let not_served = |r: &str| crate::spec::not_served(r, self.regions.keys());
             if let Some(r) = ladder.region.as_deref().filter(|r| !served(r)) {
-                return Err(invalid(
-                    key("region"),
-                    format!("region {r:?} is not served; served regions: {}", regions()),
-                ));
+                return Err(invalid(key("region"), not_served(r)));
             }
             let targets = ladder
                 .rungs
@@ -383,10 +380,7 @@ impl Config {
                     if !served(r) {
                         return Err(invalid(
                             key("rungs"),
-                            format!(
-                                "{target}: region {r:?} is not served; served regions: {}",
-                                regions()
-                            ),
+                            format!("{target}: {}", not_served(r)),
                         ));
                     }
                 }

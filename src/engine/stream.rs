@@ -123,11 +123,7 @@ impl Engine {
         if !every_region && !self.config().regions.contains_key(&req.region) {
             return Err(Error::invalid_field(
                 "region",
-                format!(
-                    "{} is not a region flexq serves; served: {}",
-                    crate::api::quote(&req.region),
-                    self.regions().join(", ")
-                ),
+                crate::spec::not_served(&req.region, self.config().regions.keys()),
             ));
         }
         let scope =

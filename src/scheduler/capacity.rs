@@ -105,9 +105,15 @@ impl PartNeed {
 /// The parts of a cluster, largest first (placing big parts first packs
 /// better).
 pub(crate) fn needs(cluster: &ClusterRequest) -> Vec<PartNeed> {
-    let mut needs = vec![PartNeed::of(PartRole::Driver, &cluster.driver)];
+    let driver = PartNeed::of(PartRole::Driver, &cluster.driver);
     let exec = PartNeed::of(PartRole::Executor, &cluster.executor);
-    needs.extend(std::iter::repeat_n(exec, cluster.executor_count as usize));
+    parts_of(driver, exec, cluster.executor_count)
+}
+
+/// A driver and `count` executors, largest first.
+pub(super) fn parts_of(driver: PartNeed, executor: PartNeed, count: u32) -> Vec<PartNeed> {
+    let mut needs = vec![driver];
+    needs.extend(std::iter::repeat_n(executor, count as usize));
     needs.sort_by_key(|n| std::cmp::Reverse((n.gpus, n.cores, n.memory_mb)));
     needs
 }

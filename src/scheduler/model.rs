@@ -189,10 +189,7 @@ pub(super) type ShapeKey = (PartNeed, PartNeed, u32);
 /// The GPU type of a cluster for metric labels: the executors', else the
 /// driver's, else "cpu".
 pub fn accelerator_label(c: &ClusterRequest) -> &'static str {
-    c.executor
-        .accelerator
-        .or(c.driver.accelerator)
-        .map_or("cpu", |a| a.name())
+    c.accelerator().map_or("cpu", |a| a.name())
 }
 
 /// What a cluster needs, as a small key: two clusters with equal keys fit

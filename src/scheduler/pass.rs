@@ -418,10 +418,7 @@ impl Scheduler {
             return self.try_rungs(key, region, now, walk, out);
         }
         let shape = shape_key(&batch.cluster);
-        let ends = batch
-            .cluster
-            .ttl_s
-            .map(|t| now + Duration::seconds(t as i64));
+        let ends = batch.cluster.ends(now);
         let plan = if walk.failed_shapes.contains(&shape) {
             None
         } else if let Some(plan) = walk.fitting.get(&shape) {
@@ -558,10 +555,7 @@ impl Scheduler {
         let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;
         };
-        let ends = batch
-            .cluster
-            .ttl_s
-            .map(|t| now + Duration::seconds(t as i64));
+        let ends = batch.cluster.ends(now);
         let mut chosen = None;
         for rung in &batch.cluster.alternatives {
             if ripe_at(batch.queued_at, rung) > now {
@@ -659,7 +653,7 @@ impl Scheduler {
             placements,
             quota: cluster.quota.clone(),
             allocated_at: now,
-            expected_end: cluster.ttl_s.map(|t| now + Duration::seconds(t as i64)),
+            expected_end: cluster.ends(now),
             queued_at: batch.queued_at,
             accelerator: accelerator_label(cluster),
             rung,
@@ -736,10 +730,7 @@ impl Scheduler {
 /// The parts of a cluster of shape `key`, as [`needs`] gives them.
 fn needs_of(key: &ShapeKey) -> Vec<PartNeed> {
     let (driver, executor, count) = key;
-    let mut parts = vec![*driver];
-    parts.extend(std::iter::repeat_n(*executor, *count as usize));
-    parts.sort_by_key(|n| std::cmp::Reverse((n.gpus, n.cores, n.memory_mb)));
-    parts
+    super::capacity::parts_of(*driver, *executor, *count)
 }
 
 /// Whether a cluster that ends at `ends` (None: no ttl) would delay a

@@ -184,7 +184,7 @@ pub fn ladder_for<'a>(
     region: &str,
     own: &ClusterRequest,
 ) -> Option<&'a Ladder> {
-    let accelerator = own.executor.accelerator.or(own.driver.accelerator);
+    let accelerator = own.accelerator();
     let mut best: Option<&Ladder> = None;
     for l in ladders
         .iter()
@@ -349,7 +349,7 @@ fn why_not(
     }
     match &spec.target {
         Target::Accelerator(a) => {
-            let own_type = own.executor.accelerator.or(own.driver.accelerator);
+            let own_type = own.accelerator();
             if own_type.is_none() {
                 return Some("the batch uses no GPU, so it has no GPU type to change".into());
             }
@@ -362,16 +362,7 @@ fn why_not(
                 return Some(format!("{r} is the batch's own region"));
             }
             if !policy.regions.contains_key(r) {
-                return Some(format!(
-                    "region {} is not served; served regions: {}",
-                    quote(r),
-                    policy
-                        .regions
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                return Some(super::not_served(r, policy.regions.keys()));
             }
         }
         Target::OnDemand => {}
@@ -405,7 +396,7 @@ pub fn reshape(batch: &Batch, own: &ClusterRequest, target: &Target) -> Batch {
             }
         }
         Target::Accelerator(to) => {
-            let from = own.executor.accelerator.or(own.driver.accelerator);
+            let from = own.accelerator();
             for (role, shape) in [
                 (PartRole::Executor, &own.executor),
                 (PartRole::Driver, &own.driver),

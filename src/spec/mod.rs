@@ -182,19 +182,7 @@ fn check_create(
 
     let offered_here = policy.regions.get(region);
     if offered_here.is_none() {
-        v.invalid(
-            "parent",
-            format!(
-                "region {} is not served by flexq; served regions: {}",
-                quote(region),
-                policy
-                    .regions
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
+        v.invalid("parent", not_served(region, policy.regions.keys()));
     }
     if !is_resource_id(project) {
         v.invalid(
@@ -435,6 +423,17 @@ fn push_uris<'a>(out: &mut Vec<(String, &'a String)>, field: &str, list: &'a [St
             .enumerate()
             .map(|(i, u)| (format!("{field}[{i}]"), u)),
     );
+}
+
+/// Why `region` is refused: it is not among `served`, which the message
+/// lists.
+pub fn not_served<'a>(region: &str, served: impl IntoIterator<Item = &'a String>) -> String {
+    let served: Vec<&str> = served.into_iter().map(String::as_str).collect();
+    format!(
+        "region {} is not served by flexq; served regions: {}",
+        quote(region),
+        served.join(", ")
+    )
 }
 
 /// What a label key may be, in words (the create's and the filter's

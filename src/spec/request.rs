@@ -203,6 +203,22 @@ impl ClusterRequest {
             .then(|| queued_at + chrono::Duration::seconds(self.allocation_timeout_s as i64))
     }
 
+    /// When a cluster of this request allocated at `start` ends: its ttl
+    /// after (None: no ttl).
+    pub fn ends(
+        &self,
+        start: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.ttl_s
+            .map(|t| start + chrono::Duration::seconds(t as i64))
+    }
+
+    /// The cluster's GPU type: the executors', else the driver's (None:
+    /// it uses no GPU).
+    pub fn accelerator(&self) -> Option<Accelerator> {
+        self.executor.accelerator.or(self.driver.accelerator)
+    }
+
     /// Whether any node of the cluster has a GPU.
     pub fn uses_gpus(&self) -> bool {
         self.driver.accelerator.is_some() || self.executor.accelerator.is_some()

@@ -6,11 +6,11 @@
 use chrono::{DateTime, Utc};
 use sqlx::AnyConnection;
 
+use super::rows::decode_cluster;
 use super::rows::{append_history, from_micros, micros, run_info, set_run_info, transition};
 use super::{Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle::{self, AgentEvent, Attempts, Holding, Outcome, Step};
-use super::rows::decode_cluster;
 
 /// A committed lifecycle decision, for the engine to log and count.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use sqlx::{AnyConnection, Row};
 
@@ -255,9 +255,7 @@ impl Store {
                     placements: vec![placement],
                     quota: cluster.quota.clone(),
                     allocated_at,
-                    expected_end: cluster
-                        .ttl_s
-                        .map(|t| allocated_at + Duration::seconds(t as i64)),
+                    expected_end: cluster.ends(allocated_at),
                     queued_at: from_micros(row.try_get("create_time")?),
                     accelerator: crate::scheduler::accelerator_label(cluster),
                     rung: on_rung,
