@@ -445,22 +445,8 @@ impl Engine {
         }
         let key = BatchKey(applied.seq);
         self.count_released(core.forget(key, at).as_ref(), at);
-        if self.replicated() {
-            return;
-        }
-        match self
-            .bounded(self.shared.store.queued_batches(key.0..=key.0))
-            .await
-        {
-            Ok(back) => back.into_iter().for_each(|b| core.submit(b)),
-            Err(e) => {
-                // The core misses a queued batch: rebuild it before the
-                // next pass.
-                tracing::error!(batch.seq = key.0, error = %e, "cannot queue a requeued batch again; rebuilding");
-                self.shared
-                    .stale
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-            }
+        if !self.replicated() {
+            self.requeue(core, &[key]).await;
         }
     }
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::api::EndReason;
 use crate::config::Config;
-use crate::scheduler::{BatchKey, Decision, PendingBatch, Scheduler, lifecycle};
+use crate::scheduler::{BatchKey, Decision, Scheduler, lifecycle};
 use crate::store::{Store, StoreError};
 
 impl Engine {
@@ -129,11 +129,7 @@ impl Engine {
                     // Their preemptor may be allocated now: another pass.
                     self.wake();
                 }
-                let requeued = requeued_of(&self.shared.store, &lost).await;
-                for b in &requeued {
-                    core.submit(b.clone());
-                }
-                let requeued: HashSet<BatchKey> = requeued.iter().map(|b| b.key).collect();
+                let requeued = self.requeue(&mut core, &lost).await;
                 for (d, ok) in decisions.iter().zip(applied) {
                     if ok {
                         log_decision(d, now, &requeued);
@@ -201,6 +197,41 @@ impl Engine {
     /// decisions were not all written. Until that succeeds no pass runs: a
     /// core holding allocations that were never committed would keep their
     /// capacity, and their batches, out of reach for good.
+    /// Batches sent back to the queue (an infrastructure failure, a
+    /// preemption) go into `core` again, read back from the store under
+    /// the core's lock, bounded: the one way a requeued batch re-enters
+    /// the core. What cannot be read now marks the core stale, rebuilt
+    /// from the database before the next pass. Answers the keys queued
+    /// again (a batch with no retry left is not).
+    pub(super) async fn requeue(
+        &self,
+        core: &mut Scheduler,
+        keys: &[BatchKey],
+    ) -> HashSet<BatchKey> {
+        let mut back = HashSet::new();
+        for key in keys {
+            match self
+                .bounded(self.shared.store.queued_batches(key.0..=key.0))
+                .await
+            {
+                Ok(batches) => {
+                    for b in batches {
+                        back.insert(b.key);
+                        core.submit(b);
+                    }
+                }
+                Err(e) => {
+                    // The rebuild reads every queued batch: no need to try
+                    // the rest now.
+                    tracing::error!(batch.seq = key.0, error = %e, "cannot queue a requeued batch again; rebuilding");
+                    self.shared.stale.store(true, Ordering::SeqCst);
+                    break;
+                }
+            }
+        }
+        back
+    }
+
     pub(super) async fn rebuild_after_void(&self, core: &mut Scheduler, fence: Option<i64>) {
         let fresh = tokio::time::timeout(
             DB_UNDER_LOCK,
@@ -219,26 +250,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// Which of `keys` are queued in the store (an infrastructure failure sent
-/// them back), read under the core's lock, bounded; none when the store
-/// does not answer (they are read back at the next rebuild).
-async fn requeued_of(store: &Store, keys: &[BatchKey]) -> Vec<PendingBatch> {
-    let mut out = Vec::new();
-    for key in keys {
-        match tokio::time::timeout(DB_UNDER_LOCK, store.queued_batches(key.0..=key.0)).await {
-            Ok(Ok(back)) => out.extend(back),
-            Ok(Err(e)) => {
-                tracing::warn!(batch.seq = key.0, error = %e, "cannot read a requeued batch back")
-            }
-            Err(_) => tracing::warn!(
-                batch.seq = key.0,
-                "reading a requeued batch back did not answer"
-            ),
-        }
-    }
-    out
 }
 
 fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) {
@@ -345,6 +356,7 @@ pub(crate) async fn rebuild(
         }
     }
     let mut orphans = Vec::new();
+    let mut orphaned = None;
     for alloc in store.active_allocations().await? {
         let (key, batch_id) = (alloc.key, alloc.batch_id.clone());
         if !core.restore_allocation(alloc) {
@@ -360,14 +372,16 @@ pub(crate) async fn rebuild(
             Decision::LoseNode { failed, .. } => failed.clone(),
             _ => Vec::new(),
         };
-        // Read back with every queued batch below.
-        let requeued = requeued_of(store, &keys).await;
-        let requeued: HashSet<BatchKey> = requeued.iter().map(|b| b.key).collect();
-        log_decision(&lost, Utc::now(), &requeued);
+        // Read back with every queued batch below, then logged.
+        orphaned = Some((lost, keys));
     }
     store
         .each_queued_batch(.., |batch| core.submit(batch))
         .await?;
+    if let Some((lost, keys)) = orphaned {
+        let requeued: HashSet<BatchKey> = keys.into_iter().filter(|k| core.is_queued(*k)).collect();
+        log_decision(&lost, Utc::now(), &requeued);
+    }
     // Preemptions under way: their victims keep stopping, their clusters
     // go to their preemptors.
     for (victim, preemptor) in store.stopping_victims().await? {

@@ -172,6 +172,11 @@ impl Scheduler {
         self.queue.of_project(project)
     }
 
+    /// Whether `key` is queued.
+    pub fn is_queued(&self, key: BatchKey) -> bool {
+        self.queue.contains(key)
+    }
+
     pub fn pending_count(&self) -> usize {
         self.queue.len()
     }
