@@ -190,6 +190,9 @@ pub struct FlexqInfo {
     /// Why it is not admitted yet, with numbers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_admitted_reasons: Vec<String>,
+    /// The same reasons, each with its kind, for scripts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_admitted: Vec<NotAdmittedReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_start_time: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +202,16 @@ pub struct FlexqInfo {
     /// The cluster's parts, node by node, once provisioned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<AllocatedPart>,
+}
+
+/// One reason a queued batch is not admitted: its kind and its message
+/// (the message is also in `notAdmittedReasons`, at the same place).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NotAdmittedReason {
+    /// QUOTA, CAPACITY, RESERVATION, HELD, FAIR_SHARE, QUEUED_AHEAD,
+    /// PREEMPTION, ALTERNATIVE or LIKELY_TO_EXPIRE.
+    pub reason: String,
+    pub message: String,
 }
 
 /// One part of an allocated cluster.

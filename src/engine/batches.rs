@@ -244,7 +244,8 @@ impl Engine {
                     .pending_info(BatchKey(record.seq), chrono::Utc::now())
                 {
                     info.queue_position = Some(p.queue_position);
-                    info.not_admitted_reasons = p.reasons;
+                    info.not_admitted = super::present::not_admitted(&p.reasons);
+                    info.not_admitted_reasons = crate::scheduler::messages(&p.reasons);
                     info.estimated_start_time = p.estimated_start_time;
                 }
             }

@@ -9,7 +9,7 @@ use crate::api::{
     BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, Code, EndReason, FlexqInfo, Operation,
     OperationError, OperationMetadata, OperationName, RequeueReason, State,
 };
-use crate::scheduler::{Verdict, shape_text};
+use crate::scheduler::{Verdict, messages, shape_text};
 use crate::spec;
 use crate::store::BatchRecord;
 
@@ -123,6 +123,19 @@ fn runtime_info(r: &BatchRecord) -> Option<crate::api::RuntimeInfo> {
     })
 }
 
+/// The typed side of a queued batch's reasons (`flexq.notAdmitted`).
+pub(super) fn not_admitted(
+    reasons: &[crate::scheduler::Reason],
+) -> Vec<crate::api::NotAdmittedReason> {
+    reasons
+        .iter()
+        .map(|r| crate::api::NotAdmittedReason {
+            reason: r.kind.name().to_string(),
+            message: r.message.clone(),
+        })
+        .collect()
+}
+
 /// `start`: when it could start if queued now (shown while it would
 /// queue).
 pub(super) fn verdict_json(
@@ -132,12 +145,16 @@ pub(super) fn verdict_json(
 ) -> serde_json::Value {
     let (verdict, reasons, zone) = match v {
         Verdict::AllocateNow { zone } => ("ALLOCATE_NOW", vec![], Some(zone.clone())),
-        Verdict::WouldQueue { reasons } => ("WOULD_QUEUE", reasons.clone(), None),
-        Verdict::WouldFail { reason, stock_out } => (
+        Verdict::WouldQueue { reasons } => ("WOULD_QUEUE", messages(reasons), None),
+        Verdict::WouldFail { reason, cause } => (
             "WOULD_FAIL",
             vec![format!(
                 "RESOURCE_EXHAUSTED ({}): {reason}",
-                if *stock_out { "stock-out" } else { "quota" }
+                if *cause == crate::api::EndReason::Quota {
+                    "quota"
+                } else {
+                    "stock-out"
+                }
             )],
             None,
         ),

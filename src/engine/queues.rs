@@ -51,6 +51,8 @@ pub struct QueueEntry {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub estimated_start_time: Option<chrono::DateTime<Utc>>,
     pub not_admitted_reasons: Vec<String>,
+    /// The same reasons, each with its kind.
+    pub not_admitted: Vec<crate::api::NotAdmittedReason>,
     /// Its placement alternatives, in order, as the batch's
     /// `flexq.alternatives` names them (`a100-40 after 15m`); absent
     /// without any.
@@ -231,7 +233,8 @@ impl Engine {
                 queue_time: b.queued_at,
                 allocation_deadline: b.deadline,
                 estimated_start_time: info.estimated_start_time,
-                not_admitted_reasons: info.reasons,
+                not_admitted: super::present::not_admitted(&info.reasons),
+                not_admitted_reasons: crate::scheduler::messages(&info.reasons),
                 alternatives: super::present::ladder(&b.cluster),
                 preemptions: (b.preemptions > 0).then_some(b.preemptions),
             })

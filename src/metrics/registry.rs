@@ -11,6 +11,7 @@ use prometheus::{
 };
 
 use crate::api::{EndReason, State};
+use crate::scheduler::NotAdmitted;
 
 /// Wait before allocation: up to the longest allocation timeout (2 h) and
 /// beyond.
@@ -22,7 +23,11 @@ const WAIT_BUCKETS: &[f64] = &[
 /// Why a batch was refused or failed at once.
 pub const REJECT_REASONS: &[&str] = &["invalid", "never_fit", "quota", "stockout"];
 /// Why a queued batch is not admitted yet.
-pub const PENDING_REASONS: &[&str] = &["quota", "capacity", "reservation"];
+pub const PENDING_REASONS: &[&str] = &[
+    NotAdmitted::Quota.label(),
+    NotAdmitted::Capacity.label(),
+    NotAdmitted::Reservation.label(),
+];
 
 pub(super) struct Metrics {
     pub(super) registry: Registry,

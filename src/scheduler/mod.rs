@@ -40,7 +40,7 @@ pub use model::{
     Allocation, BatchKey, Cause, Cordon, Decision, Hold, OnRung, PendingBatch, PoolDecl,
     Preemption, PreemptionPolicy, Victim, accelerator_label, shape_text,
 };
-pub use pending::{Blocker, ESTIMATE_DEPTH, PendingInfo, Verdict};
+pub use pending::{Blocker, ESTIMATE_DEPTH, NotAdmitted, PendingInfo, Reason, Verdict, messages};
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use snapshot::Snapshot;
 pub use views::CapacityRow;

@@ -150,12 +150,127 @@ impl std::fmt::Display for Blocker {
     }
 }
 
+impl Blocker {
+    /// What kind of reason it is.
+    pub fn kind(&self) -> NotAdmitted {
+        match self {
+            Blocker::Quota(_) => NotAdmitted::Quota,
+            Blocker::Capacity { .. } => NotAdmitted::Capacity,
+            Blocker::Reservation { .. } => NotAdmitted::Reservation,
+            Blocker::Held { .. } => NotAdmitted::Held,
+            Blocker::FairShare { .. } => NotAdmitted::FairShare,
+        }
+    }
+
+    fn reason(&self) -> Reason {
+        Reason::new(self.kind(), self.to_string())
+    }
+}
+
+/// Why a batch is not admitted (yet), as a kind: the machine-readable
+/// side of each reason (`flexq.notAdmitted[].reason`), and the label of
+/// the queued-batches metric for the first three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum NotAdmitted {
+    /// Its project lacks the quota in the region.
+    Quota,
+    /// No zone has room for the whole cluster now.
+    Capacity,
+    /// It fits, but would delay an earlier batch's reservation.
+    Reservation,
+    /// An admin held its queue.
+    Held,
+    /// Other projects' batches come first in fair-share order.
+    FairShare,
+    /// Earlier batches of the region's queue go first (validate-only).
+    QueuedAhead,
+    /// What preemption does, or would do, for it.
+    Preemption,
+    /// Why one of its placement alternatives has not taken it.
+    Alternative,
+    /// Its estimated start lies after its allocation deadline.
+    LikelyToExpire,
+}
+
+impl NotAdmitted {
+    pub const ALL: [NotAdmitted; 9] = [
+        NotAdmitted::Quota,
+        NotAdmitted::Capacity,
+        NotAdmitted::Reservation,
+        NotAdmitted::Held,
+        NotAdmitted::FairShare,
+        NotAdmitted::QueuedAhead,
+        NotAdmitted::Preemption,
+        NotAdmitted::Alternative,
+        NotAdmitted::LikelyToExpire,
+    ];
+
+    /// Its name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            NotAdmitted::Quota => "QUOTA",
+            NotAdmitted::Capacity => "CAPACITY",
+            NotAdmitted::Reservation => "RESERVATION",
+            NotAdmitted::Held => "HELD",
+            NotAdmitted::FairShare => "FAIR_SHARE",
+            NotAdmitted::QueuedAhead => "QUEUED_AHEAD",
+            NotAdmitted::Preemption => "PREEMPTION",
+            NotAdmitted::Alternative => "ALTERNATIVE",
+            NotAdmitted::LikelyToExpire => "LIKELY_TO_EXPIRE",
+        }
+    }
+
+    /// Its label in metrics (`flexq_pending_batches{reason}`).
+    pub const fn label(self) -> &'static str {
+        match self {
+            NotAdmitted::Quota => "quota",
+            NotAdmitted::Capacity => "capacity",
+            NotAdmitted::Reservation => "reservation",
+            NotAdmitted::Held => "held",
+            NotAdmitted::FairShare => "fair_share",
+            NotAdmitted::QueuedAhead => "queued_ahead",
+            NotAdmitted::Preemption => "preemption",
+            NotAdmitted::Alternative => "alternative",
+            NotAdmitted::LikelyToExpire => "likely_to_expire",
+        }
+    }
+}
+
+/// One reason a batch is not admitted: its kind, and what it says with
+/// numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reason {
+    pub kind: NotAdmitted,
+    pub message: String,
+}
+
+impl Reason {
+    pub fn new(kind: NotAdmitted, message: impl Into<String>) -> Reason {
+        Reason {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The messages of `reasons`, in order (`notAdmittedReasons`).
+pub fn messages(reasons: &[Reason]) -> Vec<String> {
+    reasons.iter().map(|r| r.message.clone()).collect()
+}
+
 /// What the API shows of a waiting batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingInfo {
     pub queue_position: usize,
-    pub reasons: Vec<String>,
+    pub reasons: Vec<Reason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_start_time: Option<DateTime<Utc>>,
 }
@@ -167,12 +282,13 @@ pub enum Verdict {
         zone: String,
     },
     WouldQueue {
-        reasons: Vec<String>,
+        reasons: Vec<Reason>,
     },
-    /// Default mode without room now: the batch would fail at once.
+    /// Default mode without room now: the batch would fail at once, for
+    /// `cause` (a stock-out, or quota).
     WouldFail {
         reason: String,
-        stock_out: bool,
+        cause: crate::api::EndReason,
     },
     NeverFits {
         reason: String,
@@ -287,13 +403,20 @@ impl Scheduler {
             && !reasons
                 .iter()
                 .any(|r| matches!(r, Blocker::Quota(_) | Blocker::Held { .. }));
-        let mut reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+        let mut reasons: Vec<Reason> = reasons.iter().map(Blocker::reason).collect();
         if by_capacity || self.is_claiming(key) {
-            reasons.extend(self.preemption_reason(batch, now));
+            reasons.extend(
+                self.preemption_reason(batch, now)
+                    .map(|m| Reason::new(NotAdmitted::Preemption, m)),
+            );
         }
-        reasons.extend(self.rung_reasons(batch, now));
+        reasons.extend(
+            self.rung_reasons(batch, now)
+                .into_iter()
+                .map(|m| Reason::new(NotAdmitted::Alternative, m)),
+        );
         if let Some(why) = likely_to_expire(estimated_start_time, batch.deadline) {
-            reasons.push(why);
+            reasons.push(Reason::new(NotAdmitted::LikelyToExpire, why));
         }
         Some(PendingInfo {
             queue_position: position,
@@ -576,15 +699,22 @@ impl Scheduler {
                 .unwrap_or_default();
             return Verdict::AllocateNow { zone };
         }
-        let mut reasons: Vec<String> = blockers.iter().map(ToString::to_string).collect();
+        let mut reasons: Vec<Reason> = blockers.iter().map(Blocker::reason).collect();
         if blockers.is_empty() {
-            reasons.push("earlier batches of the region's queue go first".into());
+            reasons.push(Reason::new(
+                NotAdmitted::QueuedAhead,
+                "earlier batches of the region's queue go first",
+            ));
         }
         if cluster.mode == ProvisioningMode::Default {
-            let stock_out = !blockers.iter().any(|b| matches!(b, Blocker::Quota(_)));
+            let quota = blockers.iter().any(|b| b.kind() == NotAdmitted::Quota);
             return Verdict::WouldFail {
-                reason: reasons.join("; "),
-                stock_out,
+                reason: messages(&reasons).join("; "),
+                cause: if quota {
+                    crate::api::EndReason::Quota
+                } else {
+                    crate::api::EndReason::StockOut
+                },
             };
         }
         Verdict::WouldQueue { reasons }

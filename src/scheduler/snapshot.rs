@@ -9,6 +9,7 @@ use rustc_hash::FxHashMap;
 use chrono::{DateTime, Utc};
 
 use super::core::Scheduler;
+use super::pending::NotAdmitted;
 use super::views::CapacityRow;
 use crate::spec::QuotaMetric;
 
@@ -48,10 +49,11 @@ impl Scheduler {
                 seen.push((project, region));
                 for ((accelerator, asked), n) in classes {
                     let reason = if self.ledger.shortfall(project, region, asked).is_some() {
-                        "quota"
+                        NotAdmitted::Quota
                     } else {
-                        "capacity"
-                    };
+                        NotAdmitted::Capacity
+                    }
+                    .label();
                     *pending.entry((region, accelerator, reason)).or_default() += n;
                 }
             }
@@ -68,13 +70,17 @@ impl Scheduler {
                 continue;
             }
             let accelerator = super::accelerator_label(&b.cluster);
-            if let Some(n) = pending.get_mut(&(b.region.as_str(), accelerator, "capacity")) {
+            if let Some(n) = pending.get_mut(&(
+                b.region.as_str(),
+                accelerator,
+                NotAdmitted::Capacity.label(),
+            )) {
                 // Its own class counted it there, by the same test.
                 debug_assert!(*n > 0, "a held-back batch missing from its class");
                 *n = n.saturating_sub(1);
             }
             *pending
-                .entry((&b.region, accelerator, "reservation"))
+                .entry((&b.region, accelerator, NotAdmitted::Reservation.label()))
                 .or_default() += 1;
         }
         s.pending = pending

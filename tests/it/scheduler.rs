@@ -149,6 +149,9 @@ async fn a_1_plus_8_cluster_waits_and_is_allocated_whole_when_the_last_gpu_frees
         .as_str()
         .expect("reason");
     assert!(reason.contains("has room for 6"), "{reason}");
+    // The same reason, typed, at the same place.
+    assert_eq!(b["flexq"]["notAdmitted"][0]["reason"], "CAPACITY", "{b}");
+    assert_eq!(b["flexq"]["notAdmitted"][0]["message"], reason, "{b}");
     assert_eq!(
         gpu_usage(&s).await,
         (3, 3),

@@ -33,7 +33,8 @@ fn a_whole_cluster_waits_and_is_allocated_at_once_when_the_last_gpu_frees() {
     let info = s.pending_info(BatchKey(2), t0()).expect("queued");
     assert_eq!(info.queue_position, 1);
     assert!(
-        info.reasons[0].contains("has room for 6"),
+        info.reasons[0].kind == crate::scheduler::NotAdmitted::Capacity
+            && info.reasons[0].message.contains("has room for 6"),
         "{:?}",
         info.reasons
     );

@@ -51,7 +51,14 @@ fn the_estimated_start_follows_the_fair_share_order() {
         info(2).estimated_start_time,
         Some(t0() + Duration::seconds(3600 + 600))
     );
-    let why = info(2).reasons.join(" | ");
+    let reasons = info(2).reasons;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.kind == crate::scheduler::NotAdmitted::FairShare),
+        "{reasons:?}"
+    );
+    let why = crate::scheduler::messages(&reasons).join(" | ");
     assert!(
         why.contains("behind 1 batch of 1 project in fair-share order")
             && why.contains("light 0.00; yours 3.00"),
@@ -89,9 +96,7 @@ fn a_batch_estimated_to_start_after_its_deadline_says_it_will_likely_expire() {
     ));
     assert!(allocated(&s.pass(t0())).is_empty());
     let why = |k| {
-        s.pending_info(BatchKey(k), t0())
-            .expect("queued")
-            .reasons
+        crate::scheduler::messages(&s.pending_info(BatchKey(k), t0()).expect("queued").reasons)
             .join(" | ")
     };
     assert!(

@@ -25,7 +25,8 @@ fn a_held_queue_allocates_nothing_but_still_expires_in_both_orders() {
         assert_eq!(allocated(&s.pass(t0())), vec![3], "{order:?}");
         let info = s.pending_info(BatchKey(2), t0()).expect("queued");
         assert!(
-            info.reasons[0].contains("held by an admin (admin)"),
+            info.reasons[0].kind == crate::scheduler::NotAdmitted::Held
+                && info.reasons[0].message.contains("held by an admin (admin)"),
             "{info:?}"
         );
         assert_eq!(info.estimated_start_time, None);

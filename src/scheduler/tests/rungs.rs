@@ -102,7 +102,9 @@ fn a_rung_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluste
         assert!(
             info.reasons
                 .iter()
-                .any(|r| r.starts_with("alternative 1 (a100-40 after 15m): tried from")),
+                .any(|r| r.kind == crate::scheduler::NotAdmitted::Alternative
+                    && r.message
+                        .starts_with("alternative 1 (a100-40 after 15m): tried from")),
             "{:?}",
             info.reasons
         );
@@ -111,7 +113,10 @@ fn a_rung_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluste
     // (cargo-mutants: `>` → `>=` in `rung_reasons` was missed).
     let info = s.pending_info(BatchKey(2), ripe).expect("queued");
     assert!(
-        !info.reasons.iter().any(|r| r.contains("tried from")),
+        !info
+            .reasons
+            .iter()
+            .any(|r| r.message.contains("tried from")),
         "{:?}",
         info.reasons
     );
