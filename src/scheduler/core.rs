@@ -1,14 +1,18 @@
 //! The scheduler core's state: pure and deterministic. It holds the
 //! region queues, the quota ledger and the capacity map, takes events and
 //! `now`, and returns decisions. No clock, no I/O: the runner persists each
-//! decision before anyone sees it. Here: the [`Scheduler`]'s fields, its
+//! decision before anyone sees it. Here: the [`Scheduler`], which composes
+//! the types that own their state — the [`Queue`] (`queue.rs`, with its
+//! rungs, `rungs.rs`), preemption's [`Claims`] (`claims.rs`), the
+//! capacity, the quota ledger, the fair-share usage, the leases — its
 //! fair-share settings and what it answers of its own state (nodes,
 //! deadlines, queued counts). The events that change it (nodes, leases,
-//! submits, forgets, quota) are `events.rs`, the pass that walks each
-//! region's queue `pass.rs`. What it takes and returns is `model.rs`; holds
-//! and cordons are `holds.rs`, where a batch fits and when it could start
-//! `estimate.rs`, what it shows `pending.rs`, `views.rs` and `snapshot.rs`.
-
+//! submits, forgets, quota) are `events.rs`; the pass that walks each
+//! region's queue `pass.rs`, judging each batch in `assess.rs` with the
+//! walk's state of `walk.rs`. What it takes and returns is `model.rs`;
+//! holds and cordons are `holds.rs`, where a batch fits and when it could
+//! start `estimate.rs`, what it shows `pending.rs`, `views.rs` and
+//! `snapshot.rs`.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};

@@ -8,6 +8,7 @@
 //! [`crate::spec`]. The engine ([`crate::engine`]) drives it and the store
 //! commits what it decides.
 
+mod assess;
 mod capacity;
 mod claims;
 mod core;
@@ -29,6 +30,7 @@ mod rungs;
 mod snapshot;
 mod tally;
 mod views;
+mod walk;
 
 pub use crate::spec::PartRole;
 pub use capacity::{NodeId, NodeSpec, Placement};

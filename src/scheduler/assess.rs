@@ -1,0 +1,386 @@
+//! One queued batch in a pass's walk: what the pass makes of it
+//! ([`Assessment`], judged without changing anything but the walk's
+//! caches) and what is then done — allocated on its own placement or on a
+//! rung, rejected (default mode), held back by the reservation, or left to
+//! wait, preempting or reserving.
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::capacity::{Placement, needs};
+use super::core::Scheduler;
+use super::model::{
+    Allocation, BatchKey, Decision, OnRung, PendingBatch, ShapeKey, accelerator_label, shape_key,
+    shape_text,
+};
+use super::rungs::ripe_at;
+use super::walk::{Considered, Reservation, Walk, delays_holder};
+use crate::api::EndReason;
+use crate::spec::{ClusterRequest, ProvisioningMode};
+
+/// What a pass makes of one queued batch ([`Scheduler::assess`]), before
+/// anything is done about it ([`Scheduler::apply`]).
+#[derive(Debug)]
+pub(super) enum Assessment {
+    /// Gone, in a held queue, or waiting for its victims: nothing now.
+    Wait,
+    /// Default mode, which never waits: refused now, for `reason` (its
+    /// quota, or a stock-out of `failed`, its shape).
+    Reject {
+        reason: EndReason,
+        message: String,
+        failed: Option<ShapeKey>,
+    },
+    /// Queue mode, short of quota for its own placement: only its rungs
+    /// may take it.
+    TryRungs,
+    /// Its own placement fits now, on `plan` (a zone and placements).
+    Fits {
+        shape: ShapeKey,
+        plan: (String, Vec<Placement>),
+    },
+    /// It fits, but would delay the reservation's holder: it waits.
+    /// `exhausted` when no batch of its shape could end before the holder
+    /// starts.
+    HeldBack { shape: ShapeKey, exhausted: bool },
+    /// Queue mode, and no zone has room for its own placement now.
+    Blocked { shape: ShapeKey },
+}
+
+impl Scheduler {
+    /// One queued batch in a pass's walk: judged ([`Self::assess`]), then
+    /// what the judgement says is done ([`Self::apply`]).
+    pub(super) fn consider(
+        &mut self,
+        key: BatchKey,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) -> Considered {
+        let assessment = self.assess(key, region, now, walk);
+        self.apply(key, region, assessment, now, walk, out)
+    }
+
+    /// What the pass makes of a queued batch in the walk at `now`,
+    /// changing nothing but the walk's caches (plans found, the
+    /// reservation's start).
+    fn assess(
+        &self,
+        key: BatchKey,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+    ) -> Assessment {
+        let Some(batch) = self.queue.get(key) else {
+            return Assessment::Wait;
+        };
+        // A held queue's batches wait, reserving nothing; a preemptor
+        // waits for its victims, on what is set aside for it.
+        if self.hold_of(region, &batch.project).is_some() || self.claims.is_claiming(key) {
+            return Assessment::Wait;
+        }
+        let default_mode = batch.cluster.mode == ProvisioningMode::Default;
+        if let Some(short) = self
+            .ledger
+            .shortfall(&batch.project, region, &batch.cluster.quota)
+        {
+            if !default_mode {
+                return Assessment::TryRungs;
+            }
+            return Assessment::Reject {
+                reason: EndReason::Quota,
+                message: format!(
+                    "RESOURCE_EXHAUSTED: quota {} exceeded in {region}: limit {}, usage {}, asked {}",
+                    short.metric, short.limit, short.usage, short.needed
+                ),
+                failed: None,
+            };
+        }
+        let shape = shape_key(&batch.cluster);
+        let plan = if walk.failed_shapes.contains(&shape) {
+            None
+        } else if let Some(plan) = walk.fitting.get(&shape) {
+            Some(plan.clone())
+        } else {
+            self.best_zone(region, &needs(&batch.cluster))
+        };
+        let Some(plan) = plan else {
+            if !default_mode {
+                return Assessment::Blocked { shape };
+            }
+            return Assessment::Reject {
+                reason: EndReason::StockOut,
+                message: format!(
+                    "RESOURCE_EXHAUSTED: ZONE_RESOURCE_POOL_EXHAUSTED: no zone of {region} has capacity for {} now; try queue mode (runtime 3.0+), another region or another GPU type",
+                    shape_text(&batch.cluster)
+                ),
+                failed: Some(shape),
+            };
+        };
+        walk.fitting.insert(shape, plan.clone());
+        // Under a reservation, a batch that fits may start only if its
+        // ttl ends before the holder's estimated start.
+        if let (Some(r), false) = (walk.reservation.as_mut(), default_mode) {
+            let until = self.holder_start(r, region);
+            if delays_holder(until, batch.cluster.ends(now)) {
+                let shortest = self
+                    .queue
+                    .shapes(region)
+                    .and_then(|m| m.get(&shape))
+                    .and_then(|st| st.ttls.keys().next().copied());
+                let exhausted = match (until, shortest) {
+                    (Some(u), Some(t)) if t != u64::MAX => now + Duration::seconds(t as i64) > u,
+                    (Some(_), _) => true,
+                    (None, _) => false,
+                };
+                return Assessment::HeldBack { shape, exhausted };
+            }
+        }
+        Assessment::Fits { shape, plan }
+    }
+
+    /// Does what `assessment` of queued batch `key` says.
+    fn apply(
+        &mut self,
+        key: BatchKey,
+        region: &str,
+        assessment: Assessment,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) -> Considered {
+        match assessment {
+            Assessment::Wait => Considered::Passed,
+            Assessment::Reject {
+                reason,
+                message,
+                failed,
+            } => {
+                if let Some(shape) = failed {
+                    walk.shape_fails(shape);
+                }
+                let batch_id = self
+                    .queue
+                    .get(key)
+                    .map(|b| b.batch_id.clone())
+                    .unwrap_or_default();
+                self.forget(key, now);
+                out.push(Decision::Reject {
+                    key,
+                    batch_id,
+                    message,
+                    reason,
+                });
+                Considered::Passed
+            }
+            Assessment::TryRungs => self.try_rungs(key, region, now, walk, out),
+            Assessment::HeldBack { shape, exhausted } => {
+                self.queue.set_held_back(key, true);
+                if exhausted {
+                    walk.exhausted.insert(shape);
+                }
+                Considered::Passed
+            }
+            Assessment::Fits {
+                shape,
+                plan: (zone, placements),
+            } => {
+                self.queue.set_held_back(key, false);
+                let Some(batch) = self.queue.get(key).cloned() else {
+                    return Considered::Passed;
+                };
+                // Capacity changes now: plans made before no longer hold.
+                walk.capacity_taken();
+                if !self.capacity.take(&placements) {
+                    walk.shape_fails(shape);
+                    return Considered::Passed;
+                }
+                let own = (region, &batch.cluster);
+                out.push(self.grant(&batch, own, (zone, placements), None, now));
+                Considered::Allocated
+            }
+            Assessment::Blocked { shape } => {
+                walk.shape_fails(shape);
+                self.blocked(key, region, now, walk, out)
+            }
+        }
+    }
+
+    /// A queue-mode batch whose own placement no zone has room for now:
+    /// its rungs are tried; else, the first such batch of the walk may
+    /// preempt, or is looked at again when a cluster could give way; and
+    /// it reserves the capacity it waits for.
+    fn blocked(
+        &mut self,
+        key: BatchKey,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) -> Considered {
+        if self.try_rungs(key, region, now, walk, out) == Considered::Allocated {
+            return Considered::Allocated;
+        }
+        let Some(batch) = self.queue.get(key) else {
+            return Considered::Passed;
+        };
+        if walk.reservation.is_none() && !walk.preempted {
+            // The first batch capacity blocks may preempt.
+            if let Some((preemption, plan)) = self.plan_preemption(batch, now) {
+                walk.preempted = true;
+                walk.capacity_taken();
+                self.preempt(preemption, plan, out);
+                return Considered::Passed;
+            }
+            if let Some(at) = self.next_victim_matures(batch, now) {
+                self.claims.retry_at(at, region);
+            }
+        }
+        if walk.reservation.is_none() {
+            walk.reservation = self.queue.get(key).map(|b| Reservation {
+                needs: needs(&b.cluster),
+                until: None,
+            });
+        }
+        Considered::Passed
+    }
+
+    /// A queued batch whose own placement cannot be allocated now tries
+    /// the rungs whose delay has passed, in their order, at its own place
+    /// in the walk (a rung never jumps the queue): the first whose quota
+    /// and capacity take the whole cluster, in one zone, is allocated. A
+    /// rung in the batch's region also yields to the reservation of an
+    /// earlier blocked batch; a rung in another region only takes capacity
+    /// that region's own queue leaves (its queue is empty).
+    fn try_rungs(
+        &mut self,
+        key: BatchKey,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) -> Considered {
+        let Some(batch) = self.queue.get(key) else {
+            return Considered::Passed;
+        };
+        // Nothing to look at when the batch has no rung, or when every
+        // rung ripe in the region fails in this pass: counted once (and
+        // again after capacity is taken), so that a walk past many
+        // batches whose rungs all fail touches none of their rungs.
+        if batch.cluster.alternatives.is_empty() {
+            return Considered::Passed;
+        }
+        if self.rungs_open(region, walk) == 0 {
+            return Considered::Passed;
+        }
+        let Some(batch) = self.queue.get(key) else {
+            return Considered::Passed;
+        };
+        let ends = batch.cluster.ends(now);
+        let mut chosen = None;
+        for rung in &batch.cluster.alternatives {
+            if ripe_at(batch.queued_at, rung) > now {
+                continue;
+            }
+            let shape = shape_key(&rung.cluster);
+            if walk.rung_failed.contains(&rung.region, &shape) {
+                continue;
+            }
+            if rung.region != region && self.queue.has_queued(&rung.region) {
+                walk.rung_fails(&rung.region, shape);
+                continue;
+            }
+            if self
+                .ledger
+                .shortfall(&batch.project, &rung.region, &rung.cluster.quota)
+                .is_some()
+            {
+                continue;
+            }
+            let Some(plan) = self.best_zone(&rung.region, &needs(&rung.cluster)) else {
+                walk.rung_fails(&rung.region, shape);
+                continue;
+            };
+            // The reservation holds back only what could serve its
+            // holder: a rung on GPUs of another type than every part the
+            // holder needs does not delay it.
+            if rung.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1) {
+                if let Some(r) = walk.reservation.as_mut() {
+                    if delays_holder(self.holder_start(r, region), ends) {
+                        walk.rung_fails(&rung.region, shape);
+                        continue;
+                    }
+                }
+            }
+            chosen = Some((rung.clone(), plan));
+            break;
+        }
+        let Some((rung, (zone, placements))) = chosen else {
+            return Considered::Passed;
+        };
+        let Some(batch) = self.queue.get(key).cloned() else {
+            return Considered::Passed;
+        };
+        walk.capacity_taken();
+        if !self.capacity.take(&placements) {
+            walk.rung_fails(&rung.region, shape_key(&rung.cluster));
+            return Considered::Passed;
+        }
+        let blockers = self.blockers(&batch);
+        let note = if blockers.is_empty() {
+            "its own placement was held for earlier batches".to_string()
+        } else {
+            blockers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let on = OnRung {
+            index: rung.index,
+            asked: accelerator_label(&batch.cluster),
+            note,
+        };
+        let placed = (rung.region.as_str(), &rung.cluster);
+        out.push(self.grant(&batch, placed, (zone, placements), Some(on), now));
+        Considered::Allocated
+    }
+
+    /// Gives `batch` the cluster `placed` (a region and the cluster it
+    /// holds there: its own, or a rung's) on `plan` (its zone and
+    /// placements, already taken from the capacity): it leaves the queue,
+    /// its quota is charged and its GPUs count in the fair-share order.
+    pub(super) fn grant(
+        &mut self,
+        batch: &PendingBatch,
+        placed: (&str, &ClusterRequest),
+        plan: (String, Vec<Placement>),
+        rung: Option<OnRung>,
+        now: DateTime<Utc>,
+    ) -> Decision {
+        let (region, cluster) = placed;
+        let (zone, placements) = plan;
+        self.forget(batch.key, now);
+        self.ledger.charge(&batch.project, region, &cluster.quota);
+        let alloc = Allocation {
+            priority: batch.priority,
+            preemptible: batch.cluster.preemptible,
+            preemptions: batch.preemptions,
+            key: batch.key,
+            batch_id: batch.batch_id.clone(),
+            project: batch.project.clone(),
+            region: region.to_string(),
+            zone,
+            placements,
+            quota: cluster.quota.clone(),
+            allocated_at: now,
+            expected_end: cluster.ends(now),
+            queued_at: batch.queued_at,
+            accelerator: accelerator_label(cluster),
+            rung,
+        };
+        self.fair.hold(region, &batch.project, &alloc.placements);
+        self.running.insert(batch.key, alloc.clone());
+        Decision::Allocate(alloc)
+    }
+}
