@@ -3,7 +3,7 @@
 //! in one transaction, and only then lets anyone see them; the core's
 //! rebuild from the store.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::api::EndReason;
 use crate::config::Config;
-use crate::scheduler::{BatchKey, Decision, Scheduler, lifecycle};
+use crate::scheduler::{BatchKey, Decision, Scheduler, Void, lifecycle};
 use crate::store::{Store, StoreError};
 
 impl Engine {
@@ -93,71 +93,24 @@ impl Engine {
                     commit_started.elapsed(),
                     decisions.len(),
                 );
-                let mut stale_core = false;
-                // Batches a lost node sent back to the queue (they had
-                // retries left) go into the core again.
-                // So do victims of a preemption with no process to wait
-                // for: gone at once, their clusters banked for their
-                // preemptor.
-                let lost: Vec<BatchKey> = decisions
-                    .iter()
-                    .zip(&applied)
-                    .filter(|(_, ok)| **ok)
-                    .flat_map(|(d, _)| match d {
-                        Decision::LoseNode { failed, .. } => failed.clone(),
-                        Decision::Preempt(p) => p
-                            .victims
-                            .iter()
-                            .filter(|v| v.at_once)
-                            .map(|v| v.key)
-                            .collect(),
-                        _ => Vec::new(),
-                    })
-                    .collect();
-                let mut banked = false;
-                for (d, ok) in decisions.iter().zip(&applied) {
-                    if let (Decision::Preempt(p), true) = (d, ok) {
-                        for v in p.victims.iter().filter(|v| v.at_once) {
-                            if let Some(cluster) = core.forget(v.key, now) {
-                                super::record_release(&cluster, now);
-                                banked = true;
-                            }
-                        }
-                    }
+                // What each written or void decision means is the core's.
+                let committed = core.settle_commit(&decisions, &applied, now);
+                for cluster in &committed.released {
+                    super::record_release(cluster, now);
                 }
-                if banked {
+                if !committed.released.is_empty() {
                     // Their preemptor may be allocated now: another pass.
                     self.wake();
                 }
-                let requeued = self.requeue(&mut core, &lost).await;
-                for (d, ok) in decisions.iter().zip(applied) {
-                    if ok {
-                        log_decision(d, now, &requeued);
-                    } else if let Decision::Preempt(p) = d {
-                        // Not written: nothing stops, and the preemptor
-                        // waits in the queue as before.
-                        tracing::info!(batch.id = %p.preemptor_id, "preemption not carried out");
-                        core.withdraw_preemption(p.preemptor);
-                    } else if let Decision::LoseNode { node, .. } = d {
-                        // The node registered again (on another replica)
-                        // before this commit: it is not lost, and the
-                        // clusters this pass dropped from memory still hold
-                        // their capacity.
-                        tracing::info!(node = %node, "decision void: the node registered again");
-                        stale_core = true;
-                    } else {
-                        // The batch left the queue meanwhile (cancelled):
-                        // the decision is void, give back what it took
-                        // (at `now`, its allocation time: it never ran, so
-                        // it adds no usage).
-                        tracing::info!(
-                            batch.seq = d.key().0,
-                            "decision void: the batch is no longer queued"
-                        );
-                        core.forget(d.key(), now);
+                let requeued = self.requeue(&mut core, &committed.requeued).await;
+                let void: HashMap<usize, Void> = committed.void.iter().copied().collect();
+                for (i, d) in decisions.iter().enumerate() {
+                    match void.get(&i) {
+                        None => log_decision(d, now, &requeued),
+                        Some(why) => log_void(d, *why),
                     }
                 }
-                if stale_core {
+                if committed.rebuild {
                     self.rebuild_after_void(&mut core, role.fence()).await;
                 }
                 crate::metrics::record_pass(started.elapsed(), decisions.len());
@@ -249,6 +202,21 @@ impl Engine {
                 self.shared.stale.store(true, Ordering::SeqCst);
             }
         }
+    }
+}
+
+fn log_void(d: &Decision, why: Void) {
+    match (why, d) {
+        (Void::PreemptionWithdrawn, Decision::Preempt(p)) => {
+            tracing::info!(batch.id = %p.preemptor_id, "preemption not carried out")
+        }
+        (Void::NodeBack, Decision::LoseNode { node, .. }) => {
+            tracing::info!(node = %node, "decision void: the node registered again")
+        }
+        _ => tracing::info!(
+            batch.seq = d.key().0,
+            "decision void: the batch is no longer queued"
+        ),
     }
 }
 

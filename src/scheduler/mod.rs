@@ -11,6 +11,7 @@
 mod assess;
 mod capacity;
 mod claims;
+mod commit;
 mod core;
 mod declared;
 mod estimate;
@@ -34,6 +35,7 @@ mod walk;
 
 pub use crate::spec::PartRole;
 pub use capacity::{NodeId, NodeSpec, Placement};
+pub use commit::{Committed, Void};
 pub use core::Scheduler;
 pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};

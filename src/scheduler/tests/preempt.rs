@@ -509,3 +509,55 @@ fn the_quota_of_a_preemptor_is_set_aside_while_its_victims_stop() {
     s.forget(BatchKey(3), minutes(22));
     assert_eq!(allocated(&s.pass(minutes(22))), vec![4]);
 }
+
+#[test]
+fn what_a_void_decision_means_is_settled_in_the_core() {
+    // A void preemption: withdrawn, the victim no longer stopping, the
+    // GPUs set aside given back.
+    let mut s = world(1, PreemptionPolicy::default());
+    s.submit(gang(1, "p", 3, 0, t0()));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    s.submit(gang(2, "p", 3, 10, minutes(20)));
+    let d = s.pass(minutes(20));
+    assert_eq!(preemptions(&d).len(), 1, "{d:?}");
+    let settled = s.settle_commit(&d, &vec![false; d.len()], minutes(20));
+    assert_eq!(settled.void, vec![(0, Void::PreemptionWithdrawn)]);
+    assert!(settled.requeued.is_empty() && settled.released.is_empty() && !settled.rebuild);
+    assert!(!s.is_claiming(BatchKey(2)));
+    assert_eq!(s.stopping_for(BatchKey(1)), None);
+    s.check_invariants().expect("invariants");
+
+    // A void allocation (its batch was cancelled meanwhile): what it took
+    // is given back, and the next batch gets it.
+    let mut s = world(1, PreemptionPolicy::default());
+    s.submit(gang(3, "p", 3, 0, t0()));
+    let d = s.pass(t0());
+    assert_eq!(allocated(&d), vec![3]);
+    let settled = s.settle_commit(&d, &[false], t0());
+    assert_eq!(settled.void, vec![(0, Void::BatchGone)]);
+    assert!(s.allocation(BatchKey(3)).is_none());
+    s.check_invariants().expect("invariants");
+    s.submit(gang(4, "p", 3, 0, t0()));
+    assert_eq!(
+        allocated(&s.pass(t0())),
+        vec![4],
+        "the 4 GPUs are free again"
+    );
+
+    // A written node loss lists its batches for the store to read back; a
+    // void one asks for a rebuild.
+    let lost = Decision::LoseNode {
+        node: NodeId("n0".into()),
+        epoch: Some(1),
+        failed: vec![BatchKey(4)],
+        failed_ids: vec!["b-4".into()],
+        message: String::new(),
+        released: Vec::new(),
+    };
+    let written = s.settle_commit(std::slice::from_ref(&lost), &[true], t0());
+    assert_eq!(written.requeued, vec![BatchKey(4)]);
+    assert!(written.void.is_empty() && !written.rebuild);
+    let void = s.settle_commit(std::slice::from_ref(&lost), &[false], t0());
+    assert_eq!(void.void, vec![(0, Void::NodeBack)]);
+    assert!(void.rebuild);
+}
