@@ -532,7 +532,11 @@ async fn listen(engine: Engine, shutdown: CancellationToken) {
         let mut heard = Instant::now();
         let mut ping = tokio::time::interval(Duration::from_secs(1));
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Announcements this version could not read: what they announced
+        // is read from the database instead, at most once a second.
+        let mut unread = Unread::default();
         loop {
+            unread.resync_if_due(&engine).await;
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ping.tick() => {
@@ -559,7 +563,11 @@ async fn listen(engine: Engine, shutdown: CancellationToken) {
                     match announced {
                         Heard::Change(change) => engine.apply(change).await,
                         Heard::Unknown(payload) => {
-                            tracing::warn!(payload, "unknown change announced")
+                            tracing::warn!(
+                                payload,
+                                "unknown change announced; reading the database instead"
+                            );
+                            unread.heard();
                         }
                     }
                     // Heard, and done with it: time spent applying is not
@@ -577,6 +585,33 @@ async fn listen(engine: Engine, shutdown: CancellationToken) {
                     break;
                 }
             }
+        }
+    }
+}
+
+/// Announcements the change stream could not read (a replica of another
+/// version, during a rolling upgrade): each may have been a create, so the
+/// core is read again from the database, at most once a second.
+#[derive(Default)]
+struct Unread {
+    pending: bool,
+    last: Option<Instant>,
+}
+
+impl Unread {
+    fn heard(&mut self) {
+        self.pending = true;
+    }
+
+    async fn resync_if_due(&mut self, engine: &Engine) {
+        if self.pending
+            && self
+                .last
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.pending = false;
+            self.last = Some(Instant::now());
+            engine.resync().await;
         }
     }
 }

@@ -15,7 +15,6 @@
 //! how a create accepted by any replica reaches the leader at once, and
 //! how followers learn the leader's decisions.
 
-use std::fmt;
 use std::time::Duration;
 
 use sqlx::AnyConnection;
@@ -27,7 +26,8 @@ use super::{Backend, Store, StoreError};
 pub const CHANNEL: &str = "flexq";
 
 /// What a committed transaction changed, as announced to every replica.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Change {
     /// Batches were created, with seqs in this range.
     Created { first_seq: i64, last_seq: i64 },
@@ -59,77 +59,16 @@ pub enum Change {
     Ping { n: u64, replica: String },
 }
 
-impl fmt::Display for Change {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Change::Created {
-                first_seq,
-                last_seq,
-            } => write!(f, "created {first_seq} {last_seq}"),
-            Change::Ended { seq } => write!(f, "ended {seq}"),
-            Change::Requeued { seq } => write!(f, "requeued {seq}"),
-            Change::Node { id } => write!(f, "node {id}"),
-            Change::Quota => f.write_str("quota"),
-            Change::Hold => f.write_str("hold"),
-            Change::Cordon => f.write_str("cordon"),
-            Change::Config { generation } => write!(f, "config {generation}"),
-            Change::Decided => f.write_str("decided"),
-            Change::Work => f.write_str("work"),
-            Change::Output { seq } => write!(f, "output {seq}"),
-            Change::Heartbeat { epoch, node } => write!(f, "heartbeat {epoch} {node}"),
-            Change::Ping { n, replica } => write!(f, "ping {n} {replica}"),
-        }
-    }
-}
-
 impl Change {
-    /// Reads a payload written by [`Change`]'s `Display`.
+    /// The payload announced: JSON, `{"kind": "created", "first_seq": …}`.
+    pub fn payload(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a payload written by [`Change::payload`]; None for one this
+    /// version cannot read (a newer replica's, say).
     pub fn parse(payload: &str) -> Option<Change> {
-        let (kind, rest) = payload.split_once(' ').unwrap_or((payload, ""));
-        Some(match kind {
-            "created" => {
-                let (first, last) = rest.split_once(' ')?;
-                Change::Created {
-                    first_seq: first.parse().ok()?,
-                    last_seq: last.parse().ok()?,
-                }
-            }
-            "ended" => Change::Ended {
-                seq: rest.parse().ok()?,
-            },
-            "requeued" => Change::Requeued {
-                seq: rest.parse().ok()?,
-            },
-            "node" if !rest.is_empty() => Change::Node {
-                id: rest.to_string(),
-            },
-            "quota" => Change::Quota,
-            "hold" => Change::Hold,
-            "cordon" => Change::Cordon,
-            "config" => Change::Config {
-                generation: rest.parse().ok()?,
-            },
-            "decided" => Change::Decided,
-            "work" => Change::Work,
-            "output" => Change::Output {
-                seq: rest.parse().ok()?,
-            },
-            "heartbeat" => {
-                let (epoch, node) = rest.split_once(' ')?;
-                Change::Heartbeat {
-                    epoch: epoch.parse().ok()?,
-                    node: node.to_string(),
-                }
-            }
-            "ping" => {
-                let (n, replica) = rest.split_once(' ')?;
-                Change::Ping {
-                    n: n.parse().ok()?,
-                    replica: replica.to_string(),
-                }
-            }
-            _ => return None,
-        })
+        serde_json::from_str(payload).ok()
     }
 }
 
@@ -153,7 +92,7 @@ impl Store {
         if self.backend == Backend::Postgres {
             sqlx::query("select 1 from pg_notify($1, $2)")
                 .bind(CHANNEL)
-                .bind(change.to_string())
+                .bind(change.payload())
                 .execute(conn)
                 .await?;
         }
@@ -279,10 +218,18 @@ mod tests {
         let covered: std::collections::BTreeSet<usize> = all.iter().map(variant).collect();
         assert_eq!(covered, (0..=12).collect(), "every variant once");
         for c in all {
-            assert_eq!(Change::parse(&c.to_string()), Some(c.clone()), "{c}");
+            assert_eq!(Change::parse(&c.payload()), Some(c.clone()), "{c:?}");
         }
-        assert_eq!(Change::parse("created x"), None);
-        assert_eq!(Change::parse("nonsense"), None);
+        assert_eq!(
+            Change::parse(r#"{"kind":"created","first_seq":1,"last_seq":2}"#),
+            Some(Change::Created {
+                first_seq: 1,
+                last_seq: 2
+            })
+        );
+        assert_eq!(Change::parse(r#"{"kind":"created","first_seq":"x"}"#), None);
+        assert_eq!(Change::parse(r#"{"kind":"nonsense"}"#), None);
+        assert_eq!(Change::parse("created 1 2"), None, "the old text form");
     }
 }
 
