@@ -7,11 +7,12 @@
 use chrono::Utc;
 use uuid::Uuid;
 
+use super::Reason;
 use super::present::{operation, to_batch, verdict_json};
 use super::{Engine, Error, Principal};
 use crate::api::{
-    AllocatedPart, Batch, BatchName, Code, FlexqInfo, ListBatchesResponse, Operation,
-    OperationName, State, quote,
+    AllocatedPart, Batch, BatchName, FlexqInfo, ListBatchesResponse, Operation, OperationName,
+    State, quote,
 };
 use crate::scheduler::{BatchKey, PartRole, PendingBatch};
 use crate::spec;
@@ -122,9 +123,7 @@ impl Engine {
             let queued = core.pending_of(&project);
             let max = self.config().limits.max_pending_per_project;
             if queued as u64 >= max {
-                return Err(Error::new(
-                    Code::ResourceExhausted,
-                    "TOO_MANY_PENDING",
+                return Err(Error::new(Reason::TooManyPending,
                     format!(
                         "project {project} has {queued} batches queued; limits.max_pending_per_project is {max}: wait for some to start or cancel some"
                     ),
@@ -133,8 +132,7 @@ impl Engine {
             }
             if let Some(reason) = core.never_fits_anywhere(&project, &region, &cluster) {
                 return Err(Error::new(
-                    Code::ResourceExhausted,
-                    "NEVER_FITS",
+                    Reason::NeverFits,
                     format!("the batch can never be allocated: {reason}"),
                 )
                 .with_meta("reason", reason));
@@ -204,8 +202,9 @@ impl Engine {
             Ok::<_, StoreError>(created)
         });
         let created = task.await.map_err(Error::internal)?.map_err(|e| match e {
-            StoreError::AlreadyExists(m) => Error::new(Code::AlreadyExists, "ALREADY_EXISTS", m)
-                .with_meta("batch", name.to_string()),
+            StoreError::AlreadyExists(m) => {
+                Error::new(Reason::AlreadyExists, m).with_meta("batch", name.to_string())
+            }
             other => other.into(),
         })?;
         Ok(CreateAnswer::Operation(Box::new(operation(
@@ -341,8 +340,7 @@ impl Engine {
     pub async fn delete_operation(&self, name: &OperationName) -> Result<(), Error> {
         self.get_operation(name).await?;
         Err(Error::new(
-            Code::Unimplemented,
-            "OPERATION_IS_THE_BATCH",
+            Reason::OperationIsTheBatch,
             format!(
                 "{name} is the operation of a batch and goes with it: delete the batch (DeleteBatch) once it ended"
             ),

@@ -3,8 +3,8 @@
 
 use chrono::Utc;
 
+use super::Reason;
 use super::{Engine, Error, ReplicaRole};
-use crate::api::Code;
 use crate::scheduler::Snapshot;
 use crate::store::Backend;
 
@@ -67,8 +67,7 @@ impl Engine {
             Err(e) => {
                 tracing::warn!(error = %e, "not ready");
                 Err(Error::new(
-                    Code::Unavailable,
-                    "NOT_READY",
+                    Reason::NotReady,
                     "the database is not reachable",
                 ))
             }

@@ -10,9 +10,9 @@ use std::num::NonZeroU32;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
+use super::Reason;
 use super::error::RETRY_AFTER_SECONDS;
 use super::{Engine, Error};
-use crate::api::Code;
 use crate::config::LimitsConfig;
 
 /// The two limiters, keyed by (project, region).
@@ -56,9 +56,7 @@ impl RateLimits {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
                 let secs = wait.as_secs() + 1;
                 tracing::info!(project, region, limit = key, "request refused: rate limit");
-                Err(Error::new(
-                    Code::ResourceExhausted,
-                    "RATE_LIMIT_EXCEEDED",
+                Err(Error::new(Reason::RateLimitExceeded,
                     format!(
                         "project {project} in region {region} is over its {per_minute} {what} calls per minute ({key}); retry in {secs}s"
                     ),

@@ -45,7 +45,7 @@ mod usage;
 
 pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
 pub use capacity::{NodeView, ProjectQuotas, QuotaChange};
-pub use error::{Error, RETRY_AFTER_SECONDS, TOO_MANY_CONNECTIONS};
+pub use error::{Error, RETRY_AFTER_SECONDS, Reason};
 pub use gpus::{TelemetryTaken, check_telemetry};
 pub use health::Readiness;
 pub use nodes::{NodeRegistration, parse_epoch, parse_epoch_str};

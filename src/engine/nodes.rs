@@ -10,9 +10,10 @@
 
 use chrono::{DateTime, Utc};
 
+use super::Reason;
 use super::long_poll::Kind;
 use super::{Engine, Error, Principal};
-use crate::api::{Code, State, quote};
+use crate::api::{State, quote};
 use crate::launch::SparkJob;
 use crate::protocol::{
     Action, Assignment, Assignments, ClusterPart, Lease, Poll, RegisterNode, Report, ReportEvent,
@@ -41,8 +42,7 @@ impl Engine {
             .and_then(|z| z.node_pools.get(&req.pool))
             .ok_or_else(|| {
                 Error::new(
-                    Code::FailedPrecondition,
-                    "UNKNOWN_POOL",
+                    Reason::UnknownPool,
                     format!(
                         "no node pool {} in zone {} of region {} is declared in the config",
                         quote(&req.pool),
@@ -53,8 +53,7 @@ impl Engine {
             })?;
         if !principal.may_act_for_node(&req.node_id) {
             return Err(Error::new(
-                Code::PermissionDenied,
-                "PERMISSION_DENIED",
+                Reason::PermissionDenied,
                 format!(
                     "{} acts for node {}, not {}",
                     principal.name,
@@ -80,8 +79,7 @@ impl Engine {
         )?;
         if req.gpu_addresses.is_empty() {
             return Err(Error::new(
-                Code::FailedPrecondition,
-                "NO_GPUS_VISIBLE",
+                Reason::NoGpusVisible,
                 format!(
                     "node {} reports no GPUs; a node whose GPUs cannot be seen is not offered",
                     req.node_id
@@ -113,8 +111,7 @@ impl Engine {
         // pool retired it: it stays unschedulable).
         if !known && registered + pool.virtual_nodes >= pool.max_nodes {
             return Err(Error::new(
-                Code::ResourceExhausted,
-                "POOL_FULL",
+                Reason::PoolFull,
                 format!(
                     "pool {} of {} is full: its declared capacity is {} nodes ({} virtual)",
                     spec.pool, spec.zone, pool.max_nodes, pool.virtual_nodes
@@ -505,11 +502,12 @@ fn bad_epoch(value: &dyn std::fmt::Display) -> Error {
 
 fn lease_error(node: &str, e: LeaseError) -> Error {
     match e {
-        LeaseError::Unknown(_) => Error::new(Code::FailedPrecondition, "LEASE_LOST", e.to_string())
-            .with_meta("node", node),
+        LeaseError::Unknown(_) => {
+            Error::new(Reason::LeaseLost, e.to_string()).with_meta("node", node)
+        }
         LeaseError::Stale { .. } => {
             tracing::warn!(node, "late report from a fenced agent refused");
-            Error::new(Code::Aborted, "FENCED", e.to_string()).with_meta("node", node)
+            Error::new(Reason::Fenced, e.to_string()).with_meta("node", node)
         }
     }
 }

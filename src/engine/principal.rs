@@ -10,8 +10,8 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::Reason;
 use super::{Engine, Error};
-use crate::api::Code;
 use crate::config::{PrincipalConfig, PrincipalRole};
 
 /// The caller of a use case, as a front end authenticated it.
@@ -81,8 +81,7 @@ impl Engine {
         if principals.is_empty() {
             return Ok(Principal::anonymous());
         }
-        let unauthenticated =
-            |why: &str| Err(Error::new(Code::Unauthenticated, "UNAUTHENTICATED", why));
+        let unauthenticated = |why: &str| Err(Error::new(Reason::Unauthenticated, why));
         let Some(token) = authorization
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
@@ -139,8 +138,7 @@ impl Engine {
 /// The rule of [`Engine::authorize`].
 fn authorize(p: &Principal, need: &Access) -> Result<(), Error> {
     let denied = |why: String| {
-        Err(Error::new(Code::PermissionDenied, "PERMISSION_DENIED", why)
-            .with_meta("principal", p.name.clone()))
+        Err(Error::new(Reason::PermissionDenied, why).with_meta("principal", p.name.clone()))
     };
     match need {
         Access::Nobody | Access::Anyone => Ok(()),
@@ -202,6 +200,7 @@ fn authenticate<'a>(principals: &'a [PrincipalConfig], token: &str) -> Option<&'
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Code;
 
     fn principal(name: &str, token: &str) -> PrincipalConfig {
         PrincipalConfig {

@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use super::Reason;
 use super::{Engine, Error, Live, limits::RateLimits, passes};
-use crate::api::Code;
 use crate::config::{Config, ConfigError, KeyChange, QueueOrder};
 use crate::store::{ConfigGeneration, Store, StoreError};
 
@@ -209,16 +209,14 @@ impl Engine {
         let reloads = &self.shared.reloads;
         let Ok(_one) = reloads.running.try_lock() else {
             return Err(Error::new(
-                Code::Aborted,
-                "RELOAD_RUNNING",
+                Reason::ReloadRunning,
                 "a config reload is already running on this replica; try again when it has ended",
             ));
         };
         let _applying = reloads.applying.lock().await;
         let Some(read) = reloads.source.load().await else {
             return Err(Error::new(
-                Code::FailedPrecondition,
-                "NO_CONFIG_SOURCE",
+                Reason::NoConfigSource,
                 "this server was given its config whole, not read from a file: there is nothing to read again",
             ));
         };
@@ -236,7 +234,7 @@ impl Engine {
                     crate::metrics::record_config_reload("invalid");
                     self.record_reload(Some(message.clone()));
                 }
-                let mut error = Error::new(Code::FailedPrecondition, "CONFIG_INVALID", message);
+                let mut error = Error::new(Reason::ConfigInvalid, message);
                 if let ConfigError::Invalid { key, .. } = &e {
                     error = error.with_meta("key", key);
                 }

@@ -28,8 +28,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
+use super::Reason;
 use super::{Engine, Error};
-use crate::api::{Batch, BatchName, Code, State};
+use crate::api::{Batch, BatchName, State};
 use crate::scheduler::BatchKey;
 use crate::store::{Cursor, EventKind, EventRow, EventScope};
 
@@ -170,9 +171,7 @@ impl Engine {
         if now > max {
             drop(guard);
             crate::metrics::record_watcher_dropped("refused");
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                "TOO_MANY_WATCHERS",
+            return Err(Error::new(Reason::TooManyWatchers,
                 format!("this replica serves {max} watchers at once (limits.max_watchers); try again later"),
             )
             .with_meta("limit", "limits.max_watchers"));

@@ -27,6 +27,7 @@ use crate::api::{
     quote,
 };
 use crate::engine::Error;
+use crate::engine::Reason;
 
 pub(super) const BATCH: &str = "google.cloud.dataproc.v1.Batch";
 #[cfg(test)]
@@ -74,13 +75,9 @@ pub(super) fn decode<M: prost::Message, T: DeserializeOwned>(
             format!("{field}.{path}")
         };
         let description = err.inner().to_string();
-        Error::new(
-            Code::InvalidArgument,
-            "INVALID_FIELD",
-            format!("{field}: {description}"),
-        )
-        .with_meta("field", field.clone())
-        .with_violations(vec![FieldViolation { field, description }])
+        Error::new(Reason::InvalidField, format!("{field}: {description}"))
+            .with_meta("field", field.clone())
+            .with_violations(vec![FieldViolation { field, description }])
     })
 }
 
@@ -242,7 +239,7 @@ pub(super) fn status(e: Error) -> Status {
         .get(crate::engine::RETRY_AFTER_SECONDS)
         .and_then(|s| s.parse::<u64>().ok());
     let metadata: HashMap<String, String> = e.metadata.into_iter().collect();
-    let mut details = ErrorDetails::with_error_info(e.reason, "flexq", metadata);
+    let mut details = ErrorDetails::with_error_info(e.reason.name(), "flexq", metadata);
     for v in e.violations {
         details.add_bad_request_violation(v.field, v.description);
     }

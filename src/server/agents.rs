@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 
 use super::App;
 use super::extract::{ApiPath, ApiQuery, Format, JsonBody};
-use crate::api::{BatchName, Code, quote};
+use crate::api::{BatchName, quote};
+use crate::engine::Reason;
 use crate::engine::{Error, OutputRead, parse_epoch};
 use crate::protocol::RegisterNode;
 
@@ -82,8 +83,7 @@ pub(super) async fn node_method(
         Some(NodeMethod::Telemetry) => to_json(engine.gpu_telemetry(node, parse(body)?).await?)?,
         Some(NodeMethod::Cordon | NodeMethod::Drain | NodeMethod::Uncordon) | None => {
             return Err(Error::new(
-                Code::NotFound,
-                "NO_SUCH_METHOD",
+                Reason::NoSuchMethod,
                 format!(
                     "no method POST on node {}; use {node}:heartbeat, :poll, :report, :output or :telemetry (agents), :cordon, :drain or :uncordon (admins)",
                     quote(&path)

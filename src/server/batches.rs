@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use super::App;
 use super::extract::{ApiPath, ApiQuery, Format, JsonBody};
-use crate::api::{Batch, BatchName, Code, OperationName};
+use crate::api::{Batch, BatchName, OperationName};
+use crate::engine::Reason;
 use crate::engine::{CreateAnswer, CreateRequest, Error, ListRequest};
 
 #[derive(Debug, Default, Deserialize)]
@@ -161,8 +162,7 @@ pub(super) async fn post_operation(
 ) -> Result<Response, Error> {
     let Some(operation_id) = operation.strip_suffix(":cancel") else {
         return Err(Error::new(
-            Code::NotFound,
-            "NO_SUCH_METHOD",
+            Reason::NoSuchMethod,
             format!(
                 "no method POST on operation {}; use {operation}:cancel",
                 crate::api::quote(&operation)

@@ -19,7 +19,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
 use super::Error;
-use crate::api::Code;
+use crate::engine::Reason;
 
 /// The files: name, content type, bytes.
 const FILES: [(&str, &str, &[u8]); 12] = [
@@ -124,8 +124,7 @@ pub(super) async fn file(Path(name): Path<String>, headers: HeaderMap) -> Respon
 fn serve(name: &str, headers: &HeaderMap) -> Response {
     let Some(i) = FILES.iter().position(|(n, _, _)| *n == name) else {
         return Error::new(
-            Code::NotFound,
-            "UNKNOWN_ROUTE",
+            Reason::UnknownRoute,
             format!(
                 "the console has no file {}; it has: {}",
                 crate::api::quote(name),

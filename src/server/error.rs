@@ -12,7 +12,7 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         // A body over the limit is the one answer whose HTTP status is not
         // its code's: 413, which HTTP clients and proxies know.
-        let status = if self.reason == super::extract::BODY_TOO_LARGE {
+        let status = if self.reason == crate::engine::Reason::BodyTooLarge {
             StatusCode::PAYLOAD_TOO_LARGE
         } else {
             StatusCode::from_u16(self.code.http_status())
@@ -28,7 +28,7 @@ impl IntoResponse for Error {
         let retry_after = metadata
             .get(crate::engine::RETRY_AFTER_SECONDS)
             .and_then(|s| HeaderValue::from_str(s).ok());
-        let mut error = Status::new(code, message, reason, metadata, &violations);
+        let mut error = Status::new(code, message, reason.name(), metadata, &violations);
         error.code = status.as_u16();
         let body = ErrorBody { error };
         let mut response = (status, axum::Json(body)).into_response();

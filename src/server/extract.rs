@@ -11,8 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::api::{Code, State};
+use crate::api::State;
 use crate::engine::Error;
+use crate::engine::Reason;
 
 /// A JSON request body, checked for content type, size and unknown fields.
 pub(super) struct JsonBody<T>(pub T);
@@ -37,8 +38,7 @@ where
         });
         if !is_json {
             return Err(Error::new(
-                Code::InvalidArgument,
-                "UNSUPPORTED_CONTENT_TYPE",
+                Reason::UnsupportedContentType,
                 format!(
                     "Content-Type {} is not accepted; send the body as application/json",
                     content_type
@@ -54,8 +54,7 @@ where
             .map_err(body_rejection)?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(Error::new(
-                Code::InvalidArgument,
-                "EMPTY_BODY",
+                Reason::EmptyBody,
                 "the request body is empty; a JSON object is expected",
             ));
         }
@@ -63,8 +62,7 @@ where
         // always a JSON object.
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(Error::new(
-                Code::InvalidArgument,
-                "MALFORMED_BODY",
+                Reason::MalformedBody,
                 "the request body must be a JSON object",
             )
             .with_meta("field", "body"));
@@ -82,8 +80,7 @@ where
                 };
                 let description = format!("{inner}");
                 Err(Error::new(
-                    Code::InvalidArgument,
-                    "MALFORMED_BODY",
+                    Reason::MalformedBody,
                     format!("invalid JSON body at {field}: {description}"),
                 )
                 .with_meta("field", field.clone())
@@ -97,18 +94,15 @@ where
 
 /// The reason of a body over `server.max_body_bytes`: RESOURCE_EXHAUSTED
 /// (as gRPC answers a message over its limit), HTTP 413.
-pub(super) const BODY_TOO_LARGE: &str = "BODY_TOO_LARGE";
-
 fn body_rejection(r: BytesRejection) -> Error {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
         // Whether its length was declared or it came chunked: 413.
         Error::new(
-            Code::ResourceExhausted,
-            BODY_TOO_LARGE,
+            Reason::BodyTooLarge,
             "the request body is larger than the server accepts (server.max_body_bytes)",
         )
     } else {
-        Error::new(Code::InvalidArgument, "UNREADABLE_BODY", r.body_text())
+        Error::new(Reason::UnreadableBody, r.body_text())
     }
 }
 
@@ -126,7 +120,7 @@ where
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|Path(v)| ApiPath(v))
-            .map_err(|e| Error::new(Code::InvalidArgument, "INVALID_PATH", e.body_text()))
+            .map_err(|e| Error::new(Reason::InvalidPath, e.body_text()))
     }
 }
 
@@ -173,8 +167,7 @@ where
 
 fn invalid_query(detail: String) -> Error {
     Error::new(
-        Code::InvalidArgument,
-        "INVALID_QUERY",
+        Reason::InvalidQuery,
         format!("invalid query parameters: {detail}"),
     )
     .with_meta("detail", detail)

@@ -33,8 +33,8 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 use crate::engine::Principal;
+use crate::engine::Reason;
 
-use crate::api::Code;
 use crate::config::Config;
 use crate::engine::{ConfigSource, Engine, Error, RETRY_AFTER_SECONDS, ReplicaRole};
 
@@ -115,9 +115,7 @@ fn overflow(app: App) -> Router {
 /// 503 TOO_MANY_CONNECTIONS with `Retry-After` (gRPC: UNAVAILABLE with a
 /// RetryInfo).
 async fn too_many_connections(req: Request) -> Response {
-    let e = Error::new(
-        Code::Unavailable,
-        crate::engine::TOO_MANY_CONNECTIONS,
+    let e = Error::new(Reason::TooManyConnections,
         "the server holds as many connections as it serves (server.max_connections): only /healthz and /readyz are answered on this one; retry shortly",
     )
     .with_meta(RETRY_AFTER_SECONDS, "1");
@@ -155,8 +153,7 @@ async fn unknown_route(req: Request) -> Response {
         return crate::grpc::unimplemented(req.uri().path());
     }
     Error::new(
-        Code::NotFound,
-        "UNKNOWN_ROUTE",
+        Reason::UnknownRoute,
         format!(
             "no such resource: {} {}",
             req.method(),
@@ -169,8 +166,7 @@ async fn unknown_route(req: Request) -> Response {
 
 async fn method_not_allowed(req: Request) -> Error {
     Error::new(
-        Code::NotFound,
-        "METHOD_NOT_ALLOWED",
+        Reason::MethodNotAllowed,
         format!(
             "method {} is not supported on {}",
             req.method(),
