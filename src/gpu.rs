@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{GpuChart, GpuChartPoint, GpuUtilization};
+use crate::api::{FieldViolation, GpuChart, GpuChartPoint, GpuUtilization};
 
 /// A GPU whose utilization is below this (percent) does no work.
 pub const IDLE_BELOW_PERCENT: f64 = 5.0;
@@ -59,32 +59,43 @@ impl GpuPoint {
     }
 
     /// Why this point cannot be taken, naming the field and the value.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FieldViolation> {
+        let invalid = |field: &str, description: String| FieldViolation {
+            field: field.to_string(),
+            description,
+        };
         let percent = |name: &str, v: f64| {
             if (0.0..=100.0).contains(&v) {
                 Ok(())
             } else {
-                Err(format!(
-                    "{name} is {v}; a percentage from 0 to 100 is accepted"
+                Err(invalid(
+                    name,
+                    format!("is {v}; a percentage from 0 to 100 is accepted"),
                 ))
             }
         };
         percent("utilizationPercent", self.utilization_percent)?;
         percent("maxUtilizationPercent", self.max_utilization_percent)?;
         if self.max_utilization_percent < self.utilization_percent {
-            return Err(format!(
-                "maxUtilizationPercent {} is below utilizationPercent {}",
-                self.max_utilization_percent, self.utilization_percent
+            return Err(invalid(
+                "maxUtilizationPercent",
+                format!(
+                    "{} is below utilizationPercent {}",
+                    self.max_utilization_percent, self.utilization_percent
+                ),
             ));
         }
         if !(self.seconds > 0.0 && self.seconds <= 3600.0) {
-            return Err(format!(
-                "seconds is {}; from above 0 to 3600 is accepted",
-                self.seconds
+            return Err(invalid(
+                "seconds",
+                format!("is {}; from above 0 to 3600 is accepted", self.seconds),
             ));
         }
         if self.gpus == 0 || self.gpus > 64 {
-            return Err(format!("gpus is {}; 1 to 64 is accepted", self.gpus));
+            return Err(invalid(
+                "gpus",
+                format!("is {}; 1 to 64 is accepted", self.gpus),
+            ));
         }
         Ok(())
     }
@@ -755,21 +766,26 @@ mod tests {
             ..good.clone()
         };
         assert!(
-            bad.check()
-                .is_err_and(|e| e.starts_with("utilizationPercent is 150"))
+            bad.check().is_err_and(
+                |e| e.field == "utilizationPercent" && e.description.starts_with("is 150")
+            )
         );
         let bad = GpuPoint {
             seconds: 0.0,
             ..good.clone()
         };
-        assert!(bad.check().is_err_and(|e| e.starts_with("seconds is 0")));
+        assert!(
+            bad.check()
+                .is_err_and(|e| e.field == "seconds" && e.description.starts_with("is 0"))
+        );
         let bad = GpuPoint {
             max_utilization_percent: 10.0,
             ..good
         };
         assert!(
             bad.check()
-                .is_err_and(|e| e.contains("below utilizationPercent"))
+                .is_err_and(|e| e.field == "maxUtilizationPercent"
+                    && e.description.contains("below utilizationPercent"))
         );
     }
 

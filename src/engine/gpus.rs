@@ -55,11 +55,10 @@ pub fn check_telemetry(req: &GpuTelemetry) -> Result<u64, Error> {
             ));
         }
         for (j, p) in b.points.iter().enumerate() {
-            p.check().map_err(|why| {
-                let (field, rest) = why.split_once(' ').unwrap_or((&why, ""));
+            p.check().map_err(|v| {
                 Error::invalid_field(
-                    &format!("batches[{i}].points[{j}].{field}"),
-                    rest.to_string(),
+                    &format!("batches[{i}].points[{j}].{}", v.field),
+                    v.description,
                 )
             })?;
         }
