@@ -6,11 +6,13 @@ mod batch;
 mod names;
 mod status;
 mod usage;
+mod verdict;
 
 pub use batch::*;
 pub use names::*;
 pub use status::*;
 pub use usage::*;
+pub use verdict::*;
 
 use serde::{Deserialize, Serialize};
 

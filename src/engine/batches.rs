@@ -8,8 +8,9 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::Reason;
-use super::present::{operation, to_batch, verdict_json};
+use super::present::{operation, to_batch, validate_verdict};
 use super::{Engine, Error, Principal};
+use crate::api::ValidateVerdict;
 use crate::api::{
     AllocatedPart, Batch, BatchName, FlexqInfo, ListBatchesResponse, Operation, OperationName,
     State, quote,
@@ -39,11 +40,8 @@ pub enum CreateAnswer {
     /// `requestId` created).
     Operation(Box<Operation>),
     /// With `validate_only`: the verdict, nothing stored.
-    Verdict(ValidateVerdict),
+    Verdict(Box<ValidateVerdict>),
 }
-
-/// The answer of a validate-only create.
-pub type ValidateVerdict = serde_json::Value;
 
 /// A list as a front end decoded it; every field as the client sent it.
 #[derive(Debug, Clone, Default)]
@@ -111,14 +109,17 @@ impl Engine {
                     spec::alternatives::resolve(&batch, &cluster, &project, &region, policy)
                         .map(|(_, s)| s)
                         .unwrap_or_default();
-                let mut answer = verdict_json(&verdict, &cluster, own_start);
-                if matches!(verdict, crate::scheduler::Verdict::WouldQueue { .. }) {
-                    if let Some(why) = core.preemption_reason(&probe, now) {
-                        answer["preemption"] = why.into();
-                    }
-                }
-                answer["alternatives"] = super::present::rungs_json(&rungs, &skipped);
-                return Ok(CreateAnswer::Verdict(answer));
+                let preemption = matches!(verdict, crate::scheduler::Verdict::WouldQueue { .. })
+                    .then(|| core.preemption_reason(&probe, now))
+                    .flatten();
+                let answer = validate_verdict(
+                    &verdict,
+                    &cluster,
+                    own_start,
+                    preemption,
+                    super::present::rung_verdicts(&rungs, &skipped),
+                );
+                return Ok(CreateAnswer::Verdict(Box::new(answer)));
             }
             let queued = core.pending_of(&project);
             let max = self.config().limits.max_pending_per_project;

@@ -43,7 +43,7 @@ mod replica;
 mod stream;
 mod usage;
 
-pub use batches::{CreateAnswer, CreateRequest, ListRequest, ValidateVerdict};
+pub use batches::{CreateAnswer, CreateRequest, ListRequest};
 pub use capacity::{NodeView, ProjectQuotas, QuotaChange};
 pub use error::{Error, RETRY_AFTER_SECONDS, Reason};
 pub use gpus::{TelemetryTaken, check_telemetry};

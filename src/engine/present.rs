@@ -6,8 +6,9 @@
 use chrono::Utc;
 
 use crate::api::{
-    BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, Code, EndReason, FlexqInfo, Operation,
-    OperationError, OperationMetadata, OperationName, RequeueReason, State,
+    AlternativeVerdict, BATCH_METADATA_TYPE_URL, BATCH_TYPE_URL, Batch, Code, EndReason, FlexqInfo,
+    Operation, OperationError, OperationMetadata, OperationName, RequeueReason, State,
+    ValidateVerdict, VerdictCluster, VerdictQuota,
 };
 use crate::scheduler::{Verdict, messages, shape_text};
 use crate::spec;
@@ -136,14 +137,27 @@ pub(super) fn not_admitted(
         .collect()
 }
 
-/// `start`: when it could start if queued now (shown while it would
-/// queue).
-pub(super) fn verdict_json(
-    v: &Verdict,
-    cluster: &spec::ClusterRequest,
-    start: Option<chrono::DateTime<chrono::Utc>>,
-) -> serde_json::Value {
-    let (verdict, reasons, zone) = match v {
+/// The cluster a request translates to, as a verdict shows it.
+fn verdict_cluster(cluster: &spec::ClusterRequest) -> VerdictCluster {
+    VerdictCluster {
+        shape: shape_text(cluster),
+        provisioning_mode: cluster.mode.name().to_string(),
+        allocation_timeout: format!("{}s", cluster.allocation_timeout_s),
+        gpus: cluster.total_gpus(),
+        quota: cluster
+            .quota
+            .iter()
+            .map(|q| VerdictQuota {
+                metric: q.metric.name().to_string(),
+                amount: q.amount,
+            })
+            .collect(),
+    }
+}
+
+/// A verdict's name, reasons and zone.
+fn verdict_parts(v: &Verdict) -> (&'static str, Vec<String>, Option<String>) {
+    match v {
         Verdict::AllocateNow { zone } => ("ALLOCATE_NOW", vec![], Some(zone.clone())),
         Verdict::WouldQueue { reasons } => ("WOULD_QUEUE", messages(reasons), None),
         Verdict::WouldFail { reason, cause } => (
@@ -159,65 +173,76 @@ pub(super) fn verdict_json(
             None,
         ),
         Verdict::NeverFits { reason } => ("NEVER_FITS", vec![reason.clone()], None),
-    };
-    let start = start
-        .filter(|_| matches!(v, Verdict::WouldQueue { .. }))
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    serde_json::json!({
-        "verdict": verdict,
-        "reasons": reasons,
-        "zone": zone,
-        "estimatedStartTime": start,
-        "cluster": {
-            "shape": shape_text(cluster),
-            "provisioningMode": cluster.mode.name(),
-            "allocationTimeout": format!("{}s", cluster.allocation_timeout_s),
-            "gpus": cluster.total_gpus(),
-            "quota": cluster.quota.iter().map(|q| serde_json::json!({"metric": q.metric, "amount": q.amount})).collect::<Vec<_>>(),
-        },
-    })
+    }
+}
+
+fn seconds(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A validate-only create's answer: `v` for its own placement, `start`
+/// when it could start if queued now (shown while it would queue),
+/// `preemption` what preemption would do for it, and its alternatives.
+pub(super) fn validate_verdict(
+    v: &Verdict,
+    cluster: &spec::ClusterRequest,
+    start: Option<chrono::DateTime<chrono::Utc>>,
+    preemption: Option<String>,
+    alternatives: Vec<AlternativeVerdict>,
+) -> ValidateVerdict {
+    let (verdict, reasons, zone) = verdict_parts(v);
+    let queued = matches!(v, Verdict::WouldQueue { .. });
+    ValidateVerdict {
+        verdict: verdict.to_string(),
+        reasons,
+        zone,
+        estimated_start_time: start.filter(|_| queued).map(seconds),
+        cluster: verdict_cluster(cluster),
+        preemption: preemption.filter(|_| queued),
+        alternatives,
+    }
 }
 
 /// A validate-only create's alternatives: each rung with its translated
-/// shape, its quota, what would happen to it now and when it could start;
-/// then the operator's
-/// rungs that do not apply to the batch, and why.
-pub(super) fn rungs_json(
+/// shape, its quota, what would happen to it now and when it could start
+/// (not before its delay, whether or not it fits now); then the
+/// operator's rungs that do not apply to the batch, and why.
+pub(super) fn rung_verdicts(
     rungs: &[(
         &spec::alternatives::Rung,
         Verdict,
         Option<chrono::DateTime<chrono::Utc>>,
     )],
     skipped: &[spec::alternatives::Skipped],
-) -> serde_json::Value {
-    let mut out: Vec<serde_json::Value> = rungs
+) -> Vec<AlternativeVerdict> {
+    let mut out: Vec<AlternativeVerdict> = rungs
         .iter()
         .map(|(r, v, start)| {
-            let mut one = verdict_json(v, &r.cluster, None);
-            // Not before its delay, whether or not it fits now.
-            one["estimatedStartTime"] = start
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                .into();
-            one["alternative"] = r.index.into();
-            one["rung"] = spec::alternatives::RungSpec {
-                target: r.target.clone(),
-                after_s: r.after_s,
+            let (verdict, reasons, zone) = verdict_parts(v);
+            AlternativeVerdict {
+                rung: spec::alternatives::RungSpec {
+                    target: r.target.clone(),
+                    after_s: r.after_s,
+                }
+                .to_string(),
+                verdict: verdict.to_string(),
+                reasons,
+                alternative: Some(r.index),
+                after: Some(format!("{}s", r.after_s)),
+                region: Some(r.region.clone()),
+                zone,
+                estimated_start_time: start.map(seconds),
+                cluster: Some(verdict_cluster(&r.cluster)),
             }
-            .to_string()
-            .into();
-            one["after"] = format!("{}s", r.after_s).into();
-            one["region"] = r.region.clone().into();
-            one
         })
         .collect();
-    out.extend(skipped.iter().map(|s| {
-        serde_json::json!({
-            "rung": s.rung.to_string(),
-            "verdict": "NOT_APPLICABLE",
-            "reasons": [s.why],
-        })
+    out.extend(skipped.iter().map(|s| AlternativeVerdict {
+        rung: s.rung.to_string(),
+        verdict: "NOT_APPLICABLE".into(),
+        reasons: vec![s.why.clone()],
+        ..AlternativeVerdict::default()
     }));
-    out.into()
+    out
 }
 
 /// What its operation's metadata warns of a batch that went back to the

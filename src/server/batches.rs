@@ -39,7 +39,7 @@ pub(super) struct PlainParams {}
 #[utoipa::path(post, path = "/v1/projects/{project}/locations/{region}/batches", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("batchId" = Option<String>, Query), ("requestId" = Option<String>, Query), ("validateOnly" = Option<bool>, Query)),
     request_body = crate::api::Batch,
-    responses((status = 200, description = "The batch's Operation (or, with validateOnly, a verdict)", body = crate::api::Operation)))]
+    responses((status = 200, description = "The batch's Operation, or with validateOnly=true a ValidateVerdict (nothing stored)", body = crate::api::CreateResponse)))]
 pub(super) async fn create(
     AppState(app): AppState<App>,
     ApiPath((project, region)): ApiPath<(String, String)>,

@@ -549,6 +549,35 @@ async fn the_openapi_document_describes_every_route() {
     for field in ["pysparkBatch", "runtimeConfig", "stateHistory", "flexq"] {
         assert!(batch.get(field).is_some(), "Batch.{field}: {batch:#}");
     }
+    // A create answers its Operation or, validate-only, a verdict: the
+    // document says both, and what a verdict holds.
+    let create = &doc["paths"]["/v1/projects/{project}/locations/{region}/batches"]["post"]["responses"]
+        ["200"]["content"]["application/json"]["schema"];
+    let answers = create["$ref"]
+        .as_str()
+        .and_then(|r| r.rsplit('/').next())
+        .map(|name| &doc["components"]["schemas"][name]["oneOf"])
+        .and_then(Value::as_array)
+        .map(|one_of| one_of.iter().map(ToString::to_string).collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert!(
+        answers.iter().any(|a| a.contains("Operation"))
+            && answers.iter().any(|a| a.contains("ValidateVerdict")),
+        "create's 200: {create:#} → {answers:?}"
+    );
+    let verdict = &doc["components"]["schemas"]["ValidateVerdict"]["properties"];
+    for field in [
+        "verdict",
+        "reasons",
+        "estimatedStartTime",
+        "cluster",
+        "alternatives",
+    ] {
+        assert!(
+            verdict.get(field).is_some(),
+            "ValidateVerdict.{field}: {verdict:#}"
+        );
+    }
 }
 
 /// A batch's usage in the Dataproc API's fields: while it holds its
