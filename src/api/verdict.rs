@@ -83,7 +83,7 @@ pub struct AlternativeVerdict {
 }
 
 /// What a create answers: the batch's Operation or, with
-/// `validateOnly=true`, a [`ValidateVerdict`] (the OpenAPI document
+/// `validateOnly=true`, a ValidateVerdict (the OpenAPI document
 /// describes the two as one of).
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]

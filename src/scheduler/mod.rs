@@ -27,6 +27,7 @@ mod pending;
 mod preempt;
 mod queue;
 mod quota;
+mod reasons;
 mod rungs;
 mod snapshot;
 mod tally;
@@ -44,8 +45,9 @@ pub use model::{
     Allocation, BatchKey, Cause, Cordon, Decision, Hold, OnRung, PendingBatch, PoolDecl,
     Preemption, PreemptionPolicy, Victim, accelerator_label, shape_text,
 };
-pub use pending::{Blocker, ESTIMATE_DEPTH, NotAdmitted, PendingInfo, Reason, Verdict, messages};
+pub use pending::ESTIMATE_DEPTH;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
+pub use reasons::{Blocker, NotAdmitted, PendingInfo, Reason, Verdict, messages};
 pub use snapshot::Snapshot;
 pub use views::CapacityRow;
 

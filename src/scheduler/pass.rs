@@ -320,4 +320,19 @@ impl Scheduler {
             batch.cluster.allocation_timeout_s
         )
     }
+
+    /// The regions a pass scans: those that changed, and those whose
+    /// batches may try a rung in a region that changed.
+    pub(super) fn regions_to_scan(&mut self) -> std::collections::BTreeSet<String> {
+        let mut regions = std::mem::take(&mut self.dirty);
+        let homes: Vec<String> = regions
+            .iter()
+            .filter_map(|r| self.queue.rungs().homes_of(r))
+            .flat_map(|homes| homes.keys())
+            .filter(|home| !regions.contains(*home))
+            .cloned()
+            .collect();
+        regions.extend(homes);
+        regions
+    }
 }

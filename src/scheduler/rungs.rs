@@ -2,17 +2,16 @@
 //! docs/rules.md#placement-alternatives): when each rung of a queued
 //! batch may be tried, which rungs a region's batches may try now, and
 //! which regions a pass must scan because capacity changed where their
-//! batches' rungs run ([`Rungs`], kept by the queue); and why a queued
-//! batch's rungs have not taken it. Where a rung is tried in a pass is
-//! `pass.rs`.
+//! batches' rungs run ([`Rungs`], kept by the queue). Where a rung is
+//! tried in a pass is `assess.rs`; why a queued batch's rungs have not
+//! taken it, `pending.rs`.
 
 use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::core::Scheduler;
 use super::model::{BatchKey, PendingBatch, ShapeKey, shape_key};
-use crate::spec::alternatives::{Rung, RungSpec};
+use crate::spec::alternatives::Rung;
 
 /// When `rung` of a batch queued at `queued_at` may be tried.
 pub(super) fn ripe_at(queued_at: DateTime<Utc>, rung: &Rung) -> DateTime<Utc> {
@@ -147,85 +146,5 @@ impl Rungs {
     #[cfg(test)]
     pub(super) fn none_ripe(&self) -> bool {
         self.options.is_empty() && self.homes.is_empty()
-    }
-}
-
-impl Scheduler {
-    /// Why each placement alternative of a queued batch has not taken it,
-    /// with numbers: not tried yet (and from when), or what stands in its
-    /// way in its region.
-    pub(super) fn rung_reasons(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Vec<String> {
-        batch
-            .cluster
-            .alternatives
-            .iter()
-            .map(|rung| {
-                let name = format!(
-                    "alternative {} ({})",
-                    rung.index,
-                    RungSpec {
-                        target: rung.target.clone(),
-                        after_s: rung.after_s,
-                    }
-                );
-                let from = ripe_at(batch.queued_at, rung);
-                if from > now {
-                    return format!(
-                        "{name}: tried from {}",
-                        from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                    );
-                }
-                if rung.region != batch.region && self.queue.has_queued(&rung.region) {
-                    return format!(
-                        "{name}: {} has batches of its own queued, and an alternative only takes what its queue leaves",
-                        rung.region
-                    );
-                }
-                let probe = PendingBatch {
-                    region: rung.region.clone(),
-                    cluster: rung.cluster.clone(),
-                    ..batch.clone()
-                };
-                let blockers = self.blockers(&probe);
-                if blockers.is_empty() {
-                    format!("{name}: fits now; tried at its place in the queue")
-                } else {
-                    let why: Vec<String> = blockers.iter().map(ToString::to_string).collect();
-                    format!("{name}: {}", why.join("; "))
-                }
-            })
-            .collect()
-    }
-
-    /// Why a batch can never be allocated, neither on its own placement
-    /// nor on any of its alternatives (the reason of its own); None when
-    /// one of them can.
-    pub fn never_fits_anywhere(
-        &self,
-        project: &str,
-        region: &str,
-        cluster: &crate::spec::ClusterRequest,
-    ) -> Option<String> {
-        let own = self.never_fits(project, region, cluster)?;
-        cluster
-            .alternatives
-            .iter()
-            .all(|r| self.never_fits(project, &r.region, &r.cluster).is_some())
-            .then_some(own)
-    }
-
-    /// The regions a pass scans: those that changed, and those whose
-    /// batches may try a rung in a region that changed.
-    pub(super) fn regions_to_scan(&mut self) -> std::collections::BTreeSet<String> {
-        let mut regions = std::mem::take(&mut self.dirty);
-        let homes: Vec<String> = regions
-            .iter()
-            .filter_map(|r| self.queue.rungs().homes_of(r))
-            .flat_map(|homes| homes.keys())
-            .filter(|home| !regions.contains(*home))
-            .cloned()
-            .collect();
-        regions.extend(homes);
-        regions
     }
 }

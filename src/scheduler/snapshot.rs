@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 use chrono::{DateTime, Utc};
 
 use super::core::Scheduler;
-use super::pending::NotAdmitted;
+use super::reasons::NotAdmitted;
 use super::views::CapacityRow;
 use crate::spec::QuotaMetric;
 

@@ -12,9 +12,10 @@ use super::capacity::{NodeId, NodeSpec};
 use super::core::Scheduler;
 use super::fairshare::Order;
 use super::model::{BatchKey, PendingBatch};
-use super::pending::{ESTIMATE_DEPTH, PendingInfo, Place};
+use super::pending::{ESTIMATE_DEPTH, Place};
 use super::queue::QueueKey;
 use super::quota::QuotaView;
+use super::reasons::PendingInfo;
 
 /// Capacity per region, zone and GPU type, for the admin views.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,16 +12,15 @@
 //! create. What Spark receives on a rung is that batch.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use super::{
     Accelerator, ClusterRequest, PartRole, Policy, ProvisioningMode, Rejection, check_create,
     property_field,
 };
 use crate::api::{Batch, quote};
+
+pub use super::request::Rung;
+pub use super::target::{RungSpec, Target};
 
 /// The property through which a batch opts out (`none`) or names its own
 /// ladder. A `spark.*` key, so that every Dataproc client sends it
@@ -30,50 +29,6 @@ pub const ALTERNATIVES_PROPERTY: &str = "spark.flexq.alternatives";
 
 /// The most rungs a ladder may have.
 pub const MAX_RUNGS: usize = 4;
-
-/// What a rung changes of the batch's own placement.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Target {
-    /// Another GPU type, in the batch's region.
-    Accelerator(Accelerator),
-    /// The same batch in another region.
-    Region(String),
-    /// On-demand (standard) quota instead of preemptible: provisioning
-    /// mode `default` for the rung.
-    OnDemand,
-}
-
-impl fmt::Display for Target {
-    /// The form the ladder syntax uses: `a100-40`, `region europe-west4`,
-    /// `on-demand`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Target::Accelerator(a) => write!(f, "{a}"),
-            Target::Region(r) => write!(f, "region {r}"),
-            Target::OnDemand => f.write_str("on-demand"),
-        }
-    }
-}
-
-/// A rung as a ladder names it: a target and its delay.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RungSpec {
-    pub target: Target,
-    /// Seconds the batch must have waited before the rung is tried.
-    pub after_s: u64,
-}
-
-impl fmt::Display for RungSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} after {}",
-            self.target,
-            humantime::format_duration(Duration::from_secs(self.after_s))
-        )
-    }
-}
 
 /// The accepted form of a ladder, for error messages.
 pub const LADDER_FORM: &str = "\"none\", or up to 4 comma-separated rungs, each \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\" (DELAY like 15m)";
@@ -195,19 +150,6 @@ pub fn ladder_for<'a>(
         }
     }
     best
-}
-
-/// One resolved rung of a batch: where it runs and the cluster it is
-/// there, checked by the same rules as a create.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rung {
-    /// 1 for the first alternative (0 is the batch's own placement).
-    pub index: u32,
-    pub after_s: u64,
-    pub target: Target,
-    /// The region the rung runs in.
-    pub region: String,
-    pub cluster: ClusterRequest,
 }
 
 /// A rung of the operator's ladder that does not apply to a batch, and

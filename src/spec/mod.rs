@@ -18,6 +18,7 @@ mod node;
 mod properties;
 mod request;
 mod shape;
+mod target;
 mod units;
 
 use std::collections::{BTreeMap, BTreeSet};

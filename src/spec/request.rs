@@ -143,7 +143,7 @@ pub struct ClusterRequest {
     /// alternatives, in order; docs/rules.md#placement-alternatives).
     /// Fixed at create.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub alternatives: Vec<super::alternatives::Rung>,
+    pub alternatives: Vec<Rung>,
     /// Whether its running cluster may be preempted (property
     /// `spark.flexq.preemptible`; docs/rules.md#preemption).
     #[serde(default = "preemptible_by_default", skip_serializing_if = "is_true")]
@@ -255,4 +255,17 @@ impl ClusterRequest {
     pub fn local_ssd_gb(&self) -> u64 {
         self.driver.local_ssd_gb + self.executor.local_ssd_gb * u64::from(self.executor_count)
     }
+}
+
+/// One resolved rung of a batch: where it runs and the cluster it is
+/// there, checked by the same rules as a create.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rung {
+    /// 1 for the first alternative (0 is the batch's own placement).
+    pub index: u32,
+    pub after_s: u64,
+    pub target: super::target::Target,
+    /// The region the rung runs in.
+    pub region: String,
+    pub cluster: ClusterRequest,
 }

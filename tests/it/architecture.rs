@@ -341,36 +341,67 @@ fn read_path(
 }
 
 /// The absolute paths a file of module `here` names through `crate::`,
-/// `super::` and `self::`, with their line numbers.
+/// `super::` and `self::`, with their line numbers. Read over the whole
+/// text, so a `use` list over several lines counts whole.
 fn named_paths(text: &str, here: &[String]) -> Vec<(usize, Vec<String>)> {
     let mut out = Vec::new();
+    let mut chars: Vec<char> = Vec::new();
+    let mut line_of: Vec<usize> = Vec::new();
     for (n, line) in code_lines(text) {
-        let chars: Vec<char> = line.chars().collect();
-        let mut i = 0;
-        while i < chars.len() {
-            let boundary =
-                i == 0 || !(is_ident(chars[i - 1]) || chars[i - 1] == '$' || chars[i - 1] == ':');
-            let rest: String = chars[i..chars.len().min(i + 7)].iter().collect();
-            let root = ["crate::", "super::", "self::"]
-                .into_iter()
-                .find(|r| rest.starts_with(r));
-            let (Some(root), true) = (root, boundary) else {
-                i += 1;
-                continue;
-            };
-            let mut base: Vec<String> = match root {
-                "crate::" => Vec::new(),
-                "self::" => here.to_vec(),
-                _ => here[..here.len().saturating_sub(1)].to_vec(),
-            };
-            i += root.len();
-            while chars[i..].starts_with(&['s', 'u', 'p', 'e', 'r', ':', ':']) {
-                base.pop();
-                i += "super::".len();
+        for c in line.chars().chain(['\n']) {
+            chars.push(c);
+            line_of.push(n);
+        }
+    }
+    let mut i = 0;
+    while i < chars.len() {
+        let boundary =
+            i == 0 || !(is_ident(chars[i - 1]) || chars[i - 1] == '$' || chars[i - 1] == ':');
+        let rest: String = chars[i..chars.len().min(i + 7)].iter().collect();
+        let root = ["crate::", "super::", "self::"]
+            .into_iter()
+            .find(|r| rest.starts_with(r));
+        let (Some(root), true) = (root, boundary) else {
+            i += 1;
+            continue;
+        };
+        let line = line_of[i];
+        let mut base: Vec<String> = match root {
+            "crate::" => Vec::new(),
+            "self::" => here.to_vec(),
+            _ => here[..here.len().saturating_sub(1)].to_vec(),
+        };
+        i += root.len();
+        while chars[i..].starts_with(&['s', 'u', 'p', 'e', 'r', ':', ':']) {
+            base.pop();
+            i += "super::".len();
+        }
+        let mut paths = Vec::new();
+        i = read_path(&chars, i, base, &mut paths);
+        out.extend(paths.into_iter().map(|p| (line, p)));
+    }
+    out
+}
+
+/// The items a file declares at its top level (`pub struct X`, `fn f`,
+/// …): what a glob re-export of it (`pub use file::*`) names.
+fn top_level_items(text: &str) -> Vec<String> {
+    const KINDS: &[&str] = &[
+        "struct", "enum", "fn", "type", "const", "static", "trait", "mod", "union",
+    ];
+    let mut out = Vec::new();
+    for (_, line) in code_lines(text) {
+        if line.starts_with(' ') || line.starts_with('}') {
+            continue;
+        }
+        let words: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || c == '(' || c == '<' || c == ':' || c == ';')
+            .filter(|w| !w.is_empty())
+            .collect();
+        if let Some(k) = words.iter().position(|w| KINDS.contains(w)) {
+            if let Some(name) = words.get(k + 1) {
+                out.push(name.to_string());
             }
-            let mut paths = Vec::new();
-            i = read_path(&chars, i, base, &mut paths);
-            out.extend(paths.into_iter().map(|p| (n, p)));
         }
     }
     out
@@ -401,6 +432,29 @@ fn reexports(folder: &[String]) -> BTreeMap<String, String> {
             {
                 out.insert(item.clone(), file.clone());
             }
+        }
+    }
+    // `pub use file::*`: every item the file declares.
+    for line in text.lines() {
+        let Some(file) = line
+            .trim()
+            .strip_prefix("pub use ")
+            .and_then(|r| r.strip_suffix("::*;"))
+        else {
+            continue;
+        };
+        if !has_child(folder, file) {
+            continue;
+        }
+        let path = dir.join(format!("{file}.rs"));
+        let path = if path.is_file() {
+            path
+        } else {
+            dir.join(file).join("mod.rs")
+        };
+        let items = std::fs::read_to_string(path).unwrap_or_default();
+        for item in top_level_items(&items) {
+            out.entry(item).or_insert_with(|| file.to_string());
         }
     }
     out
@@ -530,6 +584,31 @@ fn no_file_imports_a_sibling_that_imports_it_back() {
         "import circles between the files of a folder (move the shared item to the file \
          that owns it, or to a lower one):\n{}",
         found.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_reader_reads_lists_over_several_lines_and_globbed_items() {
+    let here = ["spec".to_string(), "alternatives".to_string()];
+    let got: Vec<String> = named_paths(
+        "use super::{\n    request::ClusterRequest,\n    shape::Accelerator,\n};\n",
+        &here,
+    )
+    .into_iter()
+    .map(|(n, p)| format!("{n}:{}", p.join("::")))
+    .collect();
+    assert_eq!(
+        got,
+        [
+            "1:spec::request::ClusterRequest",
+            "1:spec::shape::Accelerator"
+        ]
+    );
+    assert_eq!(
+        top_level_items(
+            "pub struct A {\n    x: u8,\n}\npub(crate) fn b() {}\nimpl A {\n    pub fn c() {}\n}\n"
+        ),
+        ["A", "b"]
     );
 }
 
