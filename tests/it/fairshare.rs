@@ -3,7 +3,7 @@
 //! the order survives a SIGKILL and restart (usage is read back from the
 //! stored allocations).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -53,18 +53,9 @@ async fn until(
     what: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let b = get(s, project, id).await;
-        if done(&b) {
-            return b;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{project}/{id} never {what}: {b:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    crate::support::poll(Duration::from_secs(20), || get(s, project, id), done)
+        .await
+        .unwrap_or_else(|b| panic!("{project}/{id} never {what}: {b:#}"))
 }
 
 async fn provisioned(s: &str, project: &str, id: &str) -> Value {

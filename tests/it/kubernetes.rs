@@ -194,14 +194,12 @@ async fn until(s: &TestServer, id: &str, what: &str, done: impl Fn(&Value) -> bo
 }
 
 async fn applied(k: &Shared, name: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(app) = k.lock().expect("lock").apps.get(name).cloned() {
-            return app;
-        }
-        assert!(Instant::now() < deadline, "{name} was not applied");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let read = || async { k.lock().expect("lock").apps.get(name).cloned() };
+    crate::support::poll(Duration::from_secs(20), read, Option::is_some)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("{name} was not applied"))
 }
 
 /// Creates batch `id`; answers its application's name (from its uuid).

@@ -64,15 +64,14 @@ async fn heartbeat_until(
 
 /// Waits, without heartbeats, until batch `batch` satisfies `done`.
 async fn until(s: &TestServer, batch: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let t = Instant::now();
-    loop {
-        let (_, b) = s.get(&format!("{BATCHES}/{batch}")).await;
-        if done(&b) {
-            return b;
-        }
-        assert!(t.elapsed() < Duration::from_secs(15), "{b:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let path = format!("{BATCHES}/{batch}");
+    crate::support::poll(
+        Duration::from_secs(15),
+        || async { s.get(&path).await.1 },
+        done,
+    )
+    .await
+    .unwrap_or_else(|b| panic!("{b:#}"))
 }
 
 async fn report(s: &TestServer, node: &str, epoch: &str, uuid: &str, event: Value) {

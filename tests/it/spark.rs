@@ -227,32 +227,26 @@ async fn until(
     agents: &[Agent],
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + limit;
-    loop {
-        let b = batch(s, id).await;
-        if done(&b) {
-            return b;
-        }
-        if Instant::now() > deadline {
-            let logs: Vec<String> = agents
-                .iter()
-                .map(|a| {
-                    let text = std::fs::read_to_string(&a.log).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                    format!(
-                        "--- {} ---\n{}",
-                        a.node,
-                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                    )
-                })
-                .collect();
-            panic!(
-                "batch {id} not {what} within {limit:?}: {b:#}\n{}",
-                logs.join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let b = match crate::support::poll(limit, || batch(s, id), done).await {
+        Ok(b) => return b,
+        Err(b) => b,
+    };
+    let logs: Vec<String> = agents
+        .iter()
+        .map(|a| {
+            let text = std::fs::read_to_string(&a.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            format!(
+                "--- {} ---\n{}",
+                a.node,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        })
+        .collect();
+    panic!(
+        "batch {id} not {what} within {limit:?}: {b:#}\n{}",
+        logs.join("\n")
+    );
 }
 
 /// The node that runs batch `b`'s driver.

@@ -707,15 +707,9 @@ impl ServerProcess {
         id: &str,
         done: impl Fn(&Value) -> bool,
     ) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let b = self.batch_of(project, id).await;
-            if done(&b) {
-                return b;
-            }
-            assert!(Instant::now() < deadline, "{project}/{id}: {b:#}");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        poll(Duration::from_secs(20), || self.batch_of(project, id), done)
+            .await
+            .unwrap_or_else(|b| panic!("{project}/{id}: {b:#}"))
     }
 
     /// Creates a batch with id `id`; returns the HTTP status.
@@ -777,17 +771,33 @@ pub(crate) async fn until(
     what: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    poll(
+        Duration::from_secs(20),
+        || async { s.get(path).await.1 },
+        done,
+    )
+    .await
+    .unwrap_or_else(|b| panic!("{path} never became {what}: {b:#}"))
+}
+
+/// Reads with `read` every 25 ms until what it answers satisfies `done`:
+/// that answer, or after `limit` the last one as an error (the caller
+/// fails saying what it waited for). The one polling loop of the tests.
+pub(crate) async fn poll<T, F: std::future::Future<Output = T>>(
+    limit: Duration,
+    mut read: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> Result<T, T> {
+    let deadline = Instant::now() + limit;
     loop {
-        let (_, b) = s.get(path).await;
-        if done(&b) {
-            return b;
+        let answer = read().await;
+        if done(&answer) {
+            return Ok(answer);
         }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never became {what}: {b:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        if Instant::now() >= deadline {
+            return Err(answer);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
@@ -835,17 +845,14 @@ pub(crate) async fn long_polls(s: &TestServer, kind: &str) -> u64 {
 /// wakes it (not a sleep that may end before the waiter waits). Fails
 /// after 10 s.
 pub(crate) async fn until_long_polls(s: &TestServer, kind: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = long_polls(s, kind).await;
-        if now == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{now} {kind} long polls waiting, not {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if let Err(now) = poll(
+        Duration::from_secs(10),
+        || long_polls(s, kind),
+        |now| *now == n,
+    )
+    .await
+    {
+        panic!("{now} {kind} long polls waiting, not {n}");
     }
 }
 

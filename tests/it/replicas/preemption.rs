@@ -6,7 +6,7 @@
 //! agent, so the victim stops only when the test says so.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flexq::config::Config;
 use serde_json::{Value, json};
@@ -51,18 +51,10 @@ async fn get(endpoint: &str, path: &str) -> Value {
 }
 
 async fn until(endpoint: &str, id: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let t = Instant::now();
-    loop {
-        let b = get(endpoint, &format!("{BATCHES}/{id}")).await;
-        if ok(&b) {
-            return b;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{id} never {what}: {b:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let path = format!("{BATCHES}/{id}");
+    crate::support::poll(Duration::from_secs(20), || get(endpoint, &path), ok)
+        .await
+        .unwrap_or_else(|b| panic!("{id} never {what}: {b:#}"))
 }
 
 fn provisioned(b: &Value) -> bool {
