@@ -1,7 +1,7 @@
 //! Small numeric helpers shared by the usage report and the simulator.
 
 /// The nearest-rank percentile (`q` in 0..=1) of sorted `values`.
-pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+pub(crate) fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
     }

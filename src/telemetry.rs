@@ -7,7 +7,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 /// Installs the global subscriber once; later calls are no-ops (tests).
-pub fn init(format: LogFormat, filter: &str) {
+pub(crate) fn init(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(filter))
         .unwrap_or_else(|_| EnvFilter::new("info"));

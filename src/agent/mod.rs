@@ -17,7 +17,7 @@ pub mod gpus;
 mod kubernetes;
 mod output;
 mod process;
-pub mod settings;
+pub(crate) mod settings;
 mod work;
 
 use std::collections::HashMap;

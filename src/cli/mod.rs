@@ -12,7 +12,7 @@ pub mod batches;
 pub mod capacity;
 pub mod local;
 pub mod queues;
-pub mod reload;
+pub(crate) mod reload;
 pub mod simulate;
 
 use std::fmt;

@@ -15,7 +15,7 @@ pub struct ConfigRemoteArgs {
 
 /// `flexq config diff` (`apply` false: what a reload would change) and
 /// `flexq config reload` (admins).
-pub async fn run_config(args: ConfigRemoteArgs, apply: bool) -> Result<(), CliError> {
+pub(crate) async fn run_config(args: ConfigRemoteArgs, apply: bool) -> Result<(), CliError> {
     let format = args.target.format;
     let client = args.target.admin_client()?;
     let path = if apply {

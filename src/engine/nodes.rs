@@ -135,7 +135,6 @@ impl Engine {
         let held: Vec<HeldPart<'_>> = parts
             .iter()
             .map(|p| HeldPart {
-                batch_id: &p.batch.name.batch_id,
                 uuid: &p.batch.uuid,
                 state: p.batch.state,
                 role: p.role,

@@ -11,7 +11,7 @@ use tonic_prost::ProstCodec;
 
 /// Named by the generated server stubs (build.rs `codec_path`).
 #[derive(Debug, Clone)]
-pub struct Codec<T, U> {
+pub(crate) struct Codec<T, U> {
     prost: ProstCodec<T, U>,
 }
 
@@ -44,7 +44,7 @@ where
 
 /// Decodes one request message; a malformed one is the caller's error.
 #[derive(Debug)]
-pub struct StrictDecoder<U>(PhantomData<U>);
+pub(crate) struct StrictDecoder<U>(PhantomData<U>);
 
 impl<U: Message + Default> Decoder for StrictDecoder<U> {
     type Item = U;

@@ -28,11 +28,9 @@ use tonic_health::ServingStatus;
 use crate::api::quote;
 use crate::engine::{Access, Engine, Error, Principal};
 
-pub use codec::Codec;
-
 /// The generated server stubs (build.rs).
 pub mod pb {
-    #![allow(clippy::all, missing_docs, unused_qualifications)]
+    #![allow(clippy::all, missing_docs, unused_qualifications, unreachable_pub)]
     pub mod dataproc {
         include!(concat!(env!("OUT_DIR"), "/google.cloud.dataproc.v1.rs"));
     }
@@ -51,7 +49,7 @@ const OPERATIONS: &str = "google.longrunning.Operations";
 
 /// Every gRPC service as routes to merge into the HTTP router; health as
 /// [`report_health`] says.
-pub fn routes(engine: Engine, shutdown: CancellationToken) -> anyhow::Result<axum::Router> {
+pub(crate) fn routes(engine: Engine, shutdown: CancellationToken) -> anyhow::Result<axum::Router> {
     let max = engine.config().server.max_body_bytes;
     let message_timeout = engine.config().server.grpc_message_timeout;
     let front = Front { engine };
@@ -269,7 +267,7 @@ impl Front {
 }
 
 /// Whether a request is a gRPC call (`content-type: application/grpc…`).
-pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -278,12 +276,12 @@ pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
 
 /// A call refused before it reached a service (a connection over the
 /// cap), as a gRPC status with its details.
-pub fn refusal(e: Error) -> axum::response::Response {
+pub(crate) fn refusal(e: Error) -> axum::response::Response {
     convert::status(e).into_http()
 }
 
 /// The answer to a gRPC call of a service or method flexq does not serve.
-pub fn unimplemented(path: &str) -> axum::response::Response {
+pub(crate) fn unimplemented(path: &str) -> axum::response::Response {
     let status = Status::unimplemented(format!(
         "flexq serves no gRPC method {}; it serves {BATCH_CONTROLLER}, {OPERATIONS}, grpc.health.v1.Health and server reflection",
         quote(path)

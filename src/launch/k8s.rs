@@ -14,7 +14,7 @@ use crate::spec::Workload;
 
 /// Where and how applications are created.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct K8sTarget {
+pub(crate) struct K8sTarget {
     pub namespace: String,
     /// The Spark image with the RAPIDS jar, used when the batch does not
     /// set `runtimeConfig.containerImage`.
@@ -28,7 +28,7 @@ pub struct K8sTarget {
 
 /// One allocated part: its node and role.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartNode {
+pub(crate) struct PartNode {
     pub node: String,
     pub driver: bool,
 }
@@ -36,7 +36,7 @@ pub struct PartNode {
 /// The application's Kubernetes name: from the batch's uuid, unique across
 /// projects (batch ids are unique only within one project's region); the
 /// batch's name is in its labels and annotations.
-pub fn application_name(job: &SparkJob) -> String {
+pub(crate) fn application_name(job: &SparkJob) -> String {
     format!("flexq-{}", job.uuid.to_ascii_lowercase())
 }
 
@@ -57,7 +57,7 @@ fn pinned_to(nodes: &BTreeSet<&str>) -> Value {
 }
 
 /// The `SparkApplication` of an allocated batch.
-pub fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8sTarget) -> Value {
+pub(crate) fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8sTarget) -> Value {
     let rapids = match &target.rapids_jar {
         Some(path) => Rapids::Jar(path.clone()),
         None => Rapids::Missing {
@@ -232,7 +232,7 @@ pub fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8sTarget)
 /// What a `SparkApplication`'s status means for its batch: the state, and
 /// the operator's message for a failure. None while the application has
 /// not started (the batch stays PENDING).
-pub fn batch_state(status: &Value) -> Option<(State, String)> {
+pub(crate) fn batch_state(status: &Value) -> Option<(State, String)> {
     let app = &status["applicationState"];
     let state = app["state"].as_str().unwrap_or("");
     let message = app["errorMessage"].as_str().unwrap_or("").to_string();

@@ -7,7 +7,7 @@
 //! the Kubernetes launcher ([`k8s`]) both build on this.
 
 pub mod fallback;
-pub mod k8s;
+pub(crate) mod k8s;
 mod summary;
 
 use std::collections::BTreeMap;

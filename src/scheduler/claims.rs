@@ -95,6 +95,7 @@ impl Claims {
     }
 
     /// Every claim, by preemptor.
+    #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = (&BatchKey, &Claim)> {
         self.claims.iter()
     }

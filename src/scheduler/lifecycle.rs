@@ -51,7 +51,7 @@ pub enum Step {
 /// A batch's attempts: which one runs (1 for the first) and how many
 /// requeues after infrastructure failures it may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attempts {
+pub(crate) struct Attempts {
     pub attempt: u32,
     pub retries: u32,
 }
@@ -99,7 +99,7 @@ fn infrastructure_failure(state: State, message: &str, attempts: Attempts) -> Ve
 /// cluster is given back and it goes back to the queue at its place, its
 /// preemption counted (docs/rules.md#preemption). One being cancelled ends
 /// CANCELLED instead; one that ended stays as it is.
-pub fn preempted(state: State, by: &str) -> Vec<Step> {
+pub(crate) fn preempted(state: State, by: &str) -> Vec<Step> {
     if state.is_terminal() {
         return vec![Step::Release];
     }
@@ -130,7 +130,7 @@ pub fn preempted(state: State, by: &str) -> Vec<Step> {
 /// a RUNNING batch gets the warning in its history (unless `warned`, as
 /// stored now, says it got it this run), or is cancelled with the end
 /// reason IDLE_GPUS; any other is left alone.
-pub fn gpu_idle(state: State, warned: bool, verdict: &crate::gpu::IdleVerdict) -> Outcome {
+pub(crate) fn gpu_idle(state: State, warned: bool, verdict: &crate::gpu::IdleVerdict) -> Outcome {
     use crate::gpu::IdleVerdict;
     if state != State::Running {
         return Outcome::default();
@@ -192,13 +192,13 @@ impl Outcome {
 /// A request the batch's state does not allow; the message says why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct Refused(pub String);
+pub(crate) struct Refused(pub String);
 
 /// Cancel: a PENDING batch goes through CANCELLING to CANCELLED at once
 /// (nothing runs yet; a cluster already allocated is given back); a
 /// RUNNING one becomes CANCELLING until its agents report the work
 /// stopped. Cancelling twice is harmless; a batch that ended cannot be.
-pub fn cancel(state: State, holds_cluster: bool) -> Result<Outcome, Refused> {
+pub(crate) fn cancel(state: State, holds_cluster: bool) -> Result<Outcome, Refused> {
     let requested = || Step::To(State::Cancelling, "Cancellation requested.".into());
     let steps = match state {
         State::Pending if holds_cluster => vec![
@@ -270,7 +270,7 @@ impl AgentEvent {
 
 /// What the reporting node holds of the batch now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holding {
+pub(crate) enum Holding {
     /// No part (its cluster was released, or it never had one).
     Nothing,
     /// Executors only.
@@ -286,7 +286,7 @@ pub enum Holding {
 /// `preempted_by`: the batch it gives way to, while it is being preempted:
 /// the end of its run then sends it back to the queue
 /// ([`preempted`]) rather than ending it.
-pub fn report(
+pub(crate) fn report(
     state: State,
     node: &str,
     batch_id: &str,
@@ -386,7 +386,7 @@ fn end(to: State, message: String, exit_code: Option<i32>) -> Vec<Step> {
 /// batch that held a part of it gives its whole cluster back and, unless
 /// it already ended, goes back to the queue while it has retries, or fails
 /// with `message`.
-pub fn node_lost(state: Option<State>, message: &str, attempts: Attempts) -> Outcome {
+pub(crate) fn node_lost(state: Option<State>, message: &str, attempts: Attempts) -> Outcome {
     let steps = match state {
         Some(s) => infrastructure_failure(s, message, attempts),
         None => vec![Step::Release],
@@ -396,8 +396,7 @@ pub fn node_lost(state: Option<State>, message: &str, attempts: Attempts) -> Out
 
 /// A part of a batch that a node holds, as registration sees it.
 #[derive(Debug, Clone)]
-pub struct HeldPart<'a> {
-    pub batch_id: &'a str,
+pub(crate) struct HeldPart<'a> {
     pub uuid: &'a str,
     pub state: State,
     pub role: PartRole,
@@ -409,7 +408,7 @@ pub struct HeldPart<'a> {
 /// (`running`, by uuid). Work its node had started that it no longer runs
 /// was lost with the old agent's processes: each such batch gets one
 /// `PartFailed` report, in the order of `parts`.
-pub fn lost_on_restart(
+pub(crate) fn lost_on_restart(
     node: &str,
     parts: &[HeldPart<'_>],
     running: &[String],
@@ -440,7 +439,7 @@ pub fn lost_on_restart(
 /// rebuilt (virtual nodes removed, a pool shrunk in the config): they fail
 /// and give back what the store holds, like a lost node, rather than stay
 /// provisioned forever.
-pub fn orphaned(batches: Vec<(BatchKey, String)>) -> Option<Decision> {
+pub(crate) fn orphaned(batches: Vec<(BatchKey, String)>) -> Option<Decision> {
     if batches.is_empty() {
         return None;
     }
@@ -771,7 +770,6 @@ mod tests {
     #[test]
     fn a_restarted_agent_loses_started_work_it_no_longer_runs_once_per_batch() {
         let part = |uuid, state, role, master_started| HeldPart {
-            batch_id: "b",
             uuid,
             state,
             role,

@@ -20,7 +20,7 @@ mod fairshare;
 mod holds;
 mod layout;
 mod lease;
-pub mod lifecycle;
+pub(crate) mod lifecycle;
 mod model;
 mod pass;
 mod pending;

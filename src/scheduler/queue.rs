@@ -161,6 +161,7 @@ impl Queue {
     }
 
     /// Every queued batch, in no order.
+    #[cfg(test)]
     pub(super) fn batches(&self) -> impl Iterator<Item = &PendingBatch> {
         self.batches.values().map(Box::as_ref)
     }
@@ -171,6 +172,7 @@ impl Queue {
     }
 
     /// Every project with queued batches, and how many.
+    #[cfg(test)]
     pub(super) fn per_project(&self) -> &HashMap<String, usize> {
         &self.per_project
     }

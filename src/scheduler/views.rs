@@ -3,7 +3,7 @@
 //! the invariant check the tests use. Why a batch waits and when it may
 //! start is `pending.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -121,7 +121,8 @@ impl Scheduler {
 
     /// Checks the invariants: no node over-given, quota usage equal to what
     /// running clusters hold. For tests.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let mut by_project: HashMap<&str, usize> = HashMap::new();
         for b in self.queue.batches() {
             *by_project.entry(b.project.as_str()).or_default() += 1;
@@ -137,7 +138,8 @@ impl Scheduler {
                 "queued per project {counted:?} does not match the queue {by_project:?}"
             ));
         }
-        let mut used: HashMap<&NodeId, (u32, u64, u64, HashSet<&String>)> = HashMap::new();
+        let mut used: HashMap<&NodeId, (u32, u64, u64, std::collections::HashSet<&String>)> =
+            HashMap::new();
         // What running clusters hold, and what is set aside for
         // preemptors: never a GPU twice, even in passing.
         let held = self
@@ -228,22 +230,14 @@ impl Scheduler {
         keys
     }
 
-    pub fn ledger_usage(
+    #[cfg(test)]
+    pub(crate) fn ledger_usage(
         &self,
         project: &str,
         region: &str,
         metric: crate::spec::QuotaMetric,
     ) -> u64 {
         self.ledger.usage(project, region, metric)
-    }
-
-    pub fn ledger_limit(
-        &self,
-        project: &str,
-        region: &str,
-        metric: crate::spec::QuotaMetric,
-    ) -> u64 {
-        self.ledger.limit(project, region, metric)
     }
 
     /// A page of a region's queue in its order at `now`: the `take`

@@ -6,14 +6,14 @@
 //! [`connections`].
 
 mod agents;
-pub mod auth;
+pub(crate) mod auth;
 mod batches;
 mod capacity;
 mod connections;
 mod console;
 mod error;
 mod extract;
-pub mod openapi;
+pub(crate) mod openapi;
 mod queues;
 mod reload;
 mod routes;

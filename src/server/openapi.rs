@@ -16,13 +16,13 @@ use super::extract::SYSTEM_PARAMETERS;
 /// `google.rpc.Status` as every error travels.
 #[derive(ToSchema)]
 #[allow(dead_code)]
-pub struct ErrorSchema {
+pub(crate) struct ErrorSchema {
     error: ErrorStatus,
 }
 
 #[derive(ToSchema)]
 #[allow(dead_code)]
-pub struct ErrorStatus {
+pub(crate) struct ErrorStatus {
     /// The HTTP status code.
     code: u16,
     message: String,

@@ -12,7 +12,7 @@
 //! again from the start once allocated.
 
 mod report;
-pub mod trace;
+pub(crate) mod trace;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};

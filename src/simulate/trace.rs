@@ -161,7 +161,7 @@ fn csv_message(e: &csv::Error) -> String {
 
 /// The longest time a trace may span, and a batch run: ten years, in
 /// seconds.
-pub const MAX_SECONDS: f64 = 10.0 * 365.0 * 86400.0;
+pub(crate) const MAX_SECONDS: f64 = 10.0 * 365.0 * 86400.0;
 
 fn to_batch(r: Record, line: usize) -> Result<TraceBatch, TraceError> {
     let bad = |message: String| TraceError { line, message };

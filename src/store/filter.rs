@@ -76,7 +76,7 @@ enum Value {
 /// the stack.
 const MAX_DEPTH: usize = 32;
 /// Longest accepted filter, in bytes.
-pub const MAX_FILTER_BYTES: usize = 4096;
+pub(crate) const MAX_FILTER_BYTES: usize = 4096;
 
 impl Filter {
     pub fn is_empty(&self) -> bool {

@@ -23,7 +23,7 @@ use super::leader_lock::{DB_NOW_US, resign_on};
 use super::{Backend, Store, StoreError};
 
 /// The `LISTEN`/`NOTIFY` channel of the change announcements.
-pub const CHANNEL: &str = "flexq";
+pub(crate) const CHANNEL: &str = "flexq";
 
 /// What a committed transaction changed, as announced to every replica.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

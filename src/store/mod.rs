@@ -17,10 +17,10 @@
 
 mod durability;
 mod events;
-pub mod filter;
+pub(crate) mod filter;
 mod full;
 mod generations;
-pub mod leader;
+pub(crate) mod leader;
 mod leader_lock;
 mod lifecycle;
 mod nodes;
