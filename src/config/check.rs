@@ -12,18 +12,34 @@ use crate::spec::RuntimeVersion;
 
 impl Config {
     /// The checks serde cannot express: relations between keys and ranges.
+    /// The checks serde cannot express: relations between keys and ranges.
+    /// Every error is found, not only the first: one answer names them all.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
+        let mut errors = Vec::new();
+        self.check_server_tls_and_limits(&mut errors);
+        self.check_alternatives(&mut errors);
+        self.check_principals(&mut errors);
+        self.check_scheduling(&mut errors);
+        self.check_gpu_idle(&mut errors);
+        self.check_provisioning(&mut errors);
+        self.check_regions(&mut errors);
+        self.check_server_and_database(&mut errors);
+        ConfigError::all(errors)
+    }
+
+    /// The TLS pair and the rate limits.
+    fn check_server_tls_and_limits(&self, errors: &mut Vec<ConfigError>) {
         match (&self.server.tls_cert, &self.server.tls_key) {
             (Some(_), None) => {
-                return Err(invalid("server.tls_key", "is needed with server.tls_cert"));
+                errors.push(invalid("server.tls_key", "is needed with server.tls_cert"));
             }
             (None, Some(_)) => {
-                return Err(invalid("server.tls_cert", "is needed with server.tls_key"));
+                errors.push(invalid("server.tls_cert", "is needed with server.tls_key"));
             }
             (Some(cert), Some(key)) => {
                 for (k, path) in [("server.tls_cert", cert), ("server.tls_key", key)] {
                     if !path.is_file() {
-                        return Err(invalid(
+                        errors.push(invalid(
                             k,
                             format!("{} is not a readable file", path.display()),
                         ));
@@ -40,12 +56,12 @@ impl Config {
             ("limits.reads_per_minute", self.limits.reads_per_minute),
         ] {
             if v == 0 {
-                return Err(invalid(key, "must be at least 1"));
+                errors.push(invalid(key, "must be at least 1"));
             }
         }
         let stall = self.limits.watch_stall;
         if stall < Duration::from_secs(1) || stall > Duration::from_secs(3600) {
-            return Err(invalid(
+            errors.push(invalid(
                 "limits.watch_stall",
                 format!(
                     "{} is out of range: from 1s to 1h",
@@ -53,7 +69,10 @@ impl Config {
                 ),
             ));
         }
-        self.check_alternatives()?;
+    }
+
+    /// Each principal, and that tokens guard any non-loopback bind.
+    fn check_principals(&self, errors: &mut Vec<ConfigError>) {
         for (i, p) in self.principals.iter().enumerate() {
             let key = |k: &str| format!("principals[{i}].{k}");
             if p.token_sha256.len() != 64
@@ -62,30 +81,30 @@ impl Config {
                     .bytes()
                     .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
             {
-                return Err(invalid(
+                errors.push(invalid(
                     key("token_sha256"),
                     "must be 64 lowercase hex digits (the SHA-256 of the token; flexq auth new-token prints one)",
                 ));
             }
             if p.name.trim().is_empty() {
-                return Err(invalid(key("name"), "must not be empty"));
+                errors.push(invalid(key("name"), "must not be empty"));
             }
             match p.role {
                 PrincipalRole::Submitter if p.projects.is_empty() => {
-                    return Err(invalid(
+                    errors.push(invalid(
                         key("projects"),
                         "a submitter needs at least one project",
                     ));
                 }
                 PrincipalRole::Agent if p.node.is_none() => {
-                    return Err(invalid(key("node"), "an agent needs the node it acts for"));
+                    errors.push(invalid(key("node"), "an agent needs the node it acts for"));
                 }
                 _ => {}
             }
             // In a path, "-" stands for every project (admins); "*" is a
             // quota rule's wildcard. Neither is a project to give.
             if let Some(wild) = p.projects.iter().find(|q| *q == "-" || *q == "*") {
-                return Err(invalid(
+                errors.push(invalid(
                     key("projects"),
                     format!(
                         "{} is not a project id (\"-\" means every project, for admins); accepted: project ids, or role = \"admin\" for every project",
@@ -95,7 +114,7 @@ impl Config {
             }
         }
         if self.principals.is_empty() && !self.server.bind.ip().is_loopback() {
-            return Err(invalid(
+            errors.push(invalid(
                 "server.bind",
                 format!(
                     "{} is not a loopback address and no principals are configured: without tokens flexq serves only on loopback",
@@ -103,9 +122,13 @@ impl Config {
                 ),
             ));
         }
+    }
+
+    /// The fair-share half-life and weights.
+    fn check_scheduling(&self, errors: &mut Vec<ConfigError>) {
         let half_life = self.scheduling.usage_half_life;
         if half_life < Duration::from_secs(1) || half_life > MAX_USAGE_HALF_LIFE {
-            return Err(invalid(
+            errors.push(invalid(
                 "scheduling.usage_half_life",
                 format!(
                     "{} is out of range: a duration from 1s to 365d, like \"24h\" or \"7d\"",
@@ -116,8 +139,8 @@ impl Config {
         for (name, &w) in &self.scheduling.gpu_weights {
             let key = format!("scheduling.gpu_weights.{name}");
             if crate::spec::Accelerator::parse(name).is_none() {
-                return Err(invalid(
-                    key,
+                errors.push(invalid(
+                    &key,
                     format!(
                         "{name} is not a GPU type; accepted: {}",
                         crate::spec::Accelerator::accepted_names()
@@ -125,7 +148,7 @@ impl Config {
                 ));
             }
             if !w.is_finite() || !(1.0 / MAX_WEIGHT..=MAX_WEIGHT).contains(&w) {
-                return Err(invalid(
+                errors.push(invalid(
                     key,
                     format!("{w} is not a weight: a number from 0.000001 to 1000000, like 1 or 3"),
                 ));
@@ -134,7 +157,7 @@ impl Config {
         for (project, pc) in &self.projects {
             if let Some(w) = pc.weight {
                 if !w.is_finite() || !(1.0 / MAX_WEIGHT..=MAX_WEIGHT).contains(&w) {
-                    return Err(invalid(
+                    errors.push(invalid(
                         format!("projects.{project}.weight"),
                         format!(
                             "{w} is not a weight: a number from 0.000001 to 1000000, like 1 or 2.5"
@@ -143,9 +166,13 @@ impl Config {
                 }
             }
         }
+    }
+
+    /// When idle GPUs warn or cancel.
+    fn check_gpu_idle(&self, errors: &mut Vec<ConfigError>) {
         let idle = &self.gpu_idle;
         if !(idle.below_percent > 0.0 && idle.below_percent <= 100.0) {
-            return Err(invalid(
+            errors.push(invalid(
                 "gpu_idle.below_percent",
                 format!(
                     "{} is not a utilization: above 0 and at most 100 (percent) is accepted",
@@ -159,7 +186,7 @@ impl Config {
             ("gpu_idle.warm_up", idle.warm_up, Duration::ZERO),
         ] {
             if d < least || d > WEEK {
-                return Err(invalid(
+                errors.push(invalid(
                     key,
                     format!(
                         "{} is outside what is accepted: from {} to 7d",
@@ -169,9 +196,13 @@ impl Config {
                 ));
             }
         }
+    }
+
+    /// Timeouts, retries, runtimes, ttl and agent leases.
+    fn check_provisioning(&self, errors: &mut Vec<ConfigError>) {
         let p = &self.provisioning;
         if p.infrastructure_retries > crate::spec::MAX_INFRASTRUCTURE_RETRIES {
-            return Err(invalid(
+            errors.push(invalid(
                 "provisioning.infrastructure_retries",
                 format!(
                     "{} is above the most accepted, {}",
@@ -181,7 +212,7 @@ impl Config {
             ));
         }
         if p.max_allocation_timeout > ALLOCATION_TIMEOUT_CEILING {
-            return Err(invalid(
+            errors.push(invalid(
                 "provisioning.max_allocation_timeout",
                 format!(
                     "{} is above the ceiling of 2h (7200s)",
@@ -200,7 +231,7 @@ impl Config {
             ),
         ] {
             if d.as_secs() < 1 || d.subsec_nanos() != 0 {
-                return Err(invalid(
+                errors.push(invalid(
                     key,
                     format!(
                         "{} must be whole seconds, at least 1s",
@@ -210,7 +241,7 @@ impl Config {
             }
         }
         if p.default_allocation_timeout > p.max_allocation_timeout {
-            return Err(invalid(
+            errors.push(invalid(
                 "provisioning.default_allocation_timeout",
                 format!(
                     "{} is above provisioning.max_allocation_timeout ({}); the default is capped at the maximum, never above 2h (7200s)",
@@ -221,14 +252,14 @@ impl Config {
         }
         for version in self.runtimes.keys() {
             if version.parse::<RuntimeVersion>().is_err() {
-                return Err(invalid(
+                errors.push(invalid(
                     format!("runtimes.\"{version}\""),
                     "a runtime version is MAJOR.MINOR, e.g. \"2.2\"",
                 ));
             }
         }
         if !self.runtimes.contains_key(&self.batches.default_runtime) {
-            return Err(invalid(
+            errors.push(invalid(
                 "batches.default_runtime",
                 format!(
                     "\"{}\" is not in [runtimes]; configured: {}",
@@ -239,40 +270,44 @@ impl Config {
         }
         let ttl = self.batches.default_ttl;
         if ttl < Duration::from_secs(600) || ttl > Duration::from_secs(14 * 86400) {
-            return Err(invalid(
+            errors.push(invalid(
                 "batches.default_ttl",
                 "must be between 10m and 14days",
             ));
         }
         let lease = self.agents.lease_duration;
         if lease < Duration::from_secs(1) || lease > Duration::from_secs(3600) {
-            return Err(invalid(
+            errors.push(invalid(
                 "agents.lease_duration",
                 "must be between 1s and 1h",
             ));
         }
+    }
+
+    /// Regions, zones and node pools.
+    fn check_regions(&self, errors: &mut Vec<ConfigError>) {
         if self.regions.is_empty() {
-            return Err(invalid("regions", "at least one region must be configured"));
+            errors.push(invalid("regions", "at least one region must be configured"));
         }
         for (name, region) in &self.regions {
             if !crate::spec::is_resource_id(name) {
-                return Err(invalid(
+                errors.push(invalid(
                     format!("regions.{name}"),
                     "a region name is lowercase letters, digits and dashes",
                 ));
             }
             if region.zones.is_empty() {
-                return Err(invalid(
+                errors.push(invalid(
                     format!("regions.{name}.zones"),
                     "declare at least one zone",
                 ));
             }
             if let Some(p) = &region.preemption {
-                check_preemption(&format!("regions.{name}.preemption"), p)?;
+                check_preemption(&format!("regions.{name}.preemption"), p, errors);
             }
             for (zone, z) in &region.zones {
                 if !crate::spec::is_resource_id(zone) {
-                    return Err(invalid(
+                    errors.push(invalid(
                         format!("regions.{name}.zones.{zone}"),
                         "a zone name is lowercase letters, digits and dashes",
                     ));
@@ -280,13 +315,13 @@ impl Config {
                 for (pool_name, pool) in &z.node_pools {
                     let key = format!("regions.{name}.zones.{zone}.node_pools.{pool_name}");
                     if pool.gpus_per_node == 0 || pool.gpus_per_node > 16 {
-                        return Err(invalid(format!("{key}.gpus_per_node"), "must be 1 to 16"));
+                        errors.push(invalid(format!("{key}.gpus_per_node"), "must be 1 to 16"));
                     }
                     if pool.cores == 0 || pool.memory_mb == 0 {
-                        return Err(invalid(key, "cores and memory_mb must be positive"));
+                        errors.push(invalid(&key, "cores and memory_mb must be positive"));
                     }
                     if pool.virtual_nodes > pool.max_nodes {
-                        return Err(invalid(
+                        errors.push(invalid(
                             format!("{key}.virtual_nodes"),
                             format!(
                                 "{} is above max_nodes ({})",
@@ -297,6 +332,10 @@ impl Config {
                 }
             }
         }
+    }
+
+    /// The server's timeouts and caps, and the database's.
+    fn check_server_and_database(&self, errors: &mut Vec<ConfigError>) {
         for (key, d) in [
             (
                 "server.header_read_timeout",
@@ -309,7 +348,7 @@ impl Config {
             ),
         ] {
             if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
-                return Err(invalid(
+                errors.push(invalid(
                     key,
                     format!(
                         "{} is out of range: from 10ms to 1h",
@@ -319,24 +358,28 @@ impl Config {
             }
         }
         if self.server.max_connections == 0 {
-            return Err(invalid("server.max_connections", "must be at least 1"));
+            errors.push(invalid("server.max_connections", "must be at least 1"));
         }
         if self.server.reserved_fds < 64 {
-            return Err(invalid(
+            errors.push(invalid(
                 "server.reserved_fds",
                 "must be at least 64 (the database, the metrics listener and the connections over server.max_connections need them)",
             ));
         }
         if self.server.max_body_bytes < 1024 {
-            return Err(invalid("server.max_body_bytes", "must be at least 1024"));
+            errors.push(invalid("server.max_body_bytes", "must be at least 1024"));
         }
         if self.database.group_commit_max == 0 {
-            return Err(invalid("database.group_commit_max", "must be at least 1"));
+            errors.push(invalid("database.group_commit_max", "must be at least 1"));
         }
         if self.database.leader_renew.is_zero()
-            || self.database.leader_renew * 3 > self.database.leader_lease
+            || self
+                .database
+                .leader_renew
+                .checked_mul(3)
+                .is_none_or(|thrice| thrice > self.database.leader_lease)
         {
-            return Err(invalid(
+            errors.push(invalid(
                 "database.leader_renew",
                 format!(
                     "{} with leader_lease {}: must be more than 0 and at most a third of the lease, so that a late renewal or two do not lose it",
@@ -346,12 +389,11 @@ impl Config {
             ));
         }
         if self.database.max_connections < 2 {
-            return Err(invalid(
+            errors.push(invalid(
                 "database.max_connections",
                 "must be at least 2 (one writer, one reader)",
             ));
         }
-        Ok(())
     }
 }
 
@@ -359,16 +401,22 @@ impl Config {
 impl Config {
     /// Each ladder parses, names served regions (its filter and its region
     /// rungs) and keeps its delays within the longest allocation timeout.
-    fn check_alternatives(&self) -> Result<(), ConfigError> {
+    fn check_alternatives(&self, errors: &mut Vec<ConfigError>) {
         use crate::spec::alternatives::Target;
         let max = self.provisioning.max_allocation_timeout.as_secs();
         for (i, entry) in self.alternatives.iter().enumerate() {
             let key = |k: &str| format!("alternatives[{i}].{k}");
-            let ladder = entry.ladder().map_err(|(k, e)| invalid(key(k), e))?;
+            let ladder = match entry.ladder() {
+                Ok(ladder) => ladder,
+                Err((k, e)) => {
+                    errors.push(invalid(key(k), e));
+                    continue;
+                }
+            };
             let served = |r: &str| self.regions.contains_key(r);
             let not_served = |r: &str| crate::spec::not_served(r, self.regions.keys());
             if let Some(r) = ladder.region.as_deref().filter(|r| !served(r)) {
-                return Err(invalid(key("region"), not_served(r)));
+                errors.push(invalid(key("region"), not_served(r)));
             }
             let targets = ladder
                 .rungs
@@ -378,7 +426,7 @@ impl Config {
             for target in targets {
                 if let Target::Region(r) = target {
                     if !served(r) {
-                        return Err(invalid(
+                        errors.push(invalid(
                             key("rungs"),
                             format!("{target}: {}", not_served(r)),
                         ));
@@ -388,7 +436,7 @@ impl Config {
             let mut seen = Vec::new();
             for rung in &ladder.rungs {
                 if rung.after_s >= max {
-                    return Err(invalid(
+                    errors.push(invalid(
                         key("rungs"),
                         format!(
                             "{rung}: the delay is not within provisioning.max_allocation_timeout ({max}s), so the rung would never be tried"
@@ -396,7 +444,7 @@ impl Config {
                     ));
                 }
                 if seen.contains(&&rung.target) {
-                    return Err(invalid(
+                    errors.push(invalid(
                         key("rungs"),
                         format!(
                             "{} is named twice; each target may appear once",
@@ -407,7 +455,6 @@ impl Config {
                 seen.push(&rung.target);
             }
         }
-        Ok(())
     }
 }
 
@@ -422,29 +469,29 @@ pub(super) fn invalid(key: impl Into<String>, message: impl Into<String>) -> Con
 const MAX_PREEMPTION_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// A region's preemption policy: its ranges, and a way to preempt when on.
-fn check_preemption(key: &str, p: &super::PreemptionConfig) -> Result<(), ConfigError> {
+fn check_preemption(key: &str, p: &super::PreemptionConfig, errors: &mut Vec<ConfigError>) {
     if p.enabled && !p.by_priority && !p.by_fair_share {
-        return Err(invalid(
+        errors.push(invalid(
             format!("{key}.enabled"),
             "true with neither by_priority nor by_fair_share: nothing could preempt; turn one on or set enabled = false",
         ));
     }
     let m = p.fair_share_margin;
     if !m.is_finite() || !(1.0..=100.0).contains(&m) {
-        return Err(invalid(
+        errors.push(invalid(
             format!("{key}.fair_share_margin"),
             format!("{m} is out of range: a number from 1 to 100, like 2"),
         ));
     }
     if !(1..=100).contains(&p.max_preemptions) {
-        return Err(invalid(
+        errors.push(invalid(
             format!("{key}.max_preemptions"),
             format!("{} is out of range: from 1 to 100", p.max_preemptions),
         ));
     }
     for (name, d) in [("min_runtime", p.min_runtime), ("grace", p.grace)] {
         if d > MAX_PREEMPTION_DURATION {
-            return Err(invalid(
+            errors.push(invalid(
                 format!("{key}.{name}"),
                 format!(
                     "{} is out of range: from 0s to 7d, like \"15m\"",
@@ -453,5 +500,4 @@ fn check_preemption(key: &str, p: &super::PreemptionConfig) -> Result<(), Config
             ));
         }
     }
-    Ok(())
 }

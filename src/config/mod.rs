@@ -462,12 +462,34 @@ pub enum ConfigError {
     Parse(#[from] Box<figment::Error>),
     #[error("config key `{key}`: {message}")]
     Invalid { key: String, message: String },
+    /// Several keys are invalid: every one, in the order checked.
+    #[error("{} errors: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Several(Vec<ConfigError>),
     /// Not a key's fault: the config could not be read at all.
     #[error("{0}")]
     Unreadable(String),
 }
 
 impl ConfigError {
+    /// What the checks found: nothing, one error, or several.
+    pub(super) fn all(mut errors: Vec<ConfigError>) -> Result<(), ConfigError> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(ConfigError::Several(errors)),
+        }
+    }
+
+    /// The keys the error names, in order (none when the config could not
+    /// be read at all).
+    pub fn keys(&self) -> Vec<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } => vec![key.as_str()],
+            ConfigError::Several(all) => all.iter().flat_map(ConfigError::keys).collect(),
+            ConfigError::Parse(_) | ConfigError::Unreadable(_) => Vec::new(),
+        }
+    }
+
     /// A config that cannot be read at all (`what` says which).
     pub fn unreadable(what: &str, e: impl std::fmt::Display) -> ConfigError {
         ConfigError::Unreadable(format!("{what} cannot be read: {e}"))

@@ -381,3 +381,27 @@ fn a_gpu_idle_policy_is_checked() {
     assert_eq!(c.gpu_idle.action, crate::gpu::IdleAction::Cancel);
     assert_eq!(c.gpu_idle.after, Duration::from_secs(3600));
 }
+
+#[test]
+fn every_invalid_key_is_reported_at_once() {
+    let toml = "[server]\nmax_connections = 0\nmax_body_bytes = 10\n\
+                [scheduling]\nusage_half_life = \"0s\"\n\
+                [database]\nleader_renew = \"100000000000y\"\n\
+                [[alternatives]]\nrungs = [\"a100-40 after 3h\"]\n";
+    let err = Config::with_overlay(toml).expect_err("five bad keys");
+    let keys = err.keys();
+    for key in [
+        "server.max_connections",
+        "server.max_body_bytes",
+        "scheduling.usage_half_life",
+        "database.leader_renew",
+        "alternatives[0].rungs",
+    ] {
+        assert!(keys.contains(&key), "{key} not reported: {err}");
+    }
+    let text = err.to_string();
+    assert!(text.starts_with("5 errors: config key `"), "{text}");
+    // One bad key is still the one error it was.
+    let one = Config::with_overlay("[server]\nmax_connections = 0\n").expect_err("one bad key");
+    assert!(matches!(one, ConfigError::Invalid { .. }), "{one}");
+}

@@ -235,8 +235,12 @@ impl Engine {
                     self.record_reload(Some(message.clone()));
                 }
                 let mut error = Error::new(Reason::ConfigInvalid, message);
-                if let ConfigError::Invalid { key, .. } = &e {
-                    error = error.with_meta("key", key);
+                let keys = e.keys();
+                if let Some(first) = keys.first() {
+                    error = error.with_meta("key", *first);
+                }
+                if keys.len() > 1 {
+                    error = error.with_meta("keys", keys.join(","));
                 }
                 return Err(error);
             }
