@@ -81,44 +81,7 @@ impl Engine {
         {
             let core = self.lock().await;
             if validate_only {
-                let verdict = core.verdict(&project, &region, &cluster);
-                // When it could start if queued now, on its own placement
-                // and on each rung.
-                let now = chrono::Utc::now();
-                let probe = crate::scheduler::PendingBatch {
-                    key: crate::scheduler::BatchKey(i64::MAX),
-                    batch_id: String::new(),
-                    project: project.clone(),
-                    region: region.clone(),
-                    priority: spec::priority(&batch.labels),
-                    queued_at: now,
-                    deadline: cluster.deadline(now),
-                    cluster: cluster.clone(),
-                    preemptions: 0,
-                };
-                let (own_start, rung_starts) = core.probe_starts(&probe, now);
-                let rungs: Vec<_> = cluster
-                    .alternatives
-                    .iter()
-                    .zip(rung_starts)
-                    .map(|(r, start)| (r, core.verdict(&project, &r.region, &r.cluster), start))
-                    .collect();
-                // The operator's rungs that do not apply, and why.
-                let policy = &self.live().policy;
-                let skipped =
-                    spec::alternatives::resolve(&batch, &cluster, &project, &region, policy)
-                        .map(|(_, s)| s)
-                        .unwrap_or_default();
-                let preemption = matches!(verdict, crate::scheduler::Verdict::WouldQueue { .. })
-                    .then(|| core.preemption_reason(&probe, now))
-                    .flatten();
-                let answer = validate_verdict(
-                    &verdict,
-                    &cluster,
-                    own_start,
-                    preemption,
-                    super::present::rung_verdicts(&rungs, &skipped),
-                );
+                let answer = self.validate_only(&core, &batch, &cluster, &project, &region);
                 return Ok(CreateAnswer::Verdict(Box::new(answer)));
             }
             let queued = core.pending_of(&project);
@@ -211,6 +174,57 @@ impl Engine {
         Ok(CreateAnswer::Operation(Box::new(operation(
             created.record(),
         ))))
+    }
+
+    /// What a validate-only create answers, under the core's lock: what
+    /// would happen to `cluster` now and when it could start if queued,
+    /// and the same for each of its rungs; then the operator's rungs that
+    /// do not apply to it.
+    fn validate_only(
+        &self,
+        core: &crate::scheduler::Scheduler,
+        batch: &crate::api::Batch,
+        cluster: &spec::ClusterRequest,
+        project: &str,
+        region: &str,
+    ) -> ValidateVerdict {
+        let verdict = core.verdict(project, region, cluster);
+        // When it could start if queued now, on its own placement
+        // and on each rung.
+        let now = chrono::Utc::now();
+        let probe = crate::scheduler::PendingBatch {
+            key: crate::scheduler::BatchKey(i64::MAX),
+            batch_id: String::new(),
+            project: project.to_string(),
+            region: region.to_string(),
+            priority: spec::priority(&batch.labels),
+            queued_at: now,
+            deadline: cluster.deadline(now),
+            cluster: cluster.clone(),
+            preemptions: 0,
+        };
+        let (own_start, rung_starts) = core.probe_starts(&probe, now);
+        let rungs: Vec<_> = cluster
+            .alternatives
+            .iter()
+            .zip(rung_starts)
+            .map(|(r, start)| (r, core.verdict(project, &r.region, &r.cluster), start))
+            .collect();
+        // The operator's rungs that do not apply, and why.
+        let policy = &self.live().policy;
+        let skipped = spec::alternatives::resolve(batch, cluster, project, region, policy)
+            .map(|(_, s)| s)
+            .unwrap_or_default();
+        let preemption = matches!(verdict, crate::scheduler::Verdict::WouldQueue { .. })
+            .then(|| core.preemption_reason(&probe, now))
+            .flatten();
+        validate_verdict(
+            &verdict,
+            cluster,
+            own_start,
+            preemption,
+            super::present::rung_verdicts(&rungs, &skipped),
+        )
     }
 
     /// A batch, with where it is in provisioning: its queue position,
