@@ -26,6 +26,7 @@
 
 mod batches;
 mod capacity;
+mod election;
 mod error;
 mod gpus;
 mod health;
@@ -393,6 +394,11 @@ impl Engine {
         crate::metrics::set_role(&self.shared.replica_id, role.name(), term);
         self.shared.role.send_replace(role);
         self.wake();
+    }
+
+    /// Asks a follower's core to be rebuilt from the database soon.
+    pub(crate) fn refresh_mirror(&self) {
+        self.shared.mirror.notify_one();
     }
 
     /// Asks for a pass soon. Wake-ups coalesce: many events, one pass.
