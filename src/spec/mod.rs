@@ -14,6 +14,7 @@
 //! `units.rs`.
 
 pub mod alternatives;
+mod labels;
 mod node;
 mod properties;
 mod request;
@@ -25,6 +26,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{Batch, Code, FieldViolation, check_batch_id, check_request_id, quote};
 
+use labels::check_labels;
+pub use labels::{LABEL_KEY_RULE, is_label_key};
 pub use node::{NodeOffer, NodeSize, check_node};
 pub use properties::{DATAPROC_PROPERTIES, property_field};
 pub use request::{
@@ -435,59 +438,6 @@ pub fn not_served<'a>(region: &str, served: impl IntoIterator<Item = &'a String>
         quote(region),
         served.join(", ")
     )
-}
-
-/// What a label key may be, in words (the create's and the filter's
-/// errors say it).
-pub const LABEL_KEY_RULE: &str =
-    "1 to 63 characters of lowercase letters, digits, '-' and '_', starting with a letter";
-
-/// Whether `key` is a label key: [`LABEL_KEY_RULE`].
-pub fn is_label_key(key: &str) -> bool {
-    key.len() <= 63
-        && key.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
-        && key.bytes().all(is_label_byte)
-}
-
-/// Whether `value` is a label value: empty or up to 63 characters of
-/// lowercase letters, digits, '-' and '_'.
-fn is_label_value(value: &str) -> bool {
-    value.len() <= 63 && value.bytes().all(is_label_byte)
-}
-
-fn is_label_byte(b: u8) -> bool {
-    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
-}
-
-fn check_labels(batch: &Batch, v: &mut Violations) {
-    const MAX: usize = 32;
-    if batch.labels.len() > MAX {
-        v.invalid(
-            "labels",
-            format!(
-                "{} labels given; at most {MAX} are accepted",
-                batch.labels.len()
-            ),
-        );
-        return;
-    }
-    for (key, value) in &batch.labels {
-        if !is_label_key(key) {
-            v.invalid(
-                format!("labels[{}]", quote(key).trim_matches('"')),
-                format!("label key {} is invalid: {LABEL_KEY_RULE}", quote(key)),
-            );
-        }
-        if !is_label_value(value) {
-            v.invalid(
-                format!("labels[{}]", quote(key).trim_matches('"')),
-                format!(
-                    "label value {} is invalid: empty or up to 63 characters of lowercase letters, digits, '-' and '_'",
-                    quote(value)
-                ),
-            );
-        }
-    }
 }
 
 fn runtime_version(batch: &Batch, policy: &Policy, v: &mut Violations) -> Option<RuntimeVersion> {
