@@ -17,6 +17,7 @@ use sqlx::Row;
 
 use crate::support::{flex_with, flexq_bin, fresh_postgres_database, metrics_text};
 
+mod announcements;
 mod cut_off;
 mod failover;
 mod followers;
