@@ -32,7 +32,8 @@ async fn an_announcement_the_leader_cannot_read_makes_it_read_the_database() {
     // Four whole-node batches fill the four nodes; a fifth waits.
     for i in 0..5 {
         assert_eq!(
-            r0.create(&format!("batch-{i}"), &gpu_batch(3, "600s")).await,
+            r0.create(&format!("batch-{i}"), &gpu_batch(3, "600s"))
+                .await,
             200
         );
     }
