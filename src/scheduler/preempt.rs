@@ -337,16 +337,15 @@ impl Scheduler {
     pub(super) fn drop_claim(&mut self, preemptor: BatchKey) {
         if let Some(claim) = self.claims.take(preemptor) {
             self.give_back_claim(&claim);
+            self.dirty.insert(claim.region);
         }
     }
 
-    /// What `claim` set aside (capacity and quota) goes back; its region
-    /// is looked at again.
+    /// What `claim` set aside (capacity and quota) goes back.
     fn give_back_claim(&mut self, claim: &Claim) {
         self.capacity.give_back(&claim.banked);
         self.ledger
             .release_aside(&claim.project, &claim.region, &claim.quota);
-        self.dirty.insert(claim.region.clone());
     }
 
     /// The preemptors of `region` whose victims are all gone: their
@@ -356,9 +355,7 @@ impl Scheduler {
         let mut ready = Vec::new();
         for key in self.claims.ready_in(region) {
             if let Some(claim) = self.claims.take(key) {
-                self.capacity.give_back(&claim.banked);
-                self.ledger
-                    .release_aside(&claim.project, &claim.region, &claim.quota);
+                self.give_back_claim(&claim);
                 ready.push((key, claim));
             }
         }
@@ -371,6 +368,7 @@ impl Scheduler {
     pub fn withdraw_preemption(&mut self, preemptor: BatchKey) {
         if let Some(claim) = self.claims.withdraw(preemptor) {
             self.give_back_claim(&claim);
+            self.dirty.insert(claim.region);
         }
     }
 

@@ -159,18 +159,6 @@ pub enum NotAdmitted {
 }
 
 impl NotAdmitted {
-    pub const ALL: [NotAdmitted; 9] = [
-        NotAdmitted::Quota,
-        NotAdmitted::Capacity,
-        NotAdmitted::Reservation,
-        NotAdmitted::Held,
-        NotAdmitted::FairShare,
-        NotAdmitted::QueuedAhead,
-        NotAdmitted::Preemption,
-        NotAdmitted::Alternative,
-        NotAdmitted::LikelyToExpire,
-    ];
-
     /// Its name on the wire.
     pub fn name(self) -> &'static str {
         match self {
