@@ -17,7 +17,7 @@ use flexq::cli::CliError;
 use flexq::config::{Config, QueueOrder};
 
 use flexq::simulate::TraceBatch;
-use flexq::spec::ClusterRequest;
+use flexq::spec::Request;
 
 use crate::schedule::{
     bench_config, cluster_of, err, histogram, ms, queued_core, region_of, shaped_batch,
@@ -86,7 +86,7 @@ fn passes(
     h: &mut Histogram<u64>,
 ) -> Result<(), CliError> {
     let policy = config.policy();
-    let clusters: Vec<ClusterRequest> = (0..opts.pending)
+    let clusters: Vec<Request> = (0..opts.pending)
         .map(|i| cluster_of(&policy, i, 7200))
         .collect::<Result<_, _>>()?;
     let now = Utc::now();

@@ -3,7 +3,7 @@
 //! ```sh
 //! cargo bench --features bench-hooks --bench flexq-bench -- submit --duration 60s --clients 64 [--protocol rest|rest-h2c|grpc|all]
 //! cargo bench --features bench-hooks --bench flexq-bench -- schedule --pending 100000
-//! cargo bench --features bench-hooks --bench flexq-bench -- schedule --pending 100000 --only ladders --rounds 3
+//! cargo bench --features bench-hooks --bench flexq-bench -- schedule --pending 100000 --only alternatives --rounds 3
 //! cargo bench --features bench-hooks --bench flexq-bench -- fairshare --pending 100000 --batches 100000
 //! cargo bench --features bench-hooks --bench flexq-bench -- replicas
 //! cargo bench --features bench-hooks --bench flexq-bench -- agent --runs 10
@@ -127,14 +127,14 @@ enum Bench {
         #[arg(long, default_value_t = 500)]
         releases: usize,
         /// Only these parts: core, flood, end-to-end, expiry, restart,
-        /// ladders, preemption (comma-separated; all when absent).
+        /// alternatives, preemption (comma-separated; all when absent).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
-        /// Turns of each setting in the `ladders` part (off, ripe,
+        /// Turns of each setting in the `alternatives` part (off, ripe,
         /// unripe) and the `preemption` part (off, young, ripe).
         #[arg(long, default_value_t = 2)]
         rounds: usize,
-        /// Only this setting of the `ladders` and `preemption` parts (no
+        /// Only this setting of the `alternatives` and `preemption` parts (no
         /// ratios then): to profile one, e.g. under `perf record`.
         #[arg(long)]
         setting: Option<String>,

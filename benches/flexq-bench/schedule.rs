@@ -9,10 +9,10 @@
 //!    batch's allocation is visible through the API;
 //! 4. expiry lateness with many deadlines, and the time from SIGKILL with
 //!    a deep queue to a restarted server answering and scheduling again;
-//! 5. placement alternatives (`--only ladders`): the core's pass after a
-//!    release with every queued batch carrying an A100-40 rung, its delay
-//!    passed (the A100s full, so every rung fails) or not, in turns with
-//!    no ladders, and the ratios;
+//! 5. placement alternatives (`--only alternatives`): the core's pass after a
+//!    release with every queued batch carrying an A100-40 alternative, its delay
+//!    passed (the A100s full, so every alternative fails) or not, in turns with
+//!    no alternatives, and the ratios;
 //! 6. preemption (`--only preemption`): the core's pass after a release
 //!    with a tenth of the queue urgent (priority 5), with preemption off,
 //!    on with no cluster old enough to be a victim, and on with victims
@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use flexq::api::{Batch, BatchName, PySparkBatch, RuntimeConfig};
 use flexq::cli::CliError;
-use flexq::config::{Config, LadderConfig, PoolConfig, ZoneConfig};
+use flexq::config::{AlternativesConfig, Config, PoolConfig, ZoneConfig};
 use flexq::scheduler::{BatchKey, PendingBatch, QuotaRule, Scheduler};
-use flexq::spec::{Accelerator, ClusterRequest, Policy, QuotaMetric};
+use flexq::spec::{Accelerator, Policy, QuotaMetric, Request};
 use flexq::store::{NewBatch, Store, StoreOptions};
 
 const REGIONS: usize = 50;
@@ -43,9 +43,9 @@ pub(crate) struct ScheduleOptions {
     pub pending: Vec<usize>,
     pub releases: usize,
     /// Only these parts (core, flood, end-to-end, expiry, restart,
-    /// ladders, preemption); all when empty.
+    /// alternatives, preemption); all when empty.
     pub only: Vec<String>,
-    /// Turns of each setting in the `ladders` and `preemption` parts.
+    /// Turns of each setting in the `alternatives` and `preemption` parts.
     pub rounds: usize,
     /// Only this setting of those parts.
     pub setting: Option<String>,
@@ -164,11 +164,7 @@ pub(crate) fn region_of(i: usize) -> String {
     format!("bench-r{:02}", i % REGIONS)
 }
 
-pub(crate) fn cluster_of(
-    policy: &Policy,
-    i: usize,
-    timeout_s: u64,
-) -> Result<ClusterRequest, CliError> {
+pub(crate) fn cluster_of(policy: &Policy, i: usize, timeout_s: u64) -> Result<Request, CliError> {
     flexq::spec::validate(&shaped_batch(i, timeout_s), "bench", &region_of(i), policy)
         .map_err(|r| err(r.message()))
 }
@@ -223,9 +219,9 @@ pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     if part("restart") {
         restart(deepest).await?;
     }
-    if part("ladders") {
+    if part("alternatives") {
         for &n in &opts.pending {
-            ladder_passes(n, &opts)?;
+            alternatives_passes(n, &opts)?;
         }
     }
     if part("preemption") {
@@ -236,45 +232,49 @@ pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The ladder settings the `ladders` part takes turns with.
+/// The alternatives settings the `alternatives` part takes turns with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ladders {
-    /// No ladder: the baseline.
+enum AlternativesCase {
+    /// No alternatives: the baseline.
     Off,
-    /// Every batch has an A100-40 rung whose delay has passed: each pass
-    /// tries the rungs (the A100s are full, so they fail).
+    /// Every batch has an A100-40 alternative whose delay has passed: each pass
+    /// tries the alternatives (the A100s are full, so they fail).
     Ripe,
-    /// Every batch has an A100-40 rung whose delay has not passed.
+    /// Every batch has an A100-40 alternative whose delay has not passed.
     Unripe,
 }
 
-impl Ladders {
+impl AlternativesCase {
     fn name(self) -> &'static str {
         match self {
-            Ladders::Off => "off",
-            Ladders::Ripe => "ripe",
-            Ladders::Unripe => "unripe",
+            AlternativesCase::Off => "off",
+            AlternativesCase::Ripe => "ripe",
+            AlternativesCase::Unripe => "unripe",
         }
     }
 }
 
-/// Part 5: the pass after a release with ladders off and on, in turns
+/// Part 5: the pass after a release with alternatives off and on, in turns
 /// (off ripe unripe, then unripe ripe off, …: the same releases for each,
 /// so drift on the machine hits all alike). Every zone also has one
 /// A100-40 node of 8 GPUs, taken by an 8-GPU A100 batch of higher
 /// priority in the first pass and never released, in every setting.
-fn ladder_passes(n: usize, opts: &ScheduleOptions) -> Result<(), CliError> {
-    let settings: Vec<Ladders> = [Ladders::Off, Ladders::Ripe, Ladders::Unripe]
-        .into_iter()
-        .filter(|s| opts.setting.as_deref().is_none_or(|only| only == s.name()))
-        .collect();
+fn alternatives_passes(n: usize, opts: &ScheduleOptions) -> Result<(), CliError> {
+    let settings: Vec<AlternativesCase> = [
+        AlternativesCase::Off,
+        AlternativesCase::Ripe,
+        AlternativesCase::Unripe,
+    ]
+    .into_iter()
+    .filter(|s| opts.setting.as_deref().is_none_or(|only| only == s.name()))
+    .collect();
     let names: Vec<&str> = settings.iter().map(|s| s.name()).collect();
     let releases = opts.releases;
     in_turns(
-        &format!("[ladders] pass after one release, {n} pending, {releases} releases"),
+        &format!("[alternatives] pass after one release, {n} pending, {releases} releases"),
         &names,
         opts.rounds,
-        |i, h| ladder_turn(n, releases, settings[i], h),
+        |i, h| alternatives_turn(n, releases, settings[i], h),
     )
 }
 
@@ -327,13 +327,13 @@ fn in_turns(
     Ok(())
 }
 
-/// A digest of one pass's decisions (which batch, where, on which rung,
+/// A digest of one pass's decisions (which batch, where, on which alternative,
 /// whom it preempts), folded into `digest`.
 fn fold_digest(digest: u64, pass: usize, decisions: &[flexq::scheduler::Decision]) -> u64 {
     decisions.iter().fold(digest, |digest, decision| {
         let text = match decision {
             flexq::scheduler::Decision::Allocate(a) => {
-                format!("{pass} {} {} {}", a.key.0, a.zone, a.rung_index())
+                format!("{pass} {} {} {}", a.key.0, a.zone, a.alternative_index())
             }
             flexq::scheduler::Decision::Preempt(p) => format!(
                 "{pass} {} preempts {:?} in {}",
@@ -353,11 +353,11 @@ fn fold_digest(digest: u64, pass: usize, decisions: &[flexq::scheduler::Decision
 
 /// One core of `n` queued batches under `setting`, then `releases`
 /// release-and-pass steps. Answers the admissions and a digest of them
-/// (which batch, where, on which rung, in which pass), to compare builds.
-fn ladder_turn(
+/// (which batch, where, on which alternative, in which pass), to compare builds.
+fn alternatives_turn(
     n: usize,
     releases: usize,
-    setting: Ladders,
+    setting: AlternativesCase,
     h: &mut Histogram<u64>,
 ) -> Result<(usize, u64), CliError> {
     let dir = tempfile::tempdir().map_err(err)?;
@@ -379,28 +379,28 @@ fn ladder_turn(
         }
     }
     let delay = match setting {
-        Ladders::Off => None,
-        Ladders::Ripe => Some("0s"),
-        Ladders::Unripe => Some("30m"),
+        AlternativesCase::Off => None,
+        AlternativesCase::Ripe => Some("0s"),
+        AlternativesCase::Unripe => Some("30m"),
     };
     config.alternatives = delay
-        .map(|d| LadderConfig {
+        .map(|d| AlternativesConfig {
             accelerator: Some("l4".into()),
-            rungs: vec![format!("a100-40 after {d}")],
+            alternatives: vec![format!("a100-40 after {d}")],
             ..Default::default()
         })
         .into_iter()
         .collect();
     let policy = config.policy();
-    let clusters: Vec<ClusterRequest> = (0..n)
+    let clusters: Vec<Request> = (0..n)
         .map(|i| cluster_of(&policy, i, 7200))
         .collect::<Result<_, _>>()?;
-    if setting != Ladders::Off {
+    if setting != AlternativesCase::Off {
         if let Some(i) = clusters.iter().position(|c| c.alternatives.len() != 1) {
             let batch = shaped_batch(i, 7200);
             let why = flexq::spec::alternatives::resolve(
                 &batch,
-                &clusters[i],
+                &clusters[i].cluster,
                 "bench",
                 &region_of(i),
                 &policy,
@@ -412,7 +412,7 @@ fn ladder_turn(
     }
     let now = Utc::now();
     let mut core = queued_core(&config, clusters, |_| "bench".into(), now);
-    // The A100s, taken first and kept: every rung finds them full.
+    // The A100s, taken first and kept: every alternative finds them full.
     let mut filler = shaped_batch(0, 7200);
     if let Some(rc) = filler.runtime_config.as_mut() {
         for part in ["driver", "executor"] {
@@ -429,7 +429,7 @@ fn ladder_turn(
     let mut key = n as i64;
     for r in 0..REGIONS {
         let region = region_of(r);
-        let cluster = flexq::spec::validate(&filler, "bench", &region, &policy)
+        let filler = flexq::spec::validate(&filler, "bench", &region, &policy)
             .map_err(|e| err(e.message()))?;
         for _ in ZONES {
             key += 1;
@@ -441,7 +441,8 @@ fn ladder_turn(
                 priority: 10,
                 queued_at: now,
                 deadline: Some(now + chrono::Duration::seconds(7200)),
-                cluster: cluster.clone(),
+                cluster: filler.cluster.clone(),
+                alternatives: filler.alternatives.clone(),
                 preemptions: 0,
             });
         }
@@ -481,7 +482,7 @@ fn ladder_turn(
 /// at `now` (batch `i` of project `project(i)`, in region `region_of(i)`).
 pub(crate) fn queued_core(
     config: &Config,
-    clusters: Vec<ClusterRequest>,
+    clusters: Vec<Request>,
     project: impl Fn(usize) -> String,
     now: chrono::DateTime<Utc>,
 ) -> Scheduler {
@@ -490,7 +491,7 @@ pub(crate) fn queued_core(
     for node in config.virtual_nodes() {
         core.add_node(node);
     }
-    for (i, cluster) in clusters.into_iter().enumerate() {
+    for (i, request) in clusters.into_iter().enumerate() {
         core.submit(PendingBatch {
             key: BatchKey(i as i64 + 1),
             batch_id: format!("b-{i:07}"),
@@ -499,7 +500,8 @@ pub(crate) fn queued_core(
             priority: 0,
             queued_at: now,
             deadline: Some(now + chrono::Duration::seconds(7200)),
-            cluster,
+            cluster: request.cluster,
+            alternatives: request.alternatives,
             preemptions: 0,
         });
     }
@@ -522,6 +524,7 @@ fn queue_pages(n: usize) -> Result<(), CliError> {
         core.add_node(node);
     }
     for i in 0..n {
+        let request = cluster_of(&policy, i, 7200)?;
         core.submit(PendingBatch {
             key: BatchKey(i as i64 + 1),
             batch_id: format!("b-{i:07}"),
@@ -530,7 +533,8 @@ fn queue_pages(n: usize) -> Result<(), CliError> {
             priority: 0,
             queued_at: now,
             deadline: Some(now + chrono::Duration::seconds(7200)),
-            cluster: cluster_of(&policy, i, 7200)?,
+            cluster: request.cluster,
+            alternatives: request.alternatives,
             preemptions: 0,
         });
     }
@@ -570,7 +574,7 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     // 7 virtual nodes per zone: 1,050 nodes.
     let config = bench_config(7, dir.path())?;
     let policy = config.policy();
-    let clusters: Vec<ClusterRequest> = (0..n)
+    let clusters: Vec<Request> = (0..n)
         .map(|i| cluster_of(&policy, i, 7200))
         .collect::<Result<_, _>>()?;
     let now = Utc::now();
@@ -871,12 +875,12 @@ async fn fill_range(
     for c in 0..WRITERS {
         let store = store.clone();
         let prefix = prefix.to_string();
-        let items: Vec<(usize, ClusterRequest)> = (from + c * count / WRITERS
+        let items: Vec<(usize, Request)> = (from + c * count / WRITERS
             ..from + (c + 1) * count / WRITERS)
             .map(|i| Ok((i, cluster_of(&policy, i, timeout_s)?)))
             .collect::<Result<_, CliError>>()?;
         set.spawn(async move {
-            for (i, cluster) in items {
+            for (i, request) in items {
                 store
                     .create(NewBatch {
                         name: BatchName::new("bench", &region_of(i), &format!("{prefix}-{i:07}")),
@@ -885,7 +889,8 @@ async fn fill_range(
                         request_id: None,
                         creator: "bench".into(),
                         spec: shaped_batch(i, timeout_s),
-                        cluster,
+                        cluster: request.cluster,
+                        alternatives: request.alternatives,
                         priority: 0,
                         state_message: "Queued.".into(),
                     })
@@ -1076,7 +1081,7 @@ fn preemption_turn(
         });
     }
     let policy = config.policy();
-    let clusters: Vec<ClusterRequest> = (0..n)
+    let clusters: Vec<Request> = (0..n)
         .map(|i| cluster_of(&policy, i, 7200))
         .collect::<Result<_, _>>()?;
     let now = Utc::now();
@@ -1087,6 +1092,7 @@ fn preemption_turn(
     let mut queued = Vec::with_capacity(urgent);
     for u in 0..urgent {
         let i = n + u;
+        let request = cluster_of(&policy, i, 7200)?;
         queued.push(PendingBatch {
             key: BatchKey(i as i64 + 1),
             batch_id: format!("u-{i:07}"),
@@ -1095,7 +1101,8 @@ fn preemption_turn(
             priority: 5,
             queued_at: now,
             deadline: Some(now + chrono::Duration::seconds(7200)),
-            cluster: cluster_of(&policy, i, 7200)?,
+            cluster: request.cluster,
+            alternatives: request.alternatives,
             preemptions: 0,
         });
     }
@@ -1128,10 +1135,10 @@ fn preemption_turn(
                 for v in &p.victims {
                     core.forget(v.key, later);
                     banked = true;
-                    let again = pending
-                        .get(&v.key)
-                        .cloned()
-                        .unwrap_or_else(|| PendingBatch {
+                    let again = pending.get(&v.key).cloned().unwrap_or_else(|| {
+                        let request = cluster_of(&policy, (v.key.0 - 1) as usize, 7200)
+                            .unwrap_or_else(|_| queued[0].cluster.clone().into());
+                        PendingBatch {
                             key: v.key,
                             batch_id: v.batch_id.clone(),
                             project: v.project.clone(),
@@ -1139,10 +1146,11 @@ fn preemption_turn(
                             priority: 0,
                             queued_at: now,
                             deadline: Some(later + chrono::Duration::seconds(7200)),
-                            cluster: cluster_of(&policy, (v.key.0 - 1) as usize, 7200)
-                                .unwrap_or_else(|_| queued[0].cluster.clone()),
+                            cluster: request.cluster,
+                            alternatives: request.alternatives,
                             preemptions: 0,
-                        });
+                        }
+                    });
                     core.submit(PendingBatch {
                         preemptions: again.preemptions + 1,
                         ..again

@@ -22,7 +22,7 @@ pub struct ValidateVerdict {
     /// from when a cluster could give way, or why none can.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<String>,
-    /// Each rung of its ladder, in order, then the operator's rungs that
+    /// Each of its alternatives, in order, then the operator's alternatives that
     /// do not apply to it (NOT_APPLICABLE, with why).
     pub alternatives: Vec<AlternativeVerdict>,
 }
@@ -52,19 +52,20 @@ pub struct VerdictQuota {
 }
 
 /// What would happen to one placement alternative of a validate-only
-/// create: the same fields as the batch's own verdict, for the rung's
-/// translated cluster, or NOT_APPLICABLE for an operator's rung that does
+/// create: the same fields as the batch's own verdict, for the alternative's
+/// translated cluster, or NOT_APPLICABLE for an operator's alternative that does
 /// not apply.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AlternativeVerdict {
-    /// The rung as written: `a100-40 after 15m`, `region R after D`,
+    /// The alternative as written: `a100-40 after 15m`, `region R after D`,
     /// `on-demand after D`.
-    pub rung: String,
+    #[serde(rename = "rung")]
+    pub written: String,
     /// ALLOCATE_NOW, WOULD_QUEUE, WOULD_FAIL, NEVER_FITS or NOT_APPLICABLE.
     pub verdict: String,
     pub reasons: Vec<String>,
-    /// Its number in the batch's ladder (absent: NOT_APPLICABLE).
+    /// Its number in the batch's alternatives (absent: NOT_APPLICABLE).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alternative: Option<u32>,
     /// Its delay, as "900s".

@@ -399,15 +399,15 @@ impl Config {
 
 /// A config error naming `key`.
 impl Config {
-    /// Each ladder parses, names served regions (its filter and its region
-    /// rungs) and keeps its delays within the longest allocation timeout.
+    /// Each alternatives parses, names served regions (its filter and its region
+    /// alternatives) and keeps its delays within the longest allocation timeout.
     fn check_alternatives(&self, errors: &mut Vec<ConfigError>) {
         use crate::spec::alternatives::Target;
         let max = self.provisioning.max_allocation_timeout.as_secs();
         for (i, entry) in self.alternatives.iter().enumerate() {
             let key = |k: &str| format!("alternatives[{i}].{k}");
-            let ladder = match entry.ladder() {
-                Ok(ladder) => ladder,
+            let rule = match entry.rule() {
+                Ok(rule) => rule,
                 Err((k, e)) => {
                     errors.push(invalid(key(k), e));
                     continue;
@@ -415,14 +415,14 @@ impl Config {
             };
             let served = |r: &str| self.regions.contains_key(r);
             let not_served = |r: &str| crate::spec::not_served(r, self.regions.keys());
-            if let Some(r) = ladder.region.as_deref().filter(|r| !served(r)) {
+            if let Some(r) = rule.region.as_deref().filter(|r| !served(r)) {
                 errors.push(invalid(key("region"), not_served(r)));
             }
-            let targets = ladder
-                .rungs
+            let targets = rule
+                .alternatives
                 .iter()
                 .map(|r| &r.target)
-                .chain(ladder.allow.iter());
+                .chain(rule.allow.iter());
             for target in targets {
                 if let Target::Region(r) = target {
                     if !served(r) {
@@ -434,25 +434,25 @@ impl Config {
                 }
             }
             let mut seen = Vec::new();
-            for rung in &ladder.rungs {
-                if rung.after_s >= max {
+            for alternative in &rule.alternatives {
+                if alternative.after_s >= max {
                     errors.push(invalid(
                         key("rungs"),
                         format!(
-                            "{rung}: the delay is not within provisioning.max_allocation_timeout ({max}s), so the rung would never be tried"
+                            "{alternative}: the delay is not within provisioning.max_allocation_timeout ({max}s), so the rung would never be tried"
                         ),
                     ));
                 }
-                if seen.contains(&&rung.target) {
+                if seen.contains(&&alternative.target) {
                     errors.push(invalid(
                         key("rungs"),
                         format!(
                             "{} is named twice; each target may appear once",
-                            rung.target
+                            alternative.target
                         ),
                     ));
                 }
-                seen.push(&rung.target);
+                seen.push(&alternative.target);
             }
         }
     }

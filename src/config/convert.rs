@@ -36,10 +36,10 @@ impl Config {
                 .collect(),
             default_infrastructure_retries: self.provisioning.infrastructure_retries,
             // Checked at load (`check.rs`): none fails here.
-            ladders: self
+            alternative_rules: self
                 .alternatives
                 .iter()
-                .filter_map(|l| l.ladder().ok())
+                .filter_map(|l| l.rule().ok())
                 .collect(),
             preemption_opt_out: self
                 .preemption()
@@ -171,17 +171,17 @@ fn pool_node(
     }
 }
 
-impl super::LadderConfig {
-    /// The pure layer's ladder, or which key of this entry is wrong and
+impl super::AlternativesConfig {
+    /// The pure layer's alternatives, or which key of this entry is wrong and
     /// why.
-    pub(crate) fn ladder(
+    pub(crate) fn rule(
         &self,
-    ) -> Result<crate::spec::alternatives::Ladder, (&'static str, String)> {
-        crate::spec::alternatives::ladder_from_config(
+    ) -> Result<crate::spec::alternatives::AlternativesRule, (&'static str, String)> {
+        crate::spec::alternatives::rule_from_config(
             self.region.as_deref(),
             self.project.as_deref(),
             self.accelerator.as_deref(),
-            &self.rungs,
+            &self.alternatives,
             &self.allow,
         )
     }

@@ -78,12 +78,12 @@ pub struct Config {
     /// loopback, to anyone there, as an admin.
     #[serde(default)]
     pub principals: Vec<PrincipalConfig>,
-    /// Placement ladders (docs/rules.md#placement-alternatives): where
+    /// Placement alternatives (docs/rules.md#placement-alternatives): where
     /// else a queued batch may run after a delay. The most specific entry
     /// that matches a batch applies. Live on reload, for batches created
     /// after it.
     #[serde(default)]
-    pub alternatives: Vec<LadderConfig>,
+    pub alternatives: Vec<AlternativesConfig>,
     /// What to do with a batch whose GPUs idle (docs/rules.md#gpu-telemetry).
     /// Live on reload.
     #[serde(default)]
@@ -91,21 +91,23 @@ pub struct Config {
 }
 
 /// One `[[alternatives]]` entry: which batches (each filter absent: any),
-/// their default rungs (`"a100-40 after 15m"`, `"region europe-west4
+/// their default alternatives (`"a100-40 after 15m"`, `"region europe-west4
 /// after 30m"`, `"on-demand after 20m"`), and the further targets a batch
-/// may name in its own ladder (`"a100-80"`, `"region europe-west4"`,
+/// may name in its own alternatives (`"a100-80"`, `"region europe-west4"`,
 /// `"on-demand"`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-pub struct LadderConfig {
+pub struct AlternativesConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accelerator: Option<String>,
-    #[serde(default)]
-    pub rungs: Vec<String>,
+    /// Its default alternatives, as written (the key keeps the name
+    /// operators know one of them by, a rung).
+    #[serde(default, rename = "rungs")]
+    pub alternatives: Vec<String>,
     #[serde(default)]
     pub allow: Vec<String>,
 }

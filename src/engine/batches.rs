@@ -76,12 +76,12 @@ impl Engine {
             batch_id: batch_id.as_deref(),
             request_id: request_id.as_deref(),
         };
-        let cluster = spec::validate_create(&batch, ids, &project, &region, &self.live().policy)?;
+        let request = spec::validate_create(&batch, ids, &project, &region, &self.live().policy)?;
         let validate_only = parse_validate_only(validate_only.as_deref())?;
         {
             let core = self.lock().await;
             if validate_only {
-                let answer = self.validate_only(&core, &batch, &cluster, &project, &region);
+                let answer = self.validate_only(&core, &batch, &request, &project, &region);
                 return Ok(CreateAnswer::Verdict(Box::new(answer)));
             }
             let queued = core.pending_of(&project);
@@ -94,7 +94,7 @@ impl Engine {
                 )
                 .with_meta("limit", "limits.max_pending_per_project"));
             }
-            if let Some(reason) = core.never_fits_anywhere(&project, &region, &cluster) {
+            if let Some(reason) = core.never_fits_anywhere(&project, &region, &request) {
                 return Err(Error::new(
                     Reason::NeverFits,
                     format!("the batch can never be allocated: {reason}"),
@@ -107,6 +107,10 @@ impl Engine {
         // of every index instead of dirtying a random page each, which
         // keeps group commits small (see BENCHMARKS.md).
         let uuid = Uuid::now_v7();
+        let spec::Request {
+            cluster,
+            alternatives,
+        } = request;
         let batch_id = batch_id.unwrap_or_else(|| Uuid::now_v7().to_string());
         let mut state_message = match cluster.mode {
             spec::ProvisioningMode::Queue => format!(
@@ -129,6 +133,7 @@ impl Engine {
             creator: principal.name.clone(),
             spec: batch.into_user_spec(),
             cluster,
+            alternatives,
             priority,
             state_message,
         };
@@ -158,6 +163,7 @@ impl Engine {
                             queued_at: r.create_time,
                             deadline: r.deadline,
                             cluster: r.cluster.clone(),
+                            alternatives: r.alternatives.clone(),
                             preemptions: 0,
                         })
                         .await;
@@ -178,19 +184,20 @@ impl Engine {
 
     /// What a validate-only create answers, under the core's lock: what
     /// would happen to `cluster` now and when it could start if queued,
-    /// and the same for each of its rungs; then the operator's rungs that
+    /// and the same for each of its alternatives; then the operator's alternatives that
     /// do not apply to it.
     fn validate_only(
         &self,
         core: &crate::scheduler::Scheduler,
         batch: &crate::api::Batch,
-        cluster: &spec::ClusterRequest,
+        request: &spec::Request,
         project: &str,
         region: &str,
     ) -> ValidateVerdict {
+        let cluster = &request.cluster;
         let verdict = core.verdict(project, region, cluster);
         // When it could start if queued now, on its own placement
-        // and on each rung.
+        // and on each alternative.
         let now = chrono::Utc::now();
         let probe = crate::scheduler::PendingBatch {
             key: crate::scheduler::BatchKey(i64::MAX),
@@ -201,16 +208,17 @@ impl Engine {
             queued_at: now,
             deadline: cluster.deadline(now),
             cluster: cluster.clone(),
+            alternatives: request.alternatives.clone(),
             preemptions: 0,
         };
-        let (own_start, rung_starts) = core.probe_starts(&probe, now);
-        let rungs: Vec<_> = cluster
+        let (own_start, alternative_starts) = core.probe_starts(&probe, now);
+        let alternatives: Vec<_> = request
             .alternatives
             .iter()
-            .zip(rung_starts)
+            .zip(alternative_starts)
             .map(|(r, start)| (r, core.verdict(project, &r.region, &r.cluster), start))
             .collect();
-        // The operator's rungs that do not apply, and why.
+        // The operator's alternatives that do not apply, and why.
         let policy = &self.live().policy;
         let skipped = spec::alternatives::resolve(batch, cluster, project, region, policy)
             .map(|(_, s)| s)
@@ -223,7 +231,7 @@ impl Engine {
             cluster,
             own_start,
             preemption,
-            super::present::rung_verdicts(&rungs, &skipped),
+            super::present::alternative_verdicts(&alternatives, &skipped),
         )
     }
 

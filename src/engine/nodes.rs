@@ -263,9 +263,13 @@ impl Engine {
                 Vec::new()
             };
             let job = (part.role == PartRole::Driver).then(|| {
-                // On a rung, Spark gets the rung's batch and shape.
-                let (spec, cluster) =
-                    crate::spec::alternatives::as_placed(&b.spec, &b.cluster, b.alternative);
+                // On an alternative, Spark gets the alternative's batch and shape.
+                let (spec, cluster) = crate::spec::alternatives::as_placed(
+                    &b.spec,
+                    &b.cluster,
+                    &b.alternatives,
+                    b.alternative,
+                );
                 SparkJob {
                     batch: b.name.to_string(),
                     uuid: b.uuid.clone(),

@@ -225,10 +225,10 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
         Decision::Allocate(a) => {
             let gpus = a.gpus();
             let waited = (a.allocated_at - a.queued_at).to_std().unwrap_or_default();
-            tracing::info!(batch.id = %a.batch_id, batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, wait_ms = waited.as_millis() as u64, rung = a.rung_index(), "batch allocated");
+            tracing::info!(batch.id = %a.batch_id, batch.seq = a.key.0, project = %a.project, region = %a.region, zone = %a.zone, gpus, wait_ms = waited.as_millis() as u64, alternative = a.alternative_index(), "batch allocated");
             crate::metrics::record_admitted(&a.region, a.accelerator, waited);
-            let asked = a.rung.as_ref().map_or(a.accelerator, |r| r.asked);
-            crate::metrics::record_rung(a.rung_index(), asked, a.accelerator);
+            let asked = a.alternative.as_ref().map_or(a.accelerator, |r| r.asked);
+            crate::metrics::record_alternative(a.alternative_index(), asked, a.accelerator);
         }
         Decision::Expire {
             key,

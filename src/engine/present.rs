@@ -41,7 +41,7 @@ pub(super) fn to_batch(r: &BatchRecord) -> Batch {
             provisioning_mode: r.cluster.mode.name().into(),
             allocation_deadline: r.deadline,
             end_reason: r.end_reason.map(|e| e.name().to_string()),
-            alternatives: ladder(&r.cluster),
+            alternatives: written(&r.alternatives),
             placement: placement(r),
             attempt: (r.attempt > 1).then_some(r.attempt),
             requeue_reason: r.requeue_reason.map(|q| q.name().to_string()),
@@ -55,13 +55,13 @@ pub(super) fn to_batch(r: &BatchRecord) -> Batch {
     }
 }
 
-/// A batch's placement alternatives, in order, as its ladder names them
+/// A batch's placement alternatives, in order, as written
 /// (`a100-40 after 15m`): what `flexq.alternatives` and a queue entry show.
-pub(super) fn ladder(c: &spec::ClusterRequest) -> Vec<String> {
-    c.alternatives
+pub(super) fn written(alternatives: &[spec::Alternative]) -> Vec<String> {
+    alternatives
         .iter()
         .map(|a| {
-            spec::alternatives::RungSpec {
+            spec::alternatives::AlternativeSpec {
                 target: a.target.clone(),
                 after_s: a.after_s,
             }
@@ -72,14 +72,11 @@ pub(super) fn ladder(c: &spec::ClusterRequest) -> Vec<String> {
 
 /// The placement of a batch allocated on one of its alternatives.
 fn placement(r: &BatchRecord) -> Option<crate::api::PlacementInfo> {
-    let rung = r
-        .cluster
-        .alternatives
-        .get(r.alternative.checked_sub(1)? as usize)?;
-    let c = &rung.cluster;
+    let alternative = r.alternatives.get(r.alternative.checked_sub(1)? as usize)?;
+    let c = &alternative.cluster;
     Some(crate::api::PlacementInfo {
-        alternative: rung.index,
-        region: rung.region.clone(),
+        alternative: alternative.index,
+        region: alternative.region.clone(),
         accelerator: crate::scheduler::accelerator_label(c).to_string(),
         shape: shape_text(c),
         executor_cores: c.executor.cores,
@@ -203,24 +200,24 @@ pub(super) fn validate_verdict(
     }
 }
 
-/// A validate-only create's alternatives: each rung with its translated
+/// A validate-only create's alternatives: each alternative with its translated
 /// shape, its quota, what would happen to it now and when it could start
 /// (not before its delay, whether or not it fits now); then the
-/// operator's rungs that do not apply to the batch, and why.
-pub(super) fn rung_verdicts(
-    rungs: &[(
-        &spec::alternatives::Rung,
+/// operator's alternatives that do not apply to the batch, and why.
+pub(super) fn alternative_verdicts(
+    alternatives: &[(
+        &spec::alternatives::Alternative,
         Verdict,
         Option<chrono::DateTime<chrono::Utc>>,
     )],
     skipped: &[spec::alternatives::Skipped],
 ) -> Vec<AlternativeVerdict> {
-    let mut out: Vec<AlternativeVerdict> = rungs
+    let mut out: Vec<AlternativeVerdict> = alternatives
         .iter()
         .map(|(r, v, start)| {
             let (verdict, reasons, zone) = verdict_parts(v);
             AlternativeVerdict {
-                rung: spec::alternatives::RungSpec {
+                written: spec::alternatives::AlternativeSpec {
                     target: r.target.clone(),
                     after_s: r.after_s,
                 }
@@ -237,7 +234,7 @@ pub(super) fn rung_verdicts(
         })
         .collect();
     out.extend(skipped.iter().map(|s| AlternativeVerdict {
-        rung: s.rung.to_string(),
+        written: s.alternative.to_string(),
         verdict: "NOT_APPLICABLE".into(),
         reasons: vec![s.why.clone()],
         ..AlternativeVerdict::default()

@@ -235,7 +235,7 @@ impl Engine {
                 estimated_start_time: info.estimated_start_time,
                 not_admitted: super::present::not_admitted(&info.reasons),
                 not_admitted_reasons: crate::scheduler::messages(&info.reasons),
-                alternatives: super::present::ladder(&b.cluster),
+                alternatives: super::present::written(&b.alternatives),
                 preemptions: (b.preemptions > 0).then_some(b.preemptions),
             })
             .collect();

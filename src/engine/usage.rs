@@ -94,8 +94,8 @@ pub(super) fn of_batch(
         _ => return (None, None),
     };
     let millis = (until - allocated).num_milliseconds().max(0) as u64;
-    // On a rung, the cluster held is the rung's (its GPU type and count).
-    let (held, _) = r.cluster.on_rung(r.alternative);
+    // On an alternative, the cluster held is the alternative's (its GPU type and count).
+    let (held, _) = crate::spec::placed(&r.cluster, &r.alternatives, r.alternative);
     let gpus = held.gpus_by_type();
     let gpu_count: u64 = gpus.iter().map(|(_, n)| n).sum();
     let accelerator_type = (!gpus.is_empty()).then(|| {

@@ -13,7 +13,8 @@ use crate::config::Config;
 fn job(batch: Batch) -> SparkJob {
     let config = Config::load_without_env(None).expect("embedded config");
     let cluster = crate::spec::validate(&batch, "demo", "us-central1", &config.policy())
-        .unwrap_or_else(|r| panic!("invalid test batch: {r:?}"));
+        .unwrap_or_else(|r| panic!("invalid test batch: {r:?}"))
+        .cluster;
     SparkJob {
         batch: "projects/demo/locations/us-central1/batches/nightly-etl".into(),
         uuid: "0190b6d2-7c1e-7000-8000-000000000001".into(),

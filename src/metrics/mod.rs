@@ -90,13 +90,13 @@ pub fn record_admitted(region: &str, accelerator: &str, waited: Duration) {
         .observe(waited.as_secs_f64());
 }
 
-/// A whole cluster allocated on `rung` (0: its own placement), of the GPU
+/// A whole cluster allocated on `alternative` (0: its own placement), of the GPU
 /// type `asked`, on `given`.
-pub fn record_rung(rung: u32, asked: &str, given: &str) {
-    // Bounded: rungs are at most spec::alternatives::MAX_RUNGS.
+pub fn record_alternative(alternative: u32, asked: &str, given: &str) {
+    // Bounded: alternatives are at most spec::alternatives::MAX_ALTERNATIVES.
     METRICS
         .alternatives
-        .with_label_values(&[&rung.to_string(), asked, given])
+        .with_label_values(&[&alternative.to_string(), asked, given])
         .inc();
 }
 

@@ -1,18 +1,18 @@
 //! One queued batch in a pass's walk: what the pass makes of it
 //! ([`Assessment`], judged without changing anything but the walk's
 //! caches) and what is then done — allocated on its own placement or on a
-//! rung, rejected (default mode), held back by the reservation, or left to
+//! alternative, rejected (default mode), held back by the reservation, or left to
 //! wait, preempting or reserving.
 
 use chrono::{DateTime, Duration, Utc};
 
+use super::alternatives::ripe_at;
 use super::capacity::{Placement, needs};
 use super::core::Scheduler;
 use super::model::{
-    Allocation, BatchKey, Decision, OnRung, PendingBatch, ShapeKey, accelerator_label, shape_key,
-    shape_text,
+    Allocation, BatchKey, Decision, OnAlternative, PendingBatch, ShapeKey, accelerator_label,
+    shape_key, shape_text,
 };
-use super::rungs::ripe_at;
 use super::walk::{Considered, Reservation, Walk, delays_holder};
 use crate::api::EndReason;
 use crate::spec::{ClusterRequest, ProvisioningMode};
@@ -30,9 +30,9 @@ pub(super) enum Assessment {
         message: String,
         failed: Option<ShapeKey>,
     },
-    /// Queue mode, short of quota for its own placement: only its rungs
+    /// Queue mode, short of quota for its own placement: only its alternatives
     /// may take it.
-    TryRungs,
+    TryAlternatives,
     /// Its own placement fits now, on `plan` (a zone and placements).
     Fits {
         shape: ShapeKey,
@@ -85,7 +85,7 @@ impl Scheduler {
             .shortfall(&batch.project, region, &batch.cluster.quota)
         {
             if !default_mode {
-                return Assessment::TryRungs;
+                return Assessment::TryAlternatives;
             }
             return Assessment::Reject {
                 reason: EndReason::Quota,
@@ -173,7 +173,7 @@ impl Scheduler {
                 });
                 Considered::Passed
             }
-            Assessment::TryRungs => self.try_rungs(key, region, now, walk, out),
+            Assessment::TryAlternatives => self.try_alternatives(key, region, now, walk, out),
             Assessment::HeldBack { shape, exhausted } => {
                 self.queue.set_held_back(key, true);
                 if exhausted {
@@ -207,7 +207,7 @@ impl Scheduler {
     }
 
     /// A queue-mode batch whose own placement no zone has room for now:
-    /// its rungs are tried; else, the first such batch of the walk may
+    /// its alternatives are tried; else, the first such batch of the walk may
     /// preempt, or is looked at again when a cluster could give way; and
     /// it reserves the capacity it waits for.
     fn blocked(
@@ -218,7 +218,7 @@ impl Scheduler {
         walk: &mut Walk,
         out: &mut Vec<Decision>,
     ) -> Considered {
-        if self.try_rungs(key, region, now, walk, out) == Considered::Allocated {
+        if self.try_alternatives(key, region, now, walk, out) == Considered::Allocated {
             return Considered::Allocated;
         }
         let Some(batch) = self.queue.get(key) else {
@@ -246,13 +246,13 @@ impl Scheduler {
     }
 
     /// A queued batch whose own placement cannot be allocated now tries
-    /// the rungs whose delay has passed, in their order, at its own place
-    /// in the walk (a rung never jumps the queue): the first whose quota
+    /// the alternatives whose delay has passed, in their order, at its own place
+    /// in the walk (an alternative never jumps the queue): the first whose quota
     /// and capacity take the whole cluster, in one zone, is allocated. A
-    /// rung in the batch's region also yields to the reservation of an
-    /// earlier blocked batch; a rung in another region only takes capacity
+    /// alternative in the batch's region also yields to the reservation of an
+    /// earlier blocked batch; an alternative in another region only takes capacity
     /// that region's own queue leaves (its queue is empty).
-    fn try_rungs(
+    fn try_alternatives(
         &mut self,
         key: BatchKey,
         region: &str,
@@ -263,14 +263,14 @@ impl Scheduler {
         let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;
         };
-        // Nothing to look at when the batch has no rung, or when every
-        // rung ripe in the region fails in this pass: counted once (and
+        // Nothing to look at when the batch has no alternative, or when every
+        // alternative ripe in the region fails in this pass: counted once (and
         // again after capacity is taken), so that a walk past many
-        // batches whose rungs all fail touches none of their rungs.
-        if batch.cluster.alternatives.is_empty() {
+        // batches whose alternatives all fail touches none of their alternatives.
+        if batch.alternatives.is_empty() {
             return Considered::Passed;
         }
-        if self.rungs_open(region, walk) == 0 {
+        if self.alternatives_open(region, walk) == 0 {
             return Considered::Passed;
         }
         let Some(batch) = self.queue.get(key) else {
@@ -278,44 +278,53 @@ impl Scheduler {
         };
         let ends = batch.cluster.ends(now);
         let mut chosen = None;
-        for rung in &batch.cluster.alternatives {
-            if ripe_at(batch.queued_at, rung) > now {
+        for alternative in &batch.alternatives {
+            if ripe_at(batch.queued_at, alternative) > now {
                 continue;
             }
-            let shape = shape_key(&rung.cluster);
-            if walk.rung_failed.contains(&rung.region, &shape) {
+            let shape = shape_key(&alternative.cluster);
+            if walk
+                .alternative_failed
+                .contains(&alternative.region, &shape)
+            {
                 continue;
             }
-            if rung.region != region && self.queue.has_queued(&rung.region) {
-                walk.rung_fails(&rung.region, shape);
+            if alternative.region != region && self.queue.has_queued(&alternative.region) {
+                walk.alternative_fails(&alternative.region, shape);
                 continue;
             }
             if self
                 .ledger
-                .shortfall(&batch.project, &rung.region, &rung.cluster.quota)
+                .shortfall(
+                    &batch.project,
+                    &alternative.region,
+                    &alternative.cluster.quota,
+                )
                 .is_some()
             {
                 continue;
             }
-            let Some(plan) = self.best_zone(&rung.region, &needs(&rung.cluster)) else {
-                walk.rung_fails(&rung.region, shape);
+            let Some(plan) = self.best_zone(&alternative.region, &needs(&alternative.cluster))
+            else {
+                walk.alternative_fails(&alternative.region, shape);
                 continue;
             };
             // The reservation holds back only what could serve its
-            // holder: a rung on GPUs of another type than every part the
+            // holder: an alternative on GPUs of another type than every part the
             // holder needs does not delay it.
-            if rung.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1) {
+            if alternative.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1)
+            {
                 if let Some(r) = walk.reservation.as_mut() {
                     if delays_holder(self.holder_start(r, region), ends) {
-                        walk.rung_fails(&rung.region, shape);
+                        walk.alternative_fails(&alternative.region, shape);
                         continue;
                     }
                 }
             }
-            chosen = Some((rung.clone(), plan));
+            chosen = Some((alternative.clone(), plan));
             break;
         }
-        let Some((rung, (zone, placements))) = chosen else {
+        let Some((alternative, (zone, placements))) = chosen else {
             return Considered::Passed;
         };
         let Some(batch) = self.queue.get(key).cloned() else {
@@ -323,7 +332,7 @@ impl Scheduler {
         };
         walk.capacity_taken();
         if !self.capacity.take(&placements) {
-            walk.rung_fails(&rung.region, shape_key(&rung.cluster));
+            walk.alternative_fails(&alternative.region, shape_key(&alternative.cluster));
             return Considered::Passed;
         }
         let blockers = self.blockers(&batch);
@@ -336,18 +345,18 @@ impl Scheduler {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
-        let on = OnRung {
-            index: rung.index,
+        let on = OnAlternative {
+            index: alternative.index,
             asked: accelerator_label(&batch.cluster),
             note,
         };
-        let placed = (rung.region.as_str(), &rung.cluster);
+        let placed = (alternative.region.as_str(), &alternative.cluster);
         out.push(self.grant(&batch, placed, (zone, placements), Some(on), now));
         Considered::Allocated
     }
 
     /// Gives `batch` the cluster `placed` (a region and the cluster it
-    /// holds there: its own, or a rung's) on `plan` (its zone and
+    /// holds there: its own, or an alternative's) on `plan` (its zone and
     /// placements, already taken from the capacity): it leaves the queue,
     /// its quota is charged and its GPUs count in the fair-share order.
     pub(super) fn grant(
@@ -355,7 +364,7 @@ impl Scheduler {
         batch: &PendingBatch,
         placed: (&str, &ClusterRequest),
         plan: (String, Vec<Placement>),
-        rung: Option<OnRung>,
+        alternative: Option<OnAlternative>,
         now: DateTime<Utc>,
     ) -> Decision {
         let (region, cluster) = placed;
@@ -377,7 +386,7 @@ impl Scheduler {
             expected_end: cluster.ends(now),
             queued_at: batch.queued_at,
             accelerator: accelerator_label(cluster),
-            rung,
+            alternative,
         };
         self.fair.hold(region, &batch.project, &alloc.placements);
         self.running.insert(batch.key, alloc.clone());

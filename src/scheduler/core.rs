@@ -3,7 +3,7 @@
 //! `now`, and returns decisions. No clock, no I/O: the runner persists each
 //! decision before anyone sees it. Here: the [`Scheduler`], which composes
 //! the types that own their state — the [`Queue`] (`queue.rs`, with its
-//! rungs, `rungs.rs`), preemption's [`Claims`] (`claims.rs`), the
+//! alternatives, `alternatives.rs`), preemption's [`Claims`] (`claims.rs`), the
 //! capacity, the quota ledger, the fair-share usage, the leases — its
 //! fair-share settings and what it answers of its own state (nodes,
 //! deadlines, queued counts). The events that change it (nodes, leases,
@@ -141,7 +141,7 @@ impl Scheduler {
         [
             self.queue.first_deadline().map(|(d, _)| d),
             self.leases.next_expiry(),
-            self.queue.rungs().next_ripe(),
+            self.queue.alternatives().next_ripe(),
             self.claims.next_retry(),
         ]
         .into_iter()

@@ -8,6 +8,7 @@
 //! [`crate::spec`]. The engine ([`crate::engine`]) drives it and the store
 //! commits what it decides.
 
+mod alternatives;
 mod assess;
 mod capacity;
 mod claims;
@@ -28,7 +29,6 @@ mod preempt;
 mod queue;
 mod quota;
 mod reasons;
-mod rungs;
 mod snapshot;
 mod tally;
 mod views;
@@ -42,7 +42,7 @@ pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
 pub use lease::LeaseError;
 pub use model::{
-    Allocation, BatchKey, Cause, Cordon, Decision, Hold, OnRung, PendingBatch, PoolDecl,
+    Allocation, BatchKey, Cause, Cordon, Decision, Hold, OnAlternative, PendingBatch, PoolDecl,
     Preemption, PreemptionPolicy, Victim, accelerator_label, shape_text,
 };
 pub use pending::ESTIMATE_DEPTH;

@@ -13,7 +13,7 @@ use std::fmt;
 
 use super::capacity::{NodeId, NodeSpec, PartNeed, Placement};
 use crate::api::EndReason;
-use crate::spec::{ClusterRequest, PartRole, QuotaAmount};
+use crate::spec::{Alternative, ClusterRequest, PartRole, QuotaAmount};
 
 /// A batch's key: its store sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -32,6 +32,8 @@ pub struct PendingBatch {
     /// Queue mode: queue time + allocation timeout. None: default mode.
     pub deadline: Option<DateTime<Utc>>,
     pub cluster: ClusterRequest,
+    /// Where else it may run once it has waited, in order.
+    pub alternatives: Vec<Alternative>,
     /// How many times it was preempted (a victim no more once the
     /// region's `max_preemptions`).
     pub preemptions: u32,
@@ -56,7 +58,7 @@ pub struct Allocation {
     pub accelerator: &'static str,
     /// On a placement alternative: which, and why; None on its own
     /// placement.
-    pub rung: Option<OnRung>,
+    pub alternative: Option<OnAlternative>,
     /// What preemption looks at: the batch's `flexq-priority`, whether it
     /// may be preempted (`spark.flexq.preemptible`) and how many times it
     /// was.
@@ -65,9 +67,9 @@ pub struct Allocation {
     pub preemptions: u32,
 }
 
-/// A cluster allocated on a placement alternative ("rung").
+/// A cluster allocated on a placement alternative.
 #[derive(Debug, Clone, PartialEq)]
-pub struct OnRung {
+pub struct OnAlternative {
     /// 1 and up: its place in `ClusterRequest::alternatives`.
     pub index: u32,
     /// The GPU type the batch asked for ("cpu" without one).
@@ -77,9 +79,9 @@ pub struct OnRung {
 }
 
 impl Allocation {
-    /// The rung it holds: 0 its own placement.
-    pub fn rung_index(&self) -> u32 {
-        self.rung.as_ref().map_or(0, |r| r.index)
+    /// The alternative it holds: 0 its own placement.
+    pub fn alternative_index(&self) -> u32 {
+        self.alternative.as_ref().map_or(0, |r| r.index)
     }
 }
 

@@ -235,9 +235,9 @@ impl Scheduler {
         if defaults > 0 || walk.exhausted.len() < distinct {
             return false;
         }
-        // A batch whose own shape failed may still fit on a rung, unless
-        // every rung ripe in the region fails.
-        if self.rungs_open(region, walk) > 0 {
+        // A batch whose own shape failed may still fit on an alternative, unless
+        // every alternative ripe in the region fails.
+        if self.alternatives_open(region, walk) > 0 {
             return false;
         }
         // Counted against the shapes still queued: a rejected batch may
@@ -248,40 +248,44 @@ impl Scheduler {
         present >= distinct
     }
 
-    /// How many rung options ripe in `region` may still be allocated in
-    /// this pass (counted once, then again only after a rung fails or
+    /// How many alternative options ripe in `region` may still be allocated in
+    /// this pass (counted once, then again only after an alternative fails or
     /// capacity is taken). Each option not decided yet is checked against
     /// the free capacity: one whose whole cluster no zone of its region
     /// has room for now (capacity only shrinks during a pass), or in
     /// another region whose queue is not empty, fails for every batch, as
-    /// `try_rungs` would find; it is marked so here, once, rather than
+    /// `try_alternatives` would find; it is marked so here, once, rather than
     /// waiting for a batch of its shape to come by in the walk.
-    pub(super) fn rungs_open(&self, region: &str, walk: &mut Walk) -> usize {
-        if let Some(open) = walk.rungs_open {
+    pub(super) fn alternatives_open(&self, region: &str, walk: &mut Walk) -> usize {
+        if let Some(open) = walk.alternatives_open {
             return open;
         }
-        let Some(options) = self.queue.rungs().options(region) else {
-            walk.rungs_open = Some(0);
+        let Some(options) = self.queue.alternatives().options(region) else {
+            walk.alternatives_open = Some(0);
             return 0;
         };
-        for (rung_region, shape) in options.keys() {
-            if walk.rung_failed.contains(rung_region, shape)
-                || walk.rung_fits.contains(rung_region, shape)
+        for (alternative_region, shape) in options.keys() {
+            if walk.alternative_failed.contains(alternative_region, shape)
+                || walk.alternative_fits.contains(alternative_region, shape)
             {
                 continue;
             }
-            let blocked = rung_region != region && self.queue.has_queued(rung_region);
-            if blocked || self.best_zone(rung_region, &needs_of(shape)).is_none() {
-                walk.rung_failed.insert(rung_region, *shape);
+            let blocked = alternative_region != region && self.queue.has_queued(alternative_region);
+            if blocked
+                || self
+                    .best_zone(alternative_region, &needs_of(shape))
+                    .is_none()
+            {
+                walk.alternative_failed.insert(alternative_region, *shape);
             } else {
-                walk.rung_fits.insert(rung_region, *shape);
+                walk.alternative_fits.insert(alternative_region, *shape);
             }
         }
         let open = options
             .keys()
-            .filter(|(r, shape)| !walk.rung_failed.contains(r, shape))
+            .filter(|(r, shape)| !walk.alternative_failed.contains(r, shape))
             .count();
-        walk.rungs_open = Some(open);
+        walk.alternatives_open = Some(open);
         open
     }
 
@@ -322,12 +326,12 @@ impl Scheduler {
     }
 
     /// The regions a pass scans: those that changed, and those whose
-    /// batches may try a rung in a region that changed.
+    /// batches may try an alternative in a region that changed.
     pub(super) fn regions_to_scan(&mut self) -> std::collections::BTreeSet<String> {
         let mut regions = std::mem::take(&mut self.dirty);
         let homes: Vec<String> = regions
             .iter()
-            .filter_map(|r| self.queue.rungs().homes_of(r))
+            .filter_map(|r| self.queue.alternatives().homes_of(r))
             .flat_map(|homes| homes.keys())
             .filter(|home| !regions.contains(*home))
             .cloned()

@@ -8,14 +8,14 @@
 
 use chrono::{DateTime, Utc};
 
+use super::alternatives::ripe_at;
 use super::capacity::{needs, plan_zone};
 use super::core::Scheduler;
 use super::fairshare::{Order, share_key};
 use super::model::{BatchKey, PendingBatch, shape_text};
 use super::queue::QueueKey;
 use super::reasons::{Blocker, NotAdmitted, PendingInfo, Reason, Verdict, messages};
-use super::rungs::ripe_at;
-use crate::spec::alternatives::RungSpec;
+use crate::spec::alternatives::AlternativeSpec;
 use crate::spec::{ClusterRequest, ProvisioningMode};
 
 /// A project ahead of a batch's own in fair-share order.
@@ -163,7 +163,7 @@ impl Scheduler {
             );
         }
         reasons.extend(
-            self.rung_reasons(batch, now)
+            self.alternative_reasons(batch, now)
                 .into_iter()
                 .map(|m| Reason::new(NotAdmitted::Alternative, m)),
         );
@@ -178,7 +178,7 @@ impl Scheduler {
     }
 
     /// When `batch` could start, on its own placement (unless `short` of
-    /// quota for it) or on one of its rungs, whichever is first; `before`
+    /// quota for it) or on one of its alternatives, whichever is first; `before`
     /// as for [`Self::ahead`].
     fn earliest_start(
         &self,
@@ -188,12 +188,14 @@ impl Scheduler {
         own: Option<Option<DateTime<Utc>>>,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
-        let (own, rungs) = self.starts(batch, before, short, own, now);
-        own.into_iter().chain(rungs.into_iter().flatten()).min()
+        let (own, alternatives) = self.starts(batch, before, short, own, now);
+        own.into_iter()
+            .chain(alternatives.into_iter().flatten())
+            .min()
     }
 
     /// When `batch` could start on its own placement (unless `short` of
-    /// quota for it) and on each of its rungs; `before` as for
+    /// quota for it) and on each of its alternatives; `before` as for
     /// [`Self::ahead`].
     fn starts(
         &self,
@@ -203,8 +205,8 @@ impl Scheduler {
         known: Option<Option<DateTime<Utc>>>,
         now: DateTime<Utc>,
     ) -> (Option<DateTime<Utc>>, Vec<Option<DateTime<Utc>>>) {
-        // The batches ahead, unless already estimated and without rungs.
-        let ahead = if known.is_some() && batch.cluster.alternatives.is_empty() {
+        // The batches ahead, unless already estimated and without alternatives.
+        let ahead = if known.is_some() && batch.alternatives.is_empty() {
             None
         } else {
             self.ahead(batch, before)
@@ -216,44 +218,47 @@ impl Scheduler {
                 .as_deref()
                 .and_then(|ahead| self.estimate_in_order(batch, ahead, now)),
         };
-        let rungs = batch
-            .cluster
+        let alternatives = batch
             .alternatives
             .iter()
-            .map(|rung| self.rung_start(batch, rung, ahead.as_deref(), now))
+            .map(|alternative| self.alternative_start(batch, alternative, ahead.as_deref(), now))
             .collect();
-        (own, rungs)
+        (own, alternatives)
     }
 
-    /// When `batch` could start on `rung`, not before the rung's delay: in
+    /// When `batch` could start on `alternative`, not before the alternative's delay: in
     /// its own region, behind what its own placement waits on (`ahead`;
-    /// the rung is tried at the batch's place); in another, behind that
-    /// region's whole queue (a region rung takes only what that queue
-    /// leaves). None when its project lacks the rung's quota, when more
+    /// the alternative is tried at the batch's place); in another, behind that
+    /// region's whole queue (a region alternative takes only what that queue
+    /// leaves). None when its project lacks the alternative's quota, when more
     /// than [`ESTIMATE_DEPTH`] batches are ahead, or when it would wait on
     /// something without a ttl.
-    pub(super) fn rung_start(
+    pub(super) fn alternative_start(
         &self,
         batch: &PendingBatch,
-        rung: &crate::spec::alternatives::Rung,
+        alternative: &crate::spec::alternatives::Alternative,
         ahead: Option<&[BatchKey]>,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
         if self
             .ledger
-            .shortfall(&batch.project, &rung.region, &rung.cluster.quota)
+            .shortfall(
+                &batch.project,
+                &alternative.region,
+                &alternative.cluster.quota,
+            )
             .is_some()
         {
             return None;
         }
-        let from = ripe_at(batch.queued_at, rung).max(now);
+        let from = ripe_at(batch.queued_at, alternative).max(now);
         let elsewhere: Vec<BatchKey>;
-        let ahead = if rung.region == batch.region {
+        let ahead = if alternative.region == batch.region {
             ahead?
         } else {
             elsewhere = self
                 .queue
-                .region(&rung.region)
+                .region(&alternative.region)
                 .into_iter()
                 .flatten()
                 .map(|(_, k)| *k)
@@ -265,8 +270,8 @@ impl Scheduler {
             &elsewhere
         };
         let probe = PendingBatch {
-            region: rung.region.clone(),
-            cluster: rung.cluster.clone(),
+            region: alternative.region.clone(),
+            cluster: alternative.cluster.clone(),
             ..batch.clone()
         };
         self.estimate_in_order(&probe, ahead, from)
@@ -274,7 +279,7 @@ impl Scheduler {
 
     /// When a batch not queued yet (a validate-only create's `probe`)
     /// could start if it were queued now, on its own placement and on
-    /// each of its rungs.
+    /// each of its alternatives.
     pub fn probe_starts(
         &self,
         probe: &PendingBatch,
@@ -440,6 +445,7 @@ impl Scheduler {
             queued_at: DateTime::<Utc>::MIN_UTC,
             deadline: None,
             cluster: cluster.clone(),
+            alternatives: Vec::new(),
             preemptions: 0,
         };
         let blockers = self.blockers(&probe);
@@ -477,36 +483,38 @@ impl Scheduler {
     /// Why each placement alternative of a queued batch has not taken it,
     /// with numbers: not tried yet (and from when), or what stands in its
     /// way in its region.
-    pub(super) fn rung_reasons(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Vec<String> {
-        batch
-            .cluster
-            .alternatives
+    pub(super) fn alternative_reasons(
+        &self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Vec<String> {
+        batch.alternatives
             .iter()
-            .map(|rung| {
+            .map(|alternative| {
                 let name = format!(
                     "alternative {} ({})",
-                    rung.index,
-                    RungSpec {
-                        target: rung.target.clone(),
-                        after_s: rung.after_s,
+                    alternative.index,
+                    AlternativeSpec {
+                        target: alternative.target.clone(),
+                        after_s: alternative.after_s,
                     }
                 );
-                let from = ripe_at(batch.queued_at, rung);
+                let from = ripe_at(batch.queued_at, alternative);
                 if from > now {
                     return format!(
                         "{name}: tried from {}",
                         from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                     );
                 }
-                if rung.region != batch.region && self.queue.has_queued(&rung.region) {
+                if alternative.region != batch.region && self.queue.has_queued(&alternative.region) {
                     return format!(
                         "{name}: {} has batches of its own queued, and an alternative only takes what its queue leaves",
-                        rung.region
+                        alternative.region
                     );
                 }
                 let probe = PendingBatch {
-                    region: rung.region.clone(),
-                    cluster: rung.cluster.clone(),
+                    region: alternative.region.clone(),
+                    cluster: alternative.cluster.clone(),
                     ..batch.clone()
                 };
                 let blockers = self.blockers(&probe);
@@ -527,10 +535,10 @@ impl Scheduler {
         &self,
         project: &str,
         region: &str,
-        cluster: &crate::spec::ClusterRequest,
+        request: &crate::spec::Request,
     ) -> Option<String> {
-        let own = self.never_fits(project, region, cluster)?;
-        cluster
+        let own = self.never_fits(project, region, &request.cluster)?;
+        request
             .alternatives
             .iter()
             .all(|r| self.never_fits(project, &r.region, &r.cluster).is_some())

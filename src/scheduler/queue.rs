@@ -1,7 +1,7 @@
 //! The queue: every queued batch and the indexes kept over them — each
 //! region's order (strict, and per project for fair share), the
-//! deadlines, the shapes queued per region, the rungs that wait or may be
-//! tried ([`Rungs`]), the tally a scrape reads, and the batches the last
+//! deadlines, the shapes queued per region, the alternatives that wait or may be
+//! tried ([`Alternatives`]), the tally a scrape reads, and the batches the last
 //! pass held back. [`Queue::insert`] and [`Queue::remove`] are the only
 //! ways in and out, so the indexes cannot drift apart.
 
@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
+use super::alternatives::Alternatives;
 use super::model::{BatchKey, PendingBatch, ShapeKey, shape_key};
-use super::rungs::Rungs;
 use super::tally::QueuedTally;
 use crate::spec::{ClusterRequest, ProvisioningMode};
 
@@ -52,7 +52,7 @@ pub(super) struct Queue {
     /// failed and no default-mode batch awaits its verdict.
     shapes: HashMap<String, HashMap<ShapeKey, ShapeStats>>,
     defaults: HashMap<String, usize>,
-    rungs: Rungs,
+    alternatives: Alternatives,
     /// The queued batches counted as a scrape reports them (`tally.rs`).
     tally: QueuedTally,
     /// Queued batches held back last time only by the reservation of an
@@ -101,7 +101,7 @@ impl Queue {
             self.deadlines.insert((d, batch.key));
         }
         *self.per_project.entry(batch.project.clone()).or_default() += 1;
-        self.rungs.schedule(&batch);
+        self.alternatives.schedule(&batch);
         self.tally.add(&batch);
         self.batches.insert(batch.key, Box::new(batch));
         true
@@ -144,7 +144,7 @@ impl Queue {
         if let Some(d) = b.deadline {
             self.deadlines.remove(&(d, key));
         }
-        self.rungs.drop_batch(&b);
+        self.alternatives.drop_batch(&b);
         Some(b)
     }
 
@@ -224,15 +224,15 @@ impl Queue {
         self.defaults.get(region).copied().unwrap_or(0)
     }
 
-    pub(super) fn rungs(&self) -> &Rungs {
-        &self.rungs
+    pub(super) fn alternatives(&self) -> &Alternatives {
+        &self.alternatives
     }
 
-    /// Rungs whose delay has passed at `now` may be tried from now on;
+    /// Alternatives whose delay has passed at `now` may be tried from now on;
     /// answers the regions of their batches.
     pub(super) fn ripen(&mut self, now: DateTime<Utc>) -> Vec<String> {
         let batches = &self.batches;
-        self.rungs
+        self.alternatives
             .ripen(now, |key| batches.get(&key).map(Box::as_ref))
     }
 

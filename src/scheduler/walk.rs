@@ -1,5 +1,5 @@
 //! What a pass keeps while it walks one region's queue ([`Walk`]): the
-//! shapes and rung options found not to fit, the plans found to fit, and
+//! shapes and alternative options found not to fit, the plans found to fit, and
 //! the reservation of the first batch capacity blocks, with what the
 //! reservation holds back.
 
@@ -27,28 +27,28 @@ pub(super) struct Walk {
     /// Shapes that fit but were held back by the reservation, with their
     /// plan: valid until the next allocation takes capacity.
     pub(super) fitting: HashMap<ShapeKey, (String, Vec<Placement>)>,
-    /// Rungs (their region and shape) that cannot be allocated in this
-    /// pass. Marked through [`Walk::rung_fails`].
-    pub(super) rung_failed: RungSet,
-    /// How many of the rung options ripe in the region have not failed,
-    /// once counted: None until then, and again after a rung fails or
+    /// Alternatives (their region and shape) that cannot be allocated in this
+    /// pass. Marked through [`Walk::alternative_fails`].
+    pub(super) alternative_failed: AlternativeSet,
+    /// How many of the alternative options ripe in the region have not failed,
+    /// once counted: None until then, and again after an alternative fails or
     /// capacity is taken. At Some(0) no batch of the walk need look at its
-    /// rungs.
-    pub(super) rungs_open: Option<usize>,
-    /// Rungs found to fit the free capacity once every own shape was
+    /// alternatives.
+    pub(super) alternatives_open: Option<usize>,
+    /// Alternatives found to fit the free capacity once every own shape was
     /// exhausted: valid until the next allocation takes capacity.
-    pub(super) rung_fits: RungSet,
+    pub(super) alternative_fits: AlternativeSet,
     /// A preemption was decided in this walk (one a region a pass).
     pub(super) preempted: bool,
 }
 
-/// A set of rung options (a region and a shape), looked up without
-/// allocating and with a fast hash: the walk asks it for every rung of
+/// A set of alternative options (a region and a shape), looked up without
+/// allocating and with a fast hash: the walk asks it for every alternative of
 /// every batch whose own shape failed.
 #[derive(Default)]
-pub(super) struct RungSet(FxHashMap<String, FxHashSet<ShapeKey>>);
+pub(super) struct AlternativeSet(FxHashMap<String, FxHashSet<ShapeKey>>);
 
-impl RungSet {
+impl AlternativeSet {
     pub(super) fn contains(&self, region: &str, shape: &ShapeKey) -> bool {
         self.0.get(region).is_some_and(|s| s.contains(shape))
     }
@@ -71,11 +71,11 @@ impl RungSet {
 }
 
 impl Walk {
-    /// The rung option (`region`, `shape`) cannot be allocated in this
+    /// The alternative option (`region`, `shape`) cannot be allocated in this
     /// pass.
-    pub(super) fn rung_fails(&mut self, region: &str, shape: ShapeKey) {
-        if self.rung_failed.insert(region, shape) {
-            self.rungs_open = None;
+    pub(super) fn alternative_fails(&mut self, region: &str, shape: ShapeKey) {
+        if self.alternative_failed.insert(region, shape) {
+            self.alternatives_open = None;
         }
     }
 
@@ -88,8 +88,8 @@ impl Walk {
     /// Capacity was taken: plans and fits found before no longer hold.
     pub(super) fn capacity_taken(&mut self) {
         self.fitting.clear();
-        self.rung_fits.clear();
-        self.rungs_open = None;
+        self.alternative_fits.clear();
+        self.alternatives_open = None;
     }
 }
 

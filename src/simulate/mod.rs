@@ -146,7 +146,7 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
             next += 1;
             // The server's create rules, placement alternatives included.
             let ids = spec::Identifiers::default();
-            let cluster = spec::validate_create(&tb.batch, ids, &tb.project, &tb.region, &policy)
+            let request = spec::validate_create(&tb.batch, ids, &tb.project, &tb.region, &policy)
                 .map_err(|r| Refused {
                 line: tb.line,
                 message: r.message(),
@@ -154,13 +154,17 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
             let stats = report.project(&tb.project);
             stats.submitted += 1;
             if core
-                .never_fits_anywhere(&tb.project, &tb.region, &cluster)
+                .never_fits_anywhere(&tb.project, &tb.region, &request)
                 .is_some()
             {
                 stats.refused += 1;
                 continue;
             }
             let key = BatchKey(tb.line as i64);
+            let spec::Request {
+                cluster,
+                alternatives,
+            } = request;
             let deadline = cluster.deadline(now);
             let priority = spec::priority(&tb.batch.labels);
             let ttl = cluster.ttl_s.map_or(f64::INFINITY, |t| t as f64);
@@ -175,6 +179,7 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
                 queued_at: now,
                 deadline,
                 cluster,
+                alternatives,
                 preemptions: 0,
             };
             if config
@@ -222,7 +227,7 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
         .map(|b| b.submit_s)
         .min_by(f64::total_cmp)
         .unwrap_or(0.0);
-    // Zones of other regions that batches reached on a region rung count
+    // Zones of other regions that batches reached on a region alternative count
     // from their first allocation; their GPUs are known now.
     for ((_, zone), gpus) in zone_gpus(config) {
         if let Some(z) = report.zones.get_mut(&zone) {

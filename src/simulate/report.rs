@@ -24,9 +24,10 @@ pub struct Report {
     pub projects: BTreeMap<String, ProjectStats>,
     pub total: ProjectStats,
     pub zones: BTreeMap<String, ZoneStats>,
-    /// Allocations by the rung they took: 0 the batch's own placement, 1
+    /// Allocations by the alternative they took: 0 the batch's own placement, 1
     /// and up its placement alternatives.
-    pub rungs: BTreeMap<u32, u64>,
+    #[serde(rename = "rungs")]
+    pub alternatives: BTreeMap<u32, u64>,
     #[serde(skip)]
     waits: HashMap<String, Vec<f64>>,
     #[serde(skip)]
@@ -109,8 +110,8 @@ impl Report {
     pub(super) fn allocated(&mut self, a: &Allocation) {
         let p = self.project(&a.project);
         p.allocated += 1;
-        p.on_alternatives += u64::from(a.rung.is_some());
-        *self.rungs.entry(a.rung_index()).or_default() += 1;
+        p.on_alternatives += u64::from(a.alternative.is_some());
+        *self.alternatives.entry(a.alternative_index()).or_default() += 1;
         let waited = (a.allocated_at - a.queued_at).num_milliseconds() as f64 / 1000.0;
         self.waits
             .entry(a.project.clone())
@@ -242,17 +243,21 @@ impl Report {
                 z.utilisation * 100.0
             );
         }
-        let _ = writeln!(out, "\nallocations by rung: {}", rungs_line(&self.rungs));
+        let _ = writeln!(
+            out,
+            "\nallocations by rung: {}",
+            alternatives_line(&self.alternatives)
+        );
         out
     }
 }
 
 /// "own 950, alternative 1: 40, alternative 2: 3".
-fn rungs_line(rungs: &BTreeMap<u32, u64>) -> String {
-    if rungs.is_empty() {
+fn alternatives_line(alternatives: &BTreeMap<u32, u64>) -> String {
+    if alternatives.is_empty() {
         return "none".into();
     }
-    rungs
+    alternatives
         .iter()
         .map(|(r, n)| match r {
             0 => format!("own {n}"),
@@ -333,8 +338,8 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
     let _ = writeln!(
         out,
         "\nallocations by rung: A {}; B {}",
-        rungs_line(&a.rungs),
-        rungs_line(&b.rungs)
+        alternatives_line(&a.alternatives),
+        alternatives_line(&b.alternatives)
     );
     out
 }

@@ -178,7 +178,7 @@ fn refusals_and_bad_batches_are_reported_by_line() {
 }
 
 #[test]
-fn a_region_rungs_gpu_hours_count_in_the_zone_it_ran_in() {
+fn a_region_alternatives_gpu_hours_count_in_the_zone_it_ran_in() {
     // 12 batches of 3 GPUs for an hour at once in europe-west4 (32 L4
     // GPUs: 10 fit), each allowed us-central1 after a minute.
     let cfg = config(
@@ -189,7 +189,7 @@ fn a_region_rungs_gpu_hours_count_in_the_zone_it_ran_in() {
         csv.push_str("0,research,europe-west4,3600,7200s,2,\n");
     }
     let r = run(&cfg, &trace(&csv), 0).expect("runs");
-    assert_eq!(r.rungs.get(&1).copied(), Some(2), "{}", r.table());
+    assert_eq!(r.alternatives.get(&1).copied(), Some(2), "{}", r.table());
     let spilled: f64 = r
         .zones
         .iter()

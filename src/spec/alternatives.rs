@@ -1,15 +1,15 @@
-//! Placement alternatives, "rungs" (docs/rules.md#placement-alternatives):
+//! Placement alternatives (docs/rules.md#placement-alternatives):
 //! where else a queued batch may run once it has waited a while, and the
-//! batch it becomes there. A rung is one change to the batch's own
+//! batch it becomes there. An alternative is one change to the batch's own
 //! placement — another GPU type in its region, another region, or
 //! on-demand quota — with a delay after which it may be tried. The
-//! operator sets default ladders in config; a batch may opt out or name
+//! operator sets default alternatives in config; a batch may opt out or name
 //! its own within what the operator allows.
 //!
-//! A rung is a whole batch: [`reshape`] rewrites the batch's properties
+//! An alternative is a whole batch: [`reshape`] rewrites the batch's properties
 //! for the new GPU type (cores, GPUs per node, executors, memory and disk
 //! from the type's table), and the result passes the same rules as any
-//! create. What Spark receives on a rung is that batch.
+//! create. What Spark receives on an alternative is that batch.
 
 use std::collections::BTreeMap;
 
@@ -19,21 +19,21 @@ use super::{
 };
 use crate::api::{Batch, quote};
 
-pub use super::request::Rung;
-pub use super::target::{RungSpec, Target};
+pub use super::request::Alternative;
+pub use super::target::{AlternativeSpec, Target};
 
 /// The property through which a batch opts out (`none`) or names its own
-/// ladder. A `spark.*` key, so that every Dataproc client sends it
+/// alternatives. A `spark.*` key, so that every Dataproc client sends it
 /// unchanged and Spark ignores it.
 pub const ALTERNATIVES_PROPERTY: &str = "spark.flexq.alternatives";
 
-/// The most rungs a ladder may have.
-pub const MAX_RUNGS: usize = 4;
+/// The most alternatives a batch may have.
+pub const MAX_ALTERNATIVES: usize = 4;
 
-/// The accepted form of a ladder, for error messages.
-pub const LADDER_FORM: &str = "\"none\", or up to 4 comma-separated rungs, each \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\" (DELAY like 15m)";
+/// The accepted form of a batch's alternatives, for error messages.
+pub const ALTERNATIVES_FORM: &str = "\"none\", or up to 4 comma-separated rungs, each \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\" (DELAY like 15m)";
 
-/// Parses a rung's target: `a100-40`, `region europe-west4`, `on-demand`.
+/// Parses an alternative's target: `a100-40`, `region europe-west4`, `on-demand`.
 pub fn parse_target(text: &str) -> Result<Target, String> {
     let words: Vec<&str> = text.split_whitespace().collect();
     match words.as_slice() {
@@ -55,64 +55,64 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
     }
 }
 
-/// Parses one rung: `a100-40 after 15m`, `region europe-west4 after 30m`,
+/// Parses one alternative: `a100-40 after 15m`, `region europe-west4 after 30m`,
 /// `on-demand after 20m`.
-pub fn parse_rung(text: &str) -> Result<RungSpec, String> {
-    let rung = quote(text.trim());
+pub fn parse_alternative(text: &str) -> Result<AlternativeSpec, String> {
+    let alternative = quote(text.trim());
     let words: Vec<&str> = text.split_whitespace().collect();
     let (target, delay) = match words.as_slice() {
         [target @ .., "after", delay] if !target.is_empty() => (target.join(" "), *delay),
         _ => {
             return Err(format!(
-                "rung {rung} is not of the form \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\""
+                "rung {alternative} is not of the form \"GPU_TYPE after DELAY\", \"region REGION after DELAY\" or \"on-demand after DELAY\""
             ));
         }
     };
-    let target = parse_target(&target).map_err(|e| format!("rung {rung}: {e}"))?;
+    let target = parse_target(&target).map_err(|e| format!("rung {alternative}: {e}"))?;
     let after = humantime::parse_duration(delay).map_err(|e| {
         format!(
-            "rung {rung}: delay {} is not a duration like 15m ({e})",
+            "rung {alternative}: delay {} is not a duration like 15m ({e})",
             quote(delay)
         )
     })?;
-    Ok(RungSpec {
+    Ok(AlternativeSpec {
         target,
         after_s: after.as_secs(),
     })
 }
 
-/// Parses a ladder: comma-separated rungs, at most [`MAX_RUNGS`]; `none`
-/// is the empty ladder.
-pub fn parse_ladder(text: &str) -> Result<Vec<RungSpec>, String> {
+/// Parses a batch's alternatives: comma-separated, at most [`MAX_ALTERNATIVES`]; `none`
+/// is the empty alternatives.
+pub fn parse_alternatives(text: &str) -> Result<Vec<AlternativeSpec>, String> {
     let text = text.trim();
     if text == "none" {
         return Ok(Vec::new());
     }
-    let rungs = text
+    let alternatives = text
         .split(',')
-        .map(parse_rung)
+        .map(parse_alternative)
         .collect::<Result<Vec<_>, _>>()?;
-    if rungs.len() > MAX_RUNGS {
+    if alternatives.len() > MAX_ALTERNATIVES {
         return Err(format!(
-            "{} rungs given; at most {MAX_RUNGS} are accepted",
-            rungs.len()
+            "{} rungs given; at most {MAX_ALTERNATIVES} are accepted",
+            alternatives.len()
         ));
     }
-    Ok(rungs)
+    Ok(alternatives)
 }
 
-/// An operator's ladder: the batches it applies to (each filter absent:
-/// any), its rungs, and the further targets a batch may name itself.
+/// An operator's alternatives: the batches it applies to (each filter absent:
+/// any), its alternatives, and the further targets a batch may name itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ladder {
+pub struct AlternativesRule {
     pub region: Option<String>,
     pub project: Option<String>,
     pub accelerator: Option<Accelerator>,
-    pub rungs: Vec<RungSpec>,
+    pub alternatives: Vec<AlternativeSpec>,
     pub allow: Vec<Target>,
 }
 
-impl Ladder {
+impl AlternativesRule {
     fn matches(&self, project: &str, region: &str, accelerator: Option<Accelerator>) -> bool {
         self.region.as_deref().is_none_or(|r| r == region)
             && self.project.as_deref().is_none_or(|p| p == project)
@@ -125,23 +125,23 @@ impl Ladder {
             + usize::from(self.accelerator.is_some())
     }
 
-    /// Whether a batch may name `target` under this ladder.
+    /// Whether a batch may name `target` under this alternatives.
     fn allows(&self, target: &Target) -> bool {
-        self.rungs.iter().any(|r| &r.target == target) || self.allow.contains(target)
+        self.alternatives.iter().any(|r| &r.target == target) || self.allow.contains(target)
     }
 }
 
-/// The operator's ladder for a batch: the most specific that matches (the
+/// The operator's alternatives for a batch: the most specific that matches (the
 /// first of equals, in config order).
-pub fn ladder_for<'a>(
-    ladders: &'a [Ladder],
+pub fn rule_for<'a>(
+    alternative_rules: &'a [AlternativesRule],
     project: &str,
     region: &str,
     own: &ClusterRequest,
-) -> Option<&'a Ladder> {
+) -> Option<&'a AlternativesRule> {
     let accelerator = own.accelerator();
-    let mut best: Option<&Ladder> = None;
-    for l in ladders
+    let mut best: Option<&AlternativesRule> = None;
+    for l in alternative_rules
         .iter()
         .filter(|l| l.matches(project, region, accelerator))
     {
@@ -152,32 +152,32 @@ pub fn ladder_for<'a>(
     best
 }
 
-/// A rung of the operator's ladder that does not apply to a batch, and
+/// An alternative of the operator's alternatives that does not apply to a batch, and
 /// why: shown by validate-only, never an error (the batch did not ask).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
-    pub rung: RungSpec,
+    pub alternative: AlternativeSpec,
     pub why: String,
 }
 
-/// A batch's rungs: its own ladder (property [`ALTERNATIVES_PROPERTY`]),
-/// each rung allowed by the operator's ladder, or else the operator's.
-/// A rung the batch named that can never be valid is an error naming it;
+/// A batch's alternatives: its own alternatives (property [`ALTERNATIVES_PROPERTY`]),
+/// each alternative allowed by the operator's alternatives, or else the operator's.
+/// An alternative the batch named that can never be valid is an error naming it;
 /// one of the operator's that does not apply is skipped, with the reason.
-/// Default-mode batches never wait, so they have no rungs.
+/// Default-mode batches never wait, so they have no alternatives.
 pub fn resolve(
     batch: &Batch,
     own: &ClusterRequest,
     project: &str,
     region: &str,
     policy: &Policy,
-) -> Result<(Vec<Rung>, Vec<Skipped>), Rejection> {
+) -> Result<(Vec<Alternative>, Vec<Skipped>), Rejection> {
     let field = property_field(ALTERNATIVES_PROPERTY);
-    let ladder = ladder_for(&policy.ladders, project, region, own);
+    let rule = rule_for(&policy.alternative_rules, project, region, own);
     let asked = batch
         .properties()
         .get(ALTERNATIVES_PROPERTY)
-        .map(|v| (v.clone(), parse_ladder(v)));
+        .map(|v| (v.clone(), parse_alternatives(v)));
     let reject = |description: String| Rejection {
         code: crate::api::Code::InvalidArgument,
         violations: vec![crate::api::FieldViolation {
@@ -185,32 +185,35 @@ pub fn resolve(
             description,
         }],
     };
-    let (specs, own_ladder) = match asked {
+    let (specs, own_alternatives) = match asked {
         Some((value, Err(e))) => {
             return Err(reject(format!(
-                "{} is not a ladder: {e}; accepted: {LADDER_FORM}",
+                "{} is not a ladder: {e}; accepted: {ALTERNATIVES_FORM}",
                 quote(&value)
             )));
         }
         Some((_, Ok(specs))) => (specs, true),
-        None => (ladder.map(|l| l.rungs.clone()).unwrap_or_default(), false),
+        None => (
+            rule.map(|l| l.alternatives.clone()).unwrap_or_default(),
+            false,
+        ),
     };
     if own.mode == ProvisioningMode::Default {
-        if own_ladder && !specs.is_empty() {
+        if own_alternatives && !specs.is_empty() {
             return Err(reject(
                 "a batch in provisioning mode \"default\" is allocated at once or refused, so it has no alternatives; use queue mode (runtime 3.0+) or \"none\"".into(),
             ));
         }
         return Ok((Vec::new(), Vec::new()));
     }
-    let mut rungs = Vec::new();
+    let mut alternatives = Vec::new();
     let mut skipped = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let why = why_not(spec, &specs[..i], own, region, policy).or_else(|| {
-            (own_ladder && !ladder.is_some_and(|l| l.allows(&spec.target))).then(|| {
-                let allowed: Vec<String> = ladder
+            (own_alternatives && !rule.is_some_and(|l| l.allows(&spec.target))).then(|| {
+                let allowed: Vec<String> = rule
                     .map(|l| {
-                        l.rungs
+                        l.alternatives
                             .iter()
                             .map(|r| r.target.to_string())
                             .chain(l.allow.iter().map(ToString::to_string))
@@ -231,7 +234,7 @@ pub fn resolve(
         let shaped = match why {
             Some(why) => Err(why),
             None => {
-                let rung_region = match &spec.target {
+                let alternative_region = match &spec.target {
                     Target::Region(r) => r.as_str(),
                     _ => region,
                 };
@@ -240,39 +243,39 @@ pub fn resolve(
                     &reshape(batch, own, &spec.target),
                     ids,
                     project,
-                    rung_region,
+                    alternative_region,
                     policy,
                 )
-                .map(|cluster| (rung_region.to_string(), cluster))
+                .map(|cluster| (alternative_region.to_string(), cluster))
                 .map_err(|r| format!("as a batch it is invalid: {}", r.message()))
             }
         };
         match shaped {
-            Ok((rung_region, cluster)) => rungs.push(Rung {
-                index: rungs.len() as u32 + 1,
+            Ok((alternative_region, cluster)) => alternatives.push(Alternative {
+                index: alternatives.len() as u32 + 1,
                 after_s: spec.after_s,
                 target: spec.target.clone(),
-                region: rung_region,
+                region: alternative_region,
                 cluster,
             }),
-            Err(why) if own_ladder => {
+            Err(why) if own_alternatives => {
                 return Err(reject(format!("rung {} ({spec}): {why}", i + 1)));
             }
             Err(why) => skipped.push(Skipped {
-                rung: spec.clone(),
+                alternative: spec.clone(),
                 why,
             }),
         }
     }
-    Ok((rungs, skipped))
+    Ok((alternatives, skipped))
 }
 
-/// Why a rung can never be tried for a batch, if so: a delay past the
-/// allocation timeout, the batch's own placement again, a rung named
+/// Why an alternative can never be tried for a batch, if so: a delay past the
+/// allocation timeout, the batch's own placement again, an alternative named
 /// twice, a region not served or a GPU type the region does not offer.
 fn why_not(
-    spec: &RungSpec,
-    before: &[RungSpec],
+    spec: &AlternativeSpec,
+    before: &[AlternativeSpec],
     own: &ClusterRequest,
     region: &str,
     policy: &Policy,
@@ -377,9 +380,9 @@ pub fn reshape(batch: &Batch, own: &ClusterRequest, target: &Target) -> Batch {
                     let total = u64::from(own.executor_count) * u64::from(shape.gpus);
                     let count = total.div_ceil(u64::from(gpus.max(1)));
                     props.insert("spark.executor.instances".into(), count.to_string());
-                    // With dynamic allocation the rung's executors are the
+                    // With dynamic allocation the alternative's executors are the
                     // gang Spark starts with (never fewer than the own
-                    // placement's: a rung's node has at most as many GPUs),
+                    // placement's: an alternative's node has at most as many GPUs),
                     // so a maxExecutors below them is raised to them.
                     let below = |v: &String| v.trim().parse::<u64>().map_or(true, |n| n < count);
                     if own.dynamic_allocation
@@ -394,15 +397,20 @@ pub fn reshape(batch: &Batch, own: &ClusterRequest, target: &Target) -> Batch {
     out
 }
 
-/// The batch and cluster a batch runs as once allocated on `rung` (0: its
-/// own placement): on a rung, the reshaped batch, whose properties are
-/// what Spark receives, and the rung's cluster.
-pub fn as_placed(batch: &Batch, own: &ClusterRequest, rung: u32) -> (Batch, ClusterRequest) {
-    match rung
+/// The batch and cluster a batch runs as once allocated on `alternative` (0: its
+/// own placement): on an alternative, the reshaped batch, whose properties are
+/// what Spark receives, and the alternative's cluster.
+pub fn as_placed(
+    batch: &Batch,
+    own: &ClusterRequest,
+    alternatives: &[Alternative],
+    index: u32,
+) -> (Batch, ClusterRequest) {
+    match index
         .checked_sub(1)
-        .and_then(|i| own.alternatives.get(i as usize))
+        .and_then(|i| alternatives.get(i as usize))
     {
-        Some(r) => (reshape(batch, own, &r.target), r.cluster.clone()),
+        Some(a) => (reshape(batch, own, &a.target), a.cluster.clone()),
         None => (batch.clone(), own.clone()),
     }
 }
@@ -431,16 +439,16 @@ pub fn translate(gpus: u32, cores: u32, to: Accelerator) -> (u32, u32) {
         .map_or((to.default_cores(), per_node), |s| *s)
 }
 
-/// A ladder of the config, checked: each rung and target parses, the
-/// filter names a known GPU type. Answers the ladder, or the key that is
-/// wrong (`accelerator`, `rungs`, `allow`) and what is wrong with it.
-pub fn ladder_from_config(
+/// An `[[alternatives]]` entry of the config, checked: each alternative and target parses, the
+/// filter names a known GPU type. Answers the alternatives, or the key that is
+/// wrong (`accelerator`, `alternatives`, `allow`) and what is wrong with it.
+pub fn rule_from_config(
     region: Option<&str>,
     project: Option<&str>,
     accelerator: Option<&str>,
-    rungs: &[String],
+    alternatives: &[String],
     allow: &[String],
-) -> Result<Ladder, (&'static str, String)> {
+) -> Result<AlternativesRule, (&'static str, String)> {
     let accelerator = match accelerator {
         None => None,
         Some(a) => Some(Accelerator::parse(a).ok_or_else(|| {
@@ -454,18 +462,18 @@ pub fn ladder_from_config(
             )
         })?),
     };
-    if rungs.len() > MAX_RUNGS {
+    if alternatives.len() > MAX_ALTERNATIVES {
         return Err((
             "rungs",
             format!(
-                "{} rungs given; at most {MAX_RUNGS} are accepted",
-                rungs.len()
+                "{} rungs given; at most {MAX_ALTERNATIVES} are accepted",
+                alternatives.len()
             ),
         ));
     }
-    let rungs = rungs
+    let alternatives = alternatives
         .iter()
-        .map(|r| parse_rung(r))
+        .map(|r| parse_alternative(r))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ("rungs", e))?;
     let allow = allow
@@ -473,16 +481,16 @@ pub fn ladder_from_config(
         .map(|t| parse_target(t))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ("allow", e))?;
-    Ok(Ladder {
+    Ok(AlternativesRule {
         region: region.map(str::to_string),
         project: project.map(str::to_string),
         accelerator,
-        rungs,
+        alternatives,
         allow,
     })
 }
 
-/// Every rung's target for a pair of types, for docs and tests: what an
+/// Every alternative's target for a pair of types, for docs and tests: what an
 /// executor of `cores` cores on `from` becomes on `to`.
 pub fn translation_table() -> BTreeMap<(Accelerator, u32, Accelerator), (u32, u32)> {
     let mut table = BTreeMap::new();

@@ -31,8 +31,8 @@ pub use labels::{LABEL_KEY_RULE, is_label_key};
 pub use node::{NodeOffer, NodeSize, check_node};
 pub use properties::{DATAPROC_PROPERTIES, property_field};
 pub use request::{
-    ClusterRequest, NodeShape, PRIORITY_LABEL, ProvisioningMode, QuotaAmount, RuntimeVersion,
-    Workload, priority,
+    Alternative, ClusterRequest, NodeShape, PRIORITY_LABEL, ProvisioningMode, QuotaAmount, Request,
+    RuntimeVersion, Workload, placed, priority,
 };
 pub use shape::{Accelerator, PartRole, QuotaMetric};
 pub use units::{parse_allocation_timeout, parse_memory_mb, parse_proto_duration, parse_size_gb};
@@ -126,8 +126,8 @@ pub struct Policy {
     pub shielded_vm_projects: BTreeSet<String>,
     /// Requeues after infrastructure failures of a batch without the label.
     pub default_infrastructure_retries: u32,
-    /// The operator's placement ladders ([`alternatives`]).
-    pub ladders: Vec<alternatives::Ladder>,
+    /// The operator's `[[alternatives]]` entries ([`alternatives`]).
+    pub alternative_rules: Vec<alternatives::AlternativesRule>,
     /// The regions where preemption is on, and whether a batch may opt
     /// out there ([`PREEMPTIBLE_PROPERTY`]).
     pub preemption_opt_out: BTreeMap<String, bool>,
@@ -147,7 +147,7 @@ pub fn validate(
     project: &str,
     region: &str,
     policy: &Policy,
-) -> Result<ClusterRequest, Rejection> {
+) -> Result<Request, Rejection> {
     validate_create(batch, Identifiers::default(), project, region, policy)
 }
 
@@ -161,14 +161,16 @@ pub fn validate_create(
     project: &str,
     region: &str,
     policy: &Policy,
-) -> Result<ClusterRequest, Rejection> {
-    let mut cluster = check_create(batch, ids, project, region, policy)?;
-    let (rungs, _) = alternatives::resolve(batch, &cluster, project, region, policy)?;
-    cluster.alternatives = rungs;
-    Ok(cluster)
+) -> Result<Request, Rejection> {
+    let cluster = check_create(batch, ids, project, region, policy)?;
+    let (alternatives, _) = alternatives::resolve(batch, &cluster, project, region, policy)?;
+    Ok(Request {
+        cluster,
+        alternatives,
+    })
 }
 
-/// Every rule but the alternatives: what a rung's batch is checked by.
+/// Every rule but the alternatives: what an alternative's batch is checked by.
 fn check_create(
     batch: &Batch,
     ids: Identifiers<'_>,
@@ -283,7 +285,6 @@ fn check_create(
         ttl_s,
         quota,
         infrastructure_retries,
-        alternatives: Vec::new(),
         preemptible,
         dynamic_allocation,
     })

@@ -139,11 +139,6 @@ pub struct ClusterRequest {
     /// (docs/rules.md#requeue-after-an-infrastructure-failure).
     #[serde(default)]
     pub infrastructure_retries: u32,
-    /// Where else it may run once it has waited (its placement
-    /// alternatives, in order; docs/rules.md#placement-alternatives).
-    /// Fixed at create.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub alternatives: Vec<Rung>,
     /// Whether its running cluster may be preempted (property
     /// `spark.flexq.preemptible`; docs/rules.md#preemption).
     #[serde(default = "preemptible_by_default", skip_serializing_if = "is_true")]
@@ -176,20 +171,6 @@ impl ClusterRequest {
         })
     }
 
-    /// The cluster it holds on `rung` (0: its own; 1 and up: its
-    /// alternatives), and that rung's region (None: its own).
-    pub fn on_rung(&self, rung: u32) -> (&ClusterRequest, Option<&str>) {
-        match rung
-            .checked_sub(1)
-            .and_then(|i| self.alternatives.get(i as usize))
-        {
-            Some(r) => (&r.cluster, Some(r.region.as_str())),
-            None => (self, None),
-        }
-    }
-}
-
-impl ClusterRequest {
     /// Its allocation deadline when queued at `queued_at` (at create, or
     /// again at a requeue): in queue mode, `queued_at` plus its allocation
     /// timeout; none in default mode, which never waits
@@ -257,15 +238,63 @@ impl ClusterRequest {
     }
 }
 
-/// One resolved rung of a batch: where it runs and the cluster it is
-/// there, checked by the same rules as a create.
+/// One resolved placement alternative of a batch: where it runs and the
+/// cluster it is there, checked by the same rules as a create. Its
+/// cluster is a shape without alternatives of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rung {
+pub struct Alternative {
     /// 1 for the first alternative (0 is the batch's own placement).
     pub index: u32,
     pub after_s: u64,
     pub target: super::target::Target,
-    /// The region the rung runs in.
+    /// The region the alternative runs in.
     pub region: String,
     pub cluster: ClusterRequest,
+}
+
+/// What a batch asks for: its own cluster and where else it may run once
+/// it has waited (its placement alternatives, in order, fixed at create;
+/// docs/rules.md#placement-alternatives). Stored as one JSON object: the
+/// cluster's fields, and `alternatives` beside them when there are any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    #[serde(flatten)]
+    pub cluster: ClusterRequest,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<Alternative>,
+}
+
+/// A cluster without alternatives: it runs only on its own placement.
+impl From<ClusterRequest> for Request {
+    fn from(cluster: ClusterRequest) -> Request {
+        Request {
+            cluster,
+            alternatives: Vec::new(),
+        }
+    }
+}
+
+impl Request {
+    /// The cluster it holds on placement `index` (0: its own; 1 and up:
+    /// its alternatives) and that placement's region (None: its own).
+    pub fn on(&self, index: u32) -> (&ClusterRequest, Option<&str>) {
+        placed(&self.cluster, &self.alternatives, index)
+    }
+}
+
+/// The cluster a batch of cluster `own` and `alternatives` holds on
+/// placement `index` (0: its own; 1 and up: its alternatives), and that
+/// placement's region (None: its own).
+pub fn placed<'a>(
+    own: &'a ClusterRequest,
+    alternatives: &'a [Alternative],
+    index: u32,
+) -> (&'a ClusterRequest, Option<&'a str>) {
+    match index
+        .checked_sub(1)
+        .and_then(|i| alternatives.get(i as usize))
+    {
+        Some(a) => (&a.cluster, Some(a.region.as_str())),
+        None => (own, None),
+    }
 }

@@ -1,7 +1,7 @@
 //! What a placement alternative changes of a batch's own placement
-//! ([`Target`]) and a rung as a ladder names it ([`RungSpec`]): the words
-//! of the ladder syntax, below both the request that holds its rungs and
-//! the ladders that resolve them.
+//! ([`Target`]) and an alternative as written ([`AlternativeSpec`]): the words
+//! of the alternatives syntax, below both the request that holds its alternatives and
+//! the operator's rules that resolve them.
 
 use std::fmt;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::shape::Accelerator;
 
-/// What a rung changes of the batch's own placement.
+/// What an alternative changes of the batch's own placement.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Target {
@@ -19,12 +19,12 @@ pub enum Target {
     /// The same batch in another region.
     Region(String),
     /// On-demand (standard) quota instead of preemptible: provisioning
-    /// mode `default` for the rung.
+    /// mode `default` for the alternative.
     OnDemand,
 }
 
 impl fmt::Display for Target {
-    /// The form the ladder syntax uses: `a100-40`, `region europe-west4`,
+    /// The form the alternatives syntax uses: `a100-40`, `region europe-west4`,
     /// `on-demand`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -35,15 +35,15 @@ impl fmt::Display for Target {
     }
 }
 
-/// A rung as a ladder names it: a target and its delay.
+/// An alternative as written: a target and its delay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RungSpec {
+pub struct AlternativeSpec {
     pub target: Target,
-    /// Seconds the batch must have waited before the rung is tried.
+    /// Seconds the batch must have waited before the alternative is tried.
     pub after_s: u64,
 }
 
-impl fmt::Display for RungSpec {
+impl fmt::Display for AlternativeSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,

@@ -52,7 +52,7 @@ fn flex_without(key: &str) -> Batch {
 }
 
 fn check(b: &Batch) -> Result<ClusterRequest, Rejection> {
-    validate(b, "demo", "us-central1", &config())
+    validate(b, "demo", "us-central1", &config()).map(|r| r.cluster)
 }
 
 #[track_caller]
@@ -565,7 +565,7 @@ fn the_operator_default_timeout_applies() {
     let mut config = config();
     config.default_allocation_timeout_s = 45 * 60;
     let c = validate(&flex(&[]), "demo", "us-central1", &config).expect("valid");
-    assert_eq!(c.allocation_timeout_s, 2700);
+    assert_eq!(c.cluster.allocation_timeout_s, 2700);
 }
 
 #[test]
@@ -826,6 +826,7 @@ fn a_batch_may_declare_itself_not_preemptible_where_the_region_allows_it() {
     assert!(
         !validate(&flex(&[(key, "false")]), "demo", "europe-west4", &strict)
             .expect("valid")
+            .cluster
             .preemptible
     );
 }

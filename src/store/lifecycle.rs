@@ -49,7 +49,7 @@ pub(super) async fn attempts(conn: &mut AnyConnection, seq: i64) -> Result<Attem
     Ok(match row {
         Some((attempt, cluster)) => Attempts {
             attempt: u32::try_from(attempt).unwrap_or(1),
-            retries: decode_cluster(&cluster)?.infrastructure_retries,
+            retries: decode_cluster(&cluster)?.cluster.infrastructure_retries,
         },
         None => Attempts {
             attempt: 1,
@@ -71,7 +71,7 @@ async fn requeue(
         .bind(seq)
         .fetch_one(&mut *conn)
         .await?;
-    let cluster = decode_cluster(&cluster)?;
+    let cluster = decode_cluster(&cluster)?.cluster;
     let deadline = cluster.deadline(now).map(micros);
     sqlx::query(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \

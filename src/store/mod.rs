@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::api::{Batch, BatchName, State, StateHistory};
-use crate::spec::ClusterRequest;
+use crate::spec::{Alternative, ClusterRequest};
 
 pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
@@ -119,6 +119,8 @@ pub struct NewBatch {
     /// The user's batch, output-only fields removed.
     pub spec: Batch,
     pub cluster: ClusterRequest,
+    /// Where else it may run once it has waited, in order.
+    pub alternatives: Vec<Alternative>,
     pub priority: i32,
     pub state_message: String,
 }
@@ -175,6 +177,8 @@ pub struct BatchRecord {
     pub creator: String,
     pub spec: Batch,
     pub cluster: ClusterRequest,
+    /// Where else it may run once it has waited, in order.
+    pub alternatives: Vec<Alternative>,
     pub deadline: Option<DateTime<Utc>>,
     pub provisioning: Provisioning,
     pub priority: i32,
@@ -186,8 +190,8 @@ pub struct BatchRecord {
     pub attempt: u32,
     /// Why it ended without succeeding (FAILED or CANCELLED).
     pub end_reason: Option<crate::api::EndReason>,
-    /// The rung its cluster was allocated on: 0 its own placement, 1 and
-    /// up its placement alternatives (`cluster.alternatives`).
+    /// The alternative its cluster was allocated on: 0 its own placement, 1 and
+    /// up its placement alternatives (`alternatives`).
     pub alternative: u32,
     /// While its cluster stops because it was preempted: the batch it
     /// gives way to (its seq), and how long its processes have to stop.

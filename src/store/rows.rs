@@ -11,6 +11,7 @@ use super::sql::Sql;
 
 use super::{BatchRecord, Provisioning, RunInfo, StoreError};
 use crate::api::{BatchName, State, StateHistory};
+use crate::spec::{Alternative, ClusterRequest, Request};
 
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
      create_time, state, state_message, state_time, creator, spec, cluster, deadline, provisioning, \
@@ -29,16 +30,39 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("stored {what} cannot be read: {e}"))
 }
 
-/// The cluster a batch was stored with: every reader goes through here,
-/// and one that cannot be read is an error, never a default.
-pub(super) fn decode_cluster(text: &str) -> Result<crate::spec::ClusterRequest, StoreError> {
+/// The cluster a batch was stored with, and its placement alternatives:
+/// every reader goes through here, and one that cannot be read is an
+/// error, never a default.
+pub(super) fn decode_cluster(text: &str) -> Result<Request, StoreError> {
     serde_json::from_str(text).map_err(|e| corrupt("cluster", e))
+}
+
+/// What [`decode_cluster`] reads back: a [`Request`]'s JSON, written from
+/// the batch's two fields without copying them.
+pub(super) fn encode_cluster(
+    cluster: &ClusterRequest,
+    alternatives: &[Alternative],
+) -> serde_json::Result<String> {
+    #[derive(serde::Serialize)]
+    struct Stored<'a> {
+        #[serde(flatten)]
+        cluster: &'a ClusterRequest,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        alternatives: &'a [Alternative],
+    }
+    serde_json::to_string(&Stored {
+        cluster,
+        alternatives,
+    })
 }
 
 fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
     let state: i64 = row.try_get("state")?;
     let spec: &str = row.try_get("spec")?;
-    let cluster: &str = row.try_get("cluster")?;
+    let Request {
+        cluster,
+        alternatives,
+    } = decode_cluster(row.try_get("cluster")?)?;
     Ok(BatchRecord {
         seq: row.try_get("seq")?,
         name: BatchName {
@@ -55,7 +79,8 @@ fn decode(row: &AnyRow) -> Result<BatchRecord, StoreError> {
         state_time: from_micros(row.try_get("state_time")?),
         creator: row.try_get("creator")?,
         spec: serde_json::from_str(spec).map_err(|e| corrupt("batch", e))?,
-        cluster: decode_cluster(cluster)?,
+        cluster,
+        alternatives,
         deadline: row.try_get::<Option<i64>, _>("deadline")?.map(from_micros),
         provisioning: Provisioning::from_number(row.try_get("provisioning")?),
         priority: row.try_get("priority")?,

@@ -16,7 +16,7 @@ use super::{Backend, Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, State};
 use crate::scheduler::lifecycle;
 use crate::scheduler::{Allocation, BatchKey, Decision, NodeId, PartRole, PendingBatch, Placement};
-use crate::spec::{Accelerator, ClusterRequest};
+use crate::spec::Accelerator;
 
 /// Queued batches read per statement (see [`Store::each_queued_batch`]).
 const QUEUE_CHUNK: usize = 4096;
@@ -33,7 +33,7 @@ struct QueuedRow(
     i32,
     i64,
     Option<i64>,
-    ClusterRequest,
+    crate::spec::Request,
     u32,
 );
 
@@ -171,7 +171,8 @@ impl Store {
                     priority,
                     queued_at: from_micros(created),
                     deadline: deadline.map(from_micros),
-                    cluster,
+                    cluster: cluster.cluster,
+                    alternatives: cluster.alternatives,
                     preemptions,
                 });
             }
@@ -220,24 +221,24 @@ impl Store {
                 continue;
             }
             let stored = decode_cluster(row.try_get("cluster")?)?;
-            let rung = row
+            let alternative = row
                 .try_get::<Option<i64>, _>("alternative")?
                 .and_then(|a| u32::try_from(a).ok())
                 .unwrap_or(0);
-            // On a rung, the cluster, region and quota it holds are the
-            // rung's.
-            let (cluster, rung_region) = stored.on_rung(rung);
+            // On an alternative, the cluster, region and quota it holds are the
+            // alternative's.
+            let (cluster, alternative_region) = stored.on(alternative);
             let (driver, executor) = (cluster.driver.accelerator, cluster.executor.accelerator);
             types.insert(seq, [driver, executor]);
             placement.accelerator = placement
                 .accelerator
                 .or_else(|| shape_type(&placement, driver, executor));
-            let on_rung = (rung > 0).then(|| crate::scheduler::OnRung {
-                index: rung,
-                asked: crate::scheduler::accelerator_label(&stored),
+            let on_alternative = (alternative > 0).then(|| crate::scheduler::OnAlternative {
+                index: alternative,
+                asked: crate::scheduler::accelerator_label(&stored.cluster),
                 note: String::new(),
             });
-            let region = match rung_region {
+            let region = match alternative_region {
                 Some(r) => r.to_string(),
                 None => row.try_get("region")?,
             };
@@ -258,9 +259,9 @@ impl Store {
                     expected_end: cluster.ends(allocated_at),
                     queued_at: from_micros(row.try_get("create_time")?),
                     accelerator: crate::scheduler::accelerator_label(cluster),
-                    rung: on_rung,
+                    alternative: on_alternative,
                     priority: row.try_get::<i64, _>("priority")? as i32,
-                    preemptible: stored.preemptible,
+                    preemptible: stored.cluster.preemptible,
                     preemptions: u32::try_from(row.try_get::<i64, _>("preemptions")?).unwrap_or(0),
                 },
             );
@@ -345,7 +346,7 @@ impl Store {
                     .bind(micros(now))
                     .bind(&message)
                     .bind(micros(now))
-                    .bind(a.rung.as_ref().map(|r| i64::from(r.index)))
+                    .bind(a.alternative.as_ref().map(|r| i64::from(r.index)))
                     .bind(a.key.0)
                     .execute(&mut *tx)
                     .await?
@@ -549,7 +550,7 @@ fn allocated_message(a: &Allocation) -> String {
     let mut nodes: Vec<&str> = a.placements.iter().map(|p| p.node.0.as_str()).collect();
     nodes.sort();
     nodes.dedup();
-    let rung = match &a.rung {
+    let alternative = match &a.alternative {
         None => String::new(),
         Some(r) => format!(
             " on alternative {}, {} in {}, after {} min: {}",
@@ -561,7 +562,7 @@ fn allocated_message(a: &Allocation) -> String {
         ),
     };
     format!(
-        "Allocated{rung}: the whole cluster (1 driver and {executors} executors, {gpus} GPUs) on {} node{} in {}; waiting for the agents to start it.",
+        "Allocated{alternative}: the whole cluster (1 driver and {executors} executors, {gpus} GPUs) on {} node{} in {}; waiting for the agents to start it.",
         nodes.len(),
         if nodes.len() == 1 { "" } else { "s" },
         a.zone

@@ -37,7 +37,7 @@ pub struct CreatedBatch {
 
 /// The GPU type of a stored part: recorded with it, or, for a part stored
 /// before the type was, read from its batch's cluster (`cluster`,
-/// `alternative` and `role` in `row`) as held on its rung. None for a
+/// `alternative` and `role` in `row`) as held on its alternative. None for a
 /// part without GPUs.
 fn part_type(row: &sqlx::any::AnyRow, no_gpus: bool) -> Result<Option<Accelerator>, StoreError> {
     if no_gpus {
@@ -50,11 +50,11 @@ fn part_type(row: &sqlx::any::AnyRow, no_gpus: bool) -> Result<Option<Accelerato
         return Ok(None);
     };
     let stored = decode_cluster(&cluster)?;
-    let rung = row
+    let alternative = row
         .try_get::<Option<i64>, _>("alternative")?
         .and_then(|a| u32::try_from(a).ok())
         .unwrap_or(0);
-    let (held, _) = stored.on_rung(rung);
+    let (held, _) = stored.on(alternative);
     let role: String = row.try_get("role")?;
     Ok(if role == "driver" {
         held.driver.accelerator
@@ -122,7 +122,7 @@ impl Store {
         for row in rows {
             created.push(CreatedBatch {
                 project: row.try_get("project")?,
-                cluster: decode_cluster(row.try_get("cluster")?)?,
+                cluster: decode_cluster(row.try_get("cluster")?)?.cluster,
                 create_time: from_micros(row.try_get("create_time")?),
                 allocate_time: row
                     .try_get::<Option<i64>, _>("allocate_time")?
@@ -172,7 +172,7 @@ impl Store {
 /// A part of a cluster that was given back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReleasedPart {
-    /// Where it was held (a region rung's region, not the batch's own).
+    /// Where it was held (a region alternative's region, not the batch's own).
     pub region: String,
     pub project: String,
     /// The type of its GPUs.

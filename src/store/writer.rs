@@ -377,6 +377,7 @@ fn new_record(b: &NewBatch, seq: i64, now: DateTime<Utc>) -> BatchRecord {
         creator: b.creator.clone(),
         spec: b.spec.clone(),
         cluster: b.cluster.clone(),
+        alternatives: b.alternatives.clone(),
         deadline: b.cluster.deadline(now),
         provisioning: super::Provisioning::Queued,
         priority: b.priority,
@@ -463,7 +464,7 @@ async fn insert_batches(
             .map(|b| {
                 Ok((
                     serde_json::to_string(&b.spec)?,
-                    serde_json::to_string(&b.cluster)?,
+                    super::rows::encode_cluster(&b.cluster, &b.alternatives)?,
                 ))
             })
             .collect::<Result<Vec<_>, serde_json::Error>>()

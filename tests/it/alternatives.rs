@@ -1,10 +1,10 @@
 //! Placement alternatives through the API: an L4 batch falls back to A100s
-//! once its rung's delay passes, and the batch, its history, validate-only
+//! once its alternative's delay passes, and the batch, its history, validate-only
 //! and the metrics say so; a batch that opted out never moves.
 
 use std::collections::BTreeMap;
 
-use flexq::config::{Config, LadderConfig, PoolConfig, ZoneConfig};
+use flexq::config::{AlternativesConfig, Config, PoolConfig, ZoneConfig};
 use flexq::spec::Accelerator;
 use serde_json::{Value, json};
 
@@ -40,10 +40,10 @@ pub(crate) fn l4_and_a100(c: &mut Config) {
         metric: flexq::spec::QuotaMetric::PreemptibleNvidiaA100Gpus,
         limit: 100,
     });
-    c.alternatives = vec![LadderConfig {
+    c.alternatives = vec![AlternativesConfig {
         accelerator: Some("l4".into()),
-        rungs: vec!["a100-40 after 1s".into()],
-        ..LadderConfig::default()
+        alternatives: vec!["a100-40 after 1s".into()],
+        ..AlternativesConfig::default()
     }];
 }
 
@@ -55,7 +55,7 @@ fn provisioned(b: &Value) -> bool {
 
 #[tokio::test]
 async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
-    // A process of its own: the rung counter (labelled by rung and GPU
+    // A process of its own: the alternative counter (labelled by alternative and GPU
     // types, not by batch or project) moves for this test's batches only,
     // so its counts are exact.
     let s = TestServer::start_process_with(l4_and_a100).await;
@@ -64,26 +64,26 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
     assert_eq!(status, 200);
     until(&s, &format!("{BATCHES}/fill"), "provisioned", provisioned).await;
 
-    // What would happen: queued on L4, and on its rung it fits now.
+    // What would happen: queued on L4, and on its alternative it fits now.
     let (status, v) = s
         .create("batchId=probe&validateOnly=true", &gpu_batch(2, "3600s"))
         .await;
     assert_eq!(status, 200, "{v:#}");
-    let rung = &v["alternatives"][0];
-    assert_eq!(rung["rung"], "a100-40 after 1s", "{v:#}");
-    assert_eq!(rung["verdict"], "ALLOCATE_NOW", "{v:#}");
+    let alternative = &v["alternatives"][0];
+    assert_eq!(alternative["rung"], "a100-40 after 1s", "{v:#}");
+    assert_eq!(alternative["verdict"], "ALLOCATE_NOW", "{v:#}");
     assert!(
-        rung["cluster"]["shape"]
+        alternative["cluster"]["shape"]
             .as_str()
             .is_some_and(|s| s.contains("a100-40 (12 cores, 1 GPU")),
         "{v:#}"
     );
     assert_eq!(
-        rung["cluster"]["quota"][0]["metric"], "PREEMPTIBLE_NVIDIA_A100_GPUS",
+        alternative["cluster"]["quota"][0]["metric"], "PREEMPTIBLE_NVIDIA_A100_GPUS",
         "{v:#}"
     );
     // When each could start if queued now: on L4 only once the filling
-    // batch's ttl ends (hours away); on its rung once its 1 s delay passes.
+    // batch's ttl ends (hours away); on its alternative once its 1 s delay passes.
     let start = |x: &Value| {
         let t = x["estimatedStartTime"]
             .as_str()
@@ -95,9 +95,10 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
     };
     assert_eq!(v["verdict"], "WOULD_QUEUE", "{v:#}");
     assert!(start(&v) > chrono::Duration::hours(1), "{v:#}");
-    let rung_in = start(rung);
+    let alternative_in = start(alternative);
     assert!(
-        rung_in > chrono::Duration::seconds(-5) && rung_in <= chrono::Duration::seconds(2),
+        alternative_in > chrono::Duration::seconds(-5)
+            && alternative_in <= chrono::Duration::seconds(2),
         "{v:#}"
     );
 
@@ -129,13 +130,13 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
         "{history:#?}"
     );
     // Its operation's metadata and the metrics agree: the filling batch
-    // counted once on its own placement, this one once on its rung.
+    // counted once on its own placement, this one once on its alternative.
     let text = s.scrape().await;
-    let allocations = |rung: &str, given: &str| {
+    let allocations = |alternative: &str, given: &str| {
         crate::metrics::value(
             &text,
             "flexq_alternative_allocations_total",
-            &[("rung", rung), ("asked", "l4"), ("given", given)],
+            &[("rung", alternative), ("asked", "l4"), ("given", given)],
         )
     };
     assert_eq!(allocations("0", "l4"), Some(1.0), "{text}");
@@ -148,7 +149,7 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
 }
 
 #[tokio::test]
-async fn a_region_rung_runs_the_batch_in_another_region_of_the_server() {
+async fn a_region_alternative_runs_the_batch_in_another_region_of_the_server() {
     let s = TestServer::start_with(|c| {
         world(c, 1, 4, 1, 100);
         // europe-west4-a: one virtual L4 node of 4 GPUs.
@@ -164,11 +165,11 @@ async fn a_region_rung_runs_the_batch_in_another_region_of_the_server() {
             .and_then(|z| z.node_pools.get_mut("l4"))
             .expect("europe-west4-a l4 pool");
         pool.virtual_nodes = 1;
-        c.alternatives = vec![LadderConfig {
+        c.alternatives = vec![AlternativesConfig {
             region: Some("us-central1".into()),
             accelerator: Some("l4".into()),
-            rungs: vec!["region europe-west4 after 1s".into()],
-            ..LadderConfig::default()
+            alternatives: vec!["region europe-west4 after 1s".into()],
+            ..AlternativesConfig::default()
         }];
     })
     .await;
@@ -190,7 +191,7 @@ async fn a_region_rung_runs_the_batch_in_another_region_of_the_server() {
 }
 
 #[tokio::test]
-async fn a_reload_changes_the_ladders_of_batches_created_after_it() {
+async fn a_reload_changes_the_alternative_rules_of_batches_created_after_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("flexq.toml");
     // One virtual L4 node (4 GPUs) in us-central1-a, one virtual A100-40
@@ -203,8 +204,8 @@ async fn a_reload_changes_the_ladders_of_batches_created_after_it() {
     s.until("demo", "fill", provisioned).await;
     assert_eq!(s.create("before", &gpu_batch(2, "3600s")).await, 200);
 
-    let ladder = "[[alternatives]]\naccelerator = \"l4\"\nrungs = [\"a100-40 after 1s\"]\n";
-    std::fs::write(&file, format!("{world}{ladder}")).expect("config");
+    let rule = "[[alternatives]]\naccelerator = \"l4\"\nrungs = [\"a100-40 after 1s\"]\n";
+    std::fs::write(&file, format!("{world}{rule}")).expect("config");
     let (status, body) = s.post("/v1/config:reload").await;
     assert_eq!(status, 200, "{body:#}");
     assert_eq!(s.create("after", &gpu_batch(2, "3600s")).await, 200);
@@ -213,7 +214,7 @@ async fn a_reload_changes_the_ladders_of_batches_created_after_it() {
         after["flexq"]["placement"]["accelerator"], "a100-40",
         "{after:#}"
     );
-    // A batch's ladder is fixed at its create: the one queued before the
+    // A batch's alternatives is fixed at its create: the one queued before the
     // reload has none, and still waits for L4.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let before = s.batch("before").await;
@@ -232,7 +233,7 @@ fn gpus_held(b: &Value) -> f64 {
 }
 
 #[tokio::test]
-async fn a_batch_on_a_rung_is_charged_what_it_holds_weighted_and_after_a_restart() {
+async fn a_batch_on_a_alternative_is_charged_what_it_holds_weighted_and_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("flexq.toml");
     // One virtual L4 node (4 GPUs) in us-central1-a, one virtual A100-40
@@ -251,13 +252,13 @@ async fn a_batch_on_a_rung_is_charged_what_it_holds_weighted_and_after_a_restart
         moves["flexq"]["placement"]["accelerator"], "a100-40",
         "{moves:#}"
     );
-    // Fair share charges the L4s at 1 and the rung's A100s at 3.
+    // Fair share charges the L4s at 1 and the alternative's A100s at 3.
     let expected = gpus_held(&fill) + 3.0 * gpus_held(&moves);
     let labels = [("region", "us-central1"), ("project", "demo")];
     let usage = |text: &str| crate::metrics::value(text, "flexq_fair_share_usage_gpus", &labels);
     assert_eq!(usage(&s.scrape().await), Some(expected));
 
-    // The usage report counts the rung's GPUs as A100-40s, weighted.
+    // The usage report counts the alternative's GPUs as A100-40s, weighted.
     let report = s.get("/v1/projects/demo/regions/us-central1/usage").await;
     let a100 = report["rows"]
         .as_array()

@@ -912,7 +912,7 @@ async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
 }
 
 #[tokio::test]
-async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_ladder() {
+async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_alternatives() {
     // One L4 node of 4 GPUs, one A100-40 node of 8; L4 batches may take
     // A100s after 1s.
     let s = TestServer::start_with(crate::alternatives::l4_and_a100).await;
@@ -926,12 +926,12 @@ async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_la
     assert_eq!(st, 200, "{body:#}");
     let moved = until(&s, &path("moves"), "moves provisioned", provisioned).await;
     assert_eq!(moved["flexq"]["placement"]["alternative"], 1, "{moved:#}");
-    // Its own ladder, whose one rung is not tried for 50 minutes.
+    // Its own alternatives, whose one alternative is not tried for 50 minutes.
     let mut waits = gpu_batch(2, "3600s");
     waits["runtimeConfig"]["properties"]["spark.flexq.alternatives"] = json!("a100-40 after 50m");
     let (st, body) = s.create("batchId=waits", &waits).await;
     assert_eq!(st, 200, "{body:#}");
-    // Its queue entry carries the ladder (the core learns of a create
+    // Its queue entry carries the alternatives (the core learns of a create
     // through the change stream on PostgreSQL).
     let deadline = Instant::now() + WAIT;
     let entry = loop {
@@ -955,7 +955,7 @@ async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_la
 
     let b = Browser::open().await;
     let console = s.url("/console/");
-    // The batch on its rung says which, on what, where and how.
+    // The batch on its alternative says which, on what, where and how.
     b.goto(&format!("{console}#/batch/demo/{REGION}/moves"))
         .await;
     b.text_with("#placement-badge", "on alternative 1: a100-40")
@@ -965,8 +965,8 @@ async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_la
         placement.contains("executors of a100-40 (12 cores"),
         "{placement}"
     );
-    let ladder = b.text_with("#alternatives", "a100-40 after 1s").await;
-    assert!(ladder.contains("runs here"), "{ladder}");
+    let rule = b.text_with("#alternatives", "a100-40 after 1s").await;
+    assert!(rule.contains("runs here"), "{rule}");
     b.shot("batch-on-alternative").await;
     // One allocated as asked says so.
     b.goto(&format!("{console}#/batch/demo/{REGION}/fill"))
@@ -979,15 +979,15 @@ async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_la
             .is_err(),
         "a batch on its own placement shows a rung's badge"
     );
-    // A queued one lists its ladder, and each rung's reason.
+    // A queued one lists its alternatives, and each alternative's reason.
     b.goto(&format!("{console}#/batch/demo/{REGION}/waits"))
         .await;
     b.text_with("#reasons", "alternative 1").await;
-    let ladder = b.text_with("#alternatives", "a100-40 after 50m").await;
-    assert!(!ladder.contains("runs here"), "{ladder}");
+    let rule = b.text_with("#alternatives", "a100-40 after 50m").await;
+    assert!(!rule.contains("runs here"), "{rule}");
     assert!(b.client.find(Locator::Css("#placement")).await.is_err());
 
-    // The queue shows a queued batch's ladder under its shape.
+    // The queue shows a queued batch's alternatives under its shape.
     b.goto(&format!("{console}#/queue?region={REGION}")).await;
     b.text_with(
         "tr[data-batch='waits'] .alternatives",

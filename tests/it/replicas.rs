@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flexq::config::Config;
-use flexq::spec::ClusterRequest;
+use flexq::spec::{ClusterRequest, Request};
 use serde_json::{Value, json};
 use sqlx::Row;
 
@@ -193,9 +193,9 @@ pub(crate) fn config_file(dir: &Path) -> PathBuf {
 
 /// Checks the whole allocation history: no GPU given twice at once, no
 /// node's cores, memory or local SSD over its size, a project's GPUs
-/// never over `quota`; every cluster whole on the rung it was allocated
-/// on (one driver and exactly the executors that rung's cluster asks,
-/// each with that rung's GPUs, GPU type and region, per attempt: an
+/// never over `quota`; every cluster whole on the alternative it was allocated
+/// on (one driver and exactly the executors that alternative's cluster asks,
+/// each with that alternative's GPUs, GPU type and region, per attempt: an
 /// attempt's parts are allocated in one transaction, at one instant);
 /// every attempt's cluster allocated before that attempt's own deadline;
 /// and no part still held by a batch that ended. Returns the number of
@@ -279,32 +279,35 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
         };
         // The deadline of this attempt, not only the latest's: a requeue
         // overwrites the stored one.
-        if let Some(deadline) = attempt_deadline(&b.cluster, queued) {
+        if let Some(deadline) = attempt_deadline(&b.request.cluster, queued) {
             if *at >= deadline {
                 return Err(format!(
                     "batch {seq}, attempt {attempt} (queued at {queued}): allocated at {at}, at or after its deadline {deadline}"
                 ));
             }
         }
-        // The rung the cluster is on: the latest attempt's is stored with
+        // The alternative the cluster is on: the latest attempt's is stored with
         // the batch; a requeue clears it, so an earlier attempt's must be
-        // one rung the parts are whole on. A rung reshapes the cluster
+        // one alternative the parts are whole on. An alternative reshapes the cluster
         // (another GPU type: other executors), so its own shape is not
-        // what a rung's allocation is counted against.
+        // what an alternative's allocation is counted against.
         let latest = attempt == b.queued.len() && b.allocate_time == Some(*at);
-        let rungs: Vec<u32> = if latest {
+        let alternatives: Vec<u32> = if latest {
             vec![b.alternative]
         } else {
-            (0..=b.cluster.alternatives.len() as u32).collect()
+            (0..=b.request.alternatives.len() as u32).collect()
         };
-        if !rungs.iter().any(|&rung| whole_on(b, rung, parts)) {
+        if !alternatives
+            .iter()
+            .any(|&alternative| whole_on(b, alternative, parts))
+        {
             let count = |role: &str| parts.iter().filter(|p| p.role == role).count();
-            let asked: Vec<u32> = rungs
+            let asked: Vec<u32> = alternatives
                 .iter()
-                .map(|&rung| b.cluster.on_rung(rung).0.executor_count)
+                .map(|&alternative| b.request.on(alternative).0.executor_count)
                 .collect();
             return Err(format!(
-                "batch {seq}, attempt {attempt}, allocated at {at}: {} drivers and {} executors ({parts:?}), {asked:?} executors asked on rungs {rungs:?}",
+                "batch {seq}, attempt {attempt}, allocated at {at}: {} drivers and {} executors ({parts:?}), {asked:?} executors asked on rungs {alternatives:?}",
                 count("driver"),
                 count("executor"),
             ));
@@ -337,7 +340,7 @@ pub(crate) async fn audit(url: &str, quota: i64) -> Result<usize, String> {
 /// The states a batch ends in: CANCELLED, SUCCEEDED, FAILED.
 const ENDED: [i64; 3] = [4, 5, 6];
 
-/// One stored part of a cluster, as the audit checks it against a rung.
+/// One stored part of a cluster, as the audit checks it against an alternative.
 #[derive(Debug)]
 struct Part {
     role: String,
@@ -351,13 +354,14 @@ struct Part {
 /// What the audit reads of a batch that was ever allocated.
 struct Audited {
     region: String,
-    cluster: ClusterRequest,
+    /// Its stored cluster and alternatives.
+    request: Request,
     /// When each attempt was queued (unix µs): at create, then at each
     /// requeue.
     queued: Vec<i64>,
     /// When its latest attempt was allocated, if it was.
     allocate_time: Option<i64>,
-    /// The rung its latest attempt's cluster is on (0: its own).
+    /// The alternative its latest attempt's cluster is on (0: its own).
     alternative: u32,
 }
 
@@ -392,7 +396,7 @@ async fn allocated_batches(db: &sqlx::PgPool) -> Result<HashMap<i64, Audited>, S
     let mut batches = HashMap::new();
     for r in &rows {
         let seq: i64 = r.get("seq");
-        let cluster: ClusterRequest = serde_json::from_str(r.get::<&str, _>("cluster"))
+        let request: Request = serde_json::from_str(r.get::<&str, _>("cluster"))
             .map_err(|e| format!("batch {seq}: its stored cluster request does not read: {e}"))?;
         let mut queued = vec![r.get::<i64, _>("create_time")];
         queued.extend(requeued.remove(&seq).unwrap_or_default());
@@ -406,17 +410,17 @@ async fn allocated_batches(db: &sqlx::PgPool) -> Result<HashMap<i64, Audited>, S
         }
         let stored: Option<i64> = r.get("deadline");
         let latest = queued[queued.len() - 1];
-        if attempt_deadline(&cluster, latest) != stored {
+        if attempt_deadline(&request.cluster, latest) != stored {
             return Err(format!(
                 "batch {seq}: its stored deadline {stored:?} is not that of its attempt {attempt}, queued at {latest}: {:?}",
-                attempt_deadline(&cluster, latest)
+                attempt_deadline(&request.cluster, latest)
             ));
         }
         batches.insert(
             seq,
             Audited {
                 region: r.get("region"),
-                cluster,
+                request,
                 queued,
                 allocate_time: r.get("allocate_time"),
                 alternative: r
@@ -436,12 +440,12 @@ fn attempt_deadline(cluster: &ClusterRequest, queued: i64) -> Option<i64> {
     cluster.deadline(queued).map(|d| d.timestamp_micros())
 }
 
-/// Whether `parts` are a whole cluster of `b` on `rung`: one driver and
-/// exactly the executors the rung's cluster asks, each part with that
-/// cluster's GPU count for its role, of its GPU type, in the rung's
+/// Whether `parts` are a whole cluster of `b` on `alternative`: one driver and
+/// exactly the executors the alternative's cluster asks, each part with that
+/// cluster's GPU count for its role, of its GPU type, in the alternative's
 /// region (where the row records them).
-fn whole_on(b: &Audited, rung: u32, parts: &[Part]) -> bool {
-    let (cluster, region) = b.cluster.on_rung(rung);
+fn whole_on(b: &Audited, alternative: u32, parts: &[Part]) -> bool {
+    let (cluster, region) = b.request.on(alternative);
     let region = region.unwrap_or(b.region.as_str());
     let count = |role: &str| parts.iter().filter(|p| p.role == role).count();
     count("driver") == 1

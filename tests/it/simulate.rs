@@ -86,10 +86,10 @@ fn the_example_week_runs_alone_side_by_side_and_as_json() {
 }
 
 /// Issue 25's goal, on the shipped week trace, whose us-central1 GPUs idle
-/// all week: with a rung to them (examples/traces/spill.toml) fewer than a
+/// all week: with an alternative to them (examples/traces/spill.toml) fewer than a
 /// third of today's batches expire, and no project waits longer at p95.
 #[test]
-fn a_region_rung_to_idle_gpus_cuts_the_weeks_expiries_below_a_third() {
+fn a_region_alternative_to_idle_gpus_cuts_the_weeks_expiries_below_a_third() {
     let week = repo("examples/traces/week.csv");
     let week = week.to_str().expect("utf-8 path");
     let report = |config: Option<&str>| -> Value {
@@ -122,7 +122,7 @@ fn a_region_rung_to_idle_gpus_cuts_the_weeks_expiries_below_a_third() {
             p95(p)
         );
     }
-    // The rung's GPU-hours count in the zones it ran in.
+    // The alternative's GPU-hours count in the zones it ran in.
     let spilled = spill["zones"]["us-central1-a"]["utilisation"]
         .as_f64()
         .expect("us-central1-a's utilisation");

@@ -299,7 +299,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         crate::support::no_virtual_nodes(c);
         c.agents.lease_duration = Duration::from_secs(3);
         // A batch may name A100-40s as its placement alternative.
-        c.alternatives = vec![flexq::config::LadderConfig {
+        c.alternatives = vec![flexq::config::AlternativesConfig {
             accelerator: Some("l4".into()),
             allow: vec!["a100-40".into()],
             ..Default::default()
@@ -715,7 +715,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     victim.restart();
 
     // 6. Placement alternatives: with no L4 quota left, an L4 batch runs
-    //    on its A100-40 rung, and Spark gets the rung's shape: 12-core
+    //    on its A100-40 alternative, and Spark gets the alternative's shape: 12-core
     //    executors of one GPU each (a GPU per 12 tasks), not 4-core L4
     //    ones.
     let a100 = Agent::start_in(

@@ -1,17 +1,17 @@
 //! The core against its invariants: unit cases for each rule, by topic
-//! ([`allocation`], [`estimate`], [`holds`], [`preempt`], [`reload`], [`rungs`],
+//! ([`allocation`], [`estimate`], [`holds`], [`preempt`], [`reload`], [`alternatives`],
 //! [`views`]), on the
 //! fixtures here, and property tests over random event sequences in
 //! [`props`].
 
 mod allocation;
+mod alternatives;
 mod estimate;
 mod holds;
 mod preempt;
 mod preempt_props;
 mod props;
 mod reload;
-mod rungs;
 mod views;
 
 use std::collections::BTreeMap;
@@ -20,7 +20,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 
 use super::*;
 use crate::spec::{
-    Accelerator, ClusterRequest, NodeShape, ProvisioningMode, QuotaAmount, QuotaMetric,
+    Accelerator, ClusterRequest, NodeShape, ProvisioningMode, QuotaAmount, QuotaMetric, Request,
     RuntimeVersion, Workload,
 };
 
@@ -79,7 +79,6 @@ fn cluster(
         allocation_timeout_s: timeout_s,
         ttl_s,
         infrastructure_retries: 0,
-        alternatives: Vec::new(),
         quota: vec![
             QuotaAmount {
                 metric,
@@ -125,7 +124,13 @@ fn pool(zone: &str, gpus: u32, max: u32) -> PoolDecl {
     }
 }
 
-fn batch(key: i64, project: &str, c: ClusterRequest, at: DateTime<Utc>) -> PendingBatch {
+/// A queued batch of `request`: a cluster, or a cluster with its
+/// alternatives.
+fn batch(key: i64, project: &str, request: impl Into<Request>, at: DateTime<Utc>) -> PendingBatch {
+    let Request {
+        cluster: c,
+        alternatives,
+    } = request.into();
     PendingBatch {
         key: BatchKey(key),
         batch_id: format!("b-{key}"),
@@ -136,6 +141,7 @@ fn batch(key: i64, project: &str, c: ClusterRequest, at: DateTime<Utc>) -> Pendi
         deadline: (c.mode == ProvisioningMode::Queue)
             .then(|| at + Duration::seconds(c.allocation_timeout_s as i64)),
         cluster: c,
+        alternatives,
         preemptions: 0,
     }
 }

@@ -14,13 +14,13 @@
 //! memory and local SSD per GPU vary on both sides of what parts ask, and
 //! quota limits low enough to bind.
 //!
-//! Some queue-mode batches carry placement alternatives (rungs): another
+//! Some queue-mode batches carry placement alternatives (alternatives): another
 //! GPU type in their region (reshaped as a create does), on-demand quota,
 //! or the other region, each with a delay within the allocation timeout.
-//! An allocation on a rung is checked against the rung: its delay passed,
-//! the whole rung cluster in the rung's region, the rung's quota charged
+//! An allocation on an alternative is checked against the alternative: its delay passed,
+//! the whole alternative cluster in the alternative's region, the alternative's quota charged
 //! there (the core's ledger against the model's), never a jump of a batch
-//! ahead that fits the same shape on its own placement or its own rung.
+//! ahead that fits the same shape on its own placement or its own alternative.
 
 mod generate;
 mod model;
@@ -30,7 +30,7 @@ use proptest::prelude::*;
 
 use super::{pending_counted_one_by_one, t0};
 use crate::scheduler::*;
-use crate::spec::{ClusterRequest, QuotaMetric};
+use crate::spec::{QuotaMetric, Request};
 use generate::{Op, PROJECTS, REGIONS, Setup, node_spec, op, policy, pools, setup};
 use model::{End, Model};
 
@@ -47,11 +47,11 @@ struct Harness {
 }
 
 /// What a run exercised: a harness whose checks never see an allocation,
-/// a rung taken or a queue judged would pass whatever the core does.
+/// an alternative taken or a queue judged would pass whatever the core does.
 #[derive(Debug, Default, Clone, Copy)]
 struct Tally {
     allocations: u32,
-    on_rungs: u32,
+    on_alternatives: u32,
     /// Regions whose queue head the liveness check judged.
     heads_judged: u32,
     stock_outs: u32,
@@ -88,7 +88,7 @@ impl Harness {
         for d in &decisions {
             match d {
                 Decision::Allocate(a) => {
-                    // One allocation a batch, whole, on one rung or its
+                    // One allocation a batch, whole, on one alternative or its
                     // own placement.
                     prop_assert!(
                         !allocated.contains(&a.key),
@@ -98,7 +98,7 @@ impl Harness {
                     self.m.check_allocation(a, now)?;
                     self.m.run(a);
                     self.tally.allocations += 1;
-                    self.tally.on_rungs += u32::from(a.rung.is_some());
+                    self.tally.on_alternatives += u32::from(a.alternative.is_some());
                     allocated.push(a.key);
                 }
                 Decision::Expire { key, .. } => {
@@ -148,7 +148,7 @@ impl Harness {
             self.infra_failure(key);
         }
         self.s.check_invariants().map_err(TestCaseError::fail)?;
-        // The core's ledger draws what the model's allocations draw: a rung
+        // The core's ledger draws what the model's allocations draw: an alternative
         // its own quota, in its own region.
         let usages = self.m.usages();
         for p in 0..PROJECTS {
@@ -195,19 +195,23 @@ impl Harness {
         region: &str,
         project: String,
         priority: i32,
-        cluster: ClusterRequest,
+        request: Request,
     ) -> Result<(), TestCaseError> {
         // The create refuses what could never fit, on its own placement
-        // and on every rung; never what the model sees could fit.
-        if let Some(why) = self.s.never_fits_anywhere(&project, region, &cluster) {
+        // and on every alternative; never what the model sees could fit.
+        if let Some(why) = self.s.never_fits_anywhere(&project, region, &request) {
             prop_assert!(
-                !self.m.could_ever_fit(&project, region, &cluster),
+                !self.m.could_ever_fit(&project, region, &request.cluster),
                 "a create refused as never fitting ({why:?}), but a node of {region} takes it whole within {project}'s quota"
             );
             return Ok(());
         }
         let key = BatchKey(self.next_key);
         self.next_key += 1;
+        let Request {
+            cluster,
+            alternatives,
+        } = request;
         let b = PendingBatch {
             key,
             batch_id: format!("b-{}", key.0),
@@ -217,6 +221,7 @@ impl Harness {
             queued_at: self.now,
             deadline: cluster.deadline(self.now),
             cluster,
+            alternatives,
             preemptions: 0,
         };
         self.m.submit(b.clone());
@@ -228,7 +233,7 @@ impl Harness {
         match op {
             Op::Submit(sub) => {
                 let project = format!("p{}", sub.project);
-                self.submit(REGIONS[sub.region], project, sub.priority, sub.cluster())?;
+                self.submit(REGIONS[sub.region], project, sub.priority, sub.request())?;
             }
             Op::SubmitLike {
                 like,
@@ -236,7 +241,11 @@ impl Harness {
                 priority,
             } => {
                 if let Some(b) = pick(&self.m.submitted(), like) {
-                    self.submit(&b.region, format!("p{project}"), priority, b.cluster)?;
+                    let request = Request {
+                        cluster: b.cluster,
+                        alternatives: b.alternatives,
+                    };
+                    self.submit(&b.region, format!("p{project}"), priority, request)?;
                 }
             }
             Op::Cancel(i) => {
@@ -396,12 +405,12 @@ proptest! {
 }
 
 /// The checks above see something: over a fixed seed, batches are
-/// allocated, on their own placements and on rungs, default-mode batches
+/// allocated, on their own placements and on alternatives, default-mode batches
 /// meet stock-outs, and queue heads are judged by the liveness check. A
 /// generator that stopped producing any of these would leave its checks
 /// passing on nothing.
 #[test]
-fn a_fixed_seed_run_allocates_takes_rungs_and_judges_queue_heads() {
+fn a_fixed_seed_run_allocates_takes_alternatives_and_judges_queue_heads() {
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
     let mut runner = TestRunner::new_with_rng(
         Config {
@@ -419,7 +428,7 @@ fn a_fixed_seed_run_allocates_takes_rungs_and_judges_queue_heads() {
             let sum = total.get();
             total.set(Tally {
                 allocations: sum.allocations + t.allocations,
-                on_rungs: sum.on_rungs + t.on_rungs,
+                on_alternatives: sum.on_alternatives + t.on_alternatives,
                 heads_judged: sum.heads_judged + t.heads_judged,
                 stock_outs: sum.stock_outs + t.stock_outs,
             });
@@ -428,9 +437,9 @@ fn a_fixed_seed_run_allocates_takes_rungs_and_judges_queue_heads() {
         .expect("the property holds on the fixed seed");
     let t = total.get();
     assert!(
-        t.allocations > 0 && t.on_rungs > 0 && t.heads_judged > 0 && t.stock_outs > 0,
+        t.allocations > 0 && t.on_alternatives > 0 && t.heads_judged > 0 && t.stock_outs > 0,
         "{t:?}"
     );
-    // Not a golden figure: rungs are a small share of what is allocated.
-    assert!(t.on_rungs < t.allocations, "{t:?}");
+    // Not a golden figure: alternatives are a small share of what is allocated.
+    assert!(t.on_alternatives < t.allocations, "{t:?}");
 }

@@ -1,22 +1,22 @@
-//! The ladders, the translation table and the reshaping of
-//! docs/rules.md#placement-alternatives, and every bad ladder's error.
+//! The alternatives rules, the translation table and the reshaping of
+//! docs/rules.md#placement-alternatives, and every bad alternative's error.
 
 use super::*;
 use crate::api::{PySparkBatch, RuntimeConfig};
-use crate::spec::{QuotaMetric, validate_create};
+use crate::spec::{QuotaMetric, Request, validate_create};
 use proptest::strategy::Strategy as _;
 
-/// The embedded default's policy with `ladders`.
-fn policy(ladders: &[(&[&str], &[&str])]) -> Policy {
+/// The embedded default's policy with `alternatives`.
+fn policy(alternative_rules: &[(&[&str], &[&str])]) -> Policy {
     let mut p = crate::config::Config::load_without_env(None)
         .expect("embedded config")
         .policy();
-    p.ladders = ladders
+    p.alternative_rules = alternative_rules
         .iter()
-        .map(|(rungs, allow)| {
-            let rungs: Vec<String> = rungs.iter().map(|r| r.to_string()).collect();
+        .map(|(alternatives, allow)| {
+            let alternatives: Vec<String> = alternatives.iter().map(|r| r.to_string()).collect();
             let allow: Vec<String> = allow.iter().map(|r| r.to_string()).collect();
-            ladder_from_config(None, None, Some("l4"), &rungs, &allow).expect("ladder")
+            rule_from_config(None, None, Some("l4"), &alternatives, &allow).expect("ladder")
         })
         .collect();
     p
@@ -48,7 +48,7 @@ fn flex(extra: &[(&str, &str)]) -> Batch {
     }
 }
 
-fn create(b: &Batch, p: &Policy) -> Result<ClusterRequest, Rejection> {
+fn create(b: &Batch, p: &Policy) -> Result<Request, Rejection> {
     validate_create(b, Default::default(), "demo", "us-central1", p)
 }
 
@@ -88,15 +88,15 @@ fn every_pair_of_gpu_types_translates_to_a_shape_the_target_allows() {
 }
 
 #[test]
-fn an_l4_batch_on_an_a100_rung_is_a_whole_valid_a100_batch() {
+fn an_l4_batch_on_an_a100_alternative_is_a_whole_valid_a100_batch() {
     let p = policy(&[(&["a100-40 after 15m"], &[])]);
     let c = create(&flex(&[("spark.executor.instances", "4")]), &p).expect("valid");
-    let [rung] = c.alternatives.as_slice() else {
+    let [alternative] = c.alternatives.as_slice() else {
         panic!("one rung: {:?}", c.alternatives);
     };
-    assert_eq!((rung.index, rung.after_s), (1, 900));
-    assert_eq!(rung.region, "us-central1");
-    let r = &rung.cluster;
+    assert_eq!((alternative.index, alternative.after_s), (1, 900));
+    assert_eq!(alternative.region, "us-central1");
+    let r = &alternative.cluster;
     assert_eq!(r.executor.accelerator, Some(Accelerator::A100_40));
     assert_eq!((r.executor.cores, r.executor.gpus), (12, 1));
     assert_eq!(r.executor_count, 4, "the cluster keeps its 4 executor GPUs");
@@ -109,7 +109,7 @@ fn an_l4_batch_on_an_a100_rung_is_a_whole_valid_a100_batch() {
         "{:?}",
         r.quota
     );
-    // The rung is what a user asking for A100s directly gets.
+    // The alternative is what a user asking for A100s directly gets.
     let direct = create(
         &flex(&[
             ("spark.executor.instances", "4"),
@@ -124,9 +124,14 @@ fn an_l4_batch_on_an_a100_rung_is_a_whole_valid_a100_batch() {
         &policy(&[]),
     )
     .expect("direct a100");
-    assert_eq!(r, &direct);
+    assert_eq!(r, &direct.cluster);
     // And Spark gets the reshaped batch.
-    let (spec, cluster) = as_placed(&flex(&[("spark.executor.instances", "4")]), &c, 1);
+    let (spec, cluster) = as_placed(
+        &flex(&[("spark.executor.instances", "4")]),
+        &c.cluster,
+        &c.alternatives,
+        1,
+    );
     assert_eq!(&cluster, r);
     assert_eq!(spec.properties()["spark.executor.cores"], "12");
     assert_eq!(
@@ -153,7 +158,12 @@ fn two_gpu_l4_executors_become_twice_as_many_one_gpu_a100_executors() {
         (r.executor.cores, r.executor.gpus, r.executor_count),
         (12, 1, 6)
     );
-    let (spec, _) = as_placed(&flex(&[("spark.task.resource.gpu.amount", "0.5")]), &c, 1);
+    let (spec, _) = as_placed(
+        &flex(&[("spark.task.resource.gpu.amount", "0.5")]),
+        &c.cluster,
+        &c.alternatives,
+        1,
+    );
     assert!(
         !spec
             .properties()
@@ -162,12 +172,12 @@ fn two_gpu_l4_executors_become_twice_as_many_one_gpu_a100_executors() {
     );
 }
 
-/// With dynamic allocation, a rung of more, smaller executors raises the
+/// With dynamic allocation, an alternative of more, smaller executors raises the
 /// batch's maxExecutors to them: the reshaped batch is valid and Spark
-/// may start the whole rung (planted: the raise left out, the create
+/// may start the whole alternative (planted: the raise left out, the create
 /// was refused).
 #[test]
-fn a_rung_of_more_executors_raises_a_dynamic_batchs_max_executors() {
+fn a_alternative_of_more_executors_raises_a_dynamic_batchs_max_executors() {
     let p = policy(&[(&["a100-40 after 15m"], &[])]);
     let b = flex(&[
         ("spark.executor.cores", "24"),
@@ -182,7 +192,7 @@ fn a_rung_of_more_executors_raises_a_dynamic_batchs_max_executors() {
         (r.executor.gpus, r.executor_count, r.dynamic_allocation),
         (1, 6, true)
     );
-    let (spec, placed) = as_placed(&b, &c, 1);
+    let (spec, placed) = as_placed(&b, &c.cluster, &c.alternatives, 1);
     assert_eq!(
         spec.properties()["spark.dynamicAllocation.maxExecutors"],
         "6"
@@ -205,11 +215,11 @@ fn on_demand_draws_the_standard_quota() {
             .iter()
             .any(|q| q.metric == QuotaMetric::NvidiaL4Gpus)
     );
-    assert_eq!(r.allocation_timeout_s, c.allocation_timeout_s);
+    assert_eq!(r.allocation_timeout_s, c.cluster.allocation_timeout_s);
 }
 
 #[test]
-fn a_batch_opts_out_or_names_its_own_ladder_within_what_is_allowed() {
+fn a_batch_opts_out_or_names_its_own_alternatives_within_what_is_allowed() {
     let p = policy(&[(
         &["a100-40 after 15m"],
         &["on-demand", "region europe-west4"],
@@ -231,7 +241,7 @@ fn a_batch_opts_out_or_names_its_own_ladder_within_what_is_allowed() {
         .collect();
     assert_eq!(targets, ["region europe-west4", "on-demand"]);
     assert_eq!(own.alternatives[0].region, "europe-west4");
-    // Without an operator's ladder, nothing to opt into.
+    // Without an operator's alternatives, nothing to opt into.
     let e = create(
         &flex(&[(ALTERNATIVES_PROPERTY, "a100-40 after 5m")]),
         &policy(&[]),
@@ -245,7 +255,7 @@ fn a_batch_opts_out_or_names_its_own_ladder_within_what_is_allowed() {
 }
 
 #[test]
-fn a_bad_ladder_names_the_field_the_value_and_what_is_accepted() {
+fn a_bad_alternatives_names_the_field_the_value_and_what_is_accepted() {
     let p = policy(&[(
         &["a100-40 after 15m"],
         &["a100-80", "on-demand", "region europe-west4"],
@@ -288,8 +298,8 @@ fn a_bad_ladder_names_the_field_the_value_and_what_is_accepted() {
     }
 }
 
-/// The rungs an operator may list, for the property below.
-const RUNG_CHOICES: [&str; 6] = [
+/// The alternatives an operator may list, for the property below.
+const ALTERNATIVE_CHOICES: [&str; 6] = [
     "a100-40 after 15m",
     "a100-80 after 10m",
     "l4 after 5m",
@@ -301,12 +311,12 @@ const RUNG_CHOICES: [&str; 6] = [
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
 
-    /// Every rung a create gives is the batch a user asking for it
-    /// directly gets: `validate` of the reshaped batch in the rung's
-    /// region is exactly the rung's cluster (less its own ladder).
+    /// Every alternative a create gives is the batch a user asking for it
+    /// directly gets: `validate` of the reshaped batch in the alternative's
+    /// region is exactly the alternative's cluster (less its own alternatives).
     #[test]
-    fn every_rung_is_what_validating_its_reshaped_batch_gives(
-        ladder in proptest::sample::subsequence(RUNG_CHOICES.to_vec(), 0..=4).prop_shuffle(),
+    fn every_alternative_is_what_validating_its_reshaped_batch_gives(
+        rule in proptest::sample::subsequence(ALTERNATIVE_CHOICES.to_vec(), 0..=4).prop_shuffle(),
         own_type in proptest::sample::select(Accelerator::ALL.to_vec()),
         size in 0usize..8,
         instances in 2u32..9,
@@ -318,8 +328,8 @@ proptest::proptest! {
         use proptest::prelude::*;
         let p = {
             let mut p = policy(&[]);
-            let rungs: Vec<String> = ladder.iter().map(|r| r.to_string()).collect();
-            p.ladders = vec![ladder_from_config(None, None, None, &rungs, &[]).expect("ladder")];
+            let alternatives: Vec<String> = rule.iter().map(|r| r.to_string()).collect();
+            p.alternative_rules = vec![rule_from_config(None, None, None, &alternatives, &[]).expect("ladder")];
             p
         };
         let allowed = own_type.allowed_cores();
@@ -341,7 +351,7 @@ proptest::proptest! {
             extra.push(("spark.executor.memory", m));
         }
         // Dynamic allocation: minExecutors, initialExecutors (not below
-        // it) and maybe maxExecutors, which the rung's gang must fit.
+        // it) and maybe maxExecutors, which the alternative's gang must fit.
         let dynamic = dynamic.map(|(min, more, max)| {
             (min.to_string(), (min + more).to_string(), max.map(|m| m.to_string()))
         });
@@ -359,42 +369,40 @@ proptest::proptest! {
             // much memory): nothing to check.
             return Ok(());
         };
-        for rung in &own.alternatives {
-            prop_assert!(rung.cluster.alternatives.is_empty());
-            let reshaped = reshape(&b, &own, &rung.target);
-            let direct = crate::spec::validate(&reshaped, "demo", &rung.region, &p);
-            prop_assert!(direct.is_ok(), "rung {} ({}): {:?}", rung.index, rung.target, direct);
-            let mut direct = direct.expect("valid");
-            direct.alternatives.clear();
-            prop_assert_eq!(&direct, &rung.cluster, "rung {} ({})", rung.index, rung.target);
-            // The rung's gang holds the own executors' GPUs, rounded up to
+        for alternative in &own.alternatives {
+            let reshaped = reshape(&b, &own.cluster, &alternative.target);
+            let direct = crate::spec::validate(&reshaped, "demo", &alternative.region, &p);
+            prop_assert!(direct.is_ok(), "rung {} ({}): {:?}", alternative.index, alternative.target, direct);
+            let direct = direct.expect("valid").cluster;
+            prop_assert_eq!(&direct, &alternative.cluster, "rung {} ({})", alternative.index, alternative.target);
+            // The alternative's gang holds the own executors' GPUs, rounded up to
             // whole executors, never more (dynamic allocation's bounds
-            // included: they follow the rung's executors).
+            // included: they follow the alternative's executors).
             let held = |c: &ClusterRequest| u64::from(c.executor_count) * u64::from(c.executor.gpus);
-            if rung.cluster.executor.gpus > 0 {
+            if alternative.cluster.executor.gpus > 0 {
                 prop_assert!(
-                    held(&rung.cluster) < held(&own) + u64::from(rung.cluster.executor.gpus),
+                    held(&alternative.cluster) < held(&own.cluster) + u64::from(alternative.cluster.executor.gpus),
                     "rung {} ({}): {} executors of {} GPUs for {} GPUs",
-                    rung.index, rung.target, rung.cluster.executor_count,
-                    rung.cluster.executor.gpus, held(&own)
+                    alternative.index, alternative.target, alternative.cluster.executor_count,
+                    alternative.cluster.executor.gpus, held(&own.cluster)
                 );
             }
             // And what the core is given is what Spark is given.
-            let (_, placed) = as_placed(&b, &own, rung.index);
-            prop_assert_eq!(&placed, &rung.cluster);
+            let (_, placed) = as_placed(&b, &own.cluster, &own.alternatives, alternative.index);
+            prop_assert_eq!(&placed, &alternative.cluster);
         }
     }
 }
 
 #[test]
-fn an_operator_rung_that_does_not_apply_is_skipped_not_an_error() {
-    // asia-southeast1 offers only L4: the A100 rung cannot apply there.
+fn an_operator_alternative_that_does_not_apply_is_skipped_not_an_error() {
+    // asia-southeast1 offers only L4: the A100 alternative cannot apply there.
     let p = policy(&[(&["a100-40 after 15m"], &[])]);
     let b = flex(&[]);
     let own =
         validate_create(&b, Default::default(), "demo", "asia-southeast1", &p).expect("valid");
     assert!(own.alternatives.is_empty());
-    let (_, skipped) = resolve(&b, &own, "demo", "asia-southeast1", &p).expect("resolves");
+    let (_, skipped) = resolve(&b, &own.cluster, "demo", "asia-southeast1", &p).expect("resolves");
     assert_eq!(skipped.len(), 1);
     assert!(skipped[0].why.contains("not offered"), "{}", skipped[0].why);
 }

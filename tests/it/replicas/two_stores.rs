@@ -16,8 +16,10 @@ use crate::support::fresh_postgres_database;
 /// A whole-node batch of project demo, as the API would store it.
 fn new_batch(config: &Config, id: &str, request_id: Option<&str>) -> NewBatch {
     let batch: flexq::api::Batch = serde_json::from_value(gpu_batch(3, "3600s")).expect("batch");
-    let cluster =
-        flexq::spec::validate(&batch, "demo", "us-central1", &config.policy()).expect("valid");
+    let flexq::spec::Request {
+        cluster,
+        alternatives,
+    } = flexq::spec::validate(&batch, "demo", "us-central1", &config.policy()).expect("valid");
     NewBatch {
         name: flexq::api::BatchName {
             project: "demo".into(),
@@ -30,6 +32,7 @@ fn new_batch(config: &Config, id: &str, request_id: Option<&str>) -> NewBatch {
         creator: "test".into(),
         spec: batch,
         cluster,
+        alternatives,
         priority: 0,
         state_message: "Queued.".into(),
     }

@@ -5,9 +5,9 @@
 use proptest::prelude::*;
 
 use crate::scheduler::*;
-use crate::spec::alternatives::{Rung, Target, translate};
+use crate::spec::alternatives::{Alternative, Target, translate};
 use crate::spec::{
-    Accelerator, ClusterRequest, NodeShape, ProvisioningMode, QuotaMetric, RuntimeVersion,
+    Accelerator, ClusterRequest, NodeShape, ProvisioningMode, QuotaMetric, Request, RuntimeVersion,
     Workload, quota_amounts,
 };
 
@@ -154,27 +154,27 @@ pub(super) struct Submit {
     pub(super) timeout_s: u64,
     pub(super) ttl_s: u64,
     pub(super) retries: u32,
-    /// Its ladder (queue mode only): targets repeated or equal to its own
+    /// Its alternatives (queue mode only): targets repeated or equal to its own
     /// placement are dropped, as a create refuses or skips them.
-    pub(super) rungs: Vec<RungGen>,
+    pub(super) alternatives: Vec<AlternativeGen>,
 }
 
-/// A rung: another GPU type in the batch's region, on-demand quota, or
+/// An alternative: another GPU type in the batch's region, on-demand quota, or
 /// the other region; its delay a tenth of the allocation timeout.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct RungGen {
+pub(super) struct AlternativeGen {
     pub(super) kind: u8,
     pub(super) to: Accelerator,
     pub(super) after_tenths: u64,
 }
 
-pub(super) fn rung_gen() -> impl Strategy<Value = RungGen> {
+pub(super) fn alternative_gen() -> impl Strategy<Value = AlternativeGen> {
     (
         prop_oneof![4 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)],
         accelerator(),
         0u64..10,
     )
-        .prop_map(|(kind, to, after_tenths)| RungGen {
+        .prop_map(|(kind, to, after_tenths)| AlternativeGen {
             kind,
             to,
             after_tenths,
@@ -200,7 +200,7 @@ pub(super) fn submit() -> impl Strategy<Value = Submit> {
         ),
         prop_oneof![
             3 => Just(Vec::new()),
-            2 => proptest::collection::vec(rung_gen(), 1..=2),
+            2 => proptest::collection::vec(alternative_gen(), 1..=2),
         ],
     )
         .prop_map(
@@ -212,7 +212,7 @@ pub(super) fn submit() -> impl Strategy<Value = Submit> {
                 executors,
                 queue,
                 (timeout_s, ttl_s, retries),
-                rungs,
+                alternatives,
             )| Submit {
                 region,
                 project,
@@ -225,13 +225,13 @@ pub(super) fn submit() -> impl Strategy<Value = Submit> {
                 timeout_s,
                 ttl_s,
                 retries,
-                rungs,
+                alternatives,
             },
         )
 }
 
 impl Submit {
-    pub(super) fn cluster(&self) -> ClusterRequest {
+    pub(super) fn request(&self) -> Request {
         let executor = self.executor.shape();
         let mut driver = self.driver;
         if self.driver_like_executors {
@@ -243,7 +243,7 @@ impl Submit {
         } else {
             ProvisioningMode::Default
         };
-        let mut own = ClusterRequest {
+        let own = ClusterRequest {
             workload: Workload::Pyspark,
             runtime: RuntimeVersion::new(3, 0),
             quota: quota_amounts(&driver, &executor, self.executors, mode),
@@ -254,14 +254,14 @@ impl Submit {
             allocation_timeout_s: self.timeout_s,
             ttl_s: Some(self.ttl_s),
             infrastructure_retries: self.retries,
-            alternatives: Vec::new(),
             preemptible: true,
             dynamic_allocation: false,
         };
+        let mut alternatives = Vec::new();
         if mode == ProvisioningMode::Queue {
             let region = REGIONS[self.region];
             let mut targets = Vec::new();
-            for g in &self.rungs {
+            for g in &self.alternatives {
                 let target = match g.kind {
                     0 => Target::Accelerator(g.to),
                     1 => Target::OnDemand,
@@ -271,19 +271,22 @@ impl Submit {
                     continue;
                 }
                 targets.push(target.clone());
-                own.alternatives.push(Rung {
+                alternatives.push(Alternative {
                     index: targets.len() as u32,
                     after_s: self.timeout_s * g.after_tenths / 10,
                     region: match &target {
                         Target::Region(r) => r.clone(),
                         _ => region.to_string(),
                     },
-                    cluster: rung_cluster(&own, &target),
+                    cluster: alternative_cluster(&own, &target),
                     target,
                 });
             }
         }
-        own
+        Request {
+            cluster: own,
+            alternatives,
+        }
     }
 }
 
@@ -313,9 +316,8 @@ fn part_on(shape: &NodeShape, from: Accelerator, to: Accelerator) -> NodeShape {
 /// The cluster a batch is on `target` (docs/rules.md#placement-alternatives):
 /// its own GPU type's parts reshaped, as many executors as keep its GPUs;
 /// on-demand: default mode; another region: the same cluster.
-fn rung_cluster(own: &ClusterRequest, target: &Target) -> ClusterRequest {
+fn alternative_cluster(own: &ClusterRequest, target: &Target) -> ClusterRequest {
     let mut c = own.clone();
-    c.alternatives = Vec::new();
     match target {
         Target::Accelerator(to) => {
             let from = own_type(own);

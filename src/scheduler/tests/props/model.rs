@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use super::generate::POOL_MAX;
 use crate::api::EndReason;
 use crate::scheduler::*;
-use crate::spec::alternatives::Rung;
+use crate::spec::alternatives::Alternative;
 use crate::spec::{ClusterRequest, ProvisioningMode, QuotaAmount, QuotaMetric};
 
 /// How a batch left.
@@ -31,12 +31,12 @@ pub(super) enum End {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum State {
     Queued,
-    /// Allocated: where (its own region, or its rung's), on which rung (0
+    /// Allocated: where (its own region, or its alternative's), on which alternative (0
     /// its own placement) and the quota it draws there.
     Running {
         placements: Vec<Placement>,
         region: String,
-        rung: u32,
+        alternative: u32,
         quota: Vec<QuotaAmount>,
     },
     Ended(End),
@@ -177,7 +177,7 @@ impl Model {
             t.state = State::Running {
                 placements: a.placements.clone(),
                 region: a.region.clone(),
-                rung: a.rung_index(),
+                alternative: a.alternative_index(),
                 quota: a.quota.clone(),
             };
         }
@@ -315,18 +315,12 @@ impl Model {
         )
     }
 
-    /// The first deadline, lease expiry or rung delay's end after `now`
+    /// The first deadline, lease expiry or alternative delay's end after `now`
     /// (the runner wakes at each).
     pub(super) fn next_event_after(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let queued = || self.batches.values().filter(|t| t.state == State::Queued);
         let deadlines = queued().filter_map(|t| t.batch.deadline);
-        let ripe = queued().flat_map(|t| {
-            t.batch
-                .cluster
-                .alternatives
-                .iter()
-                .map(|r| ripe_at(&t.batch, r))
-        });
+        let ripe = queued().flat_map(|t| t.batch.alternatives.iter().map(|r| ripe_at(&t.batch, r)));
         let expiries = self.leases.values().map(|(_, e)| *e);
         deadlines
             .chain(ripe)
@@ -336,7 +330,7 @@ impl Model {
     }
 
     /// What the clusters running now draw of each metric, by project and
-    /// region: where each was allocated, its own quota or its rung's.
+    /// region: where each was allocated, its own quota or its alternative's.
     pub(super) fn usages(&self) -> BTreeMap<(String, String, QuotaMetric), u64> {
         let mut out = BTreeMap::new();
         for t in self.batches.values() {
@@ -378,7 +372,7 @@ impl Model {
     }
 
     /// What the clusters running now draw of a metric in a region: each
-    /// where it was allocated, its own quota or its rung's.
+    /// where it was allocated, its own quota or its alternative's.
     fn usage(&self, project: &str, region: &str, metric: QuotaMetric) -> u64 {
         self.batches
             .values()
@@ -438,9 +432,9 @@ impl Model {
     /// there, schedulable and of the part's GPU type, all in one zone of
     /// the batch's region: the zone the allocation names.
     ///
-    /// On a rung, all of that holds of the rung's cluster in the rung's
-    /// region, with the rung's quota, and only once the rung's delay has
-    /// passed: never part of a cluster, never two rungs' parts.
+    /// On an alternative, all of that holds of the alternative's cluster in the alternative's
+    /// region, with the alternative's quota, and only once the alternative's delay has
+    /// passed: never part of a cluster, never two alternatives' parts.
     pub(super) fn check_allocation(
         &self,
         a: &Allocation,
@@ -450,11 +444,10 @@ impl Model {
         let k = a.key.0;
         prop_assert_eq!(a.allocated_at, now);
         prop_assert_eq!(a.queued_at, b.queued_at, "batch {}: its queue time", k);
-        let (region, c) = match &a.rung {
+        let (region, c) = match &a.alternative {
             None => (&b.region, &b.cluster),
             Some(on) => {
-                let rung = b
-                    .cluster
+                let alternative = b
                     .alternatives
                     .iter()
                     .find(|r| r.index == on.index)
@@ -465,16 +458,16 @@ impl Model {
                         ))
                     })?;
                 prop_assert!(
-                    now >= ripe_at(b, rung),
+                    now >= ripe_at(b, alternative),
                     "batch {} allocated on rung {} at {}, before its delay of {}s (queued at {})",
                     k,
                     on.index,
                     now,
-                    rung.after_s,
+                    alternative.after_s,
                     b.queued_at
                 );
                 prop_assert_eq!(on.asked, accelerator_label(&b.cluster));
-                (&rung.region, &rung.cluster)
+                (&alternative.region, &alternative.cluster)
             }
         };
         prop_assert_eq!(
@@ -482,7 +475,7 @@ impl Model {
             region,
             "batch {} allocated in another region than its rung {}'s",
             k,
-            a.rung_index()
+            a.alternative_index()
         );
         prop_assert_eq!(a.accelerator, accelerator_label(c));
         prop_assert_eq!(&a.project, &b.project);
@@ -505,14 +498,14 @@ impl Model {
             &c.quota,
             "batch {}: the quota of rung {}",
             k,
-            a.rung_index()
+            a.alternative_index()
         );
         let short = self.quota_short_in(&b.project, region, &c.quota);
         prop_assert!(
             short.is_none(),
             "batch {} allocated on rung {} beyond its {:?} quota in {}",
             k,
-            a.rung_index(),
+            a.alternative_index(),
             short,
             region
         );
@@ -738,12 +731,12 @@ impl Model {
     /// Order: a batch allocated in a pass never overtakes one ahead of it
     /// that is still queued and that would have fitted where it did — the
     /// same shape in the same region, a ttl no longer, its queue not held,
-    /// its quota free there — on its own placement or on a rung whose
+    /// its quota free there — on its own placement or on an alternative whose
     /// delay has passed in its region. Ahead means higher priority, then
     /// older: across the region in strict order, within its project in
     /// fair-share order. (A default-mode batch may pass a queued one that
     /// a reservation holds back.) The shape compared is the one allocated:
-    /// the batch's own, or its rung's. A rung in another region takes only
+    /// the batch's own, or its alternative's. An alternative in another region takes only
     /// what that region's queue leaves: nothing is queued there after.
     pub(super) fn check_order(
         &self,
@@ -759,13 +752,13 @@ impl Model {
             }
             let State::Running {
                 region: given_region,
-                rung,
+                alternative,
                 ..
             } = &t.state
             else {
                 continue;
             };
-            let given = match rung_of(a, *rung) {
+            let given = match alternative_of(a, *alternative) {
                 Some(r) => &r.cluster,
                 None => &a.cluster,
             };
@@ -779,7 +772,7 @@ impl Model {
                     "at {} batch {} took rung {} in {} while batch {} is queued there",
                     now,
                     a.key.0,
-                    rung,
+                    alternative,
                     given_region,
                     queued_there.map_or(0, |t| t.batch.key.0)
                 );
@@ -800,11 +793,10 @@ impl Model {
                 if !ahead {
                     continue;
                 }
-                // Its own placement, then its rungs in its region whose
+                // Its own placement, then its alternatives in its region whose
                 // delay has passed.
                 let options = std::iter::once((0, &b.region, &b.cluster)).chain(
-                    b.cluster
-                        .alternatives
+                    b.alternatives
                         .iter()
                         .filter(|r| r.region == b.region && ripe_at(b, r) <= now)
                         .map(|r| (r.index, &r.region, &r.cluster)),
@@ -819,7 +811,7 @@ impl Model {
                         now,
                         a.key.0,
                         a.priority,
-                        rung,
+                        alternative,
                         b.key.0,
                         b.priority,
                         index,
@@ -899,19 +891,18 @@ impl Model {
     }
 
     /// Whether queued `b` can start now by the model: on its own placement,
-    /// or on a rung in its region whose delay has passed, its quota free
-    /// there and the cluster fitting on one node. A rung in another region
+    /// or on an alternative in its region whose delay has passed, its quota free
+    /// there and the cluster fitting on one node. An alternative in another region
     /// is left out: it takes only what that region's queue leaves, which
     /// depends on the order the regions are walked in.
     fn can_start(&self, b: &PendingBatch, now: DateTime<Utc>) -> bool {
         let own = std::iter::once((&b.region, &b.cluster));
-        let rungs = b
-            .cluster
+        let alternatives = b
             .alternatives
             .iter()
             .filter(|r| r.region == b.region && ripe_at(b, r) <= now)
             .map(|r| (&r.region, &r.cluster));
-        own.chain(rungs).any(|(region, c)| {
+        own.chain(alternatives).any(|(region, c)| {
             self.quota_short_in(&b.project, region, &c.quota).is_none()
                 && self.fits_on_one_node(region, c)
         })
@@ -920,7 +911,7 @@ impl Model {
     /// Liveness, after every pass: the batch a region's order puts first
     /// (of those not held) waits only when the model says it cannot start.
     /// Nothing is ahead of it and no reservation precedes it, so a core
-    /// that leaks capacity, lets batches expire, or never takes a ripe rung
+    /// that leaks capacity, lets batches expire, or never takes a ripe alternative
     /// is caught here. In strict order the head is the model's own (higher
     /// priority, then older); in fair-share order the model does not know
     /// which project comes first, so it asks only when every project's
@@ -982,14 +973,14 @@ fn takes_whole(n: &NodeSpec, free: Room, c: &ClusterRequest) -> bool {
     need.0 <= free.0 && need.1 <= free.1 && need.2 <= free.2 && need.3 <= free.3
 }
 
-/// When `rung` of `b` may be tried: its queue time plus the rung's delay.
-pub(super) fn ripe_at(b: &PendingBatch, rung: &Rung) -> DateTime<Utc> {
-    b.queued_at + chrono::Duration::seconds(rung.after_s as i64)
+/// When `alternative` of `b` may be tried: its queue time plus the alternative's delay.
+pub(super) fn ripe_at(b: &PendingBatch, alternative: &Alternative) -> DateTime<Utc> {
+    b.queued_at + chrono::Duration::seconds(alternative.after_s as i64)
 }
 
-/// The rung `index` of `b` (0: its own placement, None).
-fn rung_of(b: &PendingBatch, index: u32) -> Option<&Rung> {
+/// The alternative `index` of `b` (0: its own placement, None).
+fn alternative_of(b: &PendingBatch, index: u32) -> Option<&Alternative> {
     (index > 0)
-        .then(|| b.cluster.alternatives.iter().find(|r| r.index == index))
+        .then(|| b.alternatives.iter().find(|r| r.index == index))
         .flatten()
 }

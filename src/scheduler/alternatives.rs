@@ -1,9 +1,9 @@
-//! The bookkeeping of placement alternatives ("rungs",
-//! docs/rules.md#placement-alternatives): when each rung of a queued
-//! batch may be tried, which rungs a region's batches may try now, and
+//! The bookkeeping of placement alternatives
+//! (docs/rules.md#placement-alternatives): when each alternative of a queued
+//! batch may be tried, which alternatives a region's batches may try now, and
 //! which regions a pass must scan because capacity changed where their
-//! batches' rungs run ([`Rungs`], kept by the queue). Where a rung is
-//! tried in a pass is `assess.rs`; why a queued batch's rungs have not
+//! batches' alternatives run ([`Alternatives`], kept by the queue). Where an alternative is
+//! tried in a pass is `assess.rs`; why a queued batch's alternatives have not
 //! taken it, `pending.rs`.
 
 use std::collections::{BTreeSet, HashMap};
@@ -11,27 +11,27 @@ use std::collections::{BTreeSet, HashMap};
 use chrono::{DateTime, Duration, Utc};
 
 use super::model::{BatchKey, PendingBatch, ShapeKey, shape_key};
-use crate::spec::alternatives::Rung;
+use crate::spec::alternatives::Alternative;
 
-/// When `rung` of a batch queued at `queued_at` may be tried.
-pub(super) fn ripe_at(queued_at: DateTime<Utc>, rung: &Rung) -> DateTime<Utc> {
-    queued_at + Duration::seconds(rung.after_s as i64)
+/// When `alternative` of a batch queued at `queued_at` may be tried.
+pub(super) fn ripe_at(queued_at: DateTime<Utc>, alternative: &Alternative) -> DateTime<Utc> {
+    queued_at + Duration::seconds(alternative.after_s as i64)
 }
 
-fn option_of(rung: &Rung) -> (String, ShapeKey) {
-    (rung.region.clone(), shape_key(&rung.cluster))
+fn option_of(alternative: &Alternative) -> (String, ShapeKey) {
+    (alternative.region.clone(), shape_key(&alternative.cluster))
 }
 
-/// The rungs of the queued batches: those that wait for their delay, and
+/// The alternatives of the queued batches: those that wait for their delay, and
 /// those that may be tried now, counted per home region.
 #[derive(Debug, Default)]
-pub(super) struct Rungs {
-    /// When each rung of a queued batch may be tried: (its queue time +
-    /// the rung's delay, the batch, the rung). [`Rungs::ripen`] moves
+pub(super) struct Alternatives {
+    /// When each alternative of a queued batch may be tried: (its queue time +
+    /// the alternative's delay, the batch, the alternative). [`Alternatives::ripen`] moves
     /// those due into `options`.
     ripening: BTreeSet<(DateTime<Utc>, BatchKey, u32)>,
-    /// Per home region: the rungs its queued batches may try now, as
-    /// (the rung's region, its shape), counted. A pass goes on past the
+    /// Per home region: the alternatives its queued batches may try now, as
+    /// (the alternative's region, its shape), counted. A pass goes on past the
     /// point where every own shape failed while any of these has not.
     options: HashMap<String, HashMap<(String, ShapeKey), usize>>,
     /// The same options that run in another region than their batch's,
@@ -40,26 +40,31 @@ pub(super) struct Rungs {
     homes: HashMap<String, HashMap<String, usize>>,
 }
 
-impl Rungs {
-    /// A batch entered the queue: its rungs wait for their delays.
+impl Alternatives {
+    /// A batch entered the queue: its alternatives wait for their delays.
     pub(super) fn schedule(&mut self, batch: &PendingBatch) {
-        for rung in &batch.cluster.alternatives {
-            self.ripening
-                .insert((ripe_at(batch.queued_at, rung), batch.key, rung.index));
+        for alternative in &batch.alternatives {
+            self.ripening.insert((
+                ripe_at(batch.queued_at, alternative),
+                batch.key,
+                alternative.index,
+            ));
         }
     }
 
-    /// A batch left the queue: its rungs no longer wait, nor count.
+    /// A batch left the queue: its alternatives no longer wait, nor count.
     pub(super) fn drop_batch(&mut self, batch: &PendingBatch) {
-        for rung in &batch.cluster.alternatives {
-            let waiting =
-                self.ripening
-                    .remove(&(ripe_at(batch.queued_at, rung), batch.key, rung.index));
+        for alternative in &batch.alternatives {
+            let waiting = self.ripening.remove(&(
+                ripe_at(batch.queued_at, alternative),
+                batch.key,
+                alternative.index,
+            ));
             if waiting {
                 continue;
             }
-            if rung.region != batch.region {
-                if let Some(homes) = self.homes.get_mut(&rung.region) {
+            if alternative.region != batch.region {
+                if let Some(homes) = self.homes.get_mut(&alternative.region) {
                     if let Some(n) = homes.get_mut(&batch.region) {
                         *n -= 1;
                         if *n == 0 {
@@ -67,12 +72,12 @@ impl Rungs {
                         }
                     }
                     if homes.is_empty() {
-                        self.homes.remove(&rung.region);
+                        self.homes.remove(&alternative.region);
                     }
                 }
             }
             if let Some(options) = self.options.get_mut(&batch.region) {
-                let option = option_of(rung);
+                let option = option_of(alternative);
                 if let Some(n) = options.get_mut(&option) {
                     *n -= 1;
                     if *n == 0 {
@@ -86,7 +91,7 @@ impl Rungs {
         }
     }
 
-    /// Rungs whose delay has passed at `now` may be tried: they count in
+    /// Alternatives whose delay has passed at `now` may be tried: they count in
     /// their batch's region (found by `queued`), which the pass scans;
     /// answers those regions.
     pub(super) fn ripen<'a>(
@@ -103,15 +108,15 @@ impl Rungs {
             let Some(batch) = queued(key) else {
                 continue;
             };
-            let Some(rung) = batch.cluster.alternatives.iter().find(|r| r.index == index) else {
+            let Some(alternative) = batch.alternatives.iter().find(|r| r.index == index) else {
                 continue;
             };
-            let option = option_of(rung);
+            let option = option_of(alternative);
             let region = batch.region.clone();
-            if rung.region != region {
+            if alternative.region != region {
                 *self
                     .homes
-                    .entry(rung.region.clone())
+                    .entry(alternative.region.clone())
                     .or_default()
                     .entry(region.clone())
                     .or_default() += 1;
@@ -127,12 +132,12 @@ impl Rungs {
         regions
     }
 
-    /// When the next rung may be tried.
+    /// When the next alternative may be tried.
     pub(super) fn next_ripe(&self) -> Option<DateTime<Utc>> {
         self.ripening.first().map(|(t, _, _)| *t)
     }
 
-    /// The rung options the batches of `home` may try now, counted.
+    /// The alternative options the batches of `home` may try now, counted.
     pub(super) fn options(&self, home: &str) -> Option<&HashMap<(String, ShapeKey), usize>> {
         self.options.get(home)
     }
@@ -142,7 +147,7 @@ impl Rungs {
         self.homes.get(region)
     }
 
-    /// Whether no rung may be tried now (none ripe, or all gone).
+    /// Whether no alternative may be tried now (none ripe, or all gone).
     #[cfg(test)]
     pub(super) fn none_ripe(&self) -> bool {
         self.options.is_empty() && self.homes.is_empty()

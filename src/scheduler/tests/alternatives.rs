@@ -1,9 +1,9 @@
-//! Placement alternatives in the core: a rung is tried only once its delay
+//! Placement alternatives in the core: an alternative is tried only once its delay
 //! has passed, at its batch's place in the queue, and takes the whole
 //! reshaped cluster in one zone or nothing.
 
 use super::*;
-use crate::spec::alternatives::{Rung, Target};
+use crate::spec::alternatives::{Alternative, Target};
 
 fn a100_node(id: &str, zone: &str) -> NodeSpec {
     NodeSpec {
@@ -31,13 +31,13 @@ fn a100_part() -> NodeShape {
     }
 }
 
-/// `c` with one rung: the same cluster on A100-40s, after `after_s`.
-fn with_a100_rung(mut c: ClusterRequest, after_s: u64) -> ClusterRequest {
+/// `c` with one alternative: the same cluster on A100-40s, after `after_s`.
+fn with_a100_alternative(c: ClusterRequest, after_s: u64) -> Request {
     let gpus = u64::from(c.executor_count) + 1;
-    let mut rung = c.clone();
-    rung.driver = a100_part();
-    rung.executor = a100_part();
-    rung.quota = vec![
+    let mut alternative = c.clone();
+    alternative.driver = a100_part();
+    alternative.executor = a100_part();
+    alternative.quota = vec![
         QuotaAmount {
             metric: QuotaMetric::PreemptibleNvidiaA100Gpus,
             amount: gpus,
@@ -47,19 +47,21 @@ fn with_a100_rung(mut c: ClusterRequest, after_s: u64) -> ClusterRequest {
             amount: 375 * gpus,
         },
     ];
-    c.alternatives = vec![Rung {
-        index: 1,
-        after_s,
-        target: Target::Accelerator(Accelerator::A100_40),
-        region: "r".into(),
-        cluster: rung,
-    }];
-    c
+    Request {
+        cluster: c,
+        alternatives: vec![Alternative {
+            index: 1,
+            after_s,
+            target: Target::Accelerator(Accelerator::A100_40),
+            region: "r".into(),
+            cluster: alternative,
+        }],
+    }
 }
 
 /// An A100-40 driver and `executors` A100-40 executors, asked directly.
 fn a100_gang(executors: u32) -> ClusterRequest {
-    let c = with_a100_rung(cluster(executors, ProvisioningMode::Queue, 3600, None), 0);
+    let c = with_a100_alternative(cluster(executors, ProvisioningMode::Queue, 3600, None), 0);
     c.alternatives[0].cluster.clone()
 }
 
@@ -80,12 +82,12 @@ fn two_types() -> Scheduler {
 }
 
 #[test]
-fn a_rung_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluster() {
+fn a_alternative_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluster() {
     let mut s = two_types();
     let full = cluster(3, ProvisioningMode::Queue, 3600, None);
     s.submit(batch(1, "p", full, t0()));
     assert_eq!(allocated(&s.pass(t0())), vec![1], "the L4 node is full now");
-    let waiting = with_a100_rung(cluster(2, ProvisioningMode::Queue, 3600, None), 900);
+    let waiting = with_a100_alternative(cluster(2, ProvisioningMode::Queue, 3600, None), 900);
     s.submit(batch(2, "p", waiting, t0()));
     let ripe = t0() + Duration::seconds(900);
     assert!(
@@ -109,8 +111,8 @@ fn a_rung_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluste
             info.reasons
         );
     }
-    // At the very instant it ripens, the rung is no longer "tried from"
-    // (cargo-mutants: `>` → `>=` in `rung_reasons` was missed).
+    // At the very instant it ripens, the alternative is no longer "tried from"
+    // (cargo-mutants: `>` → `>=` in `alternative_reasons` was missed).
     let info = s.pending_info(BatchKey(2), ripe).expect("queued");
     assert!(
         !info
@@ -125,10 +127,10 @@ fn a_rung_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluste
         panic!("one allocation on the rung: {d:?}");
     };
     assert_eq!(a.key, BatchKey(2));
-    assert_eq!(a.rung_index(), 1);
+    assert_eq!(a.alternative_index(), 1);
     assert_eq!(a.zone, "z2");
     assert_eq!(a.accelerator, "a100-40");
-    assert_eq!(a.rung.as_ref().map(|r| r.asked), Some("l4"));
+    assert_eq!(a.alternative.as_ref().map(|r| r.asked), Some("l4"));
     assert_eq!(a.placements.len(), 3, "driver and both executors, at once");
     assert!(
         a.placements
@@ -150,7 +152,7 @@ fn a_rung_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluste
 }
 
 #[test]
-fn without_a_rung_a_batch_waits_for_its_own_placement() {
+fn without_a_alternative_a_batch_waits_for_its_own_placement() {
     let mut s = two_types();
     s.submit(batch(
         1,
@@ -172,7 +174,7 @@ fn without_a_rung_a_batch_waits_for_its_own_placement() {
 }
 
 #[test]
-fn a_rung_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
+fn a_alternative_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
     let mut s = two_types();
     s.submit(batch(
         1,
@@ -181,14 +183,14 @@ fn a_rung_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
         t0(),
     ));
     s.pass(t0());
-    // Batch 2 waits for L4 with an A100 rung; batch 3, queued after it,
-    // asks for 8 A100s directly. When the rung ripens, batch 2 comes
+    // Batch 2 waits for L4 with an A100 alternative; batch 3, queued after it,
+    // asks for 8 A100s directly. When the alternative ripens, batch 2 comes
     // first in the queue and takes its 3 A100 GPUs; batch 3 no longer
     // fits whole and waits.
     s.submit(batch(
         2,
         "p",
-        with_a100_rung(cluster(2, ProvisioningMode::Queue, 3600, None), 600),
+        with_a100_alternative(cluster(2, ProvisioningMode::Queue, 3600, None), 600),
         t0(),
     ));
     s.submit(batch(3, "p", a100_gang(7), t0() + Duration::seconds(1)));
@@ -205,7 +207,7 @@ fn a_rung_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
 }
 
 #[test]
-fn a_reservation_for_l4_does_not_hold_back_a_rung_on_a100s() {
+fn a_reservation_for_l4_does_not_hold_back_a_alternative_on_a100s() {
     let mut s = two_types();
     // The L4 node is held for two hours: batch 2's start is estimated.
     s.submit(batch(
@@ -215,9 +217,9 @@ fn a_reservation_for_l4_does_not_hold_back_a_rung_on_a100s() {
         t0(),
     ));
     s.pass(t0());
-    // Batch 2 waits for L4 without a rung and reserves it; batch 3,
+    // Batch 2 waits for L4 without an alternative and reserves it; batch 3,
     // behind it with no ttl (it would outlast any reservation), may take
-    // A100s once its rung ripens: they are nothing batch 2 could use.
+    // A100s once its alternative ripens: they are nothing batch 2 could use.
     s.submit(batch(
         2,
         "p",
@@ -227,7 +229,7 @@ fn a_reservation_for_l4_does_not_hold_back_a_rung_on_a100s() {
     s.submit(batch(
         3,
         "p",
-        with_a100_rung(cluster(2, ProvisioningMode::Queue, 3600, None), 60),
+        with_a100_alternative(cluster(2, ProvisioningMode::Queue, 3600, None), 60),
         t0(),
     ));
     assert!(allocated(&s.pass(t0())).is_empty());
@@ -263,9 +265,9 @@ fn usage(s: &Scheduler, region: &str, metric: QuotaMetric) -> u64 {
 }
 
 #[test]
-fn a_cluster_running_on_a_rung_is_a_victim_like_any_and_gives_back_the_rungs_quota() {
+fn a_cluster_running_on_a_alternative_is_a_victim_like_any_and_gives_back_the_alternatives_quota() {
     let mut s = two_types_preempting();
-    // The L4 node is full; batch 2 asked for L4 and runs on its A100 rung,
+    // The L4 node is full; batch 2 asked for L4 and runs on its A100 alternative,
     // on all 8 A100s.
     s.submit(batch(
         1,
@@ -276,12 +278,12 @@ fn a_cluster_running_on_a_rung_is_a_victim_like_any_and_gives_back_the_rungs_quo
     s.submit(batch(
         2,
         "p",
-        with_a100_rung(cluster(7, ProvisioningMode::Queue, 3600, None), 0),
+        with_a100_alternative(cluster(7, ProvisioningMode::Queue, 3600, None), 0),
         t0(),
     ));
     assert_eq!(allocated(&s.pass(t0())), vec![1, 2]);
     assert_eq!(usage(&s, "r", QuotaMetric::PreemptibleNvidiaA100Gpus), 8);
-    // An urgent A100 batch, past min_runtime: the rung's cluster stops.
+    // An urgent A100 batch, past min_runtime: the alternative's cluster stops.
     let at = t0() + Duration::minutes(20);
     let mut urgent = batch(3, "p", a100_gang(3), at);
     urgent.priority = 10;
@@ -290,7 +292,7 @@ fn a_cluster_running_on_a_rung_is_a_victim_like_any_and_gives_back_the_rungs_quo
     assert_eq!(preempted(&d), vec![(3, vec![2])], "{d:?}");
     assert!(allocated(&d).is_empty());
     assert!(s.check_invariants().is_ok());
-    // Gone: the A100 quota it drew on its rung comes back there, none of
+    // Gone: the A100 quota it drew on its alternative comes back there, none of
     // the L4 quota it asked for was ever charged, and the preemptor gets
     // the A100s it was set aside.
     s.forget(BatchKey(2), at + Duration::seconds(30));
@@ -303,7 +305,7 @@ fn a_cluster_running_on_a_rung_is_a_victim_like_any_and_gives_back_the_rungs_quo
 }
 
 #[test]
-fn a_preemptor_whose_rung_ripens_while_its_victims_stop_keeps_to_one_placement() {
+fn a_preemptor_whose_alternative_ripens_while_its_victims_stop_keeps_to_one_placement() {
     let mut s = two_types_preempting();
     // L4 node full with batch 1; the A100 node full with batch 2 (asked
     // directly), which ends later.
@@ -315,18 +317,18 @@ fn a_preemptor_whose_rung_ripens_while_its_victims_stop_keeps_to_one_placement()
     ));
     s.submit(batch(2, "p", a100_gang(7), t0()));
     assert_eq!(allocated(&s.pass(t0())), vec![1, 2]);
-    // Batch 3, urgent, wants L4 (its A100 rung after 30 min): it stops 1.
+    // Batch 3, urgent, wants L4 (its A100 alternative after 30 min): it stops 1.
     let at = t0() + Duration::minutes(20);
     let mut urgent = batch(
         3,
         "p",
-        with_a100_rung(cluster(3, ProvisioningMode::Queue, 3600, None), 1800),
+        with_a100_alternative(cluster(3, ProvisioningMode::Queue, 3600, None), 1800),
         at,
     );
     urgent.priority = 10;
     s.submit(urgent);
     assert_eq!(preempted(&s.pass(at)), vec![(3, vec![1])]);
-    // While 1 stops, the A100s free and 3's rung ripens: it waits on what
+    // While 1 stops, the A100s free and 3's alternative ripens: it waits on what
     // is set aside for it, and takes no second placement.
     let ripe = at + Duration::minutes(30);
     s.forget(BatchKey(2), ripe);
@@ -341,7 +343,7 @@ fn a_preemptor_whose_rung_ripens_while_its_victims_stop_keeps_to_one_placement()
         panic!("one allocation: {d:?}");
     };
     assert_eq!(
-        (a.key, a.rung_index(), a.zone.as_str()),
+        (a.key, a.alternative_index(), a.zone.as_str()),
         (BatchKey(3), 0, "z1")
     );
     assert!(s.check_invariants().is_ok());
@@ -352,15 +354,18 @@ fn victims_are_chosen_by_the_region_their_cluster_runs_in_and_give_quota_back_th
     let mut s = two_types_preempting();
     s.set_quota_limit("p", "home", QuotaMetric::PreemptibleNvidiaL4Gpus, 100);
     // Batch 1 belongs to region `home`, which has no capacity; its region
-    // rung runs it in `r`, on the whole L4 node.
-    let mut c = cluster(3, ProvisioningMode::Queue, 3600, None);
-    c.alternatives = vec![Rung {
-        index: 1,
-        after_s: 0,
-        target: Target::Region("r".into()),
-        region: "r".into(),
-        cluster: c.clone(),
-    }];
+    // alternative runs it in `r`, on the whole L4 node.
+    let own = cluster(3, ProvisioningMode::Queue, 3600, None);
+    let c = Request {
+        cluster: own.clone(),
+        alternatives: vec![Alternative {
+            index: 1,
+            after_s: 0,
+            target: Target::Region("r".into()),
+            region: "r".into(),
+            cluster: own,
+        }],
+    };
     let mut b = batch(1, "p", c, t0());
     b.region = "home".into();
     s.submit(b);
@@ -384,13 +389,13 @@ fn victims_are_chosen_by_the_region_their_cluster_runs_in_and_give_quota_back_th
     assert!(s.check_invariants().is_ok());
 }
 
-/// A ripe rung counts its batch's region as a home of the rung's region,
+/// A ripe alternative counts its batch's region as a home of the alternative's region,
 /// and its option in the batch's region, once per batch: each batch that
 /// leaves takes its count with it, and the last leaves nothing behind
-/// (cargo-mutants: `-=` → `/=` in `drop_rungs` was missed; a count that
+/// (cargo-mutants: `-=` → `/=` in `drop_alternatives` was missed; a count that
 /// never falls widens every later pass's walk).
 #[test]
-fn batches_that_leave_take_their_ripe_rungs_counts_with_them() {
+fn batches_that_leave_take_their_ripe_alternatives_counts_with_them() {
     let mut s = two_types();
     s.submit(batch(
         1,
@@ -400,7 +405,7 @@ fn batches_that_leave_take_their_ripe_rungs_counts_with_them() {
     ));
     assert_eq!(allocated(&s.pass(t0())), vec![1], "the L4 node is full now");
     for key in [2, 3] {
-        let mut c = with_a100_rung(cluster(2, ProvisioningMode::Queue, 3600, None), 0);
+        let mut c = with_a100_alternative(cluster(2, ProvisioningMode::Queue, 3600, None), 0);
         c.alternatives[0].region = "elsewhere".into();
         s.submit(batch(key, "p", c, t0()));
     }
@@ -411,14 +416,14 @@ fn batches_that_leave_take_their_ripe_rungs_counts_with_them() {
     );
     let homes = |s: &Scheduler| {
         s.queue
-            .rungs()
+            .alternatives()
             .homes_of("elsewhere")
             .and_then(|h| h.get("r"))
             .copied()
     };
     let options = |s: &Scheduler| {
         s.queue
-            .rungs()
+            .alternatives()
             .options("r")
             .map(|o| o.values().sum::<usize>())
     };
@@ -431,5 +436,5 @@ fn batches_that_leave_take_their_ripe_rungs_counts_with_them() {
     assert_eq!((homes(&s), options(&s)), (Some(1), Some(1)));
     s.forget(BatchKey(3), t0());
     assert_eq!((homes(&s), options(&s)), (None, None));
-    assert!(s.queue.rungs().none_ripe());
+    assert!(s.queue.alternatives().none_ripe());
 }
