@@ -183,43 +183,8 @@ async fn drive(
         return Ok(None);
     }
 
-    let rapids = if ctx.config.rapids_jar.is_file() {
-        Rapids::Jar(ctx.config.rapids_jar.display().to_string())
-    } else {
-        Rapids::Missing {
-            reason: format!(
-                "no RAPIDS jar at {} on node {}",
-                ctx.config.rapids_jar.display(),
-                ctx.config.node_id
-            ),
-        }
-    };
-    let mut conf = launch::spark_conf(job, &rapids);
-    conf.entry("spark.driver.host".into())
-        .or_insert_with(|| ctx.config.advertise_host.clone());
-    if !a.gpus.is_empty() {
-        let script = dir.join("driver-gpus.sh");
-        write_script(&script, &a.gpus).map_err(|e| format!("{}: {e}", script.display()))?;
-        conf.entry("spark.driver.resource.gpu.discoveryScript".into())
-            .or_insert_with(|| script.display().to_string());
-    }
-    let jars: Vec<String> = match &rapids {
-        Rapids::Jar(path) => vec![path.clone()],
-        Rapids::Missing { .. } => vec![],
-    };
-    let args = launch::submit_args(job, &url, &conf, &jars);
-    let mut cmd = Command::new(ctx.spark_home.join("bin/spark-submit"));
-    cmd.args(&args)
-        .current_dir(dir)
-        .env("FLEXQ_BATCH_UUID", &a.uuid)
-        .env("SPARK_HOME", &ctx.spark_home)
-        .env("SPARK_LOCAL_IP", &ctx.config.advertise_host)
-        .env("PYSPARK_PYTHON", &ctx.config.python)
-        .env("PYSPARK_DRIVER_PYTHON", &ctx.config.python)
-        .env("PYTHONUNBUFFERED", "1")
-        .envs(launch::driver_env(job))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let rapids = find_rapids(ctx);
+    let cmd = submit_command(ctx, a, job, dir, &url, &rapids)?;
     let mut driver = match Group::spawn("spark driver", cmd, &ctx.config.work_dir) {
         Ok(d) => d,
         Err(e) => {
@@ -228,13 +193,7 @@ async fn drive(
         }
     };
     tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, rapids = %rapids.describe(), "driver started");
-    let pump = {
-        let stdout = driver.child().stdout.take();
-        let stderr = driver.child().stderr.take();
-        let (client, epoch, uuid) = (ctx.client.clone(), ctx.epoch.clone(), a.uuid.clone());
-        let log = dir.join("driver.log");
-        tokio::spawn(async move { pump_output(client, epoch, uuid, stdout, stderr, log).await })
-    };
+    let pump = start_pump(ctx, a, dir, &mut driver);
     if let Err(e) = ctx
         .client
         .report_surely(
@@ -254,7 +213,115 @@ async fn drive(
         return Ok(None);
     }
 
-    let ttl = a.ttl_seconds;
+    let end = wait_for_end(&mut driver, a.ttl_seconds, rx, cancel).await?;
+    // A preempted batch's grace is the server's; else the agent's own.
+    let grace = rx
+        .borrow()
+        .stop_grace_seconds
+        .map_or(ctx.config.stop_grace, std::time::Duration::from_secs);
+    let exit = match end {
+        End::Exited(status) => {
+            driver.reap();
+            Some(status)
+        }
+        End::Gone => {
+            driver.stop(grace).await;
+            master.stop(grace).await;
+            pump.abort();
+            return Ok(None);
+        }
+        End::TtlPassed(_) | End::Cancelled => {
+            driver.stop(grace).await;
+            None
+        }
+    };
+    let (tail, mut fallback) = collect_output(pump, dir).await;
+    let tail = String::from_utf8_lossy(&tail);
+    // What ran on the CPU instead of the GPUs: said before the end.
+    let asked_gpus = job.cluster.total_gpus() > 0;
+    fallback.without_rapids = asked_gpus && matches!(rapids, Rapids::Missing { .. });
+    report_fallback(ctx, a, &fallback).await;
+    let on_cpu = on_cpu_note(&fallback);
+    Ok(Some((end_event(end, exit, &tail, &on_cpu), master)))
+}
+
+/// Picks the node's RAPIDS jar, or says why the batch runs without it.
+fn find_rapids(ctx: &Ctx) -> Rapids {
+    if ctx.config.rapids_jar.is_file() {
+        Rapids::Jar(ctx.config.rapids_jar.display().to_string())
+    } else {
+        Rapids::Missing {
+            reason: format!(
+                "no RAPIDS jar at {} on node {}",
+                ctx.config.rapids_jar.display(),
+                ctx.config.node_id
+            ),
+        }
+    }
+}
+
+/// Builds the `spark-submit` command for the job against the batch's
+/// master, writing the driver's GPU discovery script when it has GPUs.
+fn submit_command(
+    ctx: &Ctx,
+    a: &Assignment,
+    job: &SparkJob,
+    dir: &Path,
+    url: &str,
+    rapids: &Rapids,
+) -> Result<Command, String> {
+    let mut conf = launch::spark_conf(job, rapids);
+    conf.entry("spark.driver.host".into())
+        .or_insert_with(|| ctx.config.advertise_host.clone());
+    if !a.gpus.is_empty() {
+        let script = dir.join("driver-gpus.sh");
+        write_script(&script, &a.gpus).map_err(|e| format!("{}: {e}", script.display()))?;
+        conf.entry("spark.driver.resource.gpu.discoveryScript".into())
+            .or_insert_with(|| script.display().to_string());
+    }
+    let jars: Vec<String> = match rapids {
+        Rapids::Jar(path) => vec![path.clone()],
+        Rapids::Missing { .. } => vec![],
+    };
+    let args = launch::submit_args(job, url, &conf, &jars);
+    let mut cmd = Command::new(ctx.spark_home.join("bin/spark-submit"));
+    cmd.args(&args)
+        .current_dir(dir)
+        .env("FLEXQ_BATCH_UUID", &a.uuid)
+        .env("SPARK_HOME", &ctx.spark_home)
+        .env("SPARK_LOCAL_IP", &ctx.config.advertise_host)
+        .env("PYSPARK_PYTHON", &ctx.config.python)
+        .env("PYSPARK_DRIVER_PYTHON", &ctx.config.python)
+        .env("PYTHONUNBUFFERED", "1")
+        .envs(launch::driver_env(job))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Ok(cmd)
+}
+
+/// Starts uploading the driver's output and writing it to `driver.log`;
+/// the task answers the output's tail and the CPU fallback it saw.
+fn start_pump(
+    ctx: &Ctx,
+    a: &Assignment,
+    dir: &Path,
+    driver: &mut Group,
+) -> tokio::task::JoinHandle<(Vec<u8>, crate::api::CpuFallback)> {
+    let stdout = driver.child().stdout.take();
+    let stderr = driver.child().stderr.take();
+    let (client, epoch, uuid) = (ctx.client.clone(), ctx.epoch.clone(), a.uuid.clone());
+    let log = dir.join("driver.log");
+    tokio::spawn(async move { pump_output(client, epoch, uuid, stdout, stderr, log).await })
+}
+
+/// Waits until the driver exits, its ttl passes, the batch is stopped,
+/// or the assignment goes away.
+async fn wait_for_end(
+    driver: &mut Group,
+    ttl: Option<u64>,
+    rx: &mut watch::Receiver<Assignment>,
+    cancel: &CancellationToken,
+) -> Result<End, String> {
     let ttl_sleep = async {
         match ttl {
             Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
@@ -280,29 +347,16 @@ async fn drive(
             _ = cancel.cancelled() => break End::Gone,
         }
     };
-    // A preempted batch's grace is the server's; else the agent's own.
-    let grace = rx
-        .borrow()
-        .stop_grace_seconds
-        .map_or(ctx.config.stop_grace, std::time::Duration::from_secs);
-    let exit = match end {
-        End::Exited(status) => {
-            driver.reap();
-            Some(status)
-        }
-        End::Gone => {
-            driver.stop(grace).await;
-            master.stop(grace).await;
-            pump.abort();
-            return Ok(None);
-        }
-        End::TtlPassed(_) | End::Cancelled => {
-            driver.stop(grace).await;
-            None
-        }
-    };
-    // Everything the driver printed is uploaded before the end is reported.
-    let (tail, mut fallback) = match tokio::time::timeout(Duration::from_secs(30), pump).await {
+    Ok(end)
+}
+
+/// Waits for everything the driver printed to be uploaded before the end
+/// is reported; answers the output's tail and the CPU fallback seen.
+async fn collect_output(
+    pump: tokio::task::JoinHandle<(Vec<u8>, crate::api::CpuFallback)>,
+    dir: &Path,
+) -> (Vec<u8>, crate::api::CpuFallback) {
+    match tokio::time::timeout(Duration::from_secs(30), pump).await {
         Ok(Ok(done)) => done,
         // The upload is stuck (the server is slow or gone): the local log
         // still has the tail for the failure summary.
@@ -310,11 +364,11 @@ async fn drive(
             tail_of(&dir.join("driver.log")).into_bytes(),
             Default::default(),
         ),
-    };
-    let tail = String::from_utf8_lossy(&tail);
-    // What ran on the CPU instead of the GPUs: said before the end.
-    let asked_gpus = job.cluster.total_gpus() > 0;
-    fallback.without_rapids = asked_gpus && matches!(rapids, Rapids::Missing { .. });
+    }
+}
+
+/// Reports what ran on the CPU instead of the GPUs, if anything did.
+async fn report_fallback(ctx: &Ctx, a: &Assignment, fallback: &crate::api::CpuFallback) {
     let fell_back = fallback.operators > 0 || fallback.without_rapids;
     if fell_back {
         let event = ReportEvent::CpuFallback {
@@ -324,7 +378,11 @@ async fn drive(
             tracing::warn!(batch = %a.batch, error = %e, "CPU fallback not reported");
         }
     }
-    let on_cpu = if fallback.without_rapids {
+}
+
+/// The sentence the end's message gets about what ran on the CPU.
+fn on_cpu_note(fallback: &crate::api::CpuFallback) -> String {
+    if fallback.without_rapids {
         " It asked for GPUs and ran without the RAPIDS Accelerator: all of it ran on the CPU."
             .to_string()
     } else if fallback.operators > 0 {
@@ -336,8 +394,18 @@ async fn drive(
         )
     } else {
         String::new()
-    };
-    let event = match (end, exit) {
+    }
+}
+
+/// The report of how the batch ended, from how the driver ended, its exit
+/// status, the tail of its output and the note on what ran on the CPU.
+fn end_event(
+    end: End,
+    exit: Option<std::process::ExitStatus>,
+    tail: &str,
+    on_cpu: &str,
+) -> ReportEvent {
+    match (end, exit) {
         (End::Exited(_), Some(status)) if status.success() => ReportEvent::Finished {
             succeeded: true,
             message: format!("The driver finished successfully (exit status 0).{on_cpu}"),
@@ -353,7 +421,7 @@ async fn drive(
                 succeeded: false,
                 message: format!(
                     "The driver failed ({how}): {}",
-                    launch::failure_summary(&tail)
+                    launch::failure_summary(tail)
                 ),
                 exit_code: code,
             }
@@ -370,6 +438,5 @@ async fn drive(
             message: "Stopped on cancellation.".into(),
             exit_code: None,
         },
-    };
-    Ok(Some((event, master)))
+    }
 }

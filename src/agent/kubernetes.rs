@@ -158,6 +158,8 @@ pub(super) async fn run_driver(
     }
 }
 
+/// Applies the batch's `SparkApplication` and follows it until it ends;
+/// answers the batch's end to report (None: nothing to report).
 async fn drive(
     ctx: &Ctx,
     a: &Assignment,
@@ -170,22 +172,8 @@ async fn drive(
         .as_ref()
         .ok_or("the driver's assignment carries no job")?;
     let kube = Kube::new(config)?;
-    let target = K8sTarget {
-        namespace: config.namespace.clone(),
-        image: config.image.clone(),
-        service_account: config.service_account.clone(),
-        rapids_jar: (!config.rapids_jar.is_empty()).then(|| config.rapids_jar.clone()),
-        spark_version: config.spark_version.clone(),
-    };
-    let parts: Vec<PartNode> = a
-        .cluster
-        .iter()
-        .map(|p| PartNode {
-            node: p.node.clone(),
-            driver: p.role == "driver",
-        })
-        .collect();
-    let manifest = spark_application(job, &parts, &target);
+    let target = target_of(config);
+    let manifest = spark_application(job, &parts_of(a), &target);
     let name = application_name(job);
     kube.apply(&manifest)
         .await
@@ -195,6 +183,45 @@ async fn drive(
         Some(jar) => format!("enabled ({jar} in image {})", job_image(&manifest)),
         None => "not available: the image has no RAPIDS jar configured; the batch ran on Spark without the RAPIDS Accelerator".into(),
     };
+    follow(ctx, a, &kube, &name, &rapids, rx, cancel).await
+}
+
+/// Where and how the agent's config has applications created.
+fn target_of(config: &KubernetesConfig) -> K8sTarget {
+    K8sTarget {
+        namespace: config.namespace.clone(),
+        image: config.image.clone(),
+        service_account: config.service_account.clone(),
+        rapids_jar: (!config.rapids_jar.is_empty()).then(|| config.rapids_jar.clone()),
+        spark_version: config.spark_version.clone(),
+    }
+}
+
+/// The assignment's parts: each one's node and whether it is the driver.
+fn parts_of(a: &Assignment) -> Vec<PartNode> {
+    a.cluster
+        .iter()
+        .map(|p| PartNode {
+            node: p.node.clone(),
+            driver: p.role == "driver",
+        })
+        .collect()
+}
+
+/// Follows the application `name` every status interval: reports the
+/// driver started once it runs, and answers its end (completed, failed,
+/// past its ttl, cancelled) once it is over, deleting it; None when the
+/// assignment went away or the agent is stopping.
+async fn follow(
+    ctx: &Ctx,
+    a: &Assignment,
+    kube: &Kube,
+    name: &str,
+    rapids: &str,
+    rx: &mut watch::Receiver<Assignment>,
+    cancel: &CancellationToken,
+) -> Result<Option<ReportEvent>, String> {
+    let config = &ctx.config.kubernetes;
     let ttl = a.ttl_seconds.map(Duration::from_secs);
     let started = tokio::time::Instant::now();
     let mut running = false;
@@ -203,11 +230,11 @@ async fn drive(
             _ = tokio::time::sleep(config.status_interval) => {}
             changed = rx.changed() => {
                 if changed.is_err() {
-                    let _ = kube.delete(&name).await;
+                    let _ = kube.delete(name).await;
                     return Ok(None);
                 }
                 if rx.borrow().action == Action::Stop {
-                    kube.delete(&name).await?;
+                    kube.delete(name).await?;
                     return Ok(Some(ReportEvent::Finished {
                         succeeded: false,
                         message: "Stopped on cancellation: the SparkApplication was deleted.".into(),
@@ -217,12 +244,12 @@ async fn drive(
                 continue;
             }
             _ = cancel.cancelled() => {
-                let _ = kube.delete(&name).await;
+                let _ = kube.delete(name).await;
                 return Ok(None);
             }
         }
         if ttl.is_some_and(|t| started.elapsed() >= t) {
-            kube.delete(&name).await?;
+            kube.delete(name).await?;
             return Ok(Some(ReportEvent::Finished {
                 succeeded: false,
                 message: format!(
@@ -232,7 +259,7 @@ async fn drive(
                 exit_code: None,
             }));
         }
-        let status = match kube.status(&name).await {
+        let status = match kube.status(name).await {
             Ok(Some(s)) => s,
             Ok(None) => {
                 return Err(format!(
@@ -252,7 +279,7 @@ async fn drive(
                         &ctx.epoch,
                         &a.uuid,
                         ReportEvent::DriverStarted {
-                            rapids: rapids.clone(),
+                            rapids: rapids.to_string(),
                         },
                         cancel,
                     )
@@ -260,7 +287,7 @@ async fn drive(
                     .map_err(|e| e.to_string())?;
             }
             Some((State::Succeeded, _)) => {
-                let _ = kube.delete(&name).await;
+                let _ = kube.delete(name).await;
                 return Ok(Some(ReportEvent::Finished {
                     succeeded: true,
                     message: format!("SparkApplication {name} completed."),
@@ -268,7 +295,7 @@ async fn drive(
                 }));
             }
             Some((State::Failed, message)) => {
-                let _ = kube.delete(&name).await;
+                let _ = kube.delete(name).await;
                 return Ok(Some(ReportEvent::Finished {
                     succeeded: false,
                     message: format!("SparkApplication {name} failed: {message}"),

@@ -183,154 +183,243 @@ const WATCH_EVERY: Duration = Duration::from_millis(25);
 /// follower watches every [`WATCH_EVERY`] and claims the lease as soon as
 /// the leader's session ended or its lease lapsed.
 pub(super) async fn lead(engine: Engine, shutdown: CancellationToken) {
-    let config = engine.config();
-    let db = &config.database;
-    let (lease, every) = (db.leader_lease, db.leader_renew);
-    // Every call on the session, its opening included, is bounded: a hung
-    // session must not keep a leader from stepping down in time.
-    let bound = lease / 2;
-    let me = engine.shared.replica_id.clone();
-    let store = engine.shared.store.clone();
+    let mut election = Election::new(engine);
     let mut session: Option<LeaderSession> = None;
-    // The rebuild of a term just taken runs beside the renewals: a long
-    // one (a deep queue) must not let the lease lapse.
-    let mut taking: Option<tokio::task::JoinHandle<()>> = None;
-    // Until when this replica may still count on its lease: from the
-    // moment the renewal was sent, which is before the database stamped it.
-    let mut valid_until = Instant::now();
-    // The next renewal of a leader, or the next try after a failure.
-    let mut next = Instant::now();
     let mut tick = tokio::time::interval(WATCH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Since when the leadership session has been failing: the database
-    // was lost (a partition, a restart) until a session opens again.
-    let mut lost_since: Option<Instant> = None;
-    tracing::info!(replica = %me, lease_ms = lease.as_millis() as u64, "taking part in leader election");
+    tracing::info!(replica = %election.me, lease_ms = election.lease.as_millis() as u64, "taking part in leader election");
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
-                if let Some(term) = engine.held_term() {
-                    engine.release("shutting down");
-                    let resigned = match session.as_mut() {
-                        Some(s) => tokio::time::timeout(bound, s.resign(&me, term)).await,
-                        None => tokio::time::timeout(bound, store.resign(&me, term)).await,
-                    };
-                    match resigned {
-                        Ok(Ok(())) => tracing::info!(replica = %me, term, "leader lease given up"),
-                        Ok(Err(e)) => tracing::warn!(error = %e, "cannot give the leader lease up; it lapses by itself"),
-                        Err(_) => tracing::warn!("giving the leader lease up did not answer; it lapses by itself"),
-                    }
-                }
-                if let Some(s) = session.take() {
-                    s.close().await;
-                }
-                engine.shared.election_done.cancel();
+                election.shut_down(session).await;
                 return;
             }
             _ = tick.tick() => {}
         }
-        if Instant::now() < next {
+        if Instant::now() < election.next {
             continue;
         }
-        let held = engine.held_term();
+        election.round(&mut session).await;
+    }
+}
+
+/// The election loop's state beside its leadership session.
+struct Election {
+    engine: Engine,
+    me: String,
+    store: crate::store::Store,
+    lease: Duration,
+    every: Duration,
+    /// Every call on the session, its opening included, is bounded: a hung
+    /// session must not keep a leader from stepping down in time.
+    bound: Duration,
+    /// The rebuild of a term just taken runs beside the renewals: a long
+    /// one (a deep queue) must not let the lease lapse.
+    taking: Option<tokio::task::JoinHandle<()>>,
+    /// Until when this replica may still count on its lease: from the
+    /// moment the renewal was sent, which is before the database stamped it.
+    valid_until: Instant,
+    /// The next renewal of a leader, or the next try after a failure.
+    next: Instant,
+    /// Since when the leadership session has been failing: the database
+    /// was lost (a partition, a restart) until a session opens again.
+    lost_since: Option<Instant>,
+}
+
+impl Election {
+    /// The state of an election loop that starts now, from the config's
+    /// lease and renewal period.
+    fn new(engine: Engine) -> Self {
+        let config = engine.config();
+        let db = &config.database;
+        let (lease, every) = (db.leader_lease, db.leader_renew);
+        let bound = lease / 2;
+        let me = engine.shared.replica_id.clone();
+        let store = engine.shared.store.clone();
+        Election {
+            engine,
+            me,
+            store,
+            lease,
+            every,
+            bound,
+            taking: None,
+            valid_until: Instant::now(),
+            next: Instant::now(),
+            lost_since: None,
+        }
+    }
+
+    /// On shutdown: gives the lease up if held, closes the session, and
+    /// says the election is done.
+    async fn shut_down(&self, mut session: Option<LeaderSession>) {
+        let (engine, me, bound) = (&self.engine, &self.me, self.bound);
+        if let Some(term) = engine.held_term() {
+            engine.release("shutting down");
+            let resigned = match session.as_mut() {
+                Some(s) => tokio::time::timeout(bound, s.resign(me, term)).await,
+                None => tokio::time::timeout(bound, self.store.resign(me, term)).await,
+            };
+            match resigned {
+                Ok(Ok(())) => tracing::info!(replica = %me, term, "leader lease given up"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot give the leader lease up; it lapses by itself")
+                }
+                Err(_) => {
+                    tracing::warn!("giving the leader lease up did not answer; it lapses by itself")
+                }
+            }
+        }
+        if let Some(s) = session.take() {
+            s.close().await;
+        }
+        engine.shared.election_done.cancel();
+    }
+
+    /// One round of the election: opens a session if there is none, lets
+    /// a follower watch for a free lock or a lapsed lease, then takes or
+    /// renews the lease.
+    async fn round(&mut self, session: &mut Option<LeaderSession>) {
+        let held = self.engine.held_term();
         let s = match session.as_mut() {
             Some(s) => s,
-            None => match tokio::time::timeout(bound, store.leader_session()).await {
-                Ok(Ok(s)) => {
-                    if let Some(since) = lost_since.take() {
-                        engine.database_back("leadership", since);
-                    }
-                    session.insert(s)
-                }
-                failed => {
-                    lost_since.get_or_insert_with(Instant::now);
-                    let error = match failed {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => "did not answer".into(),
-                    };
-                    tracing::warn!(error, "cannot open the leadership session");
-                    next = Instant::now() + every;
-                    if held.is_some() && Instant::now() >= valid_until {
-                        engine.release("the leader lease could not be renewed in time");
-                    }
-                    continue;
-                }
+            None => match self.open_session(held).await {
+                Some(s) => session.insert(s),
+                None => return,
             },
         };
         if held.is_none() {
-            match tokio::time::timeout(bound, s.watch()).await {
+            match tokio::time::timeout(self.bound, s.watch()).await {
                 Ok(Ok(true)) => {}
-                Ok(Ok(false)) => continue,
+                Ok(Ok(false)) => return,
                 failed => {
                     if let Ok(Err(e)) = failed {
                         tracing::warn!(error = %e, "the leadership session failed; opening another");
                     } else {
                         tracing::warn!("the leadership session did not answer; opening another");
                     }
-                    session = None;
-                    lost_since.get_or_insert_with(Instant::now);
-                    next = Instant::now() + every;
-                    continue;
+                    *session = None;
+                    self.lost_since.get_or_insert_with(Instant::now);
+                    self.next = Instant::now() + self.every;
+                    return;
                 }
             }
         }
         let sent = Instant::now();
-        next = sent + every;
+        self.next = sent + self.every;
         let had_lock = s.locked();
-        match tokio::time::timeout(bound, s.lead(&me, held, lease)).await {
+        match tokio::time::timeout(self.bound, s.lead(&self.me, held, self.lease)).await {
             Ok(Ok(Some((term, how)))) => {
-                valid_until = sent + lease;
-                if held != Some(term) {
-                    engine.hold_taking(term);
-                    tracing::info!(replica = %me, term, how = how.name(), locked = s.locked(), "leader lease taken");
-                    let taker = engine.clone();
-                    taking = Some(tokio::spawn(async move {
-                        taker.take_lead(term, Some(how)).await
-                    }));
-                } else if !engine.role().decides()
-                    && taking.as_ref().is_none_or(|t| t.is_finished())
-                {
-                    // Stepped down (a refused commit, a failed rebuild),
-                    // yet the lease is ours: give it up, and the lock, so
-                    // another replica can lead.
-                    engine.hold(None);
-                    if !matches!(
-                        tokio::time::timeout(bound, s.resign(&me, term)).await,
-                        Ok(Ok(()))
-                    ) {
-                        session = None;
-                    }
+                self.valid_until = sent + self.lease;
+                if !self.lease_held(s, held, term, how).await {
+                    *session = None;
                 }
             }
             Ok(Ok(None)) if held.is_some() => {
-                engine.release("another replica holds the leader lease");
+                self.engine
+                    .release("another replica holds the leader lease");
             }
             Ok(Ok(None)) => {}
             failed => {
-                if let Ok(Err(e)) = failed {
-                    tracing::warn!(error = %e, "cannot renew the leader lease");
-                } else {
-                    tracing::warn!(
-                        waited_ms = bound.as_millis() as u64,
-                        "the leader lease renewal did not answer"
-                    );
+                self.renewal_failed(session, failed.ok().and_then(Result::err), held, had_lock)
+            }
+        }
+    }
+
+    /// Opens the leadership session; on failure counts the database as
+    /// lost, tries again after a renewal period, and stops leading once the
+    /// lease can no longer be counted on.
+    async fn open_session(&mut self, held: Option<i64>) -> Option<LeaderSession> {
+        match tokio::time::timeout(self.bound, self.store.leader_session()).await {
+            Ok(Ok(s)) => {
+                if let Some(since) = self.lost_since.take() {
+                    self.engine.database_back("leadership", since);
                 }
-                // The session may be gone, and the lock with it.
-                session = None;
-                lost_since.get_or_insert_with(Instant::now);
-                if held.is_some() {
-                    if had_lock {
-                        // A follower may take over as soon as it sees
-                        // the lock free: stop deciding now, not when the
-                        // lease runs out (the term fences us either way).
-                        engine.release(
-                            "the leadership session was lost, and the leader lock with it",
-                        );
-                    } else if Instant::now() >= valid_until {
-                        engine.release("the leader lease could not be renewed in time");
-                    }
+                Some(s)
+            }
+            failed => {
+                self.lost_since.get_or_insert_with(Instant::now);
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "did not answer".into(),
+                };
+                tracing::warn!(error, "cannot open the leadership session");
+                self.next = Instant::now() + self.every;
+                if held.is_some() && Instant::now() >= self.valid_until {
+                    self.engine
+                        .release("the leader lease could not be renewed in time");
                 }
+                None
+            }
+        }
+    }
+
+    /// The lease is ours in `term`: a term newly taken starts its takeover;
+    /// one held after stepping down is given up. Answers whether the session
+    /// is still good.
+    async fn lease_held(
+        &mut self,
+        s: &mut LeaderSession,
+        held: Option<i64>,
+        term: i64,
+        how: Takeover,
+    ) -> bool {
+        if held != Some(term) {
+            self.engine.hold_taking(term);
+            tracing::info!(replica = %self.me, term, how = how.name(), locked = s.locked(), "leader lease taken");
+            let taker = self.engine.clone();
+            self.taking = Some(tokio::spawn(async move {
+                taker.take_lead(term, Some(how)).await
+            }));
+        } else if !self.engine.role().decides()
+            && self.taking.as_ref().is_none_or(|t| t.is_finished())
+        {
+            // Stepped down (a refused commit, a failed rebuild),
+            // yet the lease is ours: give it up, and the lock, so
+            // another replica can lead.
+            self.engine.hold(None);
+            if !matches!(
+                tokio::time::timeout(self.bound, s.resign(&self.me, term)).await,
+                Ok(Ok(()))
+            ) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The lease could not be renewed (`error`, or no answer): the session
+    /// is dropped, and a leader stops deciding once a follower may have
+    /// taken over.
+    fn renewal_failed(
+        &mut self,
+        session: &mut Option<LeaderSession>,
+        error: Option<crate::store::StoreError>,
+        held: Option<i64>,
+        had_lock: bool,
+    ) {
+        if let Some(e) = error {
+            tracing::warn!(error = %e, "cannot renew the leader lease");
+        } else {
+            tracing::warn!(
+                waited_ms = self.bound.as_millis() as u64,
+                "the leader lease renewal did not answer"
+            );
+        }
+        // The session may be gone, and the lock with it.
+        *session = None;
+        self.lost_since.get_or_insert_with(Instant::now);
+        if held.is_some() {
+            if had_lock {
+                // A follower may take over as soon as it sees
+                // the lock free: stop deciding now, not when the
+                // lease runs out (the term fences us either way).
+                self.engine
+                    .release("the leadership session was lost, and the leader lock with it");
+            } else if Instant::now() >= self.valid_until {
+                self.engine
+                    .release("the leader lease could not be renewed in time");
             }
         }
     }

@@ -35,57 +35,8 @@ impl Engine {
         req: RegisterNode,
     ) -> Result<NodeRegistration, Error> {
         let config = self.config();
-        let pool = config
-            .regions
-            .get(&req.region)
-            .and_then(|r| r.zones.get(&req.zone))
-            .and_then(|z| z.node_pools.get(&req.pool))
-            .ok_or_else(|| {
-                Error::new(
-                    Reason::UnknownPool,
-                    format!(
-                        "no node pool {} in zone {} of region {} is declared in the config",
-                        quote(&req.pool),
-                        quote(&req.zone),
-                        quote(&req.region)
-                    ),
-                )
-            })?;
-        if !principal.may_act_for_node(&req.node_id) {
-            return Err(Error::new(
-                Reason::PermissionDenied,
-                format!(
-                    "{} acts for node {}, not {}",
-                    principal.name,
-                    principal.node.as_deref().unwrap_or("(none)"),
-                    quote(&req.node_id)
-                ),
-            ));
-        }
-        crate::spec::check_node(
-            &crate::spec::NodeOffer {
-                node_id: &req.node_id,
-                gpu_addresses: &req.gpu_addresses,
-                cores: req.cores,
-                memory_mb: req.memory_mb,
-                local_ssd_gb: req.local_ssd_gb,
-            },
-            &crate::spec::NodeSize {
-                gpus: pool.gpus_per_node,
-                cores: pool.cores,
-                memory_mb: pool.memory_mb,
-                local_ssd_gb: pool.local_ssd_gb,
-            },
-        )?;
-        if req.gpu_addresses.is_empty() {
-            return Err(Error::new(
-                Reason::NoGpusVisible,
-                format!(
-                    "node {} reports no GPUs; a node whose GPUs cannot be seen is not offered",
-                    req.node_id
-                ),
-            ));
-        }
+        let pool = declared_pool(&config, &req)?;
+        check_offer(principal, &req, pool)?;
         let spec = NodeSpec {
             id: NodeId(req.node_id.clone()),
             region: req.region,
@@ -104,20 +55,7 @@ impl Engine {
         // Under the core's lock: a registration and a lease-expiry decision
         // never interleave.
         let mut core = self.lock().await;
-        let known = core.is_node_of_pool(&spec.id, &spec.zone, &spec.pool);
-        let registered =
-            (core.nodes_in_pool(&spec.zone, &spec.pool) as u32).saturating_sub(u32::from(known));
-        // A node already known always comes back (a reload that shrank its
-        // pool retired it: it stays unschedulable).
-        if !known && registered + pool.virtual_nodes >= pool.max_nodes {
-            return Err(Error::new(
-                Reason::PoolFull,
-                format!(
-                    "pool {} of {} is full: its declared capacity is {} nodes ({} virtual)",
-                    spec.pool, spec.zone, pool.max_nodes, pool.virtual_nodes
-                ),
-            ));
-        }
+        check_pool_room(&core, &spec, pool)?;
         let epoch = self
             .bounded(self.shared.store.register_node(&spec, now))
             .await?;
@@ -132,6 +70,27 @@ impl Engine {
         // An agent that restarted: the work its node had started and that it
         // no longer runs is lost with the old agent's processes.
         let parts = self.bounded(self.shared.store.node_parts(&node)).await?;
+        let lost = self
+            .fail_lost_work(&mut core, &node, &parts, &req.running, now)
+            .await;
+        drop(core);
+        self.wake();
+        self.work_changed();
+        lost?;
+        Ok(self.lease_answer(&node, epoch, expires))
+    }
+
+    /// Reports the node's parts that its restarted agent no longer runs
+    /// (`running` lists what it does) as lost, and applies what that did
+    /// to the core; stops at the first report the store refuses.
+    async fn fail_lost_work(
+        &self,
+        core: &mut crate::scheduler::Scheduler,
+        node: &str,
+        parts: &[crate::store::NodePart],
+        running: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
         let held: Vec<HeldPart<'_>> = parts
             .iter()
             .map(|p| HeldPart {
@@ -141,36 +100,23 @@ impl Engine {
                 master_started: p.batch.master_url.is_some(),
             })
             .collect();
-        for (uuid, event) in lifecycle::lost_on_restart(&node, &held, &req.running) {
-            match self
-                .bounded(self.shared.store.report(&node, &uuid, &event, now))
-                .await
-            {
-                Ok(applied) => {
-                    crate::metrics::record_agent_report(event.name());
-                    self.record_lifecycle(&applied, Some(&node));
-                    if applied.outcome.ended().is_some() {
-                        // At once: a later failure must not leave an ended
-                        // batch's capacity held in memory.
-                        self.count_released(core.forget(BatchKey(applied.seq), now).as_ref(), now);
-                        tracing::warn!(batch.id = %applied.batch_id, node, "batch failed: its agent restarted without it");
-                    } else if applied.requeued() {
-                        self.requeued(&mut core, &applied, now).await;
-                        tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure: its agent restarted without it");
-                    }
-                }
-                Err(e) => {
-                    drop(core);
-                    self.wake();
-                    self.work_changed();
-                    return Err(e.into());
-                }
+        for (uuid, event) in lifecycle::lost_on_restart(node, &held, running) {
+            let applied = self
+                .bounded(self.shared.store.report(node, &uuid, &event, now))
+                .await?;
+            crate::metrics::record_agent_report(event.name());
+            self.record_lifecycle(&applied, Some(node));
+            if applied.outcome.ended().is_some() {
+                // At once: a later failure must not leave an ended
+                // batch's capacity held in memory.
+                self.count_released(core.forget(BatchKey(applied.seq), now).as_ref(), now);
+                tracing::warn!(batch.id = %applied.batch_id, node, "batch failed: its agent restarted without it");
+            } else if applied.requeued() {
+                self.requeued(core, &applied, now).await;
+                tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure: its agent restarted without it");
             }
         }
-        drop(core);
-        self.wake();
-        self.work_changed();
-        Ok(self.lease_answer(&node, epoch, expires))
+        Ok(())
     }
 
     fn lease_answer(&self, node: &str, epoch: u64, expires: DateTime<Utc>) -> Lease {
@@ -472,6 +418,97 @@ impl Engine {
             crate::metrics::record_run(state, ran);
         }
     }
+}
+
+/// The declared pool a registering node names.
+fn declared_pool<'c>(
+    config: &'c crate::config::Config,
+    req: &RegisterNode,
+) -> Result<&'c crate::config::PoolConfig, Error> {
+    config
+        .regions
+        .get(&req.region)
+        .and_then(|r| r.zones.get(&req.zone))
+        .and_then(|z| z.node_pools.get(&req.pool))
+        .ok_or_else(|| {
+            Error::new(
+                Reason::UnknownPool,
+                format!(
+                    "no node pool {} in zone {} of region {} is declared in the config",
+                    quote(&req.pool),
+                    quote(&req.zone),
+                    quote(&req.region)
+                ),
+            )
+        })
+}
+
+/// Checks that the principal may act for the registering node and that the
+/// node offers its pool's shape, with its GPUs visible.
+fn check_offer(
+    principal: &Principal,
+    req: &RegisterNode,
+    pool: &crate::config::PoolConfig,
+) -> Result<(), Error> {
+    if !principal.may_act_for_node(&req.node_id) {
+        return Err(Error::new(
+            Reason::PermissionDenied,
+            format!(
+                "{} acts for node {}, not {}",
+                principal.name,
+                principal.node.as_deref().unwrap_or("(none)"),
+                quote(&req.node_id)
+            ),
+        ));
+    }
+    crate::spec::check_node(
+        &crate::spec::NodeOffer {
+            node_id: &req.node_id,
+            gpu_addresses: &req.gpu_addresses,
+            cores: req.cores,
+            memory_mb: req.memory_mb,
+            local_ssd_gb: req.local_ssd_gb,
+        },
+        &crate::spec::NodeSize {
+            gpus: pool.gpus_per_node,
+            cores: pool.cores,
+            memory_mb: pool.memory_mb,
+            local_ssd_gb: pool.local_ssd_gb,
+        },
+    )?;
+    if req.gpu_addresses.is_empty() {
+        return Err(Error::new(
+            Reason::NoGpusVisible,
+            format!(
+                "node {} reports no GPUs; a node whose GPUs cannot be seen is not offered",
+                req.node_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that the node's pool has room for it: a node already known
+/// always comes back (a reload that shrank its pool retired it: it stays
+/// unschedulable).
+fn check_pool_room(
+    core: &crate::scheduler::Scheduler,
+    spec: &NodeSpec,
+    pool: &crate::config::PoolConfig,
+) -> Result<(), Error> {
+    let known = core.is_node_of_pool(&spec.id, &spec.zone, &spec.pool);
+    let registered =
+        (core.nodes_in_pool(&spec.zone, &spec.pool) as u32).saturating_sub(u32::from(known));
+    if !known && registered + pool.virtual_nodes >= pool.max_nodes {
+        return Err(Error::new(
+            Reason::PoolFull,
+            format!(
+                "pool {} of {} is full: its declared capacity is {} nodes ({} virtual)",
+                spec.pool, spec.zone, pool.max_nodes, pool.virtual_nodes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A `waitFor` duration ("20s", proto3 JSON).

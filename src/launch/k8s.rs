@@ -4,7 +4,7 @@
 //! affinity that pins the driver and executors to the allocated nodes; the
 //! application's status maps back to the batch's state.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
@@ -58,6 +58,51 @@ fn pinned_to(nodes: &BTreeSet<&str>) -> Value {
 
 /// The `SparkApplication` of an allocated batch.
 pub(crate) fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8sTarget) -> Value {
+    let conf = operator_conf(job, target);
+    let image = job
+        .spec
+        .runtime_config
+        .as_ref()
+        .and_then(|r| r.container_image.clone())
+        .unwrap_or_else(|| target.image.clone());
+    let (driver, executor) = pod_sections(job, parts, target);
+    let mut program = Program::of(job);
+    if let Some(path) = &target.rapids_jar {
+        program.jars.insert(0, format!("local://{path}"));
+    }
+    let mut app_spec = json!({
+        "type": program.kind,
+        "mode": "cluster",
+        "image": image,
+        "sparkVersion": target.spark_version,
+        "sparkConf": conf,
+        "restartPolicy": {"type": "Never"},
+        "driver": driver,
+        "executor": executor,
+    });
+    program.add_to(&mut app_spec);
+    let project = job.batch.split('/').nth(1).unwrap_or_default();
+    json!({
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": {
+            "name": application_name(job),
+            "namespace": target.namespace,
+            "labels": {
+                "app.kubernetes.io/managed-by": "flexq",
+                "flexq.io/project": project,
+                "flexq.io/batch-id": job.batch.rsplit('/').next().unwrap_or_default(),
+                "flexq.io/batch-uuid": job.uuid,
+            },
+            "annotations": {"flexq.io/batch": job.batch},
+        },
+        "spec": app_spec,
+    })
+}
+
+/// The batch's Spark configuration for the image's RAPIDS jar, less the
+/// keys the operator sets itself.
+fn operator_conf(job: &SparkJob, target: &K8sTarget) -> BTreeMap<String, String> {
     let rapids = match &target.rapids_jar {
         Some(path) => Rapids::Jar(path.clone()),
         None => Rapids::Missing {
@@ -78,13 +123,13 @@ pub(crate) fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8s
     ] {
         conf.remove(key);
     }
+    conf
+}
+
+/// The application's driver and executor sections: the allocated shape,
+/// GPUs, and affinity that pins each role to its allocated nodes.
+fn pod_sections(job: &SparkJob, parts: &[PartNode], target: &K8sTarget) -> (Value, Value) {
     let c = &job.cluster;
-    let image = job
-        .spec
-        .runtime_config
-        .as_ref()
-        .and_then(|r| r.container_image.clone())
-        .unwrap_or_else(|| target.image.clone());
     let driver_nodes: BTreeSet<&str> = parts
         .iter()
         .filter(|p| p.driver)
@@ -125,108 +170,104 @@ pub(crate) fn spark_application(job: &SparkJob, parts: &[PartNode], target: &K8s
     if !env.is_empty() {
         driver["env"] = Value::Array(env);
     }
-    let spec = &job.spec;
-    let (kind, main_file, main_class, args, mut jars, py_files, files, archives) = match c.workload
-    {
-        Workload::Pyspark => {
-            let p = spec.pyspark_batch.clone().unwrap_or_default();
-            (
-                "Python",
-                Some(p.main_python_file_uri),
-                None,
-                p.args,
-                p.jar_file_uris,
-                p.python_file_uris,
-                p.file_uris,
-                p.archive_uris,
-            )
-        }
-        Workload::Spark => {
-            let s = spec.spark_batch.clone().unwrap_or_default();
-            (
-                "Scala",
-                s.main_jar_file_uri,
-                s.main_class,
-                s.args,
-                s.jar_file_uris,
-                vec![],
-                s.file_uris,
-                s.archive_uris,
-            )
-        }
-        Workload::SparkSql => {
-            let s = spec.spark_sql_batch.clone().unwrap_or_default();
-            let mut args: Vec<String> = s
-                .query_variables
-                .iter()
-                .flat_map(|(k, v)| ["--hivevar".to_string(), format!("{k}={v}")])
-                .collect();
-            args.extend(["-f".to_string(), s.query_file_uri]);
-            (
-                "Scala",
-                None,
-                Some("org.apache.spark.sql.hive.thriftserver.SparkSQLCLIDriver".into()),
-                args,
-                s.jar_file_uris,
-                vec![],
-                vec![],
-                vec![],
-            )
-        }
-    };
-    if let Some(path) = &target.rapids_jar {
-        jars.insert(0, format!("local://{path}"));
-    }
-    let mut app_spec = json!({
-        "type": kind,
-        "mode": "cluster",
-        "image": image,
-        "sparkVersion": target.spark_version,
-        "sparkConf": conf,
-        "restartPolicy": {"type": "Never"},
-        "driver": driver,
-        "executor": executor,
-    });
-    if let Some(f) = main_file {
-        app_spec["mainApplicationFile"] = json!(f);
-    }
-    if let Some(cls) = main_class {
-        app_spec["mainClass"] = json!(cls);
-    }
-    if !args.is_empty() {
-        app_spec["arguments"] = json!(args);
-    }
-    let mut deps = serde_json::Map::new();
-    for (key, list) in [
-        ("jars", jars),
-        ("pyFiles", py_files),
-        ("files", files),
-        ("archives", archives),
-    ] {
-        if !list.is_empty() {
-            deps.insert(key.into(), json!(list));
+    (driver, executor)
+}
+
+/// What the application runs: its type, main file or class, arguments and
+/// dependencies, from the batch's workload.
+struct Program {
+    kind: &'static str,
+    main_file: Option<String>,
+    main_class: Option<String>,
+    args: Vec<String>,
+    jars: Vec<String>,
+    py_files: Vec<String>,
+    files: Vec<String>,
+    archives: Vec<String>,
+}
+
+impl Program {
+    /// The program of the batch's PySpark, Spark or Spark SQL workload.
+    fn of(job: &SparkJob) -> Self {
+        let spec = &job.spec;
+        match job.cluster.workload {
+            Workload::Pyspark => {
+                let p = spec.pyspark_batch.clone().unwrap_or_default();
+                Program {
+                    kind: "Python",
+                    main_file: Some(p.main_python_file_uri),
+                    main_class: None,
+                    args: p.args,
+                    jars: p.jar_file_uris,
+                    py_files: p.python_file_uris,
+                    files: p.file_uris,
+                    archives: p.archive_uris,
+                }
+            }
+            Workload::Spark => {
+                let s = spec.spark_batch.clone().unwrap_or_default();
+                Program {
+                    kind: "Scala",
+                    main_file: s.main_jar_file_uri,
+                    main_class: s.main_class,
+                    args: s.args,
+                    jars: s.jar_file_uris,
+                    py_files: vec![],
+                    files: s.file_uris,
+                    archives: s.archive_uris,
+                }
+            }
+            Workload::SparkSql => {
+                let s = spec.spark_sql_batch.clone().unwrap_or_default();
+                let mut args: Vec<String> = s
+                    .query_variables
+                    .iter()
+                    .flat_map(|(k, v)| ["--hivevar".to_string(), format!("{k}={v}")])
+                    .collect();
+                args.extend(["-f".to_string(), s.query_file_uri]);
+                Program {
+                    kind: "Scala",
+                    main_file: None,
+                    main_class: Some(
+                        "org.apache.spark.sql.hive.thriftserver.SparkSQLCLIDriver".into(),
+                    ),
+                    args,
+                    jars: s.jar_file_uris,
+                    py_files: vec![],
+                    files: vec![],
+                    archives: vec![],
+                }
+            }
         }
     }
-    if !deps.is_empty() {
-        app_spec["deps"] = Value::Object(deps);
+
+    /// Sets the main file, main class, arguments and the non-empty
+    /// dependency lists on the application's spec.
+    fn add_to(self, app_spec: &mut Value) {
+        if let Some(f) = self.main_file {
+            app_spec["mainApplicationFile"] = json!(f);
+        }
+        if let Some(cls) = self.main_class {
+            app_spec["mainClass"] = json!(cls);
+        }
+        if !self.args.is_empty() {
+            app_spec["arguments"] = json!(self.args);
+        }
+        let mut deps = serde_json::Map::new();
+        for (key, list) in [
+            ("jars", self.jars),
+            ("pyFiles", self.py_files),
+            ("files", self.files),
+            ("archives", self.archives),
+        ] {
+            if !list.is_empty() {
+                deps.insert(key.into(), json!(list));
+            }
+        }
+        if !deps.is_empty() {
+            app_spec["deps"] = Value::Object(deps);
+        }
     }
-    let project = job.batch.split('/').nth(1).unwrap_or_default();
-    json!({
-        "apiVersion": "sparkoperator.k8s.io/v1beta2",
-        "kind": "SparkApplication",
-        "metadata": {
-            "name": application_name(job),
-            "namespace": target.namespace,
-            "labels": {
-                "app.kubernetes.io/managed-by": "flexq",
-                "flexq.io/project": project,
-                "flexq.io/batch-id": job.batch.rsplit('/').next().unwrap_or_default(),
-                "flexq.io/batch-uuid": job.uuid,
-            },
-            "annotations": {"flexq.io/batch": job.batch},
-        },
-        "spec": app_spec,
-    })
 }
 
 /// What a `SparkApplication`'s status means for its batch: the state, and

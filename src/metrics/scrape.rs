@@ -19,8 +19,28 @@ fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Ga
 /// The gauges of a scheduler snapshot, in a registry of their own.
 fn state_registry(s: &Snapshot) -> Registry {
     let r = Registry::new();
-    let pending = gauge_vec(
+    pending_gauges(&r, s);
+    quota_gauges(&r, s);
+    queue_order_gauges(&r, s);
+    capacity_gauges(&r, s);
+    let agents = gauge_vec(
         &r,
+        "flexq_agent_nodes",
+        "Nodes whose agent holds a lease.",
+        &["state"],
+    );
+    agents
+        .with_label_values(&["active"])
+        .set(s.agent_nodes as f64);
+    r
+}
+
+/// The pending batches by region, accelerator and reason, and each
+/// region's longest wait against its allocation timeout; every offered
+/// region (and accelerator) has its series, at 0 when nothing waits.
+fn pending_gauges(r: &Registry, s: &Snapshot) {
+    let pending = gauge_vec(
+        r,
         "flexq_pending_batches",
         "Batches waiting for their cluster, by region, accelerator and why they are not admitted.",
         &["region", "accelerator", "reason"],
@@ -39,7 +59,7 @@ fn state_registry(s: &Snapshot) -> Registry {
             .set(*n as f64);
     }
     let ratio = gauge_vec(
-        &r,
+        r,
         "flexq_pending_wait_timeout_ratio",
         "Per region, the largest share of its allocation timeout a queued batch has waited (1 = at its deadline).",
         &["region"],
@@ -50,14 +70,18 @@ fn state_registry(s: &Snapshot) -> Registry {
     for (region, f) in &s.wait_fraction {
         ratio.with_label_values(&[region]).set(*f);
     }
+}
+
+/// Each project's quota limit and usage, by region and metric.
+fn quota_gauges(r: &Registry, s: &Snapshot) {
     let limit = gauge_vec(
-        &r,
+        r,
         "flexq_quota_limit",
         "Quota limit.",
         &["project", "region", "metric"],
     );
     let usage = gauge_vec(
-        &r,
+        r,
         "flexq_quota_usage",
         "Quota in use by allocated clusters.",
         &["project", "region", "metric"],
@@ -70,8 +94,14 @@ fn state_registry(s: &Snapshot) -> Registry {
             .with_label_values(&[project, region, metric.name()])
             .set(*u as f64);
     }
+}
+
+/// What orders and guards the queues: the queues an admin held, the
+/// fair-share usage and ratio of each project, and the clusters
+/// preemption no longer touches.
+fn queue_order_gauges(r: &Registry, s: &Snapshot) {
     let held = gauge_vec(
-        &r,
+        r,
         "flexq_queue_held",
         "1 for each queue an admin held: a project's in a region, or the whole region's (project \"-\").",
         &["region", "project"],
@@ -80,13 +110,13 @@ fn state_registry(s: &Snapshot) -> Registry {
         held.with_label_values(&[region, project]).set(1.0);
     }
     let fair_usage = gauge_vec(
-        &r,
+        r,
         "flexq_fair_share_usage_gpus",
         "A project's usage in the fair-share order: GPUs held now plus past usage decayed with scheduling.usage_half_life, each GPU at its type's weight (scheduling.gpu_weights).",
         &["region", "project"],
     );
     let fair_share = gauge_vec(
-        &r,
+        r,
         "flexq_fair_share_ratio",
         "A project's usage ÷ its weight: in each region, the lowest goes first.",
         &["region", "project"],
@@ -98,7 +128,7 @@ fn state_registry(s: &Snapshot) -> Registry {
             .set(usage / weight.max(f64::MIN_POSITIVE));
     }
     let protected = gauge_vec(
-        &r,
+        r,
         "flexq_preemption_protected_clusters",
         "Per region where preemption is on: running clusters of batches preempted max_preemptions times, which are never victims again.",
         &["region"],
@@ -106,20 +136,24 @@ fn state_registry(s: &Snapshot) -> Registry {
     for (region, n) in &s.preemption_protected {
         protected.with_label_values(&[region]).set(*n as f64);
     }
+}
+
+/// The nodes' GPUs, local SSD and count, by region, zone and accelerator.
+fn capacity_gauges(r: &Registry, s: &Snapshot) {
     let gpus = gauge_vec(
-        &r,
+        r,
         "flexq_capacity_gpus",
         "GPUs of the nodes: allocated, free, or free on a cordoned node (not offered).",
         &["region", "zone", "accelerator", "state"],
     );
     let ssd = gauge_vec(
-        &r,
+        r,
         "flexq_capacity_local_ssd_bytes",
         "Local SSD of the nodes, allocated or free.",
         &["region", "zone", "accelerator", "state"],
     );
     let nodes = gauge_vec(
-        &r,
+        r,
         "flexq_capacity_nodes",
         "Nodes, registered by agents or virtual (declared for simulation).",
         &["region", "zone", "accelerator", "kind"],
@@ -148,16 +182,6 @@ fn state_registry(s: &Snapshot) -> Registry {
             .with_label_values(&[l[0], l[1], l[2], "virtual"])
             .set(row.virtual_nodes as f64);
     }
-    let agents = gauge_vec(
-        &r,
-        "flexq_agent_nodes",
-        "Nodes whose agent holds a lease.",
-        &["state"],
-    );
-    agents
-        .with_label_values(&["active"])
-        .set(s.agent_nodes as f64);
-    r
 }
 
 /// One server's own gauges, in a registry made at scrape time: a process

@@ -143,110 +143,26 @@ impl Scheduler {
         {
             return None;
         }
-        let mut candidates: Vec<(&Allocation, Cause)> = self
-            .running
-            .values()
-            .filter(|a| a.region == region)
-            .filter_map(|a| Some((a, self.victim_cause(policy, batch, a, now)?)))
-            .collect();
+        let candidates = self.preemption_candidates(policy, batch, now);
         if candidates.is_empty() {
             return None;
         }
-        // Lowest priority first, then the most recently started (the least
-        // work lost); by key for a stable order.
-        candidates.sort_by(|(a, _), (b, _)| {
-            (a.priority, std::cmp::Reverse(a.allocated_at), a.key).cmp(&(
-                b.priority,
-                std::cmp::Reverse(b.allocated_at),
-                b.key,
-            ))
-        });
         let parts = needs(&batch.cluster);
-        let lost = |a: &Allocation| a.gpu_seconds(now);
         let mut best: Option<ZonePick> = None;
         let zones: BTreeSet<&str> = candidates.iter().map(|(a, _)| a.zone.as_str()).collect();
         for zone in zones {
-            let in_zone: Vec<usize> = (0..candidates.len())
-                .filter(|&i| candidates[i].0.zone == zone)
-                .collect();
-            let plan_on = |sim: &super::capacity::Capacity| {
-                let plan = plan_zone(&sim.zone_nodes(region, zone), &parts);
-                plan.complete().then_some(plan.placements)
-            };
-            // Victims are whole clusters of this zone: a copy of the zone
-            // is all a plan needs.
-            let fits = |victims: &[usize]| {
-                let mut sim = self.capacity.zone(region, zone);
-                for &i in victims {
-                    sim.give_back(&candidates[i].0.placements);
-                }
-                plan_on(&sim)
-            };
-            // Victims in order until the batch fits (on one copy of the
-            // zone, each victim's cluster given back in turn)...
-            let mut sim = self.capacity.zone(region, zone);
-            let mut chosen = Vec::new();
-            let mut plan = None;
-            for &i in &in_zone {
-                chosen.push(i);
-                sim.give_back(&candidates[i].0.placements);
-                plan = plan_on(&sim);
-                if plan.is_some() {
-                    break;
-                }
-            }
-            let Some(mut plan) = plan else { continue };
-            // ...then none that is not needed, the last taken first.
-            for j in (0..chosen.len()).rev() {
-                let mut fewer = chosen.clone();
-                fewer.remove(j);
-                if let Some(p) = fits(&fewer) {
-                    chosen = fewer;
-                    plan = p;
-                }
-            }
-            // The batch fits here as things are: nothing to stop.
-            if chosen.is_empty() {
+            let Some(pick) = self.pick_in_zone(batch, zone, &candidates, &parts, now) else {
                 continue;
-            }
-            if !self.fair_share_holds(batch, &chosen, &candidates, now) {
-                continue;
-            }
-            let lost: f64 = chosen.iter().map(|&i| lost(candidates[i].0)).sum();
+            };
             let better = best
                 .as_ref()
-                .is_none_or(|b| (lost, chosen.len()) < (b.lost, b.victims.len()));
+                .is_none_or(|b| (pick.lost, pick.victims.len()) < (b.lost, b.victims.len()));
             if better {
-                best = Some(ZonePick {
-                    zone: zone.to_string(),
-                    victims: chosen,
-                    plan,
-                    lost,
-                });
+                best = Some(pick);
             }
         }
         let pick = best?;
-        let victims = pick
-            .victims
-            .iter()
-            .map(|&i| {
-                let (a, cause) = &candidates[i];
-                Victim {
-                    key: a.key,
-                    batch_id: a.batch_id.clone(),
-                    project: a.project.clone(),
-                    gpus: a.gpus(),
-                    gpu_seconds: lost(a),
-                    cause: cause.clone(),
-                    at_once: a.placements.iter().all(|p| {
-                        self.capacity
-                            .nodes
-                            .get(&p.node)
-                            .is_some_and(|n| n.spec.is_virtual)
-                    }),
-                }
-            })
-            .collect();
+        let victims = self.victims_of(&pick, &candidates, now);
         Some((
             Preemption {
                 preemptor: batch.key,
@@ -259,6 +175,133 @@ impl Scheduler {
             },
             pick.plan,
         ))
+    }
+
+    /// The running clusters of `batch`'s region that could give way to it,
+    /// with why: lowest priority first, then the most recently started (the
+    /// least work lost); by key for a stable order.
+    fn preemption_candidates(
+        &self,
+        policy: &PreemptionPolicy,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Vec<(&Allocation, Cause)> {
+        let region = batch.region.as_str();
+        let mut candidates: Vec<(&Allocation, Cause)> = self
+            .running
+            .values()
+            .filter(|a| a.region == region)
+            .filter_map(|a| Some((a, self.victim_cause(policy, batch, a, now)?)))
+            .collect();
+        candidates.sort_by(|(a, _), (b, _)| {
+            (a.priority, std::cmp::Reverse(a.allocated_at), a.key).cmp(&(
+                b.priority,
+                std::cmp::Reverse(b.allocated_at),
+                b.key,
+            ))
+        });
+        candidates
+    }
+
+    /// The fewest candidates of `zone` whose clusters, given back, let the
+    /// batch's `parts` fit entirely, with its placements and the work lost;
+    /// none if it does not fit, fits without stopping anything, or the
+    /// victims' fair share would not hold.
+    fn pick_in_zone(
+        &self,
+        batch: &PendingBatch,
+        zone: &str,
+        candidates: &[(&Allocation, Cause)],
+        parts: &[super::capacity::PartNeed],
+        now: DateTime<Utc>,
+    ) -> Option<ZonePick> {
+        let region = batch.region.as_str();
+        let in_zone: Vec<usize> = (0..candidates.len())
+            .filter(|&i| candidates[i].0.zone == zone)
+            .collect();
+        let plan_on = |sim: &super::capacity::Capacity| {
+            let plan = plan_zone(&sim.zone_nodes(region, zone), parts);
+            plan.complete().then_some(plan.placements)
+        };
+        // Victims are whole clusters of this zone: a copy of the zone
+        // is all a plan needs.
+        let fits = |victims: &[usize]| {
+            let mut sim = self.capacity.zone(region, zone);
+            for &i in victims {
+                sim.give_back(&candidates[i].0.placements);
+            }
+            plan_on(&sim)
+        };
+        // Victims in order until the batch fits (on one copy of the
+        // zone, each victim's cluster given back in turn)...
+        let mut sim = self.capacity.zone(region, zone);
+        let mut chosen = Vec::new();
+        let mut plan = None;
+        for &i in &in_zone {
+            chosen.push(i);
+            sim.give_back(&candidates[i].0.placements);
+            plan = plan_on(&sim);
+            if plan.is_some() {
+                break;
+            }
+        }
+        let mut plan = plan?;
+        // ...then none that is not needed, the last taken first.
+        for j in (0..chosen.len()).rev() {
+            let mut fewer = chosen.clone();
+            fewer.remove(j);
+            if let Some(p) = fits(&fewer) {
+                chosen = fewer;
+                plan = p;
+            }
+        }
+        // The batch fits here as things are: nothing to stop.
+        if chosen.is_empty() {
+            return None;
+        }
+        if !self.fair_share_holds(batch, &chosen, candidates, now) {
+            return None;
+        }
+        let lost: f64 = chosen
+            .iter()
+            .map(|&i| candidates[i].0.gpu_seconds(now))
+            .sum();
+        Some(ZonePick {
+            zone: zone.to_string(),
+            victims: chosen,
+            plan,
+            lost,
+        })
+    }
+
+    /// The victims of the chosen zone's pick, each with the work it loses
+    /// and whether it stops at once (every part on a virtual node).
+    fn victims_of(
+        &self,
+        pick: &ZonePick,
+        candidates: &[(&Allocation, Cause)],
+        now: DateTime<Utc>,
+    ) -> Vec<Victim> {
+        pick.victims
+            .iter()
+            .map(|&i| {
+                let (a, cause) = &candidates[i];
+                Victim {
+                    key: a.key,
+                    batch_id: a.batch_id.clone(),
+                    project: a.project.clone(),
+                    gpus: a.gpus(),
+                    gpu_seconds: a.gpu_seconds(now),
+                    cause: cause.clone(),
+                    at_once: a.placements.iter().all(|p| {
+                        self.capacity
+                            .nodes
+                            .get(&p.node)
+                            .is_some_and(|n| n.spec.is_virtual)
+                    }),
+                }
+            })
+            .collect()
     }
 
     /// Whether, after `chosen` give way to `batch`, the preemptor's share

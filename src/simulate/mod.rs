@@ -56,24 +56,33 @@ pub struct Refused {
 /// Replays `trace` under `config`. Deterministic: the same trace, config
 /// and seed give the same report.
 pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, Refused> {
-    let policy = config.policy();
-    let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
-    core.set_fair_share(config.fair_share());
-    core.set_preemption(config.preemption());
-    for node in declared_nodes(config) {
-        core.add_node(node);
-    }
-    let mut report = Report::new(config);
-    // The zones of the regions the trace uses.
-    let regions: std::collections::BTreeSet<&str> =
-        trace.iter().map(|b| b.region.as_str()).collect();
-    for ((region, zone), gpus) in zone_gpus(config) {
-        if regions.contains(region.as_str()) {
-            report.zone(&zone).gpus = gpus;
+    let mut sim = Sim::new(config, trace);
+    let order = submission_order(trace, seed);
+    let mut next = 0;
+    let mut last = epoch();
+    loop {
+        let submit = order.get(next).map(|i| at(trace[*i].submit_s));
+        let Some(now) = sim.next_instant(submit) else {
+            break;
+        };
+        last = last.max(now);
+        sim.end_clusters(now);
+        sim.stop_preempted(now);
+        while let Some(&i) = order.get(next) {
+            let tb = &trace[i];
+            if at(tb.submit_s) > now {
+                break;
+            }
+            next += 1;
+            sim.submit(tb, now)?;
         }
+        sim.pass(now);
     }
+    Ok(sim.finish(last))
+}
 
-    // Submissions in time order; equal times in trace order, or shuffled.
+/// Submissions in time order; equal times in trace order, or shuffled.
+fn submission_order(trace: &[TraceBatch], seed: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..trace.len()).collect();
     order.sort_by(|a, b| trace[*a].submit_s.total_cmp(&trace[*b].submit_s));
     if seed != 0 {
@@ -82,139 +91,195 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
             group.shuffle(&mut rng);
         }
     }
+    order
+}
 
-    // Each queued batch's project and run time; each submitted batch as
-    // submitted (a preempted one is queued again from it).
-    let mut queued: HashMap<BatchKey, (String, f64)> = HashMap::new();
-    let mut submitted: HashMap<BatchKey, (PendingBatch, f64)> = HashMap::new();
-    // Clusters' ends by (time, batch, its allocation's number): a
-    // preempted batch's first end no longer applies once it runs again.
-    let mut ends: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey, u32)>> = BinaryHeap::new();
-    let mut runs: HashMap<BatchKey, u32> = HashMap::new();
-    // Preempted clusters stop when their grace ends.
-    let mut stops: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey)>> = BinaryHeap::new();
-    let mut next = 0;
-    let mut last = epoch();
-    loop {
-        let submit = order.get(next).map(|i| at(trace[*i].submit_s));
-        let end = ends.peek().map(|Reverse((t, _, _))| *t);
-        let stop = stops.peek().map(|Reverse((t, _))| *t);
-        let Some(now) = [submit, end, stop, core.next_deadline()]
+/// A simulation under way: the scheduler core on virtual time, the
+/// report it fills, and the batches and clusters in flight.
+struct Sim<'a> {
+    config: &'a Config,
+    trace: &'a [TraceBatch],
+    policy: spec::Policy,
+    core: Scheduler,
+    report: Report,
+    /// Each queued batch's project and run time.
+    queued: HashMap<BatchKey, (String, f64)>,
+    /// Each submitted batch as submitted (a preempted one is queued again
+    /// from it).
+    submitted: HashMap<BatchKey, (PendingBatch, f64)>,
+    /// Clusters' ends by (time, batch, its allocation's number): a
+    /// preempted batch's first end no longer applies once it runs again.
+    ends: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey, u32)>>,
+    runs: HashMap<BatchKey, u32>,
+    /// Preempted clusters stop when their grace ends.
+    stops: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey)>>,
+}
+
+impl<'a> Sim<'a> {
+    /// Sets up the core with every declared node up, and the report with
+    /// the zones of the regions the trace uses.
+    fn new(config: &'a Config, trace: &'a [TraceBatch]) -> Self {
+        let policy = config.policy();
+        let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+        core.set_fair_share(config.fair_share());
+        core.set_preemption(config.preemption());
+        for node in declared_nodes(config) {
+            core.add_node(node);
+        }
+        let mut report = Report::new(config);
+        // The zones of the regions the trace uses.
+        let regions: std::collections::BTreeSet<&str> =
+            trace.iter().map(|b| b.region.as_str()).collect();
+        for ((region, zone), gpus) in zone_gpus(config) {
+            if regions.contains(region.as_str()) {
+                report.zone(&zone).gpus = gpus;
+            }
+        }
+        Sim {
+            config,
+            trace,
+            policy,
+            core,
+            report,
+            queued: HashMap::new(),
+            submitted: HashMap::new(),
+            ends: BinaryHeap::new(),
+            runs: HashMap::new(),
+            stops: BinaryHeap::new(),
+        }
+    }
+
+    /// The next instant anything happens: a submission, a cluster's end, a
+    /// preempted cluster's stop or a core deadline; none once all is done.
+    fn next_instant(&self, submit: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+        let end = self.ends.peek().map(|Reverse((t, _, _))| *t);
+        let stop = self.stops.peek().map(|Reverse((t, _))| *t);
+        [submit, end, stop, self.core.next_deadline()]
             .into_iter()
             .flatten()
             .min()
-        else {
-            break;
-        };
-        last = last.max(now);
-        while let Some(Reverse((t, key, run))) = ends.peek().copied() {
+    }
+
+    /// Ends the clusters whose run time is over by `now`.
+    fn end_clusters(&mut self, now: DateTime<Utc>) {
+        while let Some(Reverse((t, key, run))) = self.ends.peek().copied() {
             if t > now {
                 break;
             }
-            ends.pop();
-            if runs.get(&key) != Some(&run) {
+            self.ends.pop();
+            if self.runs.get(&key) != Some(&run) {
                 continue;
             }
-            if let Some(a) = core.forget(key, t) {
-                report.ended(&a, t);
+            if let Some(a) = self.core.forget(key, t) {
+                self.report.ended(&a, t);
             }
         }
-        while let Some(Reverse((t, key))) = stops.peek().copied() {
+    }
+
+    /// Stops the preempted clusters whose grace is over by `now`, and
+    /// queues their batches again.
+    fn stop_preempted(&mut self, now: DateTime<Utc>) {
+        while let Some(Reverse((t, key))) = self.stops.peek().copied() {
             if t > now {
                 break;
             }
-            stops.pop();
+            self.stops.pop();
             // Gone (its work lost), and queued again at its place.
-            let Some(a) = core.forget(key, t) else {
+            let Some(a) = self.core.forget(key, t) else {
                 continue;
             };
-            report.ended(&a, t);
-            report.preempted(&a, t);
-            runs.remove(&key);
-            if let Some((batch, run_s)) = submitted.get_mut(&key) {
+            self.report.ended(&a, t);
+            self.report.preempted(&a, t);
+            self.runs.remove(&key);
+            if let Some((batch, run_s)) = self.submitted.get_mut(&key) {
                 batch.preemptions += 1;
                 batch.deadline = batch.cluster.deadline(t);
-                queued.insert(key, (batch.project.clone(), *run_s));
-                core.submit(batch.clone());
+                self.queued.insert(key, (batch.project.clone(), *run_s));
+                self.core.submit(batch.clone());
             }
         }
-        while let Some(&i) = order.get(next) {
-            let tb = &trace[i];
-            if at(tb.submit_s) > now {
-                break;
-            }
-            next += 1;
-            // The server's create rules, placement alternatives included.
-            let ids = spec::Identifiers::default();
-            let request = spec::validate_create(&tb.batch, ids, &tb.project, &tb.region, &policy)
-                .map_err(|r| Refused {
+    }
+
+    /// Submits one trace batch at `now` under the server's create rules;
+    /// one that never fits anywhere counts as refused.
+    fn submit(&mut self, tb: &TraceBatch, now: DateTime<Utc>) -> Result<(), Refused> {
+        // The server's create rules, placement alternatives included.
+        let ids = spec::Identifiers::default();
+        let request = spec::validate_create(&tb.batch, ids, &tb.project, &tb.region, &self.policy)
+            .map_err(|r| Refused {
                 line: tb.line,
                 message: r.message(),
             })?;
-            let stats = report.project(&tb.project);
-            stats.submitted += 1;
-            if core
-                .never_fits_anywhere(&tb.project, &tb.region, &request)
-                .is_some()
-            {
-                stats.refused += 1;
-                continue;
-            }
-            let key = BatchKey(tb.line as i64);
-            let spec::Request {
-                cluster,
-                alternatives,
-            } = request;
-            let deadline = cluster.deadline(now);
-            let priority = spec::priority(&tb.batch.labels);
-            let ttl = cluster.ttl_s.map_or(f64::INFINITY, |t| t as f64);
-            let run_s = tb.run_s.min(ttl);
-            queued.insert(key, (tb.project.clone(), run_s));
-            let batch = PendingBatch {
-                key,
-                batch_id: format!("line-{}", tb.line),
-                project: tb.project.clone(),
-                region: tb.region.clone(),
-                priority,
-                queued_at: now,
-                deadline,
-                cluster,
-                alternatives,
-                preemptions: 0,
-            };
-            if config
-                .regions
-                .get(&tb.region)
-                .is_some_and(|r| r.preemption.is_some())
-            {
-                submitted.insert(key, (batch.clone(), run_s));
-            }
-            core.submit(batch);
+        let stats = self.report.project(&tb.project);
+        stats.submitted += 1;
+        if self
+            .core
+            .never_fits_anywhere(&tb.project, &tb.region, &request)
+            .is_some()
+        {
+            stats.refused += 1;
+            return Ok(());
         }
-        for d in core.pass(now) {
+        let key = BatchKey(tb.line as i64);
+        let spec::Request {
+            cluster,
+            alternatives,
+        } = request;
+        let deadline = cluster.deadline(now);
+        let priority = spec::priority(&tb.batch.labels);
+        let ttl = cluster.ttl_s.map_or(f64::INFINITY, |t| t as f64);
+        let run_s = tb.run_s.min(ttl);
+        self.queued.insert(key, (tb.project.clone(), run_s));
+        let batch = PendingBatch {
+            key,
+            batch_id: format!("line-{}", tb.line),
+            project: tb.project.clone(),
+            region: tb.region.clone(),
+            priority,
+            queued_at: now,
+            deadline,
+            cluster,
+            alternatives,
+            preemptions: 0,
+        };
+        if self
+            .config
+            .regions
+            .get(&tb.region)
+            .is_some_and(|r| r.preemption.is_some())
+        {
+            self.submitted.insert(key, (batch.clone(), run_s));
+        }
+        self.core.submit(batch);
+        Ok(())
+    }
+
+    /// Runs a scheduling pass at `now` and plays out its decisions.
+    fn pass(&mut self, now: DateTime<Utc>) {
+        for d in self.core.pass(now) {
             match d {
                 Decision::Allocate(a) => {
-                    let ran = queued.remove(&a.key).map_or(0.0, |q| q.1);
+                    let ran = self.queued.remove(&a.key).map_or(0.0, |q| q.1);
                     let end = now + Duration::milliseconds((ran * 1000.0).round() as i64);
-                    let run = runs.entry(a.key).or_default();
+                    let run = self.runs.entry(a.key).or_default();
                     *run += 1;
-                    ends.push(Reverse((end, a.key, *run)));
-                    report.allocated(&a);
+                    self.ends.push(Reverse((end, a.key, *run)));
+                    self.report.allocated(&a);
                 }
                 Decision::Preempt(p) => {
                     let grace = Duration::from_std(p.grace).unwrap_or_default();
                     for v in &p.victims {
-                        stops.push(Reverse((now + grace, v.key)));
+                        self.stops.push(Reverse((now + grace, v.key)));
                     }
                 }
                 Decision::Expire { key, .. } => {
-                    if let Some((project, _)) = queued.remove(&key) {
-                        report.project(&project).expired += 1;
+                    if let Some((project, _)) = self.queued.remove(&key) {
+                        self.report.project(&project).expired += 1;
                     }
                 }
                 Decision::Reject { key, .. } => {
-                    if let Some((project, _)) = queued.remove(&key) {
-                        report.project(&project).rejected += 1;
+                    if let Some((project, _)) = self.queued.remove(&key) {
+                        self.report.project(&project).rejected += 1;
                     }
                 }
                 // No agents here: virtual nodes hold no lease.
@@ -222,20 +287,25 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, R
             }
         }
     }
-    let first = trace
-        .iter()
-        .map(|b| b.submit_s)
-        .min_by(f64::total_cmp)
-        .unwrap_or(0.0);
-    // Zones of other regions that batches reached on a region alternative count
-    // from their first allocation; their GPUs are known now.
-    for ((_, zone), gpus) in zone_gpus(config) {
-        if let Some(z) = report.zones.get_mut(&zone) {
-            z.gpus = gpus;
+
+    /// Completes the report with the trace's span up to `last`.
+    fn finish(mut self, last: DateTime<Utc>) -> Report {
+        let first = self
+            .trace
+            .iter()
+            .map(|b| b.submit_s)
+            .min_by(f64::total_cmp)
+            .unwrap_or(0.0);
+        // Zones of other regions that batches reached on a region alternative count
+        // from their first allocation; their GPUs are known now.
+        for ((_, zone), gpus) in zone_gpus(self.config) {
+            if let Some(z) = self.report.zones.get_mut(&zone) {
+                z.gpus = gpus;
+            }
         }
+        self.report.finish(first, seconds(last), &self.core);
+        self.report
     }
-    report.finish(first, seconds(last), &core);
-    Ok(report)
 }
 
 /// Every declared node, up: each pool at `max_nodes` (at least its

@@ -185,6 +185,29 @@ impl Properties {
         pyspark: bool,
         v: &mut Violations,
     ) -> NodeShape {
+        self.check_tiers(role, accel, v);
+        let cores = self.cores(role, accel, v);
+        let gpus = accel.and_then(|a| a.gpus_for_cores(cores)).unwrap_or(0);
+        let local_ssd_gb = self.local_ssd_gb(role, accel, cores, v);
+        let max_total = match accel {
+            Some(a) => a.max_total_memory_mb(cores).unwrap_or(0),
+            None => CPU_MB_PER_CORE * u64::from(cores),
+        };
+        let (memory_mb, memory_overhead_mb) =
+            self.memory_split(role, accel, cores, max_total, pyspark, v);
+        NodeShape {
+            accelerator: accel,
+            cores,
+            gpus,
+            memory_mb,
+            memory_overhead_mb,
+            local_ssd_gb,
+        }
+    }
+
+    /// Checks the compute and disk tiers: standard or premium, and premium
+    /// for GPU executors.
+    fn check_tiers(&self, role: PartRole, accel: Option<Accelerator>, v: &mut Violations) {
         for tier in ["compute.tier", "disk.tier"] {
             let key = role.dataproc(tier);
             match (self.get(&key), accel, role) {
@@ -208,13 +231,17 @@ impl Properties {
                 ),
             }
         }
+    }
 
+    /// The cores of the driver or of each executor: one of those the
+    /// accelerator (or a CPU node) accepts, else its default.
+    fn cores(&self, role: PartRole, accel: Option<Accelerator>, v: &mut Violations) -> u32 {
         let cores_key = role.spark("cores");
         let (allowed, default) = match accel {
             Some(a) => (a.allowed_cores(), a.default_cores()),
             None => (CPU_CORES.to_vec(), 4),
         };
-        let cores = match self.get(&cores_key) {
+        match self.get(&cores_key) {
             None => default,
             Some(value) => match value.parse::<u32>() {
                 Ok(c) if allowed.contains(&c) => c,
@@ -232,11 +259,21 @@ impl Properties {
                     default
                 }
             },
-        };
-        let gpus = accel.and_then(|a| a.gpus_for_cores(cores)).unwrap_or(0);
+        }
+    }
 
+    /// The local SSD of the driver or of each executor: one of the sizes a
+    /// GPU node with `cores` cores offers, else its default; none on a CPU
+    /// node, where a size set must still parse.
+    fn local_ssd_gb(
+        &self,
+        role: PartRole,
+        accel: Option<Accelerator>,
+        cores: u32,
+        v: &mut Violations,
+    ) -> u64 {
         let disk_key = role.dataproc("disk.size");
-        let local_ssd_gb = match accel {
+        match accel {
             Some(a) => {
                 let (choices, default) = a.local_ssd_choices_gb(cores);
                 match self.get(&disk_key) {
@@ -272,21 +309,6 @@ impl Properties {
                 }
                 0
             }
-        };
-
-        let max_total = match accel {
-            Some(a) => a.max_total_memory_mb(cores).unwrap_or(0),
-            None => CPU_MB_PER_CORE * u64::from(cores),
-        };
-        let (memory_mb, memory_overhead_mb) =
-            self.memory_split(role, accel, cores, max_total, pyspark, v);
-        NodeShape {
-            accelerator: accel,
-            cores,
-            gpus,
-            memory_mb,
-            memory_overhead_mb,
-            local_ssd_gb,
         }
     }
 

@@ -129,25 +129,12 @@ pub(super) async fn write_steps(
             Step::To(to, message) => {
                 current = *to;
                 if *to == State::Running {
-                    let allocated: Option<i64> =
-                        sqlx::query_scalar("select allocate_time from batches where seq = $1")
-                            .bind(seq)
-                            .fetch_one(&mut *conn)
-                            .await?;
-                    applied.started_after =
-                        allocated.and_then(|t| (now - from_micros(t)).to_std().ok());
+                    applied.started_after = started_after(conn, seq, now).await?;
                 }
                 transition(conn, seq, *to, message, now).await?;
             }
             // Not a transition: the state and the time it was entered stay.
-            Step::Note(message) => {
-                sqlx::query("update batches set state_message = $1 where seq = $2")
-                    .bind(message)
-                    .bind(seq)
-                    .execute(&mut *conn)
-                    .await?;
-                append_history(conn, seq, current, message, now).await?;
-            }
+            Step::Note(message) => write_note(conn, seq, current, message, now).await?,
             Step::Release => release(conn, seq, now).await?,
             Step::MasterUrl(url) => {
                 sqlx::query("update batches set master_url = $1 where seq = $2")
@@ -157,39 +144,12 @@ pub(super) async fn write_steps(
                     .await?;
             }
             Step::DriverStarted { node, rapids } => {
-                let mut run = run_info(conn, seq).await?;
-                run.driver_node = Some(node.clone());
-                run.rapids = Some(rapids.clone());
-                run.start_time.get_or_insert(now);
-                set_run_info(conn, seq, &run).await?;
+                driver_started(conn, seq, node, rapids, now).await?;
             }
             Step::Requeue(reason) => requeue(conn, seq, *reason, now).await?,
-            Step::Preempted => {
-                sqlx::query("update batches set preemptions = preemptions + 1 where seq = $1")
-                    .bind(seq)
-                    .execute(&mut *conn)
-                    .await?;
-                // The parts given back in this decision held work lost.
-                sqlx::query(
-                    "update allocations set preempted = 1 where batch_seq = $1 and released_at = $2",
-                )
-                .bind(seq)
-                .bind(micros(now))
-                .execute(&mut *conn)
-                .await?;
-            }
+            Step::Preempted => mark_preempted(conn, seq, now).await?,
             // A reason a policy gave before the end (`Because`) is kept.
-            Step::Ended(reason) => {
-                let kept: Option<i64> = sqlx::query_scalar(
-                    "update batches set end_reason = coalesce(end_reason, $1) where seq = $2 \
-                     returning end_reason",
-                )
-                .bind(reason.number())
-                .bind(seq)
-                .fetch_one(&mut *conn)
-                .await?;
-                ended_for = kept.and_then(EndReason::from_number);
-            }
+            Step::Ended(reason) => ended_for = keep_end_reason(conn, seq, *reason).await?,
             Step::Because(reason) => {
                 sqlx::query("update batches set end_reason = $1 where seq = $2")
                     .bind(reason.number())
@@ -203,25 +163,125 @@ pub(super) async fn write_steps(
                 set_run_info(conn, seq, &run).await?;
             }
             Step::RunEnded { exit_code } => {
-                let mut run = run_info(conn, seq).await?;
-                run.exit_code = exit_code.or(run.exit_code);
-                run.end_time = Some(now);
-                set_run_info(conn, seq, &run).await?;
-                applied.ran = run.start_time.and_then(|t| (now - t).to_std().ok());
+                applied.ran = run_ended(conn, seq, *exit_code, now).await?;
             }
         }
     }
-    // The outcome says the reason the batch really ended for.
-    let mut outcome = outcome;
-    if let Some(kept) = ended_for {
+    applied.outcome = with_end_reason(outcome, ended_for);
+    Ok(applied)
+}
+
+/// How long batch `seq` waited between its allocation and `now`, when it
+/// starts running.
+async fn started_after(
+    conn: &mut AnyConnection,
+    seq: i64,
+    now: DateTime<Utc>,
+) -> Result<Option<std::time::Duration>, StoreError> {
+    let allocated: Option<i64> =
+        sqlx::query_scalar("select allocate_time from batches where seq = $1")
+            .bind(seq)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(allocated.and_then(|t| (now - from_micros(t)).to_std().ok()))
+}
+
+/// Sets batch `seq`'s state message and adds it to its history, in its
+/// `current` state.
+async fn write_note(
+    conn: &mut AnyConnection,
+    seq: i64,
+    current: State,
+    message: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query("update batches set state_message = $1 where seq = $2")
+        .bind(message)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    append_history(conn, seq, current, message, now).await?;
+    Ok(())
+}
+
+/// Records in batch `seq`'s run where its driver started and with what
+/// RAPIDS, and when it started, if not already known.
+async fn driver_started(
+    conn: &mut AnyConnection,
+    seq: i64,
+    node: &str,
+    rapids: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let mut run = run_info(conn, seq).await?;
+    run.driver_node = Some(node.to_string());
+    run.rapids = Some(rapids.to_string());
+    run.start_time.get_or_insert(now);
+    set_run_info(conn, seq, &run).await
+}
+
+/// Counts a preemption of batch `seq`.
+async fn mark_preempted(
+    conn: &mut AnyConnection,
+    seq: i64,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query("update batches set preemptions = preemptions + 1 where seq = $1")
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    // The parts given back in this decision held work lost.
+    sqlx::query("update allocations set preempted = 1 where batch_seq = $1 and released_at = $2")
+        .bind(seq)
+        .bind(micros(now))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Sets batch `seq`'s end reason unless it already has one; answers the
+/// reason it keeps.
+async fn keep_end_reason(
+    conn: &mut AnyConnection,
+    seq: i64,
+    reason: EndReason,
+) -> Result<Option<EndReason>, StoreError> {
+    let kept: Option<i64> = sqlx::query_scalar(
+        "update batches set end_reason = coalesce(end_reason, $1) where seq = $2 \
+         returning end_reason",
+    )
+    .bind(reason.number())
+    .bind(seq)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(kept.and_then(EndReason::from_number))
+}
+
+/// Records the end of batch `seq`'s run and its exit code, if it has one;
+/// answers how long the run took.
+async fn run_ended(
+    conn: &mut AnyConnection,
+    seq: i64,
+    exit_code: Option<i32>,
+    now: DateTime<Utc>,
+) -> Result<Option<std::time::Duration>, StoreError> {
+    let mut run = run_info(conn, seq).await?;
+    run.exit_code = exit_code.or(run.exit_code);
+    run.end_time = Some(now);
+    set_run_info(conn, seq, &run).await?;
+    Ok(run.start_time.and_then(|t| (now - t).to_std().ok()))
+}
+
+/// The outcome, saying the reason the batch really ended for (`kept`).
+fn with_end_reason(mut outcome: Outcome, kept: Option<EndReason>) -> Outcome {
+    if let Some(kept) = kept {
         for step in &mut outcome.steps {
             if let Step::Ended(reason) = step {
                 *reason = kept;
             }
         }
     }
-    applied.outcome = outcome;
-    Ok(applied)
+    outcome
 }
 
 impl Store {

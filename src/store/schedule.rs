@@ -335,33 +335,32 @@ impl Store {
                     endings.push((i, key.0, Provisioning::Rejected as i64, message, *reason));
                 }
                 Decision::Allocate(a) => {
-                    let message = allocated_message(a);
-                    let done = sqlx::query(
-                        "update batches set provisioning = $1, zone = $2, allocate_time = $3, \
-                         state_message = $4, state_time = $5, alternative = $6 \
-                         where seq = $7 and state = 1 and provisioning = 0",
-                    )
-                    .bind(Provisioning::Provisioned as i64)
-                    .bind(&a.zone)
-                    .bind(micros(now))
-                    .bind(&message)
-                    .bind(micros(now))
-                    .bind(a.alternative.as_ref().map(|r| i64::from(r.index)))
-                    .bind(a.key.0)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected()
-                        == 1;
+                    let done = allocate(&mut tx, a, now).await?;
                     applied[i] = done;
                     if done {
-                        // Still PENDING to the public enum (the work has not
-                        // started); the allocation is in the history.
-                        append_history(&mut tx, a.key.0, State::Pending, &message, now).await?;
                         parts.extend(a.placements.iter().map(|p| (a.key.0, a.region.as_str(), p)));
                     }
                 }
             }
         }
+        self.write_endings(&mut tx, &endings, now, &mut applied)
+            .await?;
+        self.write_parts(&mut tx, &parts, now).await?;
+        self.announce(&mut tx, &Change::Decided).await?;
+        self.commit(tx).await?;
+        Ok(applied)
+    }
+
+    /// Fails the expired and rejected batches still queued, `endings` being
+    /// (decision's index, seq, provisioning, message, end reason), with a
+    /// few multi-row statements; marks in `applied` the decisions written.
+    async fn write_endings(
+        &self,
+        conn: &mut AnyConnection,
+        endings: &[(usize, i64, i64, &str, EndReason)],
+        now: DateTime<Utc>,
+        applied: &mut [bool],
+    ) -> Result<(), StoreError> {
         for chunk in endings.chunks(1000) {
             let mut q = Sql::new(self.backend, "update batches set state = ");
             q.bind(State::Failed.number())
@@ -381,7 +380,7 @@ impl Store {
                  and batches.provisioning = 0 returning batches.seq",
             );
             let done: std::collections::HashSet<i64> = q
-                .fetch_scalars::<i64, _>(&mut *tx)
+                .fetch_scalars::<i64, _>(&mut *conn)
                 .await?
                 .into_iter()
                 .collect();
@@ -406,8 +405,19 @@ impl Store {
                 row.bind(*seq).bind(*message);
             });
             h.push(") as v");
-            h.execute(&mut *tx).await?;
+            h.execute(&mut *conn).await?;
         }
+        Ok(())
+    }
+
+    /// Inserts the allocated parts, (seq, region, placement), with a few
+    /// multi-row statements.
+    async fn write_parts(
+        &self,
+        conn: &mut AnyConnection,
+        parts: &[(i64, &str, &Placement)],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
         for chunk in parts.chunks(2000) {
             let mut q = Sql::new(
                 self.backend,
@@ -426,12 +436,42 @@ impl Store {
                     .bind(*region)
                     .bind(p.accelerator.map(|a| a.name()));
             });
-            q.execute(&mut *tx).await?;
+            q.execute(&mut *conn).await?;
         }
-        self.announce(&mut tx, &Change::Decided).await?;
-        self.commit(tx).await?;
-        Ok(applied)
+        Ok(())
     }
+}
+
+/// Writes an allocation if its batch is still queued (false if not), and
+/// says so in its history.
+async fn allocate(
+    conn: &mut AnyConnection,
+    a: &Allocation,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let message = allocated_message(a);
+    let done = sqlx::query(
+        "update batches set provisioning = $1, zone = $2, allocate_time = $3, \
+         state_message = $4, state_time = $5, alternative = $6 \
+         where seq = $7 and state = 1 and provisioning = 0",
+    )
+    .bind(Provisioning::Provisioned as i64)
+    .bind(&a.zone)
+    .bind(micros(now))
+    .bind(&message)
+    .bind(micros(now))
+    .bind(a.alternative.as_ref().map(|r| i64::from(r.index)))
+    .bind(a.key.0)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        == 1;
+    if done {
+        // Still PENDING to the public enum (the work has not
+        // started); the allocation is in the history.
+        append_history(conn, a.key.0, State::Pending, &message, now).await?;
+    }
+    Ok(done)
 }
 
 /// Writes a preemption, whole or not at all: the preemptor still queued
