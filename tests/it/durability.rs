@@ -178,3 +178,93 @@ async fn the_store_syncs_each_commit_on_every_session() {
     }
     shutdown.cancel();
 }
+
+/// A batch's cluster and its placement alternatives are stored as one
+/// JSON object and read back whole, by every reader; a stored cluster
+/// that cannot be read is an error that says so, never a default (a
+/// reader that defaulted would, for one, give a batch no retries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_cluster_reads_back_whole_and_a_corrupt_one_is_an_error() {
+    use flexq::spec::alternatives::{Alternative, Target};
+    use flexq::store::{NewBatch, Store, StoreOptions};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = match database_url(dir.path()).await {
+        Some(url) => url,
+        None => format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("flexq.db").display()
+        ),
+    };
+    let store = Store::open(&StoreOptions {
+        url: url.clone(),
+        max_connections: 2,
+        group_commit_max: 8,
+        limits: Default::default(),
+        observe_group: None,
+    })
+    .await
+    .expect("store");
+    let config = flexq::config::Config::load_without_env(None).expect("config");
+    let batch: flexq::api::Batch =
+        serde_json::from_value(crate::replicas::gpu_batch(3, "3600s")).expect("batch");
+    let mut cluster = flexq::spec::validate(&batch, "demo", "us-central1", &config.policy())
+        .expect("valid")
+        .cluster;
+    cluster.infrastructure_retries = 2;
+    let mut elsewhere = cluster.clone();
+    elsewhere.executor_count = 1;
+    let alternatives = vec![Alternative {
+        index: 1,
+        after_s: 900,
+        target: Target::Region("europe-west4".into()),
+        region: "europe-west4".into(),
+        cluster: elsewhere,
+    }];
+    let name = flexq::api::BatchName::new("demo", "us-central1", "stored-whole");
+    store
+        .create(NewBatch {
+            name: name.clone(),
+            uuid: uuid::Uuid::now_v7(),
+            operation_id: uuid::Uuid::now_v7(),
+            request_id: None,
+            creator: "test".into(),
+            spec: batch,
+            cluster: cluster.clone(),
+            alternatives: alternatives.clone(),
+            priority: 0,
+            state_message: "Queued.".into(),
+        })
+        .await
+        .expect("created");
+
+    // Read back whole: the batch, and the queue a restart rebuilds.
+    let stored = store.get(&name).await.expect("read back");
+    assert_eq!(stored.cluster, cluster);
+    assert_eq!(stored.alternatives, alternatives);
+    let queued = store.queued_batches(..).await.expect("queued");
+    let [q] = queued.as_slice() else {
+        panic!("one queued batch: {queued:?}");
+    };
+    assert_eq!((&q.cluster, &q.alternatives), (&cluster, &alternatives));
+
+    // Corrupt it behind the store's back: each reader says so.
+    sqlx::any::install_default_drivers();
+    let db = sqlx::AnyPool::connect(&url).await.expect("raw connection");
+    sqlx::query("update batches set cluster = $1")
+        .bind(r#"{"executor_count": "many"}"#)
+        .execute(&db)
+        .await
+        .expect("corrupt the row");
+    db.close().await;
+    let e = store.get(&name).await.expect_err("a corrupt cluster");
+    assert!(
+        e.to_string().contains("stored cluster cannot be read"),
+        "{e}"
+    );
+    let e = store.queued_batches(..).await.expect_err("a corrupt queue");
+    assert!(
+        e.to_string().contains("queued batches cannot be read"),
+        "{e}"
+    );
+}

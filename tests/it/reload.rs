@@ -241,6 +241,36 @@ async fn an_invalid_file_is_refused_naming_the_key_and_the_config_in_force_stays
         "{metrics}"
     );
     assert!(metrics.contains("flexq_config_reloads_total{result=\"invalid\"} 4"));
+    // A file with two wrong keys is refused naming both: the message
+    // says each, and the ErrorInfo names the first as `key` and all of
+    // them as `keys`, in the order the check found them.
+    write(
+        &file,
+        "[provisioning]\ndefault_allocation_timeout = \"3h\"\n\
+         [regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 9\n",
+    );
+    let (st, body) = reload(&s).await;
+    assert_eq!(st, 400, "{body:#}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    let timeout_key = "provisioning.default_allocation_timeout";
+    let nodes_key = "regions.us-central1.zones.us-central1-a.node_pools.l4.virtual_nodes";
+    assert!(
+        message.contains(timeout_key) && message.contains(nodes_key),
+        "{message}"
+    );
+    let info = body["error"]["details"]
+        .as_array()
+        .and_then(|d| {
+            d.iter()
+                .find(|d| d["@type"] == "type.googleapis.com/google.rpc.ErrorInfo")
+        })
+        .unwrap_or_else(|| panic!("an ErrorInfo: {body:#}"));
+    assert_eq!(info["metadata"]["key"], timeout_key, "{info:#}");
+    assert_eq!(
+        info["metadata"]["keys"],
+        format!("{timeout_key},{nodes_key}"),
+        "{info:#}"
+    );
     // Bad input to the endpoint itself is named.
     let (st, body) = s.post("/v1/config:reload?validateOnly=maybe").await;
     assert_eq!(st, 400, "{body:#}");
