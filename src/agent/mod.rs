@@ -334,6 +334,9 @@ async fn serve_session(
     }
 }
 
+/// Brings the running parts in step with the polled assignments: tears
+/// down the parts no longer assigned, updates the ones still assigned,
+/// reports the stops of parts that do not run here and starts the new ones.
 fn reconcile(
     ctx: &Arc<Ctx>,
     session: &CancellationToken,
@@ -343,7 +346,37 @@ fn reconcile(
 ) {
     let wanted: std::collections::HashSet<PartKey> =
         assignments.iter().map(Assignment::key).collect();
-    // Parts whose batch ended or was released: tear them down.
+    tear_down_gone(parts, stopping, &wanted);
+    stopping.retain(|s| !s.task.is_finished());
+    for a in assignments {
+        let key = a.key();
+        if let Some(part) = parts.get(&key) {
+            part.assignment.send_if_modified(|current| {
+                if *current != a {
+                    *current = a.clone();
+                    true
+                } else {
+                    false
+                }
+            });
+            continue;
+        }
+        if a.action == Action::Stop {
+            report_stopped(ctx, &a);
+            continue;
+        }
+        let part = start_part(ctx, session, stopping, a);
+        parts.insert(key, part);
+    }
+}
+
+/// Parts whose batch ended or was released: tear them down, keeping each
+/// in `stopping` until its processes are gone.
+fn tear_down_gone(
+    parts: &mut HashMap<PartKey, Part>,
+    stopping: &mut Vec<Stopping>,
+    wanted: &std::collections::HashSet<PartKey>,
+) {
     let gone: Vec<PartKey> = parts
         .keys()
         .filter(|k| !wanted.contains(*k))
@@ -360,85 +393,86 @@ fn reconcile(
             });
         }
     }
-    stopping.retain(|s| !s.task.is_finished());
-    for a in assignments {
-        let key = a.key();
-        if let Some(part) = parts.get(&key) {
-            part.assignment.send_if_modified(|current| {
-                if *current != a {
-                    *current = a.clone();
-                    true
-                } else {
-                    false
-                }
-            });
-            continue;
-        }
-        if a.action == Action::Stop {
-            // Being cancelled, and nothing of it runs here (this agent
-            // restarted): say it stopped.
-            if a.is_driver() {
-                let (ctx, uuid) = (ctx.clone(), a.uuid.clone());
-                tokio::spawn(async move {
-                    let event = ReportEvent::Finished {
-                        succeeded: false,
-                        message: "Stopped on cancellation.".into(),
-                        exit_code: None,
-                    };
-                    let _ = ctx.client.report(&ctx.epoch, &uuid, event).await;
-                });
-            }
-            continue;
-        }
-        tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, role = %a.role, index = a.index, attempt = a.attempt, gpus = ?a.gpus, "assignment received");
-        let (tx, rx) = watch::channel(a.clone());
-        let cancel = session.child_token();
-        // GPUs handed over from a part still stopping (its batch just
-        // ended) are used only once its processes are gone.
-        let handover: Vec<CancellationToken> = stopping
-            .iter()
-            .filter(|s| s.gpus.iter().any(|g| a.gpus.contains(g)))
-            .map(|s| s.done.clone())
-            .collect();
-        let done = CancellationToken::new();
-        let finished = done.clone().drop_guard();
-        let run: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-            match (ctx.config.launcher, a.is_driver()) {
-                (Launcher::Standalone, true) => {
-                    Box::pin(driver::run_driver(ctx.clone(), rx, cancel.clone()))
-                }
-                (Launcher::Standalone, false) => {
-                    Box::pin(executor::run_executor(ctx.clone(), rx, cancel.clone()))
-                }
-                (Launcher::Kubernetes, true) => {
-                    Box::pin(kubernetes::run_driver(ctx.clone(), rx, cancel.clone()))
-                }
-                // The operator's executor pods run here, pinned by affinity;
-                // the agent holds the part until the batch ends.
-                (Launcher::Kubernetes, false) => {
-                    let cancel = cancel.clone();
-                    Box::pin(async move { cancel.cancelled().await })
-                }
+}
+
+/// A part being cancelled of which nothing runs here (this agent
+/// restarted): its driver's part says it stopped.
+fn report_stopped(ctx: &Arc<Ctx>, a: &Assignment) {
+    if a.is_driver() {
+        let (ctx, uuid) = (ctx.clone(), a.uuid.clone());
+        tokio::spawn(async move {
+            let event = ReportEvent::Finished {
+                succeeded: false,
+                message: "Stopped on cancellation.".into(),
+                exit_code: None,
             };
-        let waiting = cancel.clone();
-        let task = tokio::spawn(async move {
-            let _finished = finished;
-            for h in handover {
-                tokio::select! {
-                    _ = h.cancelled() => {}
-                    _ = waiting.cancelled() => return,
-                }
-            }
-            run.await;
+            let _ = ctx.client.report(&ctx.epoch, &uuid, event).await;
         });
-        parts.insert(
-            key,
-            Part {
-                assignment: tx,
-                cancel,
-                task,
-                done,
-            },
-        );
+    }
+}
+
+/// Starts the part of a new assignment on a task of its own, once the
+/// parts still stopping that held any of its GPUs are gone.
+fn start_part(
+    ctx: &Arc<Ctx>,
+    session: &CancellationToken,
+    stopping: &[Stopping],
+    a: Assignment,
+) -> Part {
+    tracing::info!(batch = %a.batch, batch_uuid = %a.uuid, role = %a.role, index = a.index, attempt = a.attempt, gpus = ?a.gpus, "assignment received");
+    let (tx, rx) = watch::channel(a.clone());
+    let cancel = session.child_token();
+    // GPUs handed over from a part still stopping (its batch just
+    // ended) are used only once its processes are gone.
+    let handover: Vec<CancellationToken> = stopping
+        .iter()
+        .filter(|s| s.gpus.iter().any(|g| a.gpus.contains(g)))
+        .map(|s| s.done.clone())
+        .collect();
+    let done = CancellationToken::new();
+    let finished = done.clone().drop_guard();
+    let run = part_work(ctx, a.is_driver(), rx, &cancel);
+    let waiting = cancel.clone();
+    let task = tokio::spawn(async move {
+        let _finished = finished;
+        for h in handover {
+            tokio::select! {
+                _ = h.cancelled() => {}
+                _ = waiting.cancelled() => return,
+            }
+        }
+        run.await;
+    });
+    Part {
+        assignment: tx,
+        cancel,
+        task,
+        done,
+    }
+}
+
+/// What a part runs, by launcher and role, until `cancel`.
+fn part_work(
+    ctx: &Arc<Ctx>,
+    is_driver: bool,
+    rx: watch::Receiver<Assignment>,
+    cancel: &CancellationToken,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    match (ctx.config.launcher, is_driver) {
+        (Launcher::Standalone, true) => {
+            Box::pin(driver::run_driver(ctx.clone(), rx, cancel.clone()))
+        }
+        (Launcher::Standalone, false) => {
+            Box::pin(executor::run_executor(ctx.clone(), rx, cancel.clone()))
+        }
+        (Launcher::Kubernetes, true) => {
+            Box::pin(kubernetes::run_driver(ctx.clone(), rx, cancel.clone()))
+        }
+        // The operator's executor pods run here, pinned by affinity;
+        // the agent holds the part until the batch ends.
+        (Launcher::Kubernetes, false) => {
+            let cancel = cancel.clone();
+            Box::pin(async move { cancel.cancelled().await })
+        }
     }
 }

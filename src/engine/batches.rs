@@ -78,99 +78,21 @@ impl Engine {
         };
         let request = spec::validate_create(&batch, ids, &project, &region, &self.live().policy)?;
         let validate_only = parse_validate_only(validate_only.as_deref())?;
+        if let Some(verdict) = self
+            .admit_create(&batch, &request, &project, &region, validate_only)
+            .await?
         {
-            let core = self.lock().await;
-            if validate_only {
-                let answer = self.validate_only(&core, &batch, &request, &project, &region);
-                return Ok(CreateAnswer::Verdict(Box::new(answer)));
-            }
-            let queued = core.pending_of(&project);
-            let max = self.config().limits.max_pending_per_project;
-            if queued as u64 >= max {
-                return Err(Error::new(Reason::TooManyPending,
-                    format!(
-                        "project {project} has {queued} batches queued; limits.max_pending_per_project is {max}: wait for some to start or cancel some"
-                    ),
-                )
-                .with_meta("limit", "limits.max_pending_per_project"));
-            }
-            if let Some(reason) = core.never_fits_anywhere(&project, &region, &request) {
-                return Err(Error::new(
-                    Reason::NeverFits,
-                    format!("the batch can never be allocated: {reason}"),
-                )
-                .with_meta("reason", reason));
-            }
+            return Ok(CreateAnswer::Verdict(Box::new(verdict)));
         }
-
-        // Version 7 uuids grow with time: new rows land at the right edge
-        // of every index instead of dirtying a random page each, which
-        // keeps group commits small (see BENCHMARKS.md).
-        let uuid = Uuid::now_v7();
-        let spec::Request {
-            cluster,
-            alternatives,
-        } = request;
-        let batch_id = batch_id.unwrap_or_else(|| Uuid::now_v7().to_string());
-        let mut state_message = match cluster.mode {
-            spec::ProvisioningMode::Queue => format!(
-                "Queued: waiting up to {}s for quota and capacity for the whole cluster ({} GPUs).",
-                cluster.allocation_timeout_s,
-                cluster.total_gpus()
-            ),
-            spec::ProvisioningMode::Default => "Queued for allocation.".to_string(),
-        };
-        if let Some(note) = cluster.dynamic_allocation_note() {
-            state_message = format!("{state_message} {note}.");
-        }
-        let priority = spec::priority(&batch.labels);
-        let name = BatchName::new(&project, &region, &batch_id);
-        let new = NewBatch {
-            name: name.clone(),
-            uuid,
-            operation_id: Uuid::now_v7(),
-            request_id,
-            creator: principal.name.clone(),
-            spec: batch.into_user_spec(),
-            cluster,
-            alternatives,
-            priority,
-            state_message,
-        };
+        let new = new_batch(
+            principal, project, region, batch, batch_id, request_id, request,
+        );
+        let name = new.name.clone();
         // In a task of its own: a caller that goes away (a timeout, a
         // hang-up) must not stop between the commit and the queueing of
         // the batch, its log line and its count.
         let engine = self.clone();
-        let task = tokio::spawn(async move {
-            let created = engine.shared.store.create(new).await?;
-            match &created {
-                crate::store::Created::Replayed(r) => {
-                    tracing::info!(batch.id = %r.name.batch_id, request_id = r.request_id.as_deref().unwrap_or(""), "create replayed by requestId");
-                }
-                crate::store::Created::New(r) => {
-                    tracing::info!(
-                        batch.id = %r.name.batch_id, batch.uuid = %r.uuid, project = %r.name.project,
-                        region = %r.name.region, state = "PENDING", "batch created"
-                    );
-                    crate::metrics::record_transition(State::Pending);
-                    engine
-                        .submitted(PendingBatch {
-                            key: BatchKey(r.seq),
-                            batch_id: r.name.batch_id.clone(),
-                            project: r.name.project.clone(),
-                            region: r.name.region.clone(),
-                            priority: r.priority,
-                            queued_at: r.create_time,
-                            deadline: r.deadline,
-                            cluster: r.cluster.clone(),
-                            alternatives: r.alternatives.clone(),
-                            preemptions: 0,
-                        })
-                        .await;
-                }
-            }
-            Ok::<_, StoreError>(created)
-        });
+        let task = tokio::spawn(async move { engine.store_and_queue(new).await });
         let created = task.await.map_err(Error::internal)?.map_err(|e| match e {
             StoreError::AlreadyExists(m) => {
                 Error::new(Reason::AlreadyExists, m).with_meta("batch", name.to_string())
@@ -180,6 +102,76 @@ impl Engine {
         Ok(CreateAnswer::Operation(Box::new(operation(
             created.record(),
         ))))
+    }
+
+    /// Under the core's lock: with `validate_only`, the verdict to answer;
+    /// otherwise refuses the batch when its project has too many queued or
+    /// it can never fit anywhere, and answers `None` when it may be stored.
+    async fn admit_create(
+        &self,
+        batch: &Batch,
+        request: &spec::Request,
+        project: &str,
+        region: &str,
+        validate_only: bool,
+    ) -> Result<Option<ValidateVerdict>, Error> {
+        let core = self.lock().await;
+        if validate_only {
+            return Ok(Some(
+                self.validate_only(&core, batch, request, project, region),
+            ));
+        }
+        let queued = core.pending_of(project);
+        let max = self.config().limits.max_pending_per_project;
+        if queued as u64 >= max {
+            return Err(Error::new(Reason::TooManyPending,
+                format!(
+                    "project {project} has {queued} batches queued; limits.max_pending_per_project is {max}: wait for some to start or cancel some"
+                ),
+            )
+            .with_meta("limit", "limits.max_pending_per_project"));
+        }
+        if let Some(reason) = core.never_fits_anywhere(project, region, request) {
+            return Err(Error::new(
+                Reason::NeverFits,
+                format!("the batch can never be allocated: {reason}"),
+            )
+            .with_meta("reason", reason));
+        }
+        Ok(None)
+    }
+
+    /// Stores `new` durably and, when it is new rather than replayed by its
+    /// `requestId`, logs it, counts it and queues it. Runs in a task of its
+    /// own (see [`Engine::create`]).
+    async fn store_and_queue(&self, new: NewBatch) -> Result<crate::store::Created, StoreError> {
+        let created = self.shared.store.create(new).await?;
+        match &created {
+            crate::store::Created::Replayed(r) => {
+                tracing::info!(batch.id = %r.name.batch_id, request_id = r.request_id.as_deref().unwrap_or(""), "create replayed by requestId");
+            }
+            crate::store::Created::New(r) => {
+                tracing::info!(
+                    batch.id = %r.name.batch_id, batch.uuid = %r.uuid, project = %r.name.project,
+                    region = %r.name.region, state = "PENDING", "batch created"
+                );
+                crate::metrics::record_transition(State::Pending);
+                self.submitted(PendingBatch {
+                    key: BatchKey(r.seq),
+                    batch_id: r.name.batch_id.clone(),
+                    project: r.name.project.clone(),
+                    region: r.name.region.clone(),
+                    priority: r.priority,
+                    queued_at: r.create_time,
+                    deadline: r.deadline,
+                    cluster: r.cluster.clone(),
+                    alternatives: r.alternatives.clone(),
+                    preemptions: 0,
+                })
+                .await;
+            }
+        }
+        Ok(created)
     }
 
     /// What a validate-only create answers, under the core's lock: what
@@ -438,5 +430,53 @@ pub(super) fn parse_validate_only(text: Option<&str>) -> Result<bool, Error> {
             "validate_only",
             format!("{} is not a boolean; accepted: true, false", quote(other)),
         )),
+    }
+}
+
+/// The row a create stores for a validated batch: its ids (a generated
+/// batch id when the client gave none), its first state message and its
+/// priority.
+fn new_batch(
+    principal: &Principal,
+    project: String,
+    region: String,
+    batch: Batch,
+    batch_id: Option<String>,
+    request_id: Option<String>,
+    request: spec::Request,
+) -> NewBatch {
+    // Version 7 uuids grow with time: new rows land at the right edge
+    // of every index instead of dirtying a random page each, which
+    // keeps group commits small (see BENCHMARKS.md).
+    let uuid = Uuid::now_v7();
+    let spec::Request {
+        cluster,
+        alternatives,
+    } = request;
+    let batch_id = batch_id.unwrap_or_else(|| Uuid::now_v7().to_string());
+    let mut state_message = match cluster.mode {
+        spec::ProvisioningMode::Queue => format!(
+            "Queued: waiting up to {}s for quota and capacity for the whole cluster ({} GPUs).",
+            cluster.allocation_timeout_s,
+            cluster.total_gpus()
+        ),
+        spec::ProvisioningMode::Default => "Queued for allocation.".to_string(),
+    };
+    if let Some(note) = cluster.dynamic_allocation_note() {
+        state_message = format!("{state_message} {note}.");
+    }
+    let priority = spec::priority(&batch.labels);
+    let name = BatchName::new(&project, &region, &batch_id);
+    NewBatch {
+        name,
+        uuid,
+        operation_id: Uuid::now_v7(),
+        request_id,
+        creator: principal.name.clone(),
+        spec: batch.into_user_spec(),
+        cluster,
+        alternatives,
+        priority,
+        state_message,
     }
 }

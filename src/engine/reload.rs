@@ -224,26 +224,7 @@ impl Engine {
         let next = read.and_then(|file| Ok((in_force.with_live(&file.live_value())?, file)));
         let (next, file) = match next {
             Ok(both) => both,
-            Err(e) => {
-                let message = format!(
-                    "the config was not reloaded, generation {} stays in force: {e}",
-                    self.live().stored.generation
-                );
-                if !validate_only {
-                    tracing::error!(requested_by = how, error = %e, "config reload refused");
-                    crate::metrics::record_config_reload("invalid");
-                    self.record_reload(Some(message.clone()));
-                }
-                let mut error = Error::new(Reason::ConfigInvalid, message);
-                let keys = e.keys();
-                if let Some(first) = keys.first() {
-                    error = error.with_meta("key", *first);
-                }
-                if keys.len() > 1 {
-                    error = error.with_meta("keys", keys.join(","));
-                }
-                return Err(error);
-            }
+            Err(e) => return Err(self.reload_refused(&e, validate_only, how)),
         };
         let (changes, _) = in_force.changes(&next);
         let (_, pending_restart) = in_force.changes(&file);
@@ -262,26 +243,7 @@ impl Engine {
         if validate_only {
             return Ok(answer);
         }
-        let published = self
-            .shared
-            .store
-            .publish_config(
-                &next.digest(),
-                &next.live_value().to_string(),
-                Utc::now(),
-                self.replica_id(),
-                "reload",
-            )
-            .await;
-        let (generation, _) = match published {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(requested_by = how, error = %e, "config reload failed: cannot publish it");
-                crate::metrics::record_config_reload("failed");
-                self.record_reload(Some(format!("the config could not be stored: {e}")));
-                return Err(e.into());
-            }
-        };
+        let generation = self.publish_reloaded(&next, how).await?;
         // This replica's file is the config in force now (if it was
         // already, no new generation was made and nothing else changed).
         let settled = self.apply_config(next, generation, None).await;
@@ -301,6 +263,56 @@ impl Engine {
             "config reloaded"
         );
         Ok(answer)
+    }
+
+    /// The error a reload answers for a config that is not valid; unless
+    /// only validating, also logged, counted and recorded as the last
+    /// reload.
+    fn reload_refused(&self, e: &ConfigError, validate_only: bool, how: &str) -> Error {
+        let message = format!(
+            "the config was not reloaded, generation {} stays in force: {e}",
+            self.live().stored.generation
+        );
+        if !validate_only {
+            tracing::error!(requested_by = how, error = %e, "config reload refused");
+            crate::metrics::record_config_reload("invalid");
+            self.record_reload(Some(message.clone()));
+        }
+        let mut error = Error::new(Reason::ConfigInvalid, message);
+        let keys = e.keys();
+        if let Some(first) = keys.first() {
+            error = error.with_meta("key", *first);
+        }
+        if keys.len() > 1 {
+            error = error.with_meta("keys", keys.join(","));
+        }
+        error
+    }
+
+    /// Publishes a reloaded config in the store (a new generation when its
+    /// live part differs from the latest). A failure is logged, counted and
+    /// recorded as the last reload.
+    async fn publish_reloaded(&self, next: &Config, how: &str) -> Result<ConfigGeneration, Error> {
+        let published = self
+            .shared
+            .store
+            .publish_config(
+                &next.digest(),
+                &next.live_value().to_string(),
+                Utc::now(),
+                self.replica_id(),
+                "reload",
+            )
+            .await;
+        match published {
+            Ok((generation, _)) => Ok(generation),
+            Err(e) => {
+                tracing::error!(requested_by = how, error = %e, "config reload failed: cannot publish it");
+                crate::metrics::record_config_reload("failed");
+                self.record_reload(Some(format!("the config could not be stored: {e}")));
+                Err(e.into())
+            }
+        }
     }
 
     fn record_reload(&self, error: Option<String>) {

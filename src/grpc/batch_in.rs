@@ -36,8 +36,27 @@ pub(super) fn request_batch(b: &dp::Batch) -> Result<Batch, Error> {
 /// The batch, when it sets only fields mapped here; None when the JSON
 /// route must judge it.
 pub(super) fn user_batch(b: &dp::Batch) -> Option<Batch> {
-    // Output-only fields: taken (and then ignored) by the JSON route.
-    let output_only = !b.name.is_empty()
+    if sets_output_only(b) {
+        return None;
+    }
+    let mut batch = Batch {
+        labels: sorted(&b.labels),
+        ..Batch::default()
+    };
+    set_workload(&mut batch, &b.batch_config)?;
+    if let Some(r) = &b.runtime_config {
+        batch.runtime_config = Some(runtime_config(r)?);
+    }
+    if let Some(e) = &b.environment_config {
+        batch.environment_config = Some(environment_config(e)?);
+    }
+    Some(batch)
+}
+
+/// Whether the batch sets an output-only field: taken (and then ignored)
+/// by the JSON route.
+fn sets_output_only(b: &dp::Batch) -> bool {
+    !b.name.is_empty()
         || !b.uuid.is_empty()
         || b.create_time.is_some()
         || b.runtime_info.is_some()
@@ -46,15 +65,13 @@ pub(super) fn user_batch(b: &dp::Batch) -> Option<Batch> {
         || b.state_time.is_some()
         || !b.creator.is_empty()
         || !b.operation.is_empty()
-        || !b.state_history.is_empty();
-    if output_only {
-        return None;
-    }
-    let mut batch = Batch {
-        labels: sorted(&b.labels),
-        ..Batch::default()
-    };
-    match &b.batch_config {
+        || !b.state_history.is_empty()
+}
+
+/// Sets the batch's workload from its batch config; None for a workload
+/// not mapped here (SparkR).
+fn set_workload(batch: &mut Batch, config: &Option<dp::batch::BatchConfig>) -> Option<()> {
+    match config {
         None => {}
         Some(dp::batch::BatchConfig::PysparkBatch(p)) => {
             batch.pyspark_batch = Some(PySparkBatch {
@@ -92,55 +109,64 @@ pub(super) fn user_batch(b: &dp::Batch) -> Option<Batch> {
         }
         Some(dp::batch::BatchConfig::SparkRBatch(_)) => return None,
     }
-    if let Some(r) = &b.runtime_config {
-        if r.repository_config.is_some() || r.autotuning_config.is_some() || !r.cohort.is_empty() {
-            return None;
-        }
-        batch.runtime_config = Some(RuntimeConfig {
-            version: non_empty(r.version.clone()),
-            container_image: non_empty(r.container_image.clone()),
-            properties: sorted(&r.properties),
-        });
+    Some(())
+}
+
+/// The runtime config; None when it sets a field not mapped here.
+fn runtime_config(r: &dp::RuntimeConfig) -> Option<RuntimeConfig> {
+    if r.repository_config.is_some() || r.autotuning_config.is_some() || !r.cohort.is_empty() {
+        return None;
     }
-    if let Some(e) = &b.environment_config {
-        let execution_config = match &e.execution_config {
-            None => None,
-            Some(x) => {
-                if x.authentication_config.is_some() {
-                    return None;
-                }
-                use dp::execution_config::Network;
-                let (network_uri, subnetwork_uri) = match &x.network {
-                    None => (None, None),
-                    Some(Network::NetworkUri(n)) => (Some(n.clone()), None),
-                    Some(Network::SubnetworkUri(n)) => (None, Some(n.clone())),
-                };
-                Some(ExecutionConfig {
-                    service_account: non_empty(x.service_account.clone()),
-                    network_uri,
-                    subnetwork_uri,
-                    network_tags: x.network_tags.clone(),
-                    kms_key: non_empty(x.kms_key.clone()),
-                    idle_ttl: duration(&x.idle_ttl)?,
-                    ttl: duration(&x.ttl)?,
-                    staging_bucket: non_empty(x.staging_bucket.clone()),
-                })
+    Some(RuntimeConfig {
+        version: non_empty(r.version.clone()),
+        container_image: non_empty(r.container_image.clone()),
+        properties: sorted(&r.properties),
+    })
+}
+
+/// The environment config; None when its execution config sets a field
+/// not mapped here or a duration the JSON route must judge.
+fn environment_config(e: &dp::EnvironmentConfig) -> Option<EnvironmentConfig> {
+    let execution_config = match &e.execution_config {
+        None => None,
+        Some(x) => Some(execution_config(x)?),
+    };
+    let peripherals_config = e.peripherals_config.as_ref().map(|p| PeripheralsConfig {
+        metastore_service: non_empty(p.metastore_service.clone()),
+        spark_history_server_config: p.spark_history_server_config.as_ref().map(|s| {
+            SparkHistoryServerConfig {
+                dataproc_cluster: non_empty(s.dataproc_cluster.clone()),
             }
-        };
-        let peripherals_config = e.peripherals_config.as_ref().map(|p| PeripheralsConfig {
-            metastore_service: non_empty(p.metastore_service.clone()),
-            spark_history_server_config: p.spark_history_server_config.as_ref().map(|s| {
-                SparkHistoryServerConfig {
-                    dataproc_cluster: non_empty(s.dataproc_cluster.clone()),
-                }
-            }),
-        });
-        batch.environment_config = Some(EnvironmentConfig {
-            execution_config,
-            peripherals_config,
-        });
+        }),
+    });
+    Some(EnvironmentConfig {
+        execution_config,
+        peripherals_config,
+    })
+}
+
+/// The execution config; None when it sets an authentication config or a
+/// duration the JSON route must judge.
+fn execution_config(x: &dp::ExecutionConfig) -> Option<ExecutionConfig> {
+    if x.authentication_config.is_some() {
+        return None;
     }
-    Some(batch)
+    use dp::execution_config::Network;
+    let (network_uri, subnetwork_uri) = match &x.network {
+        None => (None, None),
+        Some(Network::NetworkUri(n)) => (Some(n.clone()), None),
+        Some(Network::SubnetworkUri(n)) => (None, Some(n.clone())),
+    };
+    Some(ExecutionConfig {
+        service_account: non_empty(x.service_account.clone()),
+        network_uri,
+        subnetwork_uri,
+        network_tags: x.network_tags.clone(),
+        kms_key: non_empty(x.kms_key.clone()),
+        idle_ttl: duration(&x.idle_ttl)?,
+        ttl: duration(&x.ttl)?,
+        staging_bucket: non_empty(x.staging_bucket.clone()),
+    })
 }
 
 fn sorted(

@@ -15,7 +15,7 @@ use super::model::{
 };
 use super::walk::{Considered, Reservation, Walk, delays_holder};
 use crate::api::EndReason;
-use crate::spec::{ClusterRequest, ProvisioningMode};
+use crate::spec::{Alternative, ClusterRequest, ProvisioningMode};
 
 /// What a pass makes of one queued batch ([`Scheduler::assess`]), before
 /// anything is done about it ([`Scheduler::apply`]).
@@ -276,8 +276,40 @@ impl Scheduler {
         let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;
         };
+        let chosen = self.choose_alternative(batch, region, now, walk);
+        let Some((alternative, (zone, placements))) = chosen else {
+            return Considered::Passed;
+        };
+        let Some(batch) = self.queue.get(key).cloned() else {
+            return Considered::Passed;
+        };
+        walk.capacity_taken();
+        if !self.capacity.take(&placements) {
+            walk.alternative_fails(&alternative.region, shape_key(&alternative.cluster));
+            return Considered::Passed;
+        }
+        let on = OnAlternative {
+            index: alternative.index,
+            asked: accelerator_label(&batch.cluster),
+            note: self.alternative_note(&batch),
+        };
+        let placed = (alternative.region.as_str(), &alternative.cluster);
+        out.push(self.grant(&batch, placed, (zone, placements), Some(on), now));
+        Considered::Allocated
+    }
+
+    /// The first of a queued batch's alternatives whose delay has passed
+    /// that quota and capacity take now, in one zone, without delaying the
+    /// reservation's holder; with its zone and placements. Those that fail
+    /// for the rest of the pass are noted in `walk`.
+    fn choose_alternative(
+        &self,
+        batch: &PendingBatch,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+    ) -> Option<(Alternative, (String, Vec<Placement>))> {
         let ends = batch.cluster.ends(now);
-        let mut chosen = None;
         for alternative in &batch.alternatives {
             if ripe_at(batch.queued_at, alternative) > now {
                 continue;
@@ -321,22 +353,16 @@ impl Scheduler {
                     }
                 }
             }
-            chosen = Some((alternative.clone(), plan));
-            break;
+            return Some((alternative.clone(), plan));
         }
-        let Some((alternative, (zone, placements))) = chosen else {
-            return Considered::Passed;
-        };
-        let Some(batch) = self.queue.get(key).cloned() else {
-            return Considered::Passed;
-        };
-        walk.capacity_taken();
-        if !self.capacity.take(&placements) {
-            walk.alternative_fails(&alternative.region, shape_key(&alternative.cluster));
-            return Considered::Passed;
-        }
-        let blockers = self.blockers(&batch);
-        let note = if blockers.is_empty() {
+        None
+    }
+
+    /// Why a batch allocated on an alternative was not allocated on its
+    /// own placement: what blocks it, or the reservation for earlier batches.
+    fn alternative_note(&self, batch: &PendingBatch) -> String {
+        let blockers = self.blockers(batch);
+        if blockers.is_empty() {
             "its own placement was held for earlier batches".to_string()
         } else {
             blockers
@@ -344,15 +370,7 @@ impl Scheduler {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ")
-        };
-        let on = OnAlternative {
-            index: alternative.index,
-            asked: accelerator_label(&batch.cluster),
-            note,
-        };
-        let placed = (alternative.region.as_str(), &alternative.cluster);
-        out.push(self.grant(&batch, placed, (zone, placements), Some(on), now));
-        Considered::Allocated
+        }
     }
 
     /// Gives `batch` the cluster `placed` (a region and the cluster it

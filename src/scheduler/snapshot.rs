@@ -36,13 +36,45 @@ pub struct Snapshot {
     pub virtual_nodes: u64,
 }
 
+/// Queued batches by (region, accelerator, reason), as a snapshot shows them.
+type PendingByReason = BTreeMap<(String, String, &'static str), u64>;
+
+/// Queued batches counted by (region, accelerator, reason), borrowed from
+/// the scheduler while they are counted.
+type PendingCounts<'a> = FxHashMap<(&'a str, &'static str, &'static str), u64>;
+
 impl Scheduler {
+    /// What the metrics show of the scheduler at `now`.
     pub fn snapshot(&self, now: DateTime<Utc>) -> Snapshot {
         let mut s = Snapshot::default();
-        // Queued batches by reason, from the tally: a class is short of
-        // quota or not as a whole; of the others, those the last pass held
-        // back for a reservation are told apart one by one (few).
-        let mut pending: FxHashMap<(&str, &'static str, &'static str), u64> = FxHashMap::default();
+        let (pending, seen) = self.pending_by_reason();
+        s.pending = pending;
+        s.wait_fraction = self.wait_fractions(now);
+        s.quotas = self.quota_rows(seen);
+        s.capacity = self.capacity_rows();
+        s.held = self
+            .holds()
+            .into_iter()
+            .map(|(r, p, _)| (r, p.unwrap_or_else(|| "-".into())))
+            .collect();
+        s.fair_share = self.fair_shares(now);
+        s.preemption_protected = self.preemption_protected();
+        s.agent_nodes = self.leases.active() as u64;
+        s.virtual_nodes = self
+            .capacity
+            .nodes
+            .values()
+            .filter(|n| n.spec.is_virtual)
+            .count() as u64;
+        s
+    }
+
+    /// Queued batches by reason, from the tally: a class is short of
+    /// quota or not as a whole; of the others, those the last pass held
+    /// back for a reservation are told apart one by one (few). Also the
+    /// (project, region) pairs with queued batches.
+    fn pending_by_reason(&self) -> (PendingByReason, Vec<(&str, &str)>) {
+        let mut pending: PendingCounts<'_> = FxHashMap::default();
         let mut seen: Vec<(&str, &str)> = Vec::new();
         for (region, projects) in &self.queue.tally().classes {
             for (project, classes) in projects {
@@ -58,6 +90,19 @@ impl Scheduler {
                 }
             }
         }
+        self.count_held_back(&mut pending);
+        let pending = pending
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|((r, a, why), n)| ((r.to_string(), a.to_string(), why), n))
+            .collect();
+        (pending, seen)
+    }
+
+    /// Moves the batches the last pass held back for a reservation, and
+    /// not short of quota, from their class's capacity count to the
+    /// reservation count.
+    fn count_held_back<'a>(&'a self, pending: &mut PendingCounts<'a>) {
         for key in self.queue.held_back() {
             let Some(b) = self.queue.get(*key) else {
                 continue;
@@ -83,11 +128,12 @@ impl Scheduler {
                 .entry((&b.region, accelerator, NotAdmitted::Reservation.label()))
                 .or_default() += 1;
         }
-        s.pending = pending
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|((r, a, why), n)| ((r.to_string(), a.to_string(), why), n))
-            .collect();
+    }
+
+    /// Per region, the largest fraction of its allocation timeout any
+    /// queued batch has waited.
+    fn wait_fractions(&self, now: DateTime<Utc>) -> BTreeMap<String, f64> {
+        let mut wait_fraction = BTreeMap::new();
         for (region, by_timeout) in &self.queue.tally().waits {
             let longest = by_timeout
                 .iter()
@@ -97,8 +143,19 @@ impl Scheduler {
                     Some(waited / *total as f64)
                 })
                 .fold(0.0, f64::max);
-            s.wait_fraction.insert(region.clone(), longest);
+            wait_fraction.insert(region.clone(), longest);
         }
+        wait_fraction
+    }
+
+    /// Each quota's limit and usage, for the (project, region) pairs the
+    /// ledger knows and those with queued batches (`seen`), where either
+    /// is not zero.
+    fn quota_rows(
+        &self,
+        seen: Vec<(&str, &str)>,
+    ) -> BTreeMap<(String, String, QuotaMetric), (u64, u64)> {
+        let mut quotas = BTreeMap::new();
         let mut pairs: BTreeSet<(String, String)> = self.ledger.pairs();
         pairs.extend(
             seen.into_iter()
@@ -109,39 +166,39 @@ impl Scheduler {
                 let limit = self.ledger.limit(&project, &region, metric);
                 let usage = self.ledger.usage(&project, &region, metric);
                 if limit > 0 || usage > 0 {
-                    s.quotas
-                        .insert((project.clone(), region.clone(), metric), (limit, usage));
+                    quotas.insert((project.clone(), region.clone(), metric), (limit, usage));
                 }
             }
         }
-        s.capacity = self.capacity_rows();
-        s.held = self
-            .holds()
-            .into_iter()
-            .map(|(r, p, _)| (r, p.unwrap_or_else(|| "-".into())))
-            .collect();
+        quotas
+    }
+
+    /// (region, project) → (decayed usage in GPUs, weight), for projects
+    /// with usage or queued batches.
+    fn fair_shares(&self, now: DateTime<Utc>) -> BTreeMap<(String, String), (f64, f64)> {
+        let mut fair_share = BTreeMap::new();
         for (region, project) in self.fair.projects().chain(self.queue.region_projects()) {
             let st = self.fair.standing(region, project, now);
-            s.fair_share.insert(
+            fair_share.insert(
                 (region.to_string(), project.to_string()),
                 (st.usage, st.weight),
             );
         }
+        fair_share
+    }
+
+    /// Per region where preemption is on: the running clusters of batches
+    /// preempted `max_preemptions` times.
+    fn preemption_protected(&self) -> BTreeMap<String, u64> {
+        let mut protected_by_region = BTreeMap::new();
         for (region, policy) in &self.preemption {
             let protected = self
                 .running
                 .values()
                 .filter(|a| &a.region == region && a.preemptions >= policy.max_preemptions)
                 .count() as u64;
-            s.preemption_protected.insert(region.clone(), protected);
+            protected_by_region.insert(region.clone(), protected);
         }
-        s.agent_nodes = self.leases.active() as u64;
-        s.virtual_nodes = self
-            .capacity
-            .nodes
-            .values()
-            .filter(|n| n.spec.is_virtual)
-            .count() as u64;
-        s
+        protected_by_region
     }
 }

@@ -17,6 +17,11 @@ use super::queue::QueueKey;
 use super::quota::QuotaView;
 use super::reasons::PendingInfo;
 
+/// What a node's holders hold of it: cores, memory (MB), local SSD (GB)
+/// and GPU addresses. For the invariant check.
+#[cfg(test)]
+type NodeHeld<'a> = (u32, u64, u64, std::collections::HashSet<&'a String>);
+
 /// Capacity per region, zone and GPU type, for the admin views.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -123,6 +128,16 @@ impl Scheduler {
     /// running clusters hold. For tests.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        self.check_queued_per_project()?;
+        let used = self.held_per_node()?;
+        self.check_nodes(used)?;
+        self.check_quota_usage()?;
+        self.check_claims()
+    }
+
+    /// The queued batches per project the queue counts are those it holds.
+    #[cfg(test)]
+    fn check_queued_per_project(&self) -> Result<(), String> {
         let mut by_project: HashMap<&str, usize> = HashMap::new();
         for b in self.queue.batches() {
             *by_project.entry(b.project.as_str()).or_default() += 1;
@@ -138,10 +153,15 @@ impl Scheduler {
                 "queued per project {counted:?} does not match the queue {by_project:?}"
             ));
         }
-        let mut used: HashMap<&NodeId, (u32, u64, u64, std::collections::HashSet<&String>)> =
-            HashMap::new();
-        // What running clusters hold, and what is set aside for
-        // preemptors: never a GPU twice, even in passing.
+        Ok(())
+    }
+
+    /// What running clusters hold, and what is set aside for preemptors,
+    /// per node: cores, memory, SSD and GPUs. Never a GPU twice, even in
+    /// passing.
+    #[cfg(test)]
+    fn held_per_node(&self) -> Result<HashMap<&NodeId, NodeHeld<'_>>, String> {
+        let mut used: HashMap<&NodeId, NodeHeld<'_>> = HashMap::new();
         let held = self
             .running
             .values()
@@ -160,9 +180,14 @@ impl Scheduler {
                 }
             }
         }
-        // Every node, those that hold nothing included: what is free and
-        // what is held add up to the node, GPU by GPU, core, memory and SSD.
-        // A node whose GPUs leaked to no one shows here.
+        Ok(used)
+    }
+
+    /// Every node, those that hold nothing included: what is free and
+    /// what is held (`used`) add up to the node, GPU by GPU, core, memory
+    /// and SSD. A node whose GPUs leaked to no one shows here.
+    #[cfg(test)]
+    fn check_nodes(&self, mut used: HashMap<&NodeId, NodeHeld<'_>>) -> Result<(), String> {
         for (id, n) in &self.capacity.nodes {
             let (cores, mem, ssd, gpus) = used.remove(id).unwrap_or_default();
             if cores > n.spec.cores || mem > n.spec.memory_mb || ssd > n.spec.local_ssd_gb {
@@ -195,6 +220,12 @@ impl Scheduler {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The ledger's quota usage is what the running clusters hold.
+    #[cfg(test)]
+    fn check_quota_usage(&self) -> Result<(), String> {
         let mut usage: HashMap<(&str, &str, crate::spec::QuotaMetric), u64> = HashMap::new();
         for a in self.running.values() {
             for q in &a.quota {
@@ -206,8 +237,13 @@ impl Scheduler {
                 return Err(format!("quota usage of {p}/{r}/{m} is off"));
             }
         }
-        // A preemptor waits in the queue; its victims still stopping run,
-        // each for one preemptor that counts it.
+        Ok(())
+    }
+
+    /// A preemptor waits in the queue; its victims still stopping run,
+    /// each for one preemptor that counts it.
+    #[cfg(test)]
+    fn check_claims(&self) -> Result<(), String> {
         for (key, claim) in self.claims.iter() {
             if !self.queue.contains(*key) {
                 return Err(format!("preemptor {} is not queued", key.0));

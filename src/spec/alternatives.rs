@@ -210,45 +210,12 @@ pub fn resolve(
     let mut skipped = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let why = why_not(spec, &specs[..i], own, region, policy).or_else(|| {
-            (own_alternatives && !rule.is_some_and(|l| l.allows(&spec.target))).then(|| {
-                let allowed: Vec<String> = rule
-                    .map(|l| {
-                        l.alternatives
-                            .iter()
-                            .map(|r| r.target.to_string())
-                            .chain(l.allow.iter().map(ToString::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                format!(
-                    "the operator does not allow {} for this batch; allowed: {}",
-                    spec.target,
-                    if allowed.is_empty() {
-                        "none".to_string()
-                    } else {
-                        allowed.join(", ")
-                    }
-                )
-            })
+            (own_alternatives && !rule.is_some_and(|l| l.allows(&spec.target)))
+                .then(|| not_allowed(spec, rule))
         });
         let shaped = match why {
             Some(why) => Err(why),
-            None => {
-                let alternative_region = match &spec.target {
-                    Target::Region(r) => r.as_str(),
-                    _ => region,
-                };
-                let ids = super::Identifiers::default();
-                check_create(
-                    &reshape(batch, own, &spec.target),
-                    ids,
-                    project,
-                    alternative_region,
-                    policy,
-                )
-                .map(|cluster| (alternative_region.to_string(), cluster))
-                .map_err(|r| format!("as a batch it is invalid: {}", r.message()))
-            }
+            None => check_alternative(batch, own, spec, project, region, policy),
         };
         match shaped {
             Ok((alternative_region, cluster)) => alternatives.push(Alternative {
@@ -268,6 +235,56 @@ pub fn resolve(
         }
     }
     Ok((alternatives, skipped))
+}
+
+/// Why a batch may not name an alternative its operator's alternatives do
+/// not allow, listing those they allow.
+fn not_allowed(spec: &AlternativeSpec, rule: Option<&AlternativesRule>) -> String {
+    let allowed: Vec<String> = rule
+        .map(|l| {
+            l.alternatives
+                .iter()
+                .map(|r| r.target.to_string())
+                .chain(l.allow.iter().map(ToString::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    format!(
+        "the operator does not allow {} for this batch; allowed: {}",
+        spec.target,
+        if allowed.is_empty() {
+            "none".to_string()
+        } else {
+            allowed.join(", ")
+        }
+    )
+}
+
+/// The batch reshaped for an alternative and checked by every rule but
+/// the alternatives: the alternative's region and cluster request, or why
+/// it is invalid.
+fn check_alternative(
+    batch: &Batch,
+    own: &ClusterRequest,
+    spec: &AlternativeSpec,
+    project: &str,
+    region: &str,
+    policy: &Policy,
+) -> Result<(String, ClusterRequest), String> {
+    let alternative_region = match &spec.target {
+        Target::Region(r) => r.as_str(),
+        _ => region,
+    };
+    let ids = super::Identifiers::default();
+    check_create(
+        &reshape(batch, own, &spec.target),
+        ids,
+        project,
+        alternative_region,
+        policy,
+    )
+    .map(|cluster| (alternative_region.to_string(), cluster))
+    .map_err(|r| format!("as a batch it is invalid: {}", r.message()))
 }
 
 /// Why an alternative can never be tried for a batch, if so: a delay past the

@@ -179,26 +179,8 @@ fn check_create(
     policy: &Policy,
 ) -> Result<ClusterRequest, Rejection> {
     let mut v = Violations::default();
-    if let Some(Err(e)) = ids.batch_id.map(check_batch_id) {
-        v.invalid("batch_id", e);
-    }
-    if let Some(Err(e)) = ids.request_id.map(check_request_id) {
-        v.invalid("request_id", e);
-    }
-
-    let offered_here = policy.regions.get(region);
-    if offered_here.is_none() {
-        v.invalid("parent", not_served(region, policy.regions.keys()));
-    }
-    if !is_resource_id(project) {
-        v.invalid(
-            "parent",
-            format!(
-                "project {} is invalid: use lowercase letters, digits and '-'",
-                quote(project)
-            ),
-        );
-    }
+    check_identifiers(ids, &mut v);
+    let offered_here = check_parent(project, region, policy, &mut v);
 
     let workload = check_workload(batch, &mut v);
     check_labels(batch, &mut v);
@@ -208,42 +190,11 @@ fn check_create(
 
     let executor_accel = props.accelerator(PartRole::Executor, &mut v);
     let driver_accel = props.accelerator(PartRole::Driver, &mut v);
-    for (role, accel) in [
-        (PartRole::Executor, executor_accel),
-        (PartRole::Driver, driver_accel),
-    ] {
-        if let (Some(accel), Some(offered)) = (accel, offered_here) {
-            if !offered.contains(&accel) {
-                v.precondition(
-                    property_field(role.accelerator_key()),
-                    format!(
-                        "GPU type {accel} is not offered in region {region}; it offers: {}",
-                        offered
-                            .iter()
-                            .map(|a| a.name())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                );
-            }
-        }
-    }
+    check_offered(executor_accel, driver_accel, offered_here, region, &mut v);
     let uses_gpus = executor_accel.is_some() || driver_accel.is_some();
 
     if uses_gpus {
-        if policy.shielded_vm_projects.contains(project) {
-            let key = if executor_accel.is_some() {
-                PartRole::Executor.accelerator_key()
-            } else {
-                PartRole::Driver.accelerator_key()
-            };
-            v.precondition(
-                property_field(key),
-                format!(
-                    "project {project} is under the organisation policy constraints/compute.requireShieldedVm, which GPU nodes cannot satisfy; accelerator batches cannot run in this project"
-                ),
-            );
-        }
+        check_gpu_project(executor_accel, project, policy, &mut v);
         if let Some(rt) = runtime {
             props.check_lang(rt, &mut v);
         }
@@ -288,6 +239,95 @@ fn check_create(
         preemptible,
         dynamic_allocation,
     })
+}
+
+/// The batch id and requestId a create names, when it names them.
+fn check_identifiers(ids: Identifiers<'_>, v: &mut Violations) {
+    if let Some(Err(e)) = ids.batch_id.map(check_batch_id) {
+        v.invalid("batch_id", e);
+    }
+    if let Some(Err(e)) = ids.request_id.map(check_request_id) {
+        v.invalid("request_id", e);
+    }
+}
+
+/// The parent: a served region and a well-formed project id. Answers the
+/// GPU types the region offers, when it is served.
+fn check_parent<'p>(
+    project: &str,
+    region: &str,
+    policy: &'p Policy,
+    v: &mut Violations,
+) -> Option<&'p Vec<Accelerator>> {
+    let offered_here = policy.regions.get(region);
+    if offered_here.is_none() {
+        v.invalid("parent", not_served(region, policy.regions.keys()));
+    }
+    if !is_resource_id(project) {
+        v.invalid(
+            "parent",
+            format!(
+                "project {} is invalid: use lowercase letters, digits and '-'",
+                quote(project)
+            ),
+        );
+    }
+    offered_here
+}
+
+/// The executors' and the driver's GPU types, each where the region
+/// offers it (when the region is served).
+fn check_offered(
+    executor_accel: Option<Accelerator>,
+    driver_accel: Option<Accelerator>,
+    offered_here: Option<&Vec<Accelerator>>,
+    region: &str,
+    v: &mut Violations,
+) {
+    for (role, accel) in [
+        (PartRole::Executor, executor_accel),
+        (PartRole::Driver, driver_accel),
+    ] {
+        if let (Some(accel), Some(offered)) = (accel, offered_here) {
+            if !offered.contains(&accel) {
+                v.precondition(
+                    property_field(role.accelerator_key()),
+                    format!(
+                        "GPU type {accel} is not offered in region {region}; it offers: {}",
+                        offered
+                            .iter()
+                            .map(|a| a.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// A GPU batch's project: not under the organisation policy that GPU
+/// nodes cannot satisfy. The violation names the executors' GPU property
+/// when they ask for GPUs, else the driver's.
+fn check_gpu_project(
+    executor_accel: Option<Accelerator>,
+    project: &str,
+    policy: &Policy,
+    v: &mut Violations,
+) {
+    if policy.shielded_vm_projects.contains(project) {
+        let key = if executor_accel.is_some() {
+            PartRole::Executor.accelerator_key()
+        } else {
+            PartRole::Driver.accelerator_key()
+        };
+        v.precondition(
+            property_field(key),
+            format!(
+                "project {project} is under the organisation policy constraints/compute.requireShieldedVm, which GPU nodes cannot satisfy; accelerator batches cannot run in this project"
+            ),
+        );
+    }
 }
 
 /// Spark's dynamic allocation (docs/rules.md#dynamic-allocation): on only

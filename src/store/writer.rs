@@ -198,6 +198,9 @@ async fn try_group(
     result
 }
 
+/// One try of a group: takes the create locks (PostgreSQL), reads the
+/// taken batch ids and stored requestIds, decides each create, inserts
+/// the new rows, announces them and commits.
 async fn try_group_once(
     store: &Store,
     batches: &[NewBatch],
@@ -217,9 +220,38 @@ async fn try_group_once(
     let taken_ids = taken_batch_ids(store.backend, &mut tx, batches).await?;
     let stored_requests = stored_request_ids(store, &mut tx, batches).await?;
 
+    let decisions = decide(batches, &busy, &taken_ids, &stored_requests);
+    let new = in_index_order(batches, &decisions);
+    let seqs = insert_batches(store.backend, &mut tx, &new, now).await?;
+    if let (Some(&first_seq), Some(&last_seq)) = (seqs.values().min(), seqs.values().max()) {
+        store
+            .announce(
+                &mut tx,
+                &super::Change::Created {
+                    first_seq,
+                    last_seq,
+                },
+            )
+            .await?;
+    }
+    store.commit(tx).await?;
+
+    Ok(outcomes(batches, decisions, &seqs, now))
+}
+
+/// What the group decides for each create, in order: busy when another
+/// transaction holds its key; a replay when its requestId is stored or
+/// was used earlier in the group; taken when its batch id is stored or
+/// was used earlier in the group; else an insert.
+fn decide(
+    batches: &[NewBatch],
+    busy: &HashSet<usize>,
+    taken_ids: &HashSet<Key>,
+    stored_requests: &HashMap<Key, BatchRecord>,
+) -> Vec<Disposition> {
     let mut ids_in_group: HashSet<Key> = HashSet::new();
     let mut requests_in_group: HashMap<Key, usize> = HashMap::new();
-    let decisions: Vec<Disposition> = batches
+    batches
         .iter()
         .enumerate()
         .map(|(i, b)| {
@@ -245,11 +277,14 @@ async fn try_group_once(
             }
             Disposition::Insert
         })
-        .collect();
+        .collect()
+}
 
+/// The creates decided to be inserted, in the order of the batch id index.
+fn in_index_order<'a>(batches: &'a [NewBatch], decisions: &[Disposition]) -> Vec<&'a NewBatch> {
     let mut new: Vec<&NewBatch> = batches
         .iter()
-        .zip(&decisions)
+        .zip(decisions)
         .filter(|(_, d)| matches!(d, Disposition::Insert))
         .map(|(b, _)| b)
         .collect();
@@ -262,20 +297,18 @@ async fn try_group_once(
             &b.name.region,
         ))
     });
-    let seqs = insert_batches(store.backend, &mut tx, &new, now).await?;
-    if let (Some(&first_seq), Some(&last_seq)) = (seqs.values().min(), seqs.values().max()) {
-        store
-            .announce(
-                &mut tx,
-                &super::Change::Created {
-                    first_seq,
-                    last_seq,
-                },
-            )
-            .await?;
-    }
-    store.commit(tx).await?;
+    new
+}
 
+/// Each create's outcome once the group committed, from what was decided
+/// for it and the sequence numbers of the inserted rows; `None` for the
+/// busy ones.
+fn outcomes(
+    batches: &[NewBatch],
+    decisions: Vec<Disposition>,
+    seqs: &HashMap<String, i64>,
+    now: DateTime<Utc>,
+) -> Vec<Option<Result<Created, StoreError>>> {
     let mut records: HashMap<usize, BatchRecord> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batches.len());
     for (i, (b, d)) in batches.iter().zip(decisions).enumerate() {
@@ -304,7 +337,7 @@ async fn try_group_once(
             ))),
         }));
     }
-    Ok(outcomes)
+    outcomes
 }
 
 /// The key space of the create locks (`pg_advisory_xact_lock(int4,
