@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::client::CallError;
-use super::settings::GpuTelemetry;
+use super::settings::GpuTelemetrySource;
 use super::work::Ctx;
 use crate::gpu::{GpuPoint, GpuReading, MAX_POINTS, point};
 use crate::protocol::BatchGpuPoints;
@@ -197,7 +197,7 @@ pub fn parse_smi_query(text: &str) -> Result<Vec<GpuReading>, String> {
 /// none on this node. Never fails the agent. `nvml_library`: where NVML
 /// is loaded from; empty: the system's.
 pub fn open_reader(
-    setting: GpuTelemetry,
+    setting: GpuTelemetrySource,
     nvidia_smi: &str,
     nvml_library: &str,
 ) -> Option<Box<dyn GpuReader>> {
@@ -211,13 +211,13 @@ pub fn open_reader(
     };
     let nvml = || NvmlReader::open(nvml_library).map(|r| Box::new(r) as Box<dyn GpuReader>);
     let chosen = match setting {
-        GpuTelemetry::Off => {
+        GpuTelemetrySource::Off => {
             tracing::info!("GPU telemetry is off (gpu_telemetry = \"off\")");
             return None;
         }
-        GpuTelemetry::Nvml => nvml(),
-        GpuTelemetry::NvidiaSmi => smi(),
-        GpuTelemetry::Auto => nvml().or_else(|a| smi().map_err(|b| format!("{a}; {b}"))),
+        GpuTelemetrySource::Nvml => nvml(),
+        GpuTelemetrySource::NvidiaSmi => smi(),
+        GpuTelemetrySource::Auto => nvml().or_else(|a| smi().map_err(|b| format!("{a}; {b}"))),
     };
     match chosen {
         Ok(r) => {
@@ -479,8 +479,10 @@ mod tests {
         let missing = SmiReader::new("/nonexistent/nvidia-smi").read();
         assert!(missing.is_err());
         // No reader at all: none, and no panic.
-        assert!(open_reader(GpuTelemetry::NvidiaSmi, "/nonexistent/nvidia-smi", "").is_none());
-        assert!(open_reader(GpuTelemetry::Off, "nvidia-smi", "").is_none());
+        assert!(
+            open_reader(GpuTelemetrySource::NvidiaSmi, "/nonexistent/nvidia-smi", "").is_none()
+        );
+        assert!(open_reader(GpuTelemetrySource::Off, "nvidia-smi", "").is_none());
     }
 
     /// NVML from a library that is not there: it cannot open, says where
@@ -495,8 +497,12 @@ mod tests {
         let e = NvmlReader::open(missing).err().expect("cannot open");
         assert!(e.starts_with("NVML ("), "{e}");
         assert!(e.contains("no-such-libnvidia-ml"), "{e}");
-        assert!(open_reader(GpuTelemetry::Nvml, "/nonexistent/nvidia-smi", missing).is_none());
-        assert!(open_reader(GpuTelemetry::Auto, "/nonexistent/nvidia-smi", missing).is_none());
+        assert!(
+            open_reader(GpuTelemetrySource::Nvml, "/nonexistent/nvidia-smi", missing).is_none()
+        );
+        assert!(
+            open_reader(GpuTelemetrySource::Auto, "/nonexistent/nvidia-smi", missing).is_none()
+        );
     }
 
     /// A FAKE `nvidia-smi` that never answers (it writes its pid, then

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use settings::{AgentSettings, GpuTelemetry, Launcher};
+pub use settings::{AgentSettings, GpuTelemetrySource, Launcher};
 
 use crate::protocol::{Action, Assignment, RegisterNode, ReportEvent};
 use client::{AgentClient, CallError};

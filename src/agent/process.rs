@@ -79,17 +79,17 @@ impl Group {
             Some(s) => Some(s),
             None => self.child.wait().await.ok(),
         };
-        self.forget();
+        self.drop_record();
         status
     }
 
     /// The leader exited by itself: make sure nothing of its group is left.
     pub(super) fn reap(mut self) {
         self.signal(Signal::SIGKILL);
-        self.forget();
+        self.drop_record();
     }
 
-    fn forget(&mut self) {
+    fn drop_record(&mut self) {
         if let Some(path) = self.record.take() {
             let _ = std::fs::remove_file(path);
         }

@@ -59,7 +59,7 @@ pub struct AgentSettings {
     #[serde(with = "humantime_serde")]
     pub poll_wait: Duration,
     /// How the GPUs' utilization is read (docs/rules.md#gpu-telemetry).
-    pub gpu_telemetry: GpuTelemetry,
+    pub gpu_telemetry: GpuTelemetrySource,
     /// The `nvidia-smi` program the `nvidia-smi` reader runs.
     pub nvidia_smi: String,
     /// The NVML library the NVML reader loads (a path, or a name the
@@ -79,7 +79,7 @@ pub struct AgentSettings {
 /// Which GPU reader the agent uses.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub enum GpuTelemetry {
+pub enum GpuTelemetrySource {
     /// NVML, else `nvidia-smi`, else none (said once).
     Auto,
     Nvml,
@@ -154,7 +154,7 @@ impl Default for AgentSettings {
             python: "python3".into(),
             stop_grace: Duration::from_secs(5),
             poll_wait: Duration::from_secs(20),
-            gpu_telemetry: GpuTelemetry::Auto,
+            gpu_telemetry: GpuTelemetrySource::Auto,
             nvidia_smi: "nvidia-smi".into(),
             nvml_library: String::new(),
             gpu_sample_interval: Duration::from_secs(5),
@@ -260,7 +260,7 @@ mod tests {
         assert!(e.contains("yarn"), "{e}");
         let e = load(&format!("{GOOD}stop_grace = \"soon\"\n")).expect_err("duration");
         assert!(e.contains("stop_grace"), "{e}");
-        assert_eq!(c.gpu_telemetry, GpuTelemetry::Auto);
+        assert_eq!(c.gpu_telemetry, GpuTelemetrySource::Auto);
         assert_eq!(c.nvml_library, "", "the system's NVML by default");
         let n = load(&format!(
             "{GOOD}nvml_library = \"/opt/nvidia/libnvidia-ml.so.1\"\n"

@@ -144,6 +144,13 @@ pub struct PlacementInfo {
     pub shape: String,
     pub executor_cores: u32,
     pub executor_count: u32,
+    /// It runs on capacity others own — another GPU type, or another
+    /// region — which they may take back (docs/rules.md#loans-and-reclaim).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loan: bool,
+    /// Whose capacity a loan is: "a100-40 in europe-west4-b".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lender: Option<String>,
 }
 
 /// flexq's view of a batch's provisioning.

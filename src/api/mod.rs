@@ -158,10 +158,17 @@ pub enum RequeueReason {
     Infrastructure = 1,
     /// Its cluster was preempted for another batch (docs/rules.md#preemption).
     Preempted = 2,
+    /// It ran on a loan of others' capacity, and they took it back
+    /// (docs/rules.md#loans-and-reclaim).
+    Reclaimed = 3,
 }
 
 impl RequeueReason {
-    pub const ALL: [RequeueReason; 2] = [RequeueReason::Infrastructure, RequeueReason::Preempted];
+    pub const ALL: [RequeueReason; 3] = [
+        RequeueReason::Infrastructure,
+        RequeueReason::Preempted,
+        RequeueReason::Reclaimed,
+    ];
 
     /// Its number in the store.
     pub fn number(self) -> i64 {
@@ -177,6 +184,7 @@ impl RequeueReason {
         match self {
             RequeueReason::Infrastructure => "INFRASTRUCTURE",
             RequeueReason::Preempted => "PREEMPTED",
+            RequeueReason::Reclaimed => "RECLAIMED",
         }
     }
 }

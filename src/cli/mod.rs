@@ -34,7 +34,7 @@ pub enum OutputFormat {
 
 /// Where and as whom the CLI calls.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub struct Endpoint {
     pub endpoint: String,
     pub project: String,
     pub region: String,
@@ -76,7 +76,7 @@ pub struct TargetArgs {
 impl TargetArgs {
     /// A client for commands that need no project or region.
     pub fn admin_client(self) -> Result<Client, CliError> {
-        Client::new(Target {
+        Client::new(Endpoint {
             endpoint: self.endpoint,
             project: self.project.unwrap_or_default(),
             region: self.region.unwrap_or_default(),
@@ -94,7 +94,7 @@ impl TargetArgs {
         let region = self.region.ok_or_else(|| {
             CliError::Usage("no region: pass --region or set FLEXQ_REGION".into())
         })?;
-        Client::new(Target {
+        Client::new(Endpoint {
             endpoint: self.endpoint,
             project,
             region,
@@ -134,11 +134,11 @@ impl std::error::Error for CliError {}
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
-    pub target: Target,
+    pub target: Endpoint,
 }
 
 impl Client {
-    pub fn new(target: Target) -> Result<Client, CliError> {
+    pub fn new(target: Endpoint) -> Result<Client, CliError> {
         let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(60));
         if let Some(path) = &target.ca_cert {
             let pem = std::fs::read(path)

@@ -8,7 +8,7 @@ use std::time::Instant;
 use clap::Args;
 
 use crate::config::Config;
-use crate::simulate::{self, Report};
+use crate::simulate::{self, SimReport};
 
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
@@ -78,7 +78,11 @@ fn simulate_all(args: &SimulateArgs) -> Result<String, String> {
     })
 }
 
-fn one(trace: &[simulate::TraceBatch], config: Option<&Path>, seed: u64) -> Result<Report, String> {
+fn one(
+    trace: &[simulate::TraceBatch],
+    config: Option<&Path>,
+    seed: u64,
+) -> Result<SimReport, String> {
     let name = config.map_or("the embedded default".into(), |p| p.display().to_string());
     let config = Config::load(config).map_err(|e| format!("invalid configuration {name}: {e}"))?;
     let started = Instant::now();

@@ -81,6 +81,11 @@ impl Config {
             rules: self.quotas.clone(),
             fair: self.fair_share(),
             preemption: self.preemption(),
+            alternatives: self
+                .alternatives
+                .iter()
+                .filter_map(|l| l.rule().ok())
+                .collect(),
         }
     }
 
@@ -183,6 +188,7 @@ impl super::AlternativesConfig {
             self.accelerator.as_deref(),
             &self.alternatives,
             &self.allow,
+            self.reclaim.as_deref(),
         )
     }
 }

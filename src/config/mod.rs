@@ -110,6 +110,11 @@ pub struct AlternativesConfig {
     pub alternatives: Vec<String>,
     #[serde(default)]
     pub allow: Vec<String>,
+    /// When the owners of capacity a batch borrows through these
+    /// alternatives may take it back (docs/rules.md#loans-and-reclaim):
+    /// `"after 10m"` (the loan's minimum run; the default) or `"never"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<String>,
 }
 
 /// A principal: a bearer token (stored as its SHA-256) and what it may do.

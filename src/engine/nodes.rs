@@ -19,7 +19,7 @@ use crate::protocol::{
     Action, Assignment, Assignments, ClusterPart, Lease, Poll, RegisterNode, Report, ReportEvent,
 };
 use crate::scheduler::lifecycle::{self, AgentEvent, HeldPart};
-use crate::scheduler::{BatchKey, LeaseError, NodeId, NodeSpec, PartRole};
+use crate::scheduler::{BatchKey, NodeId, NodeLeaseError, NodeSpec, PartRole};
 use crate::store::{Applied, Change, StoreError};
 
 /// What registration answers: the node's lease.
@@ -362,8 +362,8 @@ impl Engine {
                 engine.wake();
             } else if applied.requeued() {
                 engine.requeued(&mut core, &applied, now).await;
-                if applied.preempted() {
-                    tracing::info!(batch.id = %applied.batch_id, node, "batch requeued after preemption: its processes stopped");
+                if applied.gave_way() {
+                    tracing::info!(batch.id = %applied.batch_id, node, "batch requeued after preemption or reclaim: its processes stopped");
                 } else {
                     tracing::warn!(batch.id = %applied.batch_id, node, "batch requeued after an infrastructure failure");
                 }
@@ -386,7 +386,7 @@ impl Engine {
         applied: &Applied,
         at: DateTime<Utc>,
     ) {
-        if !applied.preempted() {
+        if !applied.gave_way() {
             crate::metrics::record_requeue();
         }
         let key = BatchKey(applied.seq);
@@ -540,12 +540,12 @@ fn bad_epoch(value: &dyn std::fmt::Display) -> Error {
     )
 }
 
-fn lease_error(node: &str, e: LeaseError) -> Error {
+fn lease_error(node: &str, e: NodeLeaseError) -> Error {
     match e {
-        LeaseError::Unknown(_) => {
+        NodeLeaseError::Unknown(_) => {
             Error::new(Reason::LeaseLost, e.to_string()).with_meta("node", node)
         }
-        LeaseError::Stale { .. } => {
+        NodeLeaseError::Stale { .. } => {
             tracing::warn!(node, "late report from a fenced agent refused");
             Error::new(Reason::Fenced, e.to_string()).with_meta("node", node)
         }
@@ -556,10 +556,10 @@ fn lease_error(node: &str, e: LeaseError) -> Error {
 fn check_epoch(node: &str, epoch: u64, current: Option<u64>) -> Result<(), Error> {
     let id = NodeId(node.to_string());
     match current {
-        None => Err(lease_error(node, LeaseError::Unknown(id))),
+        None => Err(lease_error(node, NodeLeaseError::Unknown(id))),
         Some(current) if current != epoch => Err(lease_error(
             node,
-            LeaseError::Stale {
+            NodeLeaseError::Stale {
                 node: id,
                 given: epoch,
                 current,

@@ -355,7 +355,7 @@ pub(crate) async fn rebuild(
     for (victim, preemptor) in store.stopping_victims().await? {
         core.restore_stopping(victim, preemptor);
     }
-    core.settle();
+    core.settle_layout();
     Ok(core)
 }
 

@@ -74,13 +74,22 @@ pub(super) fn written(alternatives: &[spec::Alternative]) -> Vec<String> {
 fn placement(r: &BatchRecord) -> Option<crate::api::PlacementInfo> {
     let alternative = r.alternatives.get(r.alternative.checked_sub(1)? as usize)?;
     let c = &alternative.cluster;
+    let accelerator = crate::scheduler::accelerator_label(c);
+    let loan = alternative.is_loan();
     Some(crate::api::PlacementInfo {
         alternative: alternative.index,
         region: alternative.region.clone(),
-        accelerator: crate::scheduler::accelerator_label(c).to_string(),
+        accelerator: accelerator.to_string(),
         shape: shape_text(c),
         executor_cores: c.executor.cores,
         executor_count: c.executor_count,
+        loan,
+        lender: loan.then(|| {
+            crate::scheduler::lender(
+                accelerator,
+                r.zone.as_deref().unwrap_or(&alternative.region),
+            )
+        }),
     })
 }
 
@@ -253,6 +262,9 @@ fn requeue_warning(r: &BatchRecord) -> Option<String> {
             r.preemptions,
             if r.preemptions == 1 { "" } else { "s" }
         ),
+        RequeueReason::Reclaimed => {
+            "it ran on a loan of others' capacity, which they took back, and it went back to the queue at its place".to_string()
+        }
         RequeueReason::Infrastructure => {
             "an infrastructure failure under its cluster sent it back to the queue".to_string()
         }

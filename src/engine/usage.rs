@@ -12,7 +12,7 @@ use super::{Engine, Error};
 use crate::api::{UsageReport, UsageRow, quote};
 use crate::spec::Accelerator;
 use crate::stats::percentile;
-use crate::store::{BatchRecord, CreatedBatch, HeldPart, Provisioning};
+use crate::store::{BatchRecord, CreatedBatch, Provisioning, UsedPart};
 
 /// The window when none is given: the last 7 days.
 const DEFAULT_WINDOW_DAYS: i64 = 7;
@@ -123,7 +123,7 @@ pub(super) fn of_batch(
 /// `gpu_weight` is what a GPU-hour of each type counts (weighted hours).
 pub(crate) fn report(
     region: &str,
-    (held, created): (&[HeldPart], &[CreatedBatch]),
+    (held, created): (&[UsedPart], &[CreatedBatch]),
     gpu_weight: impl Fn(Option<Accelerator>) -> f64,
     (start, end): (DateTime<Utc>, DateTime<Utc>),
     now: DateTime<Utc>,
@@ -223,12 +223,12 @@ mod tests {
         DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a time")
     }
 
-    fn part(project: &str, gpus: u64, from: i64, to: Option<i64>) -> HeldPart {
+    fn part(project: &str, gpus: u64, from: i64, to: Option<i64>) -> UsedPart {
         typed(project, Accelerator::L4, gpus, from, to)
     }
 
-    fn typed(project: &str, a: Accelerator, gpus: u64, from: i64, to: Option<i64>) -> HeldPart {
-        HeldPart {
+    fn typed(project: &str, a: Accelerator, gpus: u64, from: i64, to: Option<i64>) -> UsedPart {
+        UsedPart {
             project: project.into(),
             accelerator: Some(a),
             gpus,

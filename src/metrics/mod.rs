@@ -101,9 +101,21 @@ pub fn record_alternative(alternative: u32, asked: &str, given: &str) {
 }
 
 /// A preemption was decided: each victim counted by its project and cause,
-/// with the GPU-seconds of work it loses.
+/// with the GPU-seconds of work it loses; a loan reclaimed is counted as a
+/// reclaim, not a preemption.
 pub fn record_preemption(p: &crate::scheduler::Preemption) {
     for v in &p.victims {
+        if v.cause.is_reclaim() {
+            METRICS
+                .reclaims
+                .with_label_values(&[&p.region, &v.project])
+                .inc();
+            METRICS
+                .reclaimed_gpu_seconds
+                .with_label_values(&[&p.region, &v.project])
+                .inc_by(v.gpu_seconds);
+            continue;
+        }
         METRICS
             .preemptions
             .with_label_values(&[&p.region, &v.project, v.cause.label()])

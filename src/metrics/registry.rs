@@ -38,6 +38,8 @@ pub(super) struct Metrics {
     pub(super) alternatives: IntCounterVec,
     pub(super) preemptions: IntCounterVec,
     pub(super) preempted_gpu_seconds: prometheus::CounterVec,
+    pub(super) reclaims: IntCounterVec,
+    pub(super) reclaimed_gpu_seconds: prometheus::CounterVec,
     pub(super) gpu_utilization: HistogramVec,
     pub(super) gpu_sampled_seconds: prometheus::CounterVec,
     pub(super) gpu_idle_seconds: prometheus::CounterVec,
@@ -245,6 +247,19 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             &["region", "project"],
         )
         .expect("valid metric"),
+        reclaims: counter_vec(
+            "flexq_reclaims_total",
+            "Clusters on loan whose owners took the capacity back, by region and the borrower's project.",
+            &["region", "project"],
+        ),
+        reclaimed_gpu_seconds: prometheus::CounterVec::new(
+            Opts::new(
+                "flexq_reclaimed_gpu_seconds_total",
+                "GPU-seconds of work lost to reclaim (GPUs × seconds each reclaimed loan had run), by region and the borrower's project.",
+            ),
+            &["region", "project"],
+        )
+        .expect("valid metric"),
         gpu_utilization: histogram_vec(
             "flexq_gpu_utilization_percent",
             "GPU utilization of batches' parts (the mean over a part's GPUs, one observation per agent sample), by region and project.",
@@ -409,6 +424,8 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.alternatives.clone()),
         Box::new(m.preemptions.clone()),
         Box::new(m.preempted_gpu_seconds.clone()),
+        Box::new(m.reclaims.clone()),
+        Box::new(m.reclaimed_gpu_seconds.clone()),
         Box::new(m.gpu_utilization.clone()),
         Box::new(m.gpu_sampled_seconds.clone()),
         Box::new(m.gpu_idle_seconds.clone()),

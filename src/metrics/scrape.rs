@@ -136,6 +136,23 @@ fn queue_order_gauges(r: &Registry, s: &Snapshot) {
     for (region, n) in &s.preemption_protected {
         protected.with_label_values(&[region]).set(*n as f64);
     }
+    let loans = gauge_vec(
+        r,
+        "flexq_loans_held",
+        "Clusters running on a loan of others' capacity (a placement alternative on another GPU type or in another region), by whose capacity: region, zone and the GPU type lent.",
+        &["region", "zone", "accelerator"],
+    );
+    let loan_gpus = gauge_vec(
+        r,
+        "flexq_loan_gpus",
+        "GPUs held on loan, by whose capacity: region, zone and the GPU type lent.",
+        &["region", "zone", "accelerator"],
+    );
+    for ((region, zone, accelerator), (clusters, gpus)) in &s.loans {
+        let labels = [region.as_str(), zone.as_str(), accelerator];
+        loans.with_label_values(&labels).set(*clusters as f64);
+        loan_gpus.with_label_values(&labels).set(*gpus as f64);
+    }
 }
 
 /// The nodes' GPUs, local SSD and count, by region, zone and accelerator.

@@ -224,10 +224,19 @@ impl Scheduler {
         let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;
         };
-        if walk.reservation.is_none() && !walk.preempted {
-            // The first batch capacity blocks may preempt.
-            if let Some((preemption, plan)) = self.plan_preemption(batch, now) {
-                walk.preempted = true;
+        // The first batch capacity blocks may preempt; the first of each
+        // GPU type may reclaim loans of its own capacity (the loan was the
+        // agreement, and what it frees serves no other type's holder).
+        let first_blocked = walk.reservation.is_none() && !walk.preempted;
+        let first_of_type = walk.blocked_types.insert(batch.cluster.accelerator());
+        if first_blocked || first_of_type {
+            let planned = if first_blocked {
+                self.plan_preemption(batch, now)
+            } else {
+                self.plan_reclaim(batch, now)
+            };
+            if let Some((preemption, plan)) = planned {
+                walk.preempted |= first_blocked;
                 walk.capacity_taken();
                 self.preempt(preemption, plan, out);
                 return Considered::Passed;
@@ -288,11 +297,8 @@ impl Scheduler {
             walk.alternative_fails(&alternative.region, shape_key(&alternative.cluster));
             return Considered::Passed;
         }
-        let on = OnAlternative {
-            index: alternative.index,
-            asked: accelerator_label(&batch.cluster),
-            note: self.alternative_note(&batch),
-        };
+        let note = self.alternative_note(&batch);
+        let on = OnAlternative::of(&batch.region, &batch.cluster, &alternative, note);
         let placed = (alternative.region.as_str(), &alternative.cluster);
         out.push(self.grant(&batch, placed, (zone, placements), Some(on), now));
         Considered::Allocated

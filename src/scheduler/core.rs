@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use super::capacity::{Capacity, Node, NodeId};
 use super::claims::Claims;
 use super::fairshare::{FairShare, FairSharePolicy, share_key};
-use super::lease::Leases;
+use super::lease::NodeLeases;
 use super::model::{Allocation, BatchKey, Cordon, PoolDecl, PreemptionPolicy, RegionHolds};
 use super::queue::Queue;
 use super::quota::{Ledger, QuotaRule};
@@ -44,12 +44,15 @@ pub struct Scheduler {
     pub(super) layout: Option<super::declared::Declared>,
     pub(super) retired: HashSet<NodeId>,
     pub(super) running: HashMap<BatchKey, Allocation>,
-    pub(super) leases: Leases,
+    pub(super) leases: NodeLeases,
     /// Regions whose queue, capacity or quota changed since the last pass:
     /// only they can admit anything new, so only they are scanned.
     pub(super) dirty: BTreeSet<String>,
     /// The regions where preemption is on, and how (`preempt.rs`).
     pub(super) preemption: HashMap<String, PreemptionPolicy>,
+    /// The operator's placement alternatives, for when a loan may be
+    /// reclaimed (`preempt.rs`).
+    pub(super) reclaim: Vec<crate::spec::alternatives::AlternativesRule>,
     /// Who preempts whom, and when a region is looked at again.
     pub(super) claims: Claims,
 }
@@ -85,6 +88,15 @@ impl Scheduler {
         if self.preemption != policies {
             self.dirty.extend(self.queue.region_names().cloned());
             self.preemption = policies;
+        }
+    }
+
+    /// When loans may be reclaimed: the operator's placement alternatives,
+    /// each with its `reclaim` rule (docs/rules.md#loans-and-reclaim).
+    pub fn set_reclaim(&mut self, rules: Vec<crate::spec::alternatives::AlternativesRule>) {
+        if self.reclaim != rules {
+            self.dirty.extend(self.queue.region_names().cloned());
+            self.reclaim = rules;
         }
     }
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::capacity::{Node, NodeId, NodeSpec};
 use super::core::Scheduler;
-use super::lease::LeaseError;
+use super::lease::NodeLeaseError;
 use super::model::{Allocation, BatchKey, PendingBatch};
 
 impl Scheduler {
@@ -76,7 +76,7 @@ impl Scheduler {
         }
         if a.placements.iter().any(|p| self.retired.contains(&p.node)) {
             // A retired node may now be empty: a virtual one leaves.
-            self.settle();
+            self.settle_layout();
         }
         self.ledger.refund(&a.project, &a.region, &a.quota);
         self.fair
@@ -130,7 +130,7 @@ impl Scheduler {
         node: &NodeId,
         epoch: u64,
         expires: DateTime<Utc>,
-    ) -> Result<(), LeaseError> {
+    ) -> Result<(), NodeLeaseError> {
         self.leases.renew(node, epoch, expires)
     }
 }

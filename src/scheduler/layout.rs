@@ -21,6 +21,7 @@ use super::declared::{Declared, declared_of};
 use super::fairshare::FairSharePolicy;
 use super::model::{PoolDecl, PreemptionPolicy};
 use super::quota::QuotaRule;
+use crate::spec::alternatives::AlternativesRule;
 
 /// (region, zone, pool).
 type PoolKey<'a> = (&'a str, &'a str, &'a str);
@@ -34,6 +35,9 @@ pub struct Layout {
     pub fair: FairSharePolicy,
     /// The regions where preemption is on, and how.
     pub preemption: HashMap<String, PreemptionPolicy>,
+    /// The operator's placement alternatives: when a loan taken through
+    /// each may be reclaimed (docs/rules.md#loans-and-reclaim).
+    pub alternatives: Vec<AlternativesRule>,
 }
 
 /// What settling the nodes against the layout changed.
@@ -76,6 +80,7 @@ impl Scheduler {
         self.ledger.set_rules(layout.rules);
         self.set_fair_share(layout.fair);
         self.set_preemption(layout.preemption);
+        self.set_reclaim(layout.alternatives);
         self.layout = Some(Declared {
             slots: layout
                 .pools
@@ -93,7 +98,7 @@ impl Scheduler {
                 .map(|s| (s.id.clone(), s))
                 .collect(),
         });
-        let settled = self.settle();
+        let settled = self.settle_layout();
         let regions: Vec<String> = self
             .queue
             .region_names()
@@ -134,7 +139,7 @@ impl Scheduler {
     /// Settles the nodes against the layout: retired virtual nodes that
     /// hold nothing leave, declared ones join, and the retired set is
     /// recomputed. Nothing without a layout.
-    pub fn settle(&mut self) -> Settled {
+    pub fn settle_layout(&mut self) -> Settled {
         let Some(layout) = self.layout.take() else {
             return Settled::default();
         };

@@ -11,7 +11,7 @@ use super::capacity::NodeId;
 
 /// Why a heartbeat was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LeaseError {
+pub enum NodeLeaseError {
     #[error("node {0} is not registered (or its lease lapsed): register again")]
     Unknown(NodeId),
     #[error("node {node} has epoch {current}; epoch {given} is stale (fenced): register again")]
@@ -23,12 +23,12 @@ pub enum LeaseError {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Leases {
+pub(crate) struct NodeLeases {
     by_node: HashMap<NodeId, (u64, DateTime<Utc>)>,
     expiries: BTreeSet<(DateTime<Utc>, NodeId)>,
 }
 
-impl Leases {
+impl NodeLeases {
     /// Grants (or re-grants) a lease.
     pub(super) fn grant(&mut self, node: NodeId, epoch: u64, expires: DateTime<Utc>) {
         if let Some((_, old)) = self.by_node.insert(node.clone(), (epoch, expires)) {
@@ -43,12 +43,12 @@ impl Leases {
         node: &NodeId,
         epoch: u64,
         expires: DateTime<Utc>,
-    ) -> Result<(), LeaseError> {
+    ) -> Result<(), NodeLeaseError> {
         let Some(&(current, old)) = self.by_node.get(node) else {
-            return Err(LeaseError::Unknown(node.clone()));
+            return Err(NodeLeaseError::Unknown(node.clone()));
         };
         if current != epoch {
-            return Err(LeaseError::Stale {
+            return Err(NodeLeaseError::Stale {
                 node: node.clone(),
                 given: epoch,
                 current,

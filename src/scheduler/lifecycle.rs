@@ -95,11 +95,12 @@ fn infrastructure_failure(state: State, message: &str, attempts: Attempts) -> Ve
     ]
 }
 
-/// A preempted batch's processes are gone (or it had none): its whole
-/// cluster is given back and it goes back to the queue at its place, its
-/// preemption counted (docs/rules.md#preemption). One being cancelled ends
-/// CANCELLED instead; one that ended stays as it is.
-pub(crate) fn preempted(state: State, by: &str) -> Vec<Step> {
+/// A preempted (or reclaimed) batch's processes are gone (or it had
+/// none): its whole cluster is given back and it goes back to the queue at
+/// its place, a preemption counted (docs/rules.md#preemption; a loan taken
+/// back is not one, docs/rules.md#loans-and-reclaim). One being cancelled
+/// ends CANCELLED instead; one that ended stays as it is.
+pub(crate) fn preempted(state: State, stopped: StoppedFor<'_>) -> Vec<Step> {
     if state.is_terminal() {
         return vec![Step::Release];
     }
@@ -113,17 +114,33 @@ pub(crate) fn preempted(state: State, by: &str) -> Vec<Step> {
             Step::Ended(EndReason::Cancelled),
         ];
     }
-    vec![
+    let StoppedFor { by, reason } = stopped;
+    let after = match reason {
+        RequeueReason::Reclaimed => format!("its loan was reclaimed by {by}"),
+        _ => format!("preemption by {by}"),
+    };
+    let mut steps = vec![
         Step::Release,
         Step::To(
             State::Pending,
             format!(
-                "Requeued after preemption by {by}: its processes stopped and its cluster was released; it keeps its place in the queue, with a fresh allocation deadline."
+                "Requeued after {after}: its processes stopped and its cluster was released; it keeps its place in the queue, with a fresh allocation deadline."
             ),
         ),
-        Step::Requeue(RequeueReason::Preempted),
-        Step::Preempted,
-    ]
+        Step::Requeue(reason),
+    ];
+    if reason == RequeueReason::Preempted {
+        steps.push(Step::Preempted);
+    }
+    steps
+}
+
+/// The batch a running one is stopping for, and why it goes back to the
+/// queue once it has stopped (PREEMPTED or RECLAIMED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoppedFor<'a> {
+    pub(crate) by: &'a str,
+    pub(crate) reason: RequeueReason,
 }
 
 /// The GPU idle policy's verdict on a batch (docs/rules.md#gpu-telemetry):
@@ -283,8 +300,8 @@ pub(crate) enum Holding {
 /// report about it, and only the driver's node about the driver. A driver
 /// that ends, or any part that fails, ends the whole batch and releases its
 /// cluster in the same decision: a partial cluster never goes on.
-/// `preempted_by`: the batch it gives way to, while it is being preempted:
-/// the end of its run then sends it back to the queue
+/// `stopped_for`: the batch it gives way to, while it is being preempted or
+/// its loan reclaimed: the end of its run then sends it back to the queue
 /// ([`preempted`]) rather than ending it.
 pub(crate) fn report(
     state: State,
@@ -293,7 +310,7 @@ pub(crate) fn report(
     holding: Holding,
     event: &AgentEvent,
     attempts: Attempts,
-    preempted_by: Option<&str>,
+    stopped_for: Option<StoppedFor<'_>>,
 ) -> Result<Outcome, Refused> {
     if holding == Holding::Nothing {
         return Err(Refused(format!(
@@ -310,13 +327,13 @@ pub(crate) fn report(
         event,
         AgentEvent::Finished { .. } | AgentEvent::PartFailed { .. }
     );
-    if let (Some(by), true) = (preempted_by, run_ends) {
+    if let (Some(stopped), true) = (stopped_for, run_ends) {
         let exit_code = match event {
             AgentEvent::Finished { exit_code, .. } => *exit_code,
             _ => None,
         };
         let mut steps = vec![Step::RunEnded { exit_code }];
-        steps.extend(preempted(state, by));
+        steps.extend(preempted(state, stopped));
         return Ok(Outcome { steps });
     }
     let steps = match event {

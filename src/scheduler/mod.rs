@@ -40,10 +40,10 @@ pub use commit::{Committed, Void};
 pub use core::Scheduler;
 pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
-pub use lease::LeaseError;
+pub use lease::NodeLeaseError;
 pub use model::{
-    Allocation, BatchKey, Cause, Cordon, Decision, Hold, OnAlternative, PendingBatch, PoolDecl,
-    Preemption, PreemptionPolicy, Victim, accelerator_label, shape_text,
+    Allocation, BatchKey, Cause, Cordon, Decision, Hold, Loan, OnAlternative, PendingBatch,
+    PoolDecl, Preemption, PreemptionPolicy, Victim, accelerator_label, lender, shape_text,
 };
 pub use pending::ESTIMATE_DEPTH;
 pub use quota::{QuotaRule, QuotaView, Shortfall};

@@ -13,7 +13,7 @@ use std::fmt;
 
 use super::capacity::{NodeId, NodeSpec, PartNeed, Placement};
 use crate::api::EndReason;
-use crate::spec::{Alternative, ClusterRequest, PartRole, QuotaAmount};
+use crate::spec::{Accelerator, Alternative, ClusterRequest, PartRole, QuotaAmount};
 
 /// A batch's key: its store sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -70,12 +70,42 @@ pub struct Allocation {
 /// A cluster allocated on a placement alternative.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnAlternative {
-    /// 1 and up: its place in `ClusterRequest::alternatives`.
+    /// 1 and up: its place in the batch's alternatives.
     pub index: u32,
     /// The GPU type the batch asked for ("cpu" without one).
     pub asked: &'static str,
     /// Why its own placement did not serve, for its history.
     pub note: String,
+    /// Where the alternative runs on capacity others own: a loan.
+    pub loan: Option<Loan>,
+}
+
+impl OnAlternative {
+    /// A batch of `home` whose own cluster is `own` placed on `alternative`,
+    /// for `note`.
+    pub fn of(home: &str, own: &ClusterRequest, alternative: &Alternative, note: String) -> Self {
+        OnAlternative {
+            index: alternative.index,
+            asked: accelerator_label(own),
+            note,
+            loan: alternative.is_loan().then(|| Loan {
+                home: home.to_string(),
+                asked: own.accelerator(),
+            }),
+        }
+    }
+}
+
+/// A cluster that runs on capacity others own — another GPU type, or
+/// another region — until its owners need it back
+/// (docs/rules.md#loans-and-reclaim). Whose capacity it is is where the
+/// allocation is: its region, zone and GPU type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loan {
+    /// The batch's own region and GPU type: the operator's alternatives
+    /// entry for them says when the loan may be reclaimed.
+    pub home: String,
+    pub asked: Option<Accelerator>,
 }
 
 impl Allocation {
@@ -83,6 +113,22 @@ impl Allocation {
     pub fn alternative_index(&self) -> u32 {
         self.alternative.as_ref().map_or(0, |r| r.index)
     }
+
+    /// The loan it runs on, if it does.
+    pub fn loan(&self) -> Option<&Loan> {
+        self.alternative.as_ref()?.loan.as_ref()
+    }
+
+    /// Whose capacity a loan is: "a100-40 in europe-west4-b".
+    pub fn lender(&self) -> String {
+        lender(self.accelerator, &self.zone)
+    }
+}
+
+/// Whose capacity a loan is, in words: its GPU type and where
+/// ("a100-40 in europe-west4-b").
+pub fn lender(accelerator: &str, place: &str) -> String {
+    format!("{accelerator} in {place}")
 }
 
 impl Allocation {
@@ -273,6 +319,13 @@ pub enum Cause {
         victim: String,
         victim_share: f64,
     },
+    /// The victim runs on a loan of the preemptor's own capacity
+    /// (docs/rules.md#loans-and-reclaim): whose capacity, and how long
+    /// the loan ran.
+    Reclaim {
+        lender: String,
+        on_loan: std::time::Duration,
+    },
 }
 
 impl Cause {
@@ -281,7 +334,13 @@ impl Cause {
         match self {
             Cause::Priority { .. } => "priority",
             Cause::FairShare { .. } => "fair-share",
+            Cause::Reclaim { .. } => "reclaim",
         }
+    }
+
+    /// Whether the victim is reclaimed (a loan taken back), not preempted.
+    pub fn is_reclaim(&self) -> bool {
+        matches!(self, Cause::Reclaim { .. })
     }
 }
 
@@ -298,6 +357,11 @@ impl fmt::Display for Cause {
             } => write!(
                 f,
                 "fair share: {preemptor} {preemptor_share:.2} < {victim} {victim_share:.2}"
+            ),
+            Cause::Reclaim { lender, on_loan } => write!(
+                f,
+                "after {} on loan ({lender})",
+                humantime::format_duration(std::time::Duration::from_secs(on_loan.as_secs()))
             ),
         }
     }

@@ -73,13 +73,13 @@ impl Scheduler {
             Some((plan, zone)) => out.push(Blocker::Capacity {
                 total: plan.total,
                 placed: plan.placed,
-                best_zone: Some(zone.to_string()),
+                closest_zone: Some(zone.to_string()),
                 shape: shape_text(&batch.cluster),
             }),
             None => out.push(Blocker::Capacity {
                 total: parts.len(),
                 placed: 0,
-                best_zone: None,
+                closest_zone: None,
                 shape: shape_text(&batch.cluster),
             }),
         }

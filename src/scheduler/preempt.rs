@@ -17,6 +17,7 @@ use super::model::{
     Allocation, BatchKey, Cause, Claim, Decision, PendingBatch, Preemption, PreemptionPolicy,
     Victim,
 };
+use crate::spec::alternatives::{Reclaim, rule_matching};
 
 /// When `victim` has run `min_runtime`.
 fn matures(policy: &PreemptionPolicy, victim: &Allocation) -> DateTime<Utc> {
@@ -102,9 +103,31 @@ impl Scheduler {
     }
 
     /// When the first cluster of `batch`'s region that could give way to it
-    /// but for its age reaches `min_runtime`, after `now`: the region is
-    /// looked at again then (`preempt_retry`).
+    /// but for its age reaches `min_runtime`, or the first loan there may
+    /// be reclaimed, after `now`: the region is looked at again then.
     pub(super) fn next_victim_matures(
+        &self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let loan = self.next_loan_matures(batch, now);
+        let preempted = self.next_preemptible_matures(batch, now);
+        loan.into_iter().chain(preempted).min()
+    }
+
+    /// When the first loan of `batch`'s region may be reclaimed, after `now`.
+    fn next_loan_matures(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.running
+            .values()
+            .filter(|a| a.region == batch.region && self.claims.stopping_for(a.key).is_none())
+            .filter_map(|a| self.reclaimable_from(a))
+            .filter(|at| *at > now)
+            .min()
+    }
+
+    /// When the first cluster of `batch`'s region that could be preempted
+    /// for it but for its age reaches `min_runtime`, after `now`.
+    fn next_preemptible_matures(
         &self,
         batch: &PendingBatch,
         now: DateTime<Utc>,
@@ -121,37 +144,133 @@ impl Scheduler {
     }
 
     /// The preemption that lets `batch` (queue mode, blocked by capacity,
-    /// its quota free) start now, if one does: in the zone where the
-    /// fewest GPU-seconds of work are lost, the fewest whole clusters
-    /// (lowest priority first, then the most recently started), and only
-    /// if the batch then fits entirely. Fair-share victims are taken only
-    /// if the preemptor's share stays at most theirs afterwards, so two
-    /// projects never take turns preempting each other.
+    /// its quota free) start now, if one does: loans of its own capacity
+    /// are reclaimed first, wherever preemption is on or off (the loan was
+    /// the agreement: [`Self::plan_reclaim`]); only where they do not make
+    /// room, and preemption is on, may the batch also preempt, loans still
+    /// first among the victims.
     pub(super) fn plan_preemption(
         &self,
         batch: &PendingBatch,
         now: DateTime<Utc>,
     ) -> Option<(Preemption, Vec<Placement>)> {
-        let region = batch.region.as_str();
-        let policy = self.preemption_in(region)?;
-        if batch.deadline.is_none()
-            || self.claims.is_claiming(batch.key)
-            || self
-                .ledger
-                .shortfall(&batch.project, region, &batch.cluster.quota)
-                .is_some()
-        {
+        if !self.may_preempt(batch) {
             return None;
         }
-        let candidates = self.preemption_candidates(policy, batch, now);
+        let loans = self.reclaim_candidates(batch, now);
+        if let Some(plan) = self.plan_among(batch, &loans, self.reclaim_grace(&batch.region), now) {
+            return Some(plan);
+        }
+        let policy = self.preemption_in(&batch.region)?;
+        let reclaimed: std::collections::HashSet<BatchKey> =
+            loans.iter().map(|(a, _)| a.key).collect();
+        let mut candidates = loans;
+        candidates.extend(
+            self.preemption_candidates(policy, batch, now)
+                .into_iter()
+                .filter(|(a, _)| !reclaimed.contains(&a.key)),
+        );
+        self.plan_among(batch, &candidates, policy.grace, now)
+    }
+
+    /// The reclaim of loans on its own capacity that lets `batch` start
+    /// now, if one does, preemption aside.
+    pub(super) fn plan_reclaim(
+        &self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Option<(Preemption, Vec<Placement>)> {
+        if !self.may_preempt(batch) {
+            return None;
+        }
+        let loans = self.reclaim_candidates(batch, now);
+        self.plan_among(batch, &loans, self.reclaim_grace(&batch.region), now)
+    }
+
+    /// Whether `batch` may stop others at all: queue mode, not waiting
+    /// for victims already, and its quota free.
+    fn may_preempt(&self, batch: &PendingBatch) -> bool {
+        batch.deadline.is_some()
+            && !self.claims.is_claiming(batch.key)
+            && self
+                .ledger
+                .shortfall(&batch.project, &batch.region, &batch.cluster.quota)
+                .is_none()
+    }
+
+    /// How long a reclaimed loan has to stop: the region's preemption
+    /// grace, or the default one where preemption is off.
+    fn reclaim_grace(&self, region: &str) -> std::time::Duration {
+        self.preemption_in(region)
+            .map_or(PreemptionPolicy::default().grace, |p| p.grace)
+    }
+
+    /// When loan `a` may be reclaimed under the operator's rule for its
+    /// batch's own placement (the default where no entry matches now);
+    /// None: never, or `a` is no loan.
+    pub(super) fn reclaimable_from(&self, a: &Allocation) -> Option<DateTime<Utc>> {
+        let loan = a.loan()?;
+        let rule = rule_matching(&self.reclaim, &a.project, &loan.home, loan.asked)
+            .map(|r| r.reclaim)
+            .unwrap_or_default();
+        match rule {
+            Reclaim::Never => None,
+            Reclaim::After(d) => Some(
+                Duration::from_std(d)
+                    .ok()
+                    .and_then(|d| a.allocated_at.checked_add_signed(d))
+                    .unwrap_or(DateTime::<Utc>::MAX_UTC),
+            ),
+        }
+    }
+
+    /// The loans of `batch`'s region it may reclaim at `now` (run their
+    /// minimum, not stopping already), the most recently started first
+    /// (the least work lost); by key for a stable order.
+    fn reclaim_candidates(
+        &self,
+        batch: &PendingBatch,
+        now: DateTime<Utc>,
+    ) -> Vec<(&Allocation, Cause)> {
+        let mut loans: Vec<(&Allocation, Cause)> = self
+            .running
+            .values()
+            .filter(|a| a.region == batch.region && self.claims.stopping_for(a.key).is_none())
+            .filter(|a| self.reclaimable_from(a).is_some_and(|at| at <= now))
+            .map(|a| {
+                let cause = Cause::Reclaim {
+                    lender: a.lender(),
+                    on_loan: (now - a.allocated_at).to_std().unwrap_or_default(),
+                };
+                (a, cause)
+            })
+            .collect();
+        loans.sort_by_key(|(a, _)| (std::cmp::Reverse(a.allocated_at), a.key));
+        loans
+    }
+
+    /// The pick among `candidates` (in the order they are taken) that
+    /// lets `batch` start now: in the zone where the fewest GPU-seconds of
+    /// work are lost, the fewest whole clusters, and only if the batch
+    /// then fits entirely. Fair-share victims are taken only if the
+    /// preemptor's share stays at most theirs afterwards, so two projects
+    /// never take turns preempting each other.
+    fn plan_among(
+        &self,
+        batch: &PendingBatch,
+        candidates: &[(&Allocation, Cause)],
+        grace: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Option<(Preemption, Vec<Placement>)> {
         if candidates.is_empty() {
             return None;
         }
+        let region = batch.region.as_str();
         let parts = needs(&batch.cluster);
         let mut best: Option<ZonePick> = None;
         let zones: BTreeSet<&str> = candidates.iter().map(|(a, _)| a.zone.as_str()).collect();
         for zone in zones {
-            let Some(pick) = self.pick_in_zone(batch, zone, &candidates, &parts, now) else {
+            let Some(pick) = self.pick_in_zone(batch, zone, candidates, &parts, now) else {
                 continue;
             };
             let better = best
@@ -162,7 +281,7 @@ impl Scheduler {
             }
         }
         let pick = best?;
-        let victims = self.victims_of(&pick, &candidates, now);
+        let victims = self.victims_of(&pick, candidates, now);
         Some((
             Preemption {
                 preemptor: batch.key,
@@ -171,7 +290,7 @@ impl Scheduler {
                 region: region.to_string(),
                 zone: pick.zone,
                 victims,
-                grace: policy.grace,
+                grace,
             },
             pick.plan,
         ))
@@ -440,13 +559,14 @@ impl Scheduler {
         self.claims.open(preemptor, claim);
     }
 
-    /// What preemption does for a queued `batch` that capacity blocks, in
-    /// words (why-pending and validate-only): whom it preempts, whom it
-    /// would preempt once it comes first among the blocked, from when a
-    /// cluster could give way, or why none can. None where preemption is
-    /// off or the batch never waits (default mode).
+    /// What preemption (and the reclaim of loans) does for a queued
+    /// `batch` that capacity blocks, in words (why-pending and
+    /// validate-only): whom it preempts or reclaims from, whom it would
+    /// once it comes first among the blocked, from when a cluster could
+    /// give way, or why none can. None where preemption is off and no loan
+    /// could give way, or the batch never waits (default mode).
     pub fn preemption_reason(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Option<String> {
-        let policy = self.preemption_in(&batch.region)?;
+        let policy = self.preemption_in(&batch.region);
         if let Some(claim) = self.claims.get(batch.key) {
             let names: Vec<&str> = claim
                 .waiting
@@ -463,26 +583,47 @@ impl Scheduler {
             });
         }
         batch.deadline?;
-        if let Some((p, _)) = self.plan_preemption(batch, now) {
+        let planned = match policy {
+            Some(_) => self.plan_preemption(batch, now),
+            None => self.plan_reclaim(batch, now),
+        };
+        if let Some((p, _)) = planned {
             let names: Vec<String> = p
                 .victims
                 .iter()
                 .map(|v| format!("{} ({})", v.batch_id, v.cause))
                 .collect();
+            let verb = if p.victims.iter().all(|v| v.cause.is_reclaim()) {
+                "would reclaim the loans of"
+            } else {
+                "would preempt"
+            };
             return Some(format!(
-                "would preempt {} ({} GPUs) in {} once it comes first among the batches capacity blocks",
+                "{verb} {} ({} GPUs) in {} once it comes first among the batches capacity blocks",
                 names.join(", "),
                 p.gpus(),
                 p.zone
             ));
         }
-        if let Some(at) = self.next_victim_matures(batch, now) {
-            return Some(format!(
-                "no cluster can give way yet: the first that could reaches min_runtime ({}) at {}",
-                humantime::format_duration(policy.min_runtime),
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            ));
+        let loan = self.next_loan_matures(batch, now);
+        let preemptible = self.next_preemptible_matures(batch, now);
+        match (loan, preemptible, policy) {
+            (Some(l), p, _) if p.is_none_or(|p| l <= p) => {
+                return Some(format!(
+                    "no loan of its capacity may be reclaimed yet: the first reaches its minimum run at {}",
+                    l.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ));
+            }
+            (_, Some(at), Some(policy)) => {
+                return Some(format!(
+                    "no cluster can give way yet: the first that could reaches min_runtime ({}) at {}",
+                    humantime::format_duration(policy.min_runtime),
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ));
+            }
+            _ => {}
         }
+        policy?;
         Some(
             "nothing can be preempted for it: no cluster of lower priority, or of a project far enough over its fair share, that is not protected would make room for it in one zone"
                 .into(),

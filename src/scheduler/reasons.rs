@@ -18,7 +18,7 @@ pub enum Blocker {
     Capacity {
         total: usize,
         placed: usize,
-        best_zone: Option<String>,
+        closest_zone: Option<String>,
         shape: String,
     },
     /// Fits, but would delay the reservation of an earlier, larger batch.
@@ -54,9 +54,9 @@ impl std::fmt::Display for Blocker {
             Blocker::Capacity {
                 total,
                 placed,
-                best_zone,
+                closest_zone,
                 shape,
-            } => match best_zone {
+            } => match closest_zone {
                 Some(z) => write!(
                     f,
                     "needs all {total} parts of {shape} in one zone; the best zone, {z}, has room for {placed}"

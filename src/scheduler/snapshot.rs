@@ -32,6 +32,8 @@ pub struct Snapshot {
     /// Per region where preemption is on: running clusters of batches
     /// preempted `max_preemptions` times, which are never victims again.
     pub preemption_protected: BTreeMap<String, u64>,
+    /// (region, zone, GPU type lent) → (clusters on loan, their GPUs).
+    pub loans: BTreeMap<(String, String, &'static str), (u64, u64)>,
     pub agent_nodes: u64,
     pub virtual_nodes: u64,
 }
@@ -59,6 +61,7 @@ impl Scheduler {
             .collect();
         s.fair_share = self.fair_shares(now);
         s.preemption_protected = self.preemption_protected();
+        s.loans = self.loans_held();
         s.agent_nodes = self.leases.active() as u64;
         s.virtual_nodes = self
             .capacity
@@ -185,6 +188,20 @@ impl Scheduler {
             );
         }
         fair_share
+    }
+
+    /// The clusters running on loans, and their GPUs, by whose capacity
+    /// they hold: region, zone and GPU type.
+    fn loans_held(&self) -> BTreeMap<(String, String, &'static str), (u64, u64)> {
+        let mut loans: BTreeMap<(String, String, &'static str), (u64, u64)> = BTreeMap::new();
+        for a in self.running.values().filter(|a| a.loan().is_some()) {
+            let held = loans
+                .entry((a.region.clone(), a.zone.clone(), a.accelerator))
+                .or_default();
+            held.0 += 1;
+            held.1 += a.gpus();
+        }
+        loans
     }
 
     /// Per region where preemption is on: the running clusters of batches

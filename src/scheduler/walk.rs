@@ -40,6 +40,9 @@ pub(super) struct Walk {
     pub(super) alternative_fits: AlternativeSet,
     /// A preemption was decided in this walk (one a region a pass).
     pub(super) preempted: bool,
+    /// The GPU types of the batches capacity blocked in this walk: the
+    /// first of each type may reclaim loans of its own capacity.
+    pub(super) blocked_types: HashSet<Option<crate::spec::Accelerator>>,
 }
 
 /// A set of alternative options (a region and a shape), looked up without

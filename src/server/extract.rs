@@ -129,7 +129,7 @@ where
 /// and `$prettyPrint` (accepted and ignored: answers carry every field,
 /// compact), the last two also without their `$`, as Google's APIs take
 /// them. Said here once; a handler's own query type never names them, and
-/// the document gets them from `openapi.rs`'s `Shared`.
+/// the document gets them from `openapi.rs`'s `CommonResponses`.
 pub(super) const SYSTEM_PARAMETERS: &[&str] =
     &["$alt", "$fields", "fields", "$prettyPrint", "prettyPrint"];
 

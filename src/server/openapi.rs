@@ -3,7 +3,7 @@
 //! carries its path, parameters and answers (`#[utoipa::path]`), from
 //! which the router also takes its path (`routes.rs`). What every
 //! operation of the API shares — the system parameters and the error
-//! answer — is added here once, by [`Shared`], not written on each
+//! answer — is added here once, by [`CommonResponses`], not written on each
 //! handler. Served at `GET /openapi.json`.
 
 use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn, PathItem};
@@ -87,9 +87,9 @@ const ERROR_DESCRIPTION: &str = "google.rpc.Status error";
 /// unless the handler describes its own. Applied once the routes are
 /// registered (not among [`ApiDoc`]'s modifiers, which run before there
 /// are operations).
-pub(super) struct Shared;
+pub(super) struct CommonResponses;
 
-impl utoipa::Modify for Shared {
+impl utoipa::Modify for CommonResponses {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         for (path, item) in openapi.paths.paths.iter_mut() {
             if !is_api(path) {

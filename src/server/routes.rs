@@ -108,10 +108,10 @@ impl Api {
     }
 
     /// The router and its document, with what every operation shares
-    /// ([`openapi::Shared`]) and `GET /openapi.json`, which serves it.
+    /// ([`openapi::CommonResponses`]) and `GET /openapi.json`, which serves it.
     fn finish(mut self) -> Routes {
         let (router, mut document) = self.router.split_for_parts();
-        openapi::Shared.modify(&mut document);
+        openapi::CommonResponses.modify(&mut document);
         let document = Arc::new(document);
         let served = document.clone();
         self.rules.insert("/openapi.json", Rule::Nobody);

@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::scheduler::{BatchKey, Decision, NodeId, PendingBatch, Scheduler};
 use crate::spec;
 
-pub use report::{ProjectStats, Report, ZoneStats, compare_table};
+pub use report::{ProjectStats, SimReport, ZoneStats, compare_table};
 pub use trace::{Record, TraceBatch, TraceError, read};
 
 /// Where virtual time starts (any fixed instant: reports depend only on
@@ -55,7 +55,7 @@ pub struct Refused {
 
 /// Replays `trace` under `config`. Deterministic: the same trace, config
 /// and seed give the same report.
-pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<Report, Refused> {
+pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<SimReport, Refused> {
     let mut sim = Sim::new(config, trace);
     let order = submission_order(trace, seed);
     let mut next = 0;
@@ -101,7 +101,7 @@ struct Sim<'a> {
     trace: &'a [TraceBatch],
     policy: spec::Policy,
     core: Scheduler,
-    report: Report,
+    report: SimReport,
     /// Each queued batch's project and run time.
     queued: HashMap<BatchKey, (String, f64)>,
     /// Each submitted batch as submitted (a preempted one is queued again
@@ -113,6 +113,8 @@ struct Sim<'a> {
     runs: HashMap<BatchKey, u32>,
     /// Preempted clusters stop when their grace ends.
     stops: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey)>>,
+    /// Of those stopping, the loans their owners reclaim.
+    reclaimed: std::collections::HashSet<BatchKey>,
 }
 
 impl<'a> Sim<'a> {
@@ -123,10 +125,11 @@ impl<'a> Sim<'a> {
         let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
         core.set_fair_share(config.fair_share());
         core.set_preemption(config.preemption());
+        core.set_reclaim(policy.alternative_rules.clone());
         for node in declared_nodes(config) {
             core.add_node(node);
         }
-        let mut report = Report::new(config);
+        let mut report = SimReport::new(config);
         // The zones of the regions the trace uses.
         let regions: std::collections::BTreeSet<&str> =
             trace.iter().map(|b| b.region.as_str()).collect();
@@ -146,6 +149,7 @@ impl<'a> Sim<'a> {
             ends: BinaryHeap::new(),
             runs: HashMap::new(),
             stops: BinaryHeap::new(),
+            reclaimed: std::collections::HashSet::new(),
         }
     }
 
@@ -189,10 +193,16 @@ impl<'a> Sim<'a> {
                 continue;
             };
             self.report.ended(&a, t);
-            self.report.preempted(&a, t);
+            let reclaimed = self.reclaimed.remove(&key);
+            if reclaimed {
+                self.report.reclaimed(&a, t);
+            } else {
+                self.report.preempted(&a, t);
+            }
             self.runs.remove(&key);
             if let Some((batch, run_s)) = self.submitted.get_mut(&key) {
-                batch.preemptions += 1;
+                // A loan taken back is not a preemption.
+                batch.preemptions += u32::from(!reclaimed);
                 batch.deadline = batch.cluster.deadline(t);
                 self.queued.insert(key, (batch.project.clone(), *run_s));
                 self.core.submit(batch.clone());
@@ -242,12 +252,15 @@ impl<'a> Sim<'a> {
             alternatives,
             preemptions: 0,
         };
-        if self
+        // A batch that may be stopped is queued again from its submission:
+        // where preemption is on, or where it may run on a loan.
+        let may_stop = self
             .config
             .regions
             .get(&tb.region)
             .is_some_and(|r| r.preemption.is_some())
-        {
+            || batch.alternatives.iter().any(spec::Alternative::is_loan);
+        if may_stop {
             self.submitted.insert(key, (batch.clone(), run_s));
         }
         self.core.submit(batch);
@@ -270,6 +283,9 @@ impl<'a> Sim<'a> {
                     let grace = Duration::from_std(p.grace).unwrap_or_default();
                     for v in &p.victims {
                         self.stops.push(Reverse((now + grace, v.key)));
+                        if v.cause.is_reclaim() {
+                            self.reclaimed.insert(v.key);
+                        }
                     }
                 }
                 Decision::Expire { key, .. } => {
@@ -289,7 +305,7 @@ impl<'a> Sim<'a> {
     }
 
     /// Completes the report with the trace's span up to `last`.
-    fn finish(mut self, last: DateTime<Utc>) -> Report {
+    fn finish(mut self, last: DateTime<Utc>) -> SimReport {
         let first = self
             .trace
             .iter()

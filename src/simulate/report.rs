@@ -15,7 +15,7 @@ use crate::stats::percentile;
 /// The outcome of one simulation.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Report {
+pub struct SimReport {
     /// `fair-share` or `strict`.
     pub order: String,
     pub usage_half_life_s: u64,
@@ -53,6 +53,12 @@ pub struct ProjectStats {
     /// had done (lost: a preempted batch runs again from the start).
     pub preempted: u64,
     pub lost_gpu_hours: f64,
+    /// Of `on_alternatives`, those on a loan of others' capacity.
+    pub on_loan: u64,
+    /// Times its loans were reclaimed by their owners, and the GPU-hours
+    /// of work they had done (lost as a preemption's is).
+    pub reclaimed: u64,
+    pub reclaimed_gpu_hours: f64,
     pub wait_p50_s: Option<f64>,
     pub wait_p95_s: Option<f64>,
     pub wait_p99_s: Option<f64>,
@@ -75,9 +81,9 @@ pub struct ZoneStats {
     pub utilisation: f64,
 }
 
-impl Report {
-    pub(super) fn new(config: &Config) -> Report {
-        Report {
+impl SimReport {
+    pub(super) fn new(config: &Config) -> SimReport {
+        SimReport {
             order: match config.scheduling.order {
                 QueueOrder::FairShare => "fair-share",
                 QueueOrder::Strict => "strict",
@@ -85,7 +91,7 @@ impl Report {
             .into(),
             usage_half_life_s: config.scheduling.usage_half_life.as_secs(),
             weights: config.fair_share().weights.into_iter().collect(),
-            ..Report::default()
+            ..SimReport::default()
         }
     }
 
@@ -111,6 +117,7 @@ impl Report {
         let p = self.project(&a.project);
         p.allocated += 1;
         p.on_alternatives += u64::from(a.alternative.is_some());
+        p.on_loan += u64::from(a.loan().is_some());
         *self.alternatives.entry(a.alternative_index()).or_default() += 1;
         let waited = (a.allocated_at - a.queued_at).num_milliseconds() as f64 / 1000.0;
         self.waits
@@ -124,6 +131,13 @@ impl Report {
         let p = self.project(&a.project);
         p.preempted += 1;
         p.lost_gpu_hours += a.gpu_seconds(at) / 3600.0;
+    }
+
+    /// `a`'s loan was reclaimed and it stopped at `at`: its work is lost.
+    pub(super) fn reclaimed(&mut self, a: &Allocation, at: DateTime<Utc>) {
+        let p = self.project(&a.project);
+        p.reclaimed += 1;
+        p.reclaimed_gpu_hours += a.gpu_seconds(at) / 3600.0;
     }
 
     pub(super) fn ended(&mut self, a: &Allocation, at: DateTime<Utc>) {
@@ -159,6 +173,9 @@ impl Report {
             total.rejected += p.rejected;
             total.preempted += p.preempted;
             total.lost_gpu_hours += p.lost_gpu_hours;
+            total.on_loan += p.on_loan;
+            total.reclaimed += p.reclaimed;
+            total.reclaimed_gpu_hours += p.reclaimed_gpu_hours;
             total.gpu_hours += p.gpu_hours;
         }
         all_waits.sort_by(f64::total_cmp);
@@ -183,12 +200,14 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:<20} {:>6} {:>8} {:>9} {:>7} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>10} {:>7} {:>7}",
+            "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>10} {:>7} {:>7}",
             "PROJECT",
             "WEIGHT",
             "BATCHES",
             "ALLOCATED",
             "ON_ALT",
+            "ON_LOAN",
+            "RECLAIMED",
             "PREEMPTED",
             "LOST_GPUH",
             "EXPIRED",
@@ -209,14 +228,16 @@ impl Report {
         for (name, p) in rows {
             let _ = writeln!(
                 out,
-                "{:<20} {:>6} {:>8} {:>9} {:>7} {:>9} {:>9.1} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8.1} {:>10.1} {:>7.1} {:>7.1}",
+                "{:<20} {:>6} {:>8} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9.1} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8.1} {:>10.1} {:>7.1} {:>7.1}",
                 name,
                 trim(p.weight),
                 p.submitted,
                 p.allocated,
                 p.on_alternatives,
+                p.on_loan,
+                p.reclaimed,
                 p.preempted,
-                p.lost_gpu_hours,
+                p.lost_gpu_hours + p.reclaimed_gpu_hours,
                 p.expired,
                 p.refused + p.rejected,
                 wait(p.wait_p50_s),
@@ -268,14 +289,14 @@ fn alternatives_line(alternatives: &BTreeMap<u32, u64>) -> String {
 }
 
 /// Two reports side by side: per project, each measure under A and B.
-pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> String {
+pub fn compare_table(a: &SimReport, b: &SimReport, a_name: &str, b_name: &str) -> String {
     let mut out = format!(
         "A: {a_name} (order {}, half-life {}s)\nB: {b_name} (order {}, half-life {}s)\n\n",
         a.order, a.usage_half_life_s, b.order, b.usage_half_life_s
     );
     let _ = writeln!(
         out,
-        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6}",
+        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
         "PROJECT",
         "P50_A",
         "P50_B",
@@ -290,7 +311,9 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
         "ALT_A",
         "ALT_B",
         "PRE_A",
-        "PRE_B"
+        "PRE_B",
+        "REC_A",
+        "REC_B"
     );
     let mut names: Vec<&String> = a.projects.keys().chain(b.projects.keys()).collect();
     names.sort();
@@ -309,7 +332,7 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
     for (name, x, y) in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>8.1} {:>7.1} {:>7.1} {:>6} {:>6} {:>6} {:>6}",
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>8.1} {:>7.1} {:>7.1} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
             name,
             wait(x.wait_p50_s),
             wait(y.wait_p50_s),
@@ -324,7 +347,9 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
             x.on_alternatives,
             y.on_alternatives,
             x.preempted,
-            y.preempted
+            y.preempted,
+            x.reclaimed,
+            y.reclaimed
         );
     }
     let _ = writeln!(out, "\n{:<24} {:>8} {:>8}", "ZONE", "UTIL%_A", "UTIL%_B");
@@ -332,7 +357,7 @@ pub fn compare_table(a: &Report, b: &Report, a_name: &str, b_name: &str) -> Stri
     zones.sort();
     zones.dedup();
     for z in zones {
-        let util = |r: &Report| r.zones.get(z).map_or(0.0, |s| s.utilisation * 100.0);
+        let util = |r: &SimReport| r.zones.get(z).map_or(0.0, |s| s.utilisation * 100.0);
         let _ = writeln!(out, "{:<24} {:>8.1} {:>8.1}", z, util(a), util(b));
     }
     let _ = writeln!(

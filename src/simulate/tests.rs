@@ -82,7 +82,7 @@ fn equal_weights_share_equally_and_strict_order_does_not() {
     let t = trace(&csv);
     let fair = run(&config(""), &t, 0).expect("fair");
     let strict = run(&config("[scheduling]\norder = \"strict\"\n"), &t, 0).expect("strict");
-    let share = |r: &Report, p: &str| r.projects[p].gpu_share;
+    let share = |r: &SimReport, p: &str| r.projects[p].gpu_share;
     assert!(
         (share(&fair, "late") - 0.5).abs() <= 0.05,
         "{}",

@@ -12,6 +12,7 @@
 //! create. What Spark receives on an alternative is that batch.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use super::{
     Accelerator, ClusterRequest, PartRole, Policy, ProvisioningMode, Rejection, check_create,
@@ -110,6 +111,58 @@ pub struct AlternativesRule {
     pub accelerator: Option<Accelerator>,
     pub alternatives: Vec<AlternativeSpec>,
     pub allow: Vec<Target>,
+    /// When a loan taken through these alternatives may be taken back by
+    /// the capacity's own users.
+    pub reclaim: Reclaim,
+}
+
+/// When the owners of lent capacity may take it back from a batch that
+/// runs on it as a loan (docs/rules.md#loans-and-reclaim): config key
+/// `reclaim`, `"after 10m"` or `"never"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaim {
+    /// Once the loan has run this long (its minimum run).
+    After(std::time::Duration),
+    /// Never: the loan runs to its end.
+    Never,
+}
+
+/// A loan runs at least this long before its owners may take it back,
+/// where the operator's entry does not say.
+pub const DEFAULT_RECLAIM_AFTER: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+impl Default for Reclaim {
+    fn default() -> Reclaim {
+        Reclaim::After(DEFAULT_RECLAIM_AFTER)
+    }
+}
+
+impl fmt::Display for Reclaim {
+    /// The form the config takes: `after 10m`, `never`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reclaim::After(d) => write!(f, "after {}", humantime::format_duration(*d)),
+            Reclaim::Never => f.write_str("never"),
+        }
+    }
+}
+
+/// The accepted form of `reclaim`, for error messages.
+pub const RECLAIM_FORM: &str = "\"never\" or \"after DURATION\" (like \"after 10m\")";
+
+/// Parses a reclaim rule: `after 10m` or `never`.
+pub fn parse_reclaim(text: &str) -> Result<Reclaim, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    match words.as_slice() {
+        ["never"] => Ok(Reclaim::Never),
+        ["after", d] => humantime::parse_duration(d)
+            .map(Reclaim::After)
+            .map_err(|e| format!("{} is not a duration like 10m ({e})", quote(d))),
+        _ => Err(format!(
+            "{} is not accepted; use {RECLAIM_FORM}",
+            quote(text)
+        )),
+    }
 }
 
 impl AlternativesRule {
@@ -139,7 +192,17 @@ pub fn rule_for<'a>(
     region: &str,
     own: &ClusterRequest,
 ) -> Option<&'a AlternativesRule> {
-    let accelerator = own.accelerator();
+    rule_matching(alternative_rules, project, region, own.accelerator())
+}
+
+/// The most specific of `alternative_rules` for a batch of `project` in
+/// `region` whose own GPU type is `accelerator` (the first of equals).
+pub fn rule_matching<'a>(
+    alternative_rules: &'a [AlternativesRule],
+    project: &str,
+    region: &str,
+    accelerator: Option<Accelerator>,
+) -> Option<&'a AlternativesRule> {
     let mut best: Option<&AlternativesRule> = None;
     for l in alternative_rules
         .iter()
@@ -465,6 +528,7 @@ pub fn rule_from_config(
     accelerator: Option<&str>,
     alternatives: &[String],
     allow: &[String],
+    reclaim: Option<&str>,
 ) -> Result<AlternativesRule, (&'static str, String)> {
     let accelerator = match accelerator {
         None => None,
@@ -498,12 +562,18 @@ pub fn rule_from_config(
         .map(|t| parse_target(t))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ("allow", e))?;
+    let reclaim = reclaim
+        .map(parse_reclaim)
+        .transpose()
+        .map_err(|e| ("reclaim", e))?
+        .unwrap_or_default();
     Ok(AlternativesRule {
         region: region.map(str::to_string),
         project: project.map(str::to_string),
         accelerator,
         alternatives,
         allow,
+        reclaim,
     })
 }
 

@@ -252,6 +252,19 @@ pub struct Alternative {
     pub cluster: ClusterRequest,
 }
 
+impl Alternative {
+    /// Whether a cluster on this alternative runs on capacity that others
+    /// own (docs/rules.md#loans-and-reclaim): another GPU type, or another
+    /// region's quota and capacity. On-demand quota is the batch's own
+    /// project's, on its own GPU type: not a loan.
+    pub fn is_loan(&self) -> bool {
+        matches!(
+            self.target,
+            super::target::Target::Accelerator(_) | super::target::Target::Region(_)
+        )
+    }
+}
+
 /// What a batch asks for: its own cluster and where else it may run once
 /// it has waited (its placement alternatives, in order, fixed at create;
 /// docs/rules.md#placement-alternatives). Stored as one JSON object: the

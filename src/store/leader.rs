@@ -74,7 +74,7 @@ impl Change {
 
 /// Who holds the leader lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseHolder {
+pub struct LeaderLease {
     pub holder: String,
     pub term: i64,
     /// Whether the lease has not lapsed (on the database's clock).
@@ -132,13 +132,13 @@ impl Store {
     }
 
     /// The lease as it stands.
-    pub async fn lease_holder(&self) -> Result<LeaseHolder, StoreError> {
+    pub async fn lease_holder(&self) -> Result<LeaderLease, StoreError> {
         let (holder, term, live): (String, i64, bool) = sqlx::query_as(&format!(
             "select holder, term, expires_at >= {DB_NOW_US} from leader_lease where id = 1"
         ))
         .fetch_one(&self.lease_pool)
         .await?;
-        Ok(LeaseHolder { holder, term, live })
+        Ok(LeaderLease { holder, term, live })
     }
 
     /// Fails unless term `fence` still holds the lease: inside a write

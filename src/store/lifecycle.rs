@@ -33,9 +33,13 @@ impl Applied {
         self.outcome.requeued().is_some()
     }
 
-    /// It went back to the queue because it was preempted.
-    pub fn preempted(&self) -> bool {
-        self.outcome.steps.contains(&Step::Preempted)
+    /// It went back to the queue because it gave way to another batch:
+    /// preempted, or its loan reclaimed.
+    pub fn gave_way(&self) -> bool {
+        matches!(
+            self.outcome.requeued(),
+            Some(RequeueReason::Preempted | RequeueReason::Reclaimed)
+        )
     }
 }
 
@@ -77,7 +81,7 @@ async fn requeue(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
          allocate_time = null, zone = null, alternative = null, master_url = null, \
          run_info = null, end_reason = null, preempted_by = null, stop_grace_s = null, \
-         requeue_reason = $3 where seq = $4",
+         stop_reason = null, requeue_reason = $3 where seq = $4",
     )
     .bind(Provisioning::Queued as i64)
     .bind(deadline)
@@ -357,14 +361,15 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
         let mut tx = self.begin_write().await?;
-        let (seq, state, batch_id, preempted_by, preemptor): (
+        let (seq, state, batch_id, preempted_by, preemptor, stop_reason): (
             i64,
             i64,
             String,
             Option<i64>,
             Option<String>,
+            Option<i64>,
         ) = sqlx::query_as(
-            "select b.seq, b.state, b.batch_id, b.preempted_by, p.batch_id from batches b \
+            "select b.seq, b.state, b.batch_id, b.preempted_by, p.batch_id, b.stop_reason from batches b \
              left join batches p on p.seq = b.preempted_by where b.uuid = $1",
         )
         .bind(uuid)
@@ -374,6 +379,10 @@ impl Store {
         // Being preempted: by this batch (or by one deleted since).
         let preempted_by =
             preempted_by.map(|_| preemptor.unwrap_or_else(|| "a batch deleted since".to_string()));
+        // Stopping for it since before the reason was stored: preempted.
+        let reason = stop_reason
+            .and_then(RequeueReason::from_number)
+            .unwrap_or(RequeueReason::Preempted);
         let state = State::from_number(state).unwrap_or(State::StateUnspecified);
         let roles: Vec<String> = sqlx::query_scalar(
             "select role from allocations where batch_seq = $1 and node_id = $2 and released_at is null",
@@ -397,7 +406,9 @@ impl Store {
             holding,
             event,
             attempts,
-            preempted_by.as_deref(),
+            preempted_by
+                .as_deref()
+                .map(|by| lifecycle::StoppedFor { by, reason }),
         )
         .map_err(|refused| StoreError::FailedPrecondition(refused.0))?;
         let applied = write_steps(&mut tx, seq, &batch_id, state, outcome, now).await?;

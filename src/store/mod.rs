@@ -46,7 +46,7 @@ pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
 pub use filter::Filter;
 pub use generations::ConfigGeneration;
-pub use leader::{Change, ChangeStream, Heard, LeaseHolder};
+pub use leader::{Change, ChangeStream, Heard, LeaderLease};
 pub use leader_lock::{LeaderSession, Takeover};
 pub use lifecycle::Applied;
 pub use open::{GroupObserver, SessionLimits, StoreOptions, migrate, migrate_only};
@@ -55,7 +55,7 @@ use rows::{BATCH_COLUMNS, read_batches};
 pub use runs::{GpuPointsTaken, NodePart, OutputChunk};
 pub use sql::Backend;
 use sql::Sql;
-pub use usage::{CreatedBatch, HeldPart, ReleasedPart};
+pub use usage::{CreatedBatch, ReleasedPart, UsedPart};
 
 /// Why a store call failed, in terms the API layer can answer with.
 #[derive(Debug, Clone, thiserror::Error)]

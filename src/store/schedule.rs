@@ -13,7 +13,7 @@ use super::sql::Sql;
 use super::lifecycle::write_steps;
 use super::rows::{append_history, decode_cluster, from_micros, micros};
 use super::{Backend, Change, Provisioning, Store, StoreError};
-use crate::api::{EndReason, State};
+use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle;
 use crate::scheduler::{Allocation, BatchKey, Decision, NodeId, PartRole, PendingBatch, Placement};
 use crate::spec::Accelerator;
@@ -233,15 +233,15 @@ impl Store {
             placement.accelerator = placement
                 .accelerator
                 .or_else(|| shape_type(&placement, driver, executor));
-            let on_alternative = (alternative > 0).then(|| crate::scheduler::OnAlternative {
-                index: alternative,
-                asked: crate::scheduler::accelerator_label(&stored.cluster),
-                note: String::new(),
-            });
-            let region = match alternative_region {
-                Some(r) => r.to_string(),
-                None => row.try_get("region")?,
-            };
+            let home: String = row.try_get("region")?;
+            let on_alternative = stored
+                .alternatives
+                .iter()
+                .find(|a| a.index == alternative)
+                .map(|a| {
+                    crate::scheduler::OnAlternative::of(&home, &stored.cluster, a, String::new())
+                });
+            let region = alternative_region.map_or(home, str::to_string);
             let allocated_at = from_micros(row.try_get("allocated_at")?);
             out.insert(
                 seq,
@@ -513,20 +513,38 @@ async fn preempt(
     }
     let grace = humantime::format_duration(p.grace).to_string();
     for (v, state) in p.victims.iter().zip(&states) {
-        sqlx::query("update batches set preempted_by = $1, stop_grace_s = $2 where seq = $3")
-            .bind(p.preemptor.0)
-            .bind(p.grace.as_secs() as i64)
-            .bind(v.key.0)
-            .execute(&mut *conn)
-            .await?;
-        let message = format!(
-            "PREEMPTED by {} ({}): its processes get {grace} to stop, then it goes back to the queue at its place.",
-            p.preemptor_id, v.cause
-        );
+        let reason = if v.cause.is_reclaim() {
+            RequeueReason::Reclaimed
+        } else {
+            RequeueReason::Preempted
+        };
+        sqlx::query(
+            "update batches set preempted_by = $1, stop_grace_s = $2, stop_reason = $3 where seq = $4",
+        )
+        .bind(p.preemptor.0)
+        .bind(p.grace.as_secs() as i64)
+        .bind(reason.number())
+        .bind(v.key.0)
+        .execute(&mut *conn)
+        .await?;
+        let message = match reason {
+            RequeueReason::Reclaimed => format!(
+                "RECLAIMED by {}'s batch {} {}: its processes get {grace} to stop, then it goes back to the queue at its place.",
+                p.project, p.preemptor_id, v.cause
+            ),
+            _ => format!(
+                "PREEMPTED by {} ({}): its processes get {grace} to stop, then it goes back to the queue at its place.",
+                p.preemptor_id, v.cause
+            ),
+        };
         append_history(conn, v.key.0, *state, &message, now).await?;
         if v.at_once {
+            let stopped = lifecycle::StoppedFor {
+                by: &p.preemptor_id,
+                reason,
+            };
             let outcome = lifecycle::Outcome {
-                steps: lifecycle::preempted(*state, &p.preemptor_id),
+                steps: lifecycle::preempted(*state, stopped),
             };
             write_steps(conn, v.key.0, &v.batch_id, *state, outcome, now).await?;
         }
@@ -593,10 +611,14 @@ fn allocated_message(a: &Allocation) -> String {
     let alternative = match &a.alternative {
         None => String::new(),
         Some(r) => format!(
-            " on alternative {}, {} in {}, after {} min: {}",
+            " on alternative {}, {}{}, after {} min: {}",
             r.index,
-            a.accelerator,
-            a.zone,
+            a.lender(),
+            if r.loan.is_some() {
+                " (on loan: its owners may take it back)"
+            } else {
+                ""
+            },
             (a.allocated_at - a.queued_at).num_minutes(),
             r.note
         ),

@@ -11,7 +11,7 @@ use crate::spec::{Accelerator, ClusterRequest};
 
 /// One part of a cluster that was held in the window.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HeldPart {
+pub struct UsedPart {
     pub project: String,
     /// The part's GPU type; None for a CPU part.
     pub accelerator: Option<Accelerator>,
@@ -76,7 +76,7 @@ impl Store {
         project: Option<&str>,
         start: DateTime<Utc>,
         end: DateTime<Utc>,
-    ) -> Result<(Vec<HeldPart>, Vec<CreatedBatch>), StoreError> {
+    ) -> Result<(Vec<UsedPart>, Vec<CreatedBatch>), StoreError> {
         let project = project.unwrap_or_default();
         let rows = sqlx::query(
             "select b.project, b.cluster, b.alternative, a.role, a.gpus, a.local_ssd_gb, a.accelerator, \
@@ -95,7 +95,7 @@ impl Store {
         let mut held = Vec::with_capacity(rows.len());
         for row in rows {
             let gpus: Vec<String> = serde_json::from_str(row.try_get("gpus")?).map_err(corrupt)?;
-            held.push(HeldPart {
+            held.push(UsedPart {
                 project: row.try_get("project")?,
                 accelerator: part_type(&row, gpus.is_empty())?,
                 gpus: gpus.len() as u64,

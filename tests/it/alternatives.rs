@@ -233,7 +233,7 @@ fn gpus_held(b: &Value) -> f64 {
 }
 
 #[tokio::test]
-async fn a_batch_on_a_alternative_is_charged_what_it_holds_weighted_and_after_a_restart() {
+async fn a_batch_on_an_alternative_is_charged_what_it_holds_weighted_and_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("flexq.toml");
     // One virtual L4 node (4 GPUs) in us-central1-a, one virtual A100-40

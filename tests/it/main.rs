@@ -18,6 +18,7 @@ mod gpus;
 mod grpc;
 mod hostile;
 mod kubernetes;
+mod loans;
 mod metrics;
 mod partition;
 mod preemption;

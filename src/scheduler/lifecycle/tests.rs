@@ -14,7 +14,10 @@ fn on_driver_preempted(state: State, event: &AgentEvent) -> Result<Outcome, Refu
         Holding::Driver,
         event,
         NONE,
-        Some("urgent"),
+        Some(StoppedFor {
+            by: "urgent",
+            reason: RequeueReason::Preempted,
+        }),
     )
 }
 

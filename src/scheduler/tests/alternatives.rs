@@ -81,12 +81,22 @@ fn two_types() -> Scheduler {
     s
 }
 
-#[test]
-fn a_alternative_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluster() {
+/// `two_types` with batch 1 (p) running on the whole L4 node.
+fn l4_node_full() -> Scheduler {
     let mut s = two_types();
-    let full = cluster(3, ProvisioningMode::Queue, 3600, None);
-    s.submit(batch(1, "p", full, t0()));
+    s.submit(batch(1, "p", l4_gang(), t0()));
     assert_eq!(allocated(&s.pass(t0())), vec![1], "the L4 node is full now");
+    s
+}
+
+/// A driver and two executors on L4: the whole of `two_types`'s L4 node.
+fn l4_gang() -> ClusterRequest {
+    cluster(3, ProvisioningMode::Queue, 3600, None)
+}
+
+#[test]
+fn an_alternative_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped_cluster() {
+    let mut s = l4_node_full();
     let waiting = with_a100_alternative(cluster(2, ProvisioningMode::Queue, 3600, None), 900);
     s.submit(batch(2, "p", waiting, t0()));
     let ripe = t0() + Duration::seconds(900);
@@ -152,15 +162,8 @@ fn a_alternative_is_tried_once_its_delay_has_passed_and_takes_the_whole_reshaped
 }
 
 #[test]
-fn without_a_alternative_a_batch_waits_for_its_own_placement() {
-    let mut s = two_types();
-    s.submit(batch(
-        1,
-        "p",
-        cluster(3, ProvisioningMode::Queue, 3600, None),
-        t0(),
-    ));
-    s.pass(t0());
+fn without_an_alternative_a_batch_waits_for_its_own_placement() {
+    let mut s = l4_node_full();
     s.submit(batch(
         2,
         "p",
@@ -174,15 +177,8 @@ fn without_a_alternative_a_batch_waits_for_its_own_placement() {
 }
 
 #[test]
-fn a_alternative_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
-    let mut s = two_types();
-    s.submit(batch(
-        1,
-        "p",
-        cluster(3, ProvisioningMode::Queue, 3600, None),
-        t0(),
-    ));
-    s.pass(t0());
+fn an_alternative_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
+    let mut s = l4_node_full();
     // Batch 2 waits for L4 with an A100 alternative; batch 3, queued after it,
     // asks for 8 A100s directly. When the alternative ripens, batch 2 comes
     // first in the queue and takes its 3 A100 GPUs; batch 3 no longer
@@ -207,7 +203,7 @@ fn a_alternative_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
 }
 
 #[test]
-fn a_reservation_for_l4_does_not_hold_back_a_alternative_on_a100s() {
+fn a_reservation_for_l4_does_not_hold_back_an_alternative_on_a100s() {
     let mut s = two_types();
     // The L4 node is held for two hours: batch 2's start is estimated.
     s.submit(batch(
@@ -265,16 +261,12 @@ fn usage(s: &Scheduler, region: &str, metric: QuotaMetric) -> u64 {
 }
 
 #[test]
-fn a_cluster_running_on_a_alternative_is_a_victim_like_any_and_gives_back_the_alternatives_quota() {
+fn a_cluster_running_on_an_alternative_is_a_victim_like_any_and_gives_back_the_alternatives_quota()
+{
     let mut s = two_types_preempting();
     // The L4 node is full; batch 2 asked for L4 and runs on its A100 alternative,
     // on all 8 A100s.
-    s.submit(batch(
-        1,
-        "p",
-        cluster(3, ProvisioningMode::Queue, 3600, None),
-        t0(),
-    ));
+    s.submit(batch(1, "p", l4_gang(), t0()));
     s.submit(batch(
         2,
         "p",
@@ -309,22 +301,12 @@ fn a_preemptor_whose_alternative_ripens_while_its_victims_stop_keeps_to_one_plac
     let mut s = two_types_preempting();
     // L4 node full with batch 1; the A100 node full with batch 2 (asked
     // directly), which ends later.
-    s.submit(batch(
-        1,
-        "p",
-        cluster(3, ProvisioningMode::Queue, 3600, None),
-        t0(),
-    ));
+    s.submit(batch(1, "p", l4_gang(), t0()));
     s.submit(batch(2, "p", a100_gang(7), t0()));
     assert_eq!(allocated(&s.pass(t0())), vec![1, 2]);
     // Batch 3, urgent, wants L4 (its A100 alternative after 30 min): it stops 1.
     let at = t0() + Duration::minutes(20);
-    let mut urgent = batch(
-        3,
-        "p",
-        with_a100_alternative(cluster(3, ProvisioningMode::Queue, 3600, None), 1800),
-        at,
-    );
+    let mut urgent = batch(3, "p", with_a100_alternative(l4_gang(), 1800), at);
     urgent.priority = 10;
     s.submit(urgent);
     assert_eq!(preempted(&s.pass(at)), vec![(3, vec![1])]);
@@ -355,7 +337,7 @@ fn victims_are_chosen_by_the_region_their_cluster_runs_in_and_give_quota_back_th
     s.set_quota_limit("p", "home", QuotaMetric::PreemptibleNvidiaL4Gpus, 100);
     // Batch 1 belongs to region `home`, which has no capacity; its region
     // alternative runs it in `r`, on the whole L4 node.
-    let own = cluster(3, ProvisioningMode::Queue, 3600, None);
+    let own = l4_gang();
     let c = Request {
         cluster: own.clone(),
         alternatives: vec![Alternative {
@@ -378,7 +360,7 @@ fn victims_are_chosen_by_the_region_their_cluster_runs_in_and_give_quota_back_th
     assert_eq!(usage(&s, "home", QuotaMetric::PreemptibleNvidiaL4Gpus), 0);
     // An urgent L4 batch of `r` stops it: it runs in `r`.
     let at = t0() + Duration::minutes(20);
-    let mut urgent = batch(2, "q", cluster(3, ProvisioningMode::Queue, 3600, None), at);
+    let mut urgent = batch(2, "q", l4_gang(), at);
     urgent.priority = 10;
     s.submit(urgent);
     assert_eq!(preempted(&s.pass(at)), vec![(2, vec![1])]);
@@ -396,14 +378,7 @@ fn victims_are_chosen_by_the_region_their_cluster_runs_in_and_give_quota_back_th
 /// never falls widens every later pass's walk).
 #[test]
 fn batches_that_leave_take_their_ripe_alternatives_counts_with_them() {
-    let mut s = two_types();
-    s.submit(batch(
-        1,
-        "p",
-        cluster(3, ProvisioningMode::Queue, 3600, None),
-        t0(),
-    ));
-    assert_eq!(allocated(&s.pass(t0())), vec![1], "the L4 node is full now");
+    let mut s = l4_node_full();
     for key in [2, 3] {
         let mut c = with_a100_alternative(cluster(2, ProvisioningMode::Queue, 3600, None), 0);
         c.alternatives[0].region = "elsewhere".into();
@@ -437,4 +412,130 @@ fn batches_that_leave_take_their_ripe_alternatives_counts_with_them() {
     s.forget(BatchKey(3), t0());
     assert_eq!((homes(&s), options(&s)), (None, None));
     assert!(s.queue.alternatives().none_ripe());
+}
+
+/// The victims of the reclaims in `d`, by preemptor, each with its cause
+/// label.
+fn reclaimed(d: &[Decision]) -> Vec<(i64, Vec<(i64, &'static str)>)> {
+    d.iter()
+        .filter_map(|d| match d {
+            Decision::Preempt(p) => Some((
+                p.preemptor.0,
+                p.victims
+                    .iter()
+                    .map(|v| (v.key.0, v.cause.label()))
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `l4_node_full` with batch 2 (L4, an A100 alternative after 10m) on
+/// loan on 3 of the A100 node's 8 GPUs from t0 + 10m.
+fn a100s_on_loan() -> Scheduler {
+    let mut s = l4_node_full();
+    s.submit(batch(
+        2,
+        "p",
+        with_a100_alternative(cluster(2, ProvisioningMode::Queue, 7200, None), 600),
+        t0(),
+    ));
+    let ripe = t0() + Duration::minutes(10);
+    let d = s.pass(ripe);
+    assert_eq!(allocated(&d), vec![2], "the alternative takes A100s: {d:?}");
+    let loan = s.running.get(&BatchKey(2)).expect("running");
+    assert!(
+        loan.loan().is_some(),
+        "another GPU type is a loan: {loan:?}"
+    );
+    assert_eq!(loan.lender(), "a100-40 in z2");
+    s
+}
+
+#[test]
+fn an_owner_blocked_by_a_loan_takes_it_back_after_its_minimum_run_where_preemption_is_off() {
+    let mut s = a100s_on_loan();
+    // An A100 gang of all 8 GPUs, its own placement: blocked by the loan.
+    let at = t0() + Duration::minutes(11);
+    s.submit(batch(3, "q", a100_gang(7), at));
+    let d = s.pass(at);
+    assert!(d.is_empty(), "the loan has run 1 of its 10 minutes: {d:?}");
+    // The region is looked at again when the loan has run its minimum.
+    let matured = t0() + Duration::minutes(20);
+    assert_eq!(s.next_deadline(), Some(matured));
+    let d = s.pass(matured);
+    assert_eq!(reclaimed(&d), vec![(3, vec![(2, "reclaim")])], "{d:?}");
+    assert!(s.is_claiming(BatchKey(3)));
+    assert!(s.check_invariants().is_ok());
+    // The loan is gone: the owner is allocated on what was set aside.
+    s.forget(BatchKey(2), matured + Duration::seconds(30));
+    let d = s.pass(matured + Duration::seconds(30));
+    assert_eq!(allocated(&d), vec![3]);
+    assert!(s.check_invariants().is_ok());
+}
+
+#[test]
+fn a_loan_whose_ladder_says_never_runs_to_its_end() {
+    let mut s = a100s_on_loan();
+    let rule = crate::spec::alternatives::rule_from_config(
+        None,
+        None,
+        Some("l4"),
+        &["a100-40 after 10m".to_string()],
+        &[],
+        Some("never"),
+    )
+    .expect("a rule");
+    s.set_reclaim(vec![rule.clone()]);
+    let at = t0() + Duration::minutes(11);
+    s.submit(batch(3, "q", a100_gang(7), at));
+    // Its deadline is 71 min after t0.
+    for minutes in [20, 45, 69] {
+        let d = s.pass(t0() + Duration::minutes(minutes));
+        assert!(reclaimed(&d).is_empty(), "{minutes} min: {d:?}");
+    }
+    // A reload that gives the rule back applies to the loan already running.
+    let mut after = rule;
+    after.reclaim = crate::spec::alternatives::Reclaim::After(std::time::Duration::from_secs(600));
+    s.set_reclaim(vec![after]);
+    let d = s.pass(t0() + Duration::minutes(70));
+    assert_eq!(reclaimed(&d), vec![(3, vec![(2, "reclaim")])], "{d:?}");
+}
+
+#[test]
+fn a_loan_is_taken_back_before_an_owners_own_cluster_is_preempted() {
+    let mut s = two_types_preempting();
+    s.submit(batch(1, "p", l4_gang(), t0()));
+    // Batch 4, an A100 batch of its own, of low priority, on 4 A100s.
+    s.submit(batch(4, "q", a100_gang(3), t0()));
+    assert_eq!(allocated(&s.pass(t0())), vec![1, 4]);
+    // Batch 2 borrows 3 of the 4 A100s left.
+    s.submit(batch(
+        2,
+        "p",
+        with_a100_alternative(cluster(2, ProvisioningMode::Queue, 7200, None), 60),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0() + Duration::minutes(1))), vec![2]);
+    // An urgent A100 batch needs 4 GPUs: the loan alone makes room, though
+    // batch 4 is of lower priority and the older.
+    let at = t0() + Duration::minutes(30);
+    let mut urgent = batch(3, "q", a100_gang(3), at);
+    urgent.priority = 10;
+    s.submit(urgent);
+    let d = s.pass(at);
+    assert_eq!(reclaimed(&d), vec![(3, vec![(2, "reclaim")])], "{d:?}");
+    assert!(s.check_invariants().is_ok());
+}
+
+#[test]
+fn an_alternative_on_on_demand_quota_is_no_loan() {
+    let own = cluster(2, ProvisioningMode::Queue, 3600, None);
+    let mut r = with_a100_alternative(own.clone(), 0);
+    assert!(r.alternatives[0].is_loan());
+    r.alternatives[0].target = Target::OnDemand;
+    assert!(!r.alternatives[0].is_loan());
+    r.alternatives[0].target = Target::Region("elsewhere".into());
+    assert!(r.alternatives[0].is_loan());
 }

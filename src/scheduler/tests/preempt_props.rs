@@ -644,6 +644,14 @@ impl Harness {
                     prop_assert!(*victim != preemptor.project);
                     fair.push(victim.clone());
                 }
+                // No batch of this harness has an alternative: none is on loan.
+                Cause::Reclaim { .. } => {
+                    prop_assert!(
+                        false,
+                        "victim {} reclaimed, but no batch is on loan",
+                        v.key.0
+                    );
+                }
             }
         }
         for v in &p.victims {

@@ -16,7 +16,7 @@ fn policy(alternative_rules: &[(&[&str], &[&str])]) -> Policy {
         .map(|(alternatives, allow)| {
             let alternatives: Vec<String> = alternatives.iter().map(|r| r.to_string()).collect();
             let allow: Vec<String> = allow.iter().map(|r| r.to_string()).collect();
-            rule_from_config(None, None, Some("l4"), &alternatives, &allow).expect("ladder")
+            rule_from_config(None, None, Some("l4"), &alternatives, &allow, None).expect("ladder")
         })
         .collect();
     p
@@ -177,7 +177,7 @@ fn two_gpu_l4_executors_become_twice_as_many_one_gpu_a100_executors() {
 /// may start the whole alternative (planted: the raise left out, the create
 /// was refused).
 #[test]
-fn a_alternative_of_more_executors_raises_a_dynamic_batchs_max_executors() {
+fn an_alternative_of_more_executors_raises_a_dynamic_batchs_max_executors() {
     let p = policy(&[(&["a100-40 after 15m"], &[])]);
     let b = flex(&[
         ("spark.executor.cores", "24"),
@@ -329,7 +329,7 @@ proptest::proptest! {
         let p = {
             let mut p = policy(&[]);
             let alternatives: Vec<String> = rule.iter().map(|r| r.to_string()).collect();
-            p.alternative_rules = vec![rule_from_config(None, None, None, &alternatives, &[]).expect("ladder")];
+            p.alternative_rules = vec![rule_from_config(None, None, None, &alternatives, &[], None).expect("ladder")];
             p
         };
         let allowed = own_type.allowed_cores();

@@ -142,6 +142,7 @@ impl Model {
             rules: self.rules.clone(),
             fair,
             preemption: Default::default(),
+            alternatives: Vec::new(),
         }
     }
 
