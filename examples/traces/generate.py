@@ -37,6 +37,21 @@ adds, in europe-west4:
   30 to 45 minutes each, label flexq-priority 10, a 10-minute allocation
   timeout.
 
+With --loans, the mixed trace plus native users of every GPU type the
+shipped ladders borrow (docs/simulate.md, "loans and reclaim"):
+
+    python3 examples/traces/generate.py --seed 1 --days 7 --loans > examples/traces/loans.csv
+
+adds:
+
+- train40: in us-central1, an 8-GPU A100-40 gang (a driver and seven
+  executors) about every 2 hours, 60 to 90 minutes each, a 2-hour
+  allocation timeout;
+- serving: in us-central1, a 4-GPU A100-80 batch about every 45 minutes,
+  30 to 50 minutes each, a 1-hour allocation timeout;
+- eval: in europe-west4, a 4-GPU A100-40 batch about every 90 minutes,
+  40 to 70 minutes each, a 1-hour allocation timeout.
+
 The same seed writes the same file (Python's random.Random is
 deterministic for a seed).
 """
@@ -54,9 +69,12 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--mixed", action="store_true",
                         help="add us-central1's teams on several GPU types")
+    parser.add_argument("--loans", action="store_true",
+                        help="the mixed trace plus native users of the A100s")
     parser.add_argument("--urgent", action="store_true",
                         help="add europe-west4's on-call team, priority 10")
     args = parser.parse_args()
+    args.mixed = args.mixed or args.loans
     rng = random.Random(args.seed)
     rows = []
     span = args.days * 86400
@@ -92,6 +110,19 @@ def main() -> None:
         for t in range(1800, span, 3 * 3600):
             rows.append((t + rng.randint(0, 600), "nlp", rng.randint(50, 70) * 60,
                          "3600s", 4, "", "us-central1", "a100-80"))
+    if args.loans:
+        # train40: A100-40 gangs of 8 GPUs in us-central1.
+        for t in range(2400, span, 2 * 3600):
+            rows.append((t + rng.randint(0, 1200), "train40", rng.randint(60, 90) * 60,
+                         "7200s", 7, "", "us-central1", "a100-40"))
+        # serving: 4-GPU A100-80 batches in us-central1.
+        for t in range(900, span, 45 * 60):
+            rows.append((t + rng.randint(0, 600), "serving", rng.randint(30, 50) * 60,
+                         "3600s", 3, "", "us-central1", "a100-80"))
+        # eval: 4-GPU A100-40 batches in europe-west4.
+        for t in range(1200, span, 90 * 60):
+            rows.append((t + rng.randint(0, 900), "eval", rng.randint(40, 70) * 60,
+                         "3600s", 3, "", "europe-west4", "a100-40"))
     if args.urgent:
         # oncall: urgent 6-GPU batches, about every 4 hours.
         for t in range(2 * 3600, span, 4 * 3600):

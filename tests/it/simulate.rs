@@ -169,17 +169,82 @@ fn bad_input_is_named_with_exit_code_2() {
 }
 
 #[test]
-fn the_example_trace_is_what_its_generator_writes() {
-    let out = Command::new("python3")
-        .arg(repo("examples/traces/generate.py"))
-        .args(["--seed", "1", "--days", "7"])
-        .output()
-        .expect("python3");
+fn the_example_traces_are_what_their_generator_writes() {
+    for (trace, flag) in [
+        ("week.csv", None),
+        ("mixed.csv", Some("--mixed")),
+        ("urgent.csv", Some("--urgent")),
+        ("loans.csv", Some("--loans")),
+    ] {
+        let out = Command::new("python3")
+            .arg(repo("examples/traces/generate.py"))
+            .args(["--seed", "1", "--days", "7"])
+            .args(flag)
+            .output()
+            .expect("python3");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let path = format!("examples/traces/{trace}");
+        let stored = std::fs::read_to_string(repo(&path)).expect("trace");
+        assert!(
+            text(&out.stdout) == stored,
+            "{path} differs from generate.py --seed 1 --days 7 {}: regenerate it",
+            flag.unwrap_or_default()
+        );
+    }
+}
+
+/// The simulated report of `trace` under `config` (None: the embedded
+/// default), as JSON.
+fn report_of(trace: &str, config: Option<&str>) -> Value {
+    let trace = repo(trace);
+    let mut args = vec!["--trace", trace.to_str().expect("path"), "--format", "json"];
+    let path;
+    if let Some(c) = config {
+        path = repo(c);
+        args.extend(["--config", path.to_str().expect("path")]);
+    }
+    let out = simulate(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let stored = std::fs::read_to_string(repo("examples/traces/week.csv")).expect("trace");
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// Issue 39's trace: L4 work far beyond the L4s, and native users of
+/// every GPU type the ladders borrow. With loans reclaimed after their
+/// minimum run (the default), no owner waits at p95 longer than the
+/// loan's grace (1 minute) beyond its wait with no ladder at all; with
+/// `reclaim = "never"` owners wait behind loans for many minutes. Either
+/// way the ladder cuts the expiries.
+#[test]
+fn reclaimed_loans_keep_the_owners_waits_and_the_ladder_cuts_expiries() {
+    let trace = "examples/traces/loans.csv";
+    let none = report_of(trace, None);
+    let reclaim = report_of(trace, Some("examples/traces/mixed-alternatives.toml"));
+    let never = report_of(trace, Some("examples/traces/reclaim-never.toml"));
+    let p95 = |r: &Value, p: &str| r["projects"][p]["waitP95S"].as_f64().unwrap_or(0.0);
+    let owners = ["train40", "serving", "eval", "nlp"];
+    for owner in owners {
+        assert!(
+            p95(&reclaim, owner) <= p95(&none, owner) + 60.0,
+            "{owner}: p95 {} with reclaim, {} without a ladder",
+            p95(&reclaim, owner),
+            p95(&none, owner)
+        );
+    }
     assert!(
-        text(&out.stdout) == stored,
-        "examples/traces/week.csv differs from generate.py --seed 1 --days 7: regenerate it"
+        owners.iter().any(|o| p95(&never, o) > 600.0),
+        "never reclaimed, some owner waits: {:#}",
+        never["projects"]
+    );
+    let reclaims = reclaim["total"]["reclaimed"].as_u64().expect("reclaimed");
+    assert!(reclaims > 0, "{:#}", reclaim["total"]);
+    assert_eq!(never["total"]["reclaimed"], 0, "{:#}", never["total"]);
+    let expired = |r: &Value| r["total"]["expiredPct"].as_f64().expect("expiredPct");
+    assert!(
+        expired(&reclaim) < expired(&never) && expired(&never) < expired(&none),
+        "expired: {} with reclaim, {} never, {} without a ladder",
+        expired(&reclaim),
+        expired(&never),
+        expired(&none)
     );
 }
 
