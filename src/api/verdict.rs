@@ -81,6 +81,13 @@ pub struct AlternativeVerdict {
     pub estimated_start_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<VerdictCluster>,
+    /// It would run on capacity others own (another GPU type or region),
+    /// which they may take back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loan: bool,
+    /// On a loan: when its owners may take it back, `after 10m` or `never`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<String>,
 }
 
 /// What a create answers: the batch's Operation or, with

@@ -218,12 +218,16 @@ impl Engine {
         let preemption = matches!(verdict, crate::scheduler::Verdict::WouldQueue { .. })
             .then(|| core.preemption_reason(&probe, now))
             .flatten();
+        let reclaim =
+            spec::alternatives::rule_for(&policy.alternative_rules, project, region, cluster)
+                .map(|r| r.reclaim)
+                .unwrap_or_default();
         validate_verdict(
             &verdict,
             cluster,
             own_start,
             preemption,
-            super::present::alternative_verdicts(&alternatives, &skipped),
+            super::present::alternative_verdicts(&alternatives, &skipped, reclaim),
         )
     }
 

@@ -210,9 +210,10 @@ pub(super) fn validate_verdict(
 }
 
 /// A validate-only create's alternatives: each alternative with its translated
-/// shape, its quota, what would happen to it now and when it could start
-/// (not before its delay, whether or not it fits now); then the
-/// operator's alternatives that do not apply to the batch, and why.
+/// shape, its quota, what would happen to it now, when it could start
+/// (not before its delay, whether or not it fits now) and, on a loan,
+/// when it may be reclaimed (`reclaim`); then the operator's alternatives
+/// that do not apply to the batch, and why.
 pub(super) fn alternative_verdicts(
     alternatives: &[(
         &spec::alternatives::Alternative,
@@ -220,6 +221,7 @@ pub(super) fn alternative_verdicts(
         Option<chrono::DateTime<chrono::Utc>>,
     )],
     skipped: &[spec::alternatives::Skipped],
+    reclaim: spec::alternatives::Reclaim,
 ) -> Vec<AlternativeVerdict> {
     let mut out: Vec<AlternativeVerdict> = alternatives
         .iter()
@@ -239,6 +241,8 @@ pub(super) fn alternative_verdicts(
                 zone,
                 estimated_start_time: start.map(seconds),
                 cluster: Some(verdict_cluster(&r.cluster)),
+                loan: r.is_loan(),
+                reclaim: r.is_loan().then(|| reclaim.to_string()),
             }
         })
         .collect();

@@ -72,6 +72,9 @@ async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {
     let alternative = &v["alternatives"][0];
     assert_eq!(alternative["rung"], "a100-40 after 1s", "{v:#}");
     assert_eq!(alternative["verdict"], "ALLOCATE_NOW", "{v:#}");
+    // Another GPU type is a loan, reclaimed after the default 10 minutes.
+    assert_eq!(alternative["loan"], true, "{v:#}");
+    assert_eq!(alternative["reclaim"], "after 10m", "{v:#}");
     assert!(
         alternative["cluster"]["shape"]
             .as_str()

@@ -59,6 +59,20 @@ async fn an_owner_takes_its_a100s_back_from_a_loan_once_the_ladder_allows_it() {
     // The L4 node is full; the next L4 batch borrows A100s after 1 s.
     assert_eq!(s.create("fill", &gpu_batch(3, "3600s")).await, 200);
     s.until("demo", "fill", provisioned).await;
+    // validate-only says the rung would be a loan, and never reclaimed.
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/projects/demo/locations/us-central1/batches?batchId=probe&validateOnly=true",
+            s.endpoint
+        ))
+        .json(&gpu_batch(2, "3600s"))
+        .send()
+        .await
+        .expect("validate-only create");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.expect("a verdict");
+    assert_eq!(v["alternatives"][0]["loan"], true, "{v:#}");
+    assert_eq!(v["alternatives"][0]["reclaim"], "never", "{v:#}");
     assert_eq!(s.create("borrower", &gpu_batch(2, "3600s")).await, 200);
     let b = s.until("demo", "borrower", provisioned).await;
     let placement = &b["flexq"]["placement"];
