@@ -118,23 +118,24 @@ impl Scheduler {
             };
         };
         walk.fitting.insert(shape, plan.clone());
-        // Under a reservation, a batch that fits may start only if its
-        // ttl ends before the holder's estimated start.
-        if let (Some(r), false) = (walk.reservation.as_mut(), default_mode) {
-            let until = self.holder_start(r, region);
-            if delays_holder(until, batch.cluster.ends(now)) {
-                let shortest = self
-                    .queue
-                    .shapes(region)
-                    .and_then(|m| m.get(&shape))
-                    .and_then(|st| st.ttls.keys().next().copied());
-                let exhausted = match (until, shortest) {
-                    (Some(u), Some(t)) if t != u64::MAX => now + Duration::seconds(t as i64) > u,
-                    (Some(_), _) => true,
-                    (None, _) => false,
-                };
-                return Assessment::HeldBack { shape, exhausted };
-            }
+        // Under a reservation its placements could serve, a batch that
+        // fits may start only if its ttl ends before the holder's
+        // estimated start.
+        let delayed = (!default_mode)
+            .then(|| self.delayed_holder(walk, region, &plan.1, batch.cluster.ends(now)))
+            .flatten();
+        if let Some(until) = delayed {
+            let shortest = self
+                .queue
+                .shapes(region)
+                .and_then(|m| m.get(&shape))
+                .and_then(|st| st.ttls.keys().next().copied());
+            let exhausted = match (until, shortest) {
+                (Some(u), Some(t)) if t != u64::MAX => now + Duration::seconds(t as i64) > u,
+                (Some(_), _) => true,
+                (None, _) => false,
+            };
+            return Assessment::HeldBack { shape, exhausted };
         }
         Assessment::Fits { shape, plan }
     }
@@ -227,7 +228,7 @@ impl Scheduler {
         // The first batch capacity blocks may preempt; the first of each
         // GPU type may reclaim loans of its own capacity (the loan was the
         // agreement, and what it frees serves no other type's holder).
-        let first_blocked = walk.reservation.is_none() && !walk.preempted;
+        let first_blocked = walk.reservations.is_empty() && !walk.preempted;
         let first_of_type = walk.blocked_types.insert(batch.cluster.accelerator());
         if first_blocked || first_of_type {
             let planned = if first_blocked {
@@ -245,9 +246,10 @@ impl Scheduler {
                 self.claims.retry_at(at, region);
             }
         }
-        if walk.reservation.is_none() {
-            walk.reservation = self.queue.get(key).map(|b| Reservation {
-                needs: needs(&b.cluster),
+        // It holds its type's reservation when it is the first of its type.
+        if first_of_type {
+            walk.reservations.push(Reservation {
+                needs: needs(&batch.cluster),
                 until: None,
             });
         }
@@ -261,7 +263,7 @@ impl Scheduler {
     /// alternative in the batch's region also yields to the reservation of an
     /// earlier blocked batch; an alternative in another region only takes capacity
     /// that region's own queue leaves (its queue is empty).
-    fn try_alternatives(
+    pub(super) fn try_alternatives(
         &mut self,
         key: BatchKey,
         region: &str,
@@ -347,16 +349,33 @@ impl Scheduler {
                 walk.alternative_fails(&alternative.region, shape);
                 continue;
             };
-            // The reservation holds back only what could serve its
-            // holder: an alternative on GPUs of another type than every part the
-            // holder needs does not delay it.
-            if alternative.region == region && self.could_serve(walk.reservation.as_ref(), &plan.1)
+            // A reservation holds back only what could serve its holder: an
+            // alternative on GPUs of another type than every part the holder
+            // needs does not delay it.
+            if alternative.region == region
+                && self.delayed_holder(walk, region, &plan.1, ends).is_some()
             {
-                if let Some(r) = walk.reservation.as_mut() {
-                    if delays_holder(self.holder_start(r, region), ends) {
-                        walk.alternative_fails(&alternative.region, shape);
-                        continue;
+                walk.alternative_fails(&alternative.region, shape);
+                continue;
+            }
+            if alternative.is_loan() {
+                let owners = self.owners_of(walk, &alternative.region, &plan.1);
+                // The owners come first: a loan of capacity a queued batch
+                // of its own GPU type fits waits for the end of the walk,
+                // and so does every loan after it (they keep their order).
+                if (owners.fits || !walk.deferred_loans.is_empty()) && !walk.owners_served {
+                    if walk.deferred_loans.last() != Some(&batch.key) {
+                        walk.deferred_loans.push(batch.key);
                     }
+                    continue;
+                }
+                // A loan gives the capacity back before the owners waiting
+                // for it could start (its ttl ends, or it may be reclaimed
+                // by then), or it is not taken.
+                let gives_back = self.loan_gives_back(batch, alternative, now);
+                if delays_holder(owners.start, gives_back) {
+                    walk.alternative_fails(&alternative.region, shape);
+                    continue;
                 }
             }
             return Some((alternative.clone(), plan));

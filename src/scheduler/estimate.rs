@@ -43,7 +43,7 @@ impl Scheduler {
         let mut releases: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = BinaryHeap::new();
         let mut held: Vec<Vec<Placement>> = Vec::new();
         for a in self.running.values().filter(|a| a.region == region) {
-            if let Some(end) = a.expected_end {
+            if let Some(end) = self.gives_back_at(a) {
                 releases.push(Reverse((end.max(now), held.len())));
                 held.push(a.placements.clone());
             }
@@ -135,7 +135,7 @@ impl Scheduler {
             failed: HashSet::new(),
         };
         for a in self.running.values().filter(|a| a.region == region) {
-            if let Some(end) = a.expected_end {
+            if let Some(end) = self.gives_back_at(a) {
                 first
                     .releases
                     .push(Reverse((end.max(now), first.held.len())));
@@ -196,23 +196,25 @@ impl Scheduler {
         out
     }
 
-    /// When `parts` could start if running clusters end at their ttl:
-    /// replays their releases in time order on a copy of the region.
+    /// When `parts` could start if running clusters end at their ttl (a
+    /// loan once it may be reclaimed, [`Self::gives_back_at`]): replays
+    /// their releases in time order on a copy of the region.
     pub(super) fn estimate_start(&self, region: &str, parts: &[PartNeed]) -> Option<DateTime<Utc>> {
-        let mut ends: Vec<&Allocation> = self
+        let mut ends: Vec<(DateTime<Utc>, &Allocation)> = self
             .running
             .values()
-            .filter(|a| a.region == region && a.expected_end.is_some())
+            .filter(|a| a.region == region)
+            .filter_map(|a| Some((self.gives_back_at(a)?, a)))
             .collect();
-        ends.sort_by_key(|a| (a.expected_end, a.key));
+        ends.sort_by_key(|(end, a)| (*end, a.key));
         let mut sim = self.capacity.region(region);
-        for a in ends {
+        for (end, a) in ends {
             sim.give_back(&a.placements);
             if sim
                 .zones(region)
                 .any(|z| plan_zone(&sim.zone_nodes(region, z), parts).complete())
             {
-                return a.expected_end;
+                return Some(end);
             }
         }
         None

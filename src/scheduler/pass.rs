@@ -94,9 +94,31 @@ impl Scheduler {
         if self.holds.get(region).is_some_and(|h| h.all.is_some()) {
             return;
         }
+        let mut walk = Walk::default();
         match self.fair.order() {
-            Order::Strict => self.admit_strict(region, now, out),
-            Order::FairShare => self.admit_fair(region, now, out),
+            Order::Strict => self.admit_strict(region, now, &mut walk, out),
+            Order::FairShare => self.admit_fair(region, now, &mut walk, out),
+        }
+        self.grant_deferred_loans(region, now, &mut walk, out);
+    }
+
+    /// The owners first: loans deferred in the walk because a queued
+    /// batch of the capacity's own GPU type fitted it are tried again, in
+    /// the walk's order, on what the owners left.
+    fn grant_deferred_loans(
+        &mut self,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) {
+        if walk.deferred_loans.is_empty() {
+            return;
+        }
+        walk.owners_served = true;
+        walk.alternatives_open = None;
+        for key in std::mem::take(&mut walk.deferred_loans) {
+            self.try_alternatives(key, region, now, walk, out);
         }
     }
 
@@ -147,14 +169,19 @@ impl Scheduler {
     }
 
     /// Strict order: the region's queue by priority, then age.
-    fn admit_strict(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+    fn admit_strict(
+        &mut self,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) {
         // The queue is walked in chunks from a cursor rather than copied
         // whole: a pass usually stops after a few entries, and the queue
         // may hold a million.
         const CHUNK: usize = 256;
         let mut cursor: Option<QueueKey> = None;
         let mut buffer = Vec::new().into_iter();
-        let mut walk = Walk::default();
         loop {
             let queued = match buffer.next() {
                 Some(k) => k,
@@ -178,17 +205,23 @@ impl Scheduler {
                 }
             };
             cursor = Some(queued);
-            if self.nothing_more(region, &mut walk) {
+            if self.nothing_more(region, walk) {
                 break;
             }
-            self.consider(queued.1, region, now, &mut walk, out);
+            self.consider(queued.1, region, now, walk, out);
         }
     }
 
     /// Fair-share order: the project with the lowest usage ÷ weight first,
     /// its batches by priority, then age. An allocation raises its
     /// project's usage at once, so the order is taken again after each.
-    fn admit_fair(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+    fn admit_fair(
+        &mut self,
+        region: &str,
+        now: DateTime<Utc>,
+        walk: &mut Walk,
+        out: &mut Vec<Decision>,
+    ) {
         let Some(projects) = self.queue.projects_in(region) else {
             return;
         };
@@ -200,7 +233,6 @@ impl Scheduler {
         // Where each project's walk stands: its batches before it were
         // considered in this pass.
         let mut cursors: HashMap<String, QueueKey> = HashMap::new();
-        let mut walk = Walk::default();
         while let Some((share, project)) = order.first().cloned() {
             let next = self.queue.project_queue(region, &project).and_then(|q| {
                 match cursors.get(&project) {
@@ -216,10 +248,10 @@ impl Scheduler {
                 continue;
             };
             cursors.insert(project.clone(), queued);
-            if self.nothing_more(region, &mut walk) {
+            if self.nothing_more(region, walk) {
                 break;
             }
-            if self.consider(queued.1, region, now, &mut walk, out) == Considered::Allocated {
+            if self.consider(queued.1, region, now, walk, out) == Considered::Allocated {
                 order.remove(&(share, project.clone()));
                 order.insert((self.fair_key(region, &project, now), project));
             }

@@ -224,6 +224,50 @@ impl Scheduler {
         }
     }
 
+    /// When a loan `batch` would take on `alternative` at `now` gives its
+    /// capacity back at the latest: at the end of its ttl or once it may
+    /// be reclaimed and its grace is over, whichever is first (None:
+    /// neither).
+    pub(super) fn loan_gives_back(
+        &self,
+        batch: &PendingBatch,
+        alternative: &crate::spec::Alternative,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let rule = rule_matching(
+            &self.reclaim,
+            &batch.project,
+            &batch.region,
+            batch.cluster.accelerator(),
+        )
+        .map(|r| r.reclaim)
+        .unwrap_or_default();
+        let grace = self.reclaim_grace(&alternative.region);
+        let reclaimed = match rule {
+            Reclaim::Never => None,
+            Reclaim::After(d) => Duration::from_std(d + grace)
+                .ok()
+                .and_then(|d| now.checked_add_signed(d)),
+        };
+        alternative
+            .cluster
+            .ends(now)
+            .into_iter()
+            .chain(reclaimed)
+            .min()
+    }
+
+    /// When running cluster `a` is expected to give its capacity back: at
+    /// the end of its ttl or, on a loan, once it may be reclaimed and its
+    /// grace is over, whichever is first (None: neither).
+    pub(super) fn gives_back_at(&self, a: &Allocation) -> Option<DateTime<Utc>> {
+        let grace = Duration::from_std(self.reclaim_grace(&a.region)).unwrap_or_default();
+        let reclaimed = self
+            .reclaimable_from(a)
+            .and_then(|at| at.checked_add_signed(grace));
+        a.expected_end.into_iter().chain(reclaimed).min()
+    }
+
     /// The loans of `batch`'s region it may reclaim at `now` (run their
     /// minimum, not stopping already), the most recently started first
     /// (the least work lost); by key for a stable order.

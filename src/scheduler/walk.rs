@@ -10,14 +10,17 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::capacity::{PartNeed, Placement};
 use super::core::Scheduler;
-use super::model::ShapeKey;
+use super::model::{BatchKey, ShapeKey};
 
 /// What a pass keeps while it walks one region's queue.
 #[derive(Default)]
 pub(super) struct Walk {
-    /// The first batch blocked by capacity reserves it: later batches may
-    /// start only if their ttl ends before its estimated start.
-    pub(super) reservation: Option<Reservation>,
+    /// The first batch blocked by capacity of each GPU type reserves what
+    /// it waits for: later batches whose placements could serve it may
+    /// start only if their ttl ends before its estimated start
+    /// ([`Scheduler::delayed_holder`]). In the walk's order: the first is
+    /// the first batch blocked at all.
+    pub(super) reservations: Vec<Reservation>,
     /// Shapes that did not fit in this pass: free capacity only shrinks
     /// during a pass, so they cannot fit later in it either.
     pub(super) failed_shapes: HashSet<ShapeKey>,
@@ -40,8 +43,19 @@ pub(super) struct Walk {
     pub(super) alternative_fits: AlternativeSet,
     /// A preemption was decided in this walk (one a region a pass).
     pub(super) preempted: bool,
+    /// Batches whose loan was put off because a queued batch of the
+    /// capacity's own GPU type fits it: tried again once the walk is over
+    /// (`grant_deferred_loans`).
+    pub(super) deferred_loans: Vec<BatchKey>,
+    /// The walk is over: deferred loans take what the owners left.
+    pub(super) owners_served: bool,
+    /// Per GPU type a loan would take: what its owners (the queued
+    /// batches whose own placement is of that type) make of the capacity
+    /// now; valid until capacity is taken.
+    pub(super) owners: FxHashMap<crate::spec::Accelerator, Owners>,
     /// The GPU types of the batches capacity blocked in this walk: the
-    /// first of each type may reclaim loans of its own capacity.
+    /// first of each type may reclaim loans of its own capacity, and
+    /// holds its type's reservation.
     pub(super) blocked_types: HashSet<Option<crate::spec::Accelerator>>,
 }
 
@@ -91,6 +105,7 @@ impl Walk {
     /// Capacity was taken: plans and fits found before no longer hold.
     pub(super) fn capacity_taken(&mut self) {
         self.fitting.clear();
+        self.owners.clear();
         self.alternative_fits.clear();
         self.alternatives_open = None;
     }
@@ -102,8 +117,19 @@ pub(super) enum Considered {
     Passed,
 }
 
-/// The first batch of a pass blocked by capacity: what it needs and, once
-/// computed, when it could start (None inside: never, as things stand).
+/// What the owners of some capacity (the queued batches whose own
+/// placement is on its GPU type) make of it: whether one fits it now, and
+/// when the first of those that do not could start (None: none could, as
+/// things stand).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Owners {
+    pub(super) fits: bool,
+    pub(super) start: Option<DateTime<Utc>>,
+}
+
+/// The first batch of a pass blocked by capacity, of its GPU type: what
+/// it needs and, once computed, when it could start (None inside: never,
+/// as things stand).
 pub(super) struct Reservation {
     pub(super) needs: Vec<PartNeed>,
     pub(super) until: Option<Option<DateTime<Utc>>>,
@@ -118,17 +144,90 @@ impl Scheduler {
             .get_or_insert_with(|| self.estimate_start(region, &r.needs))
     }
 
+    /// The reservation a cluster on `placements` that ends at `ends` would
+    /// delay, if any: one whose holder those placements could serve and
+    /// that could start before the cluster ends. Answers the holder's
+    /// estimated start (None inside: never).
+    pub(super) fn delayed_holder(
+        &self,
+        walk: &mut Walk,
+        region: &str,
+        placements: &[Placement],
+        ends: Option<DateTime<Utc>>,
+    ) -> Option<Option<DateTime<Utc>>> {
+        for r in &mut walk.reservations {
+            if !self.could_serve(r, placements) {
+                continue;
+            }
+            let until = self.holder_start(r, region);
+            if delays_holder(until, ends) {
+                return Some(until);
+            }
+        }
+        None
+    }
+
+    /// What the owners of the capacity `placements` take in `region` (the
+    /// queued batches whose own placement is on those GPU types) make of
+    /// it now: whether one fits, and the earliest estimated start of those
+    /// that do not.
+    pub(super) fn owners_of(
+        &self,
+        walk: &mut Walk,
+        region: &str,
+        placements: &[Placement],
+    ) -> Owners {
+        // The GPUs lent: a part without GPUs (a CPU driver) on a GPU node
+        // borrows no GPU type.
+        let mut lent: Vec<crate::spec::Accelerator> = placements
+            .iter()
+            .filter(|p| !p.gpus.is_empty())
+            .filter_map(|p| self.capacity.nodes.get(&p.node))
+            .map(|n| n.spec.accelerator)
+            .collect();
+        lent.sort();
+        lent.dedup();
+        let mut all = Owners::default();
+        for a in lent {
+            let owners = match walk.owners.get(&a) {
+                Some(o) => *o,
+                None => {
+                    let o = self.owners_of_type(region, a);
+                    walk.owners.insert(a, o);
+                    o
+                }
+            };
+            all.fits |= owners.fits;
+            all.start = [all.start, owners.start].into_iter().flatten().min();
+        }
+        all
+    }
+
+    fn owners_of_type(&self, region: &str, a: crate::spec::Accelerator) -> Owners {
+        let mut owners = Owners::default();
+        let Some(shapes) = self.queue.shapes(region) else {
+            return owners;
+        };
+        for shape in shapes.keys() {
+            let owned = shape.1.accelerator == Some(a)
+                || (shape.1.accelerator.is_none() && shape.0.accelerator == Some(a));
+            if !owned {
+                continue;
+            }
+            let parts = needs_of(shape);
+            if self.best_zone(region, &parts).is_some() {
+                owners.fits = true;
+            } else if let Some(start) = self.estimate_start(region, &parts) {
+                owners.start = Some(owners.start.map_or(start, |s| s.min(start)));
+            }
+        }
+        owners
+    }
+
     /// Whether `placements` take capacity the reservation's holder could
     /// use: unless every part it needs has a GPU type and no placement is
     /// on a node of one of those types.
-    pub(super) fn could_serve(
-        &self,
-        reservation: Option<&Reservation>,
-        placements: &[Placement],
-    ) -> bool {
-        let Some(r) = reservation else {
-            return false;
-        };
+    pub(super) fn could_serve(&self, r: &Reservation, placements: &[Placement]) -> bool {
         if r.needs.iter().any(|n| n.accelerator.is_none()) {
             return true;
         }

@@ -5,7 +5,7 @@
 use super::*;
 use crate::spec::alternatives::{Alternative, Target};
 
-fn a100_node(id: &str, zone: &str) -> NodeSpec {
+pub(super) fn a100_node(id: &str, zone: &str) -> NodeSpec {
     NodeSpec {
         id: NodeId(id.into()),
         region: "r".into(),
@@ -32,7 +32,7 @@ fn a100_part() -> NodeShape {
 }
 
 /// `c` with one alternative: the same cluster on A100-40s, after `after_s`.
-fn with_a100_alternative(c: ClusterRequest, after_s: u64) -> Request {
+pub(super) fn with_a100_alternative(c: ClusterRequest, after_s: u64) -> Request {
     let gpus = u64::from(c.executor_count) + 1;
     let mut alternative = c.clone();
     alternative.driver = a100_part();
@@ -60,14 +60,14 @@ fn with_a100_alternative(c: ClusterRequest, after_s: u64) -> Request {
 }
 
 /// An A100-40 driver and `executors` A100-40 executors, asked directly.
-fn a100_gang(executors: u32) -> ClusterRequest {
+pub(super) fn a100_gang(executors: u32) -> ClusterRequest {
     let c = with_a100_alternative(cluster(executors, ProvisioningMode::Queue, 3600, None), 0);
     c.alternatives[0].cluster.clone()
 }
 
 /// One L4 node of 4 GPUs in z1 and one A100-40 node of 8 in z2, quota
 /// for both.
-fn two_types() -> Scheduler {
+pub(super) fn two_types() -> Scheduler {
     let mut rules = rules(100);
     rules.push(QuotaRule {
         project: "*".into(),
@@ -177,12 +177,10 @@ fn without_an_alternative_a_batch_waits_for_its_own_placement() {
 }
 
 #[test]
-fn an_alternative_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
+fn the_owners_of_the_gpus_go_before_an_earlier_batchs_loan_on_them() {
     let mut s = l4_node_full();
     // Batch 2 waits for L4 with an A100 alternative; batch 3, queued after it,
-    // asks for 8 A100s directly. When the alternative ripens, batch 2 comes
-    // first in the queue and takes its 3 A100 GPUs; batch 3 no longer
-    // fits whole and waits.
+    // asks for 8 A100s directly.
     s.submit(batch(
         2,
         "p",
@@ -193,13 +191,32 @@ fn an_alternative_does_not_jump_an_earlier_batch_that_wants_the_same_gpus() {
     let d = s.pass(t0() + Duration::seconds(1));
     assert_eq!(allocated(&d), vec![3], "before the rung ripens, 3 fits");
     s.forget(BatchKey(3), t0() + Duration::seconds(2));
+    // When the alternative ripens, batch 2 comes first in the queue, but
+    // the A100s' own batch 4 fits them: it takes them, and the loan waits.
     s.submit(batch(4, "p", a100_gang(7), t0() + Duration::seconds(3)));
     let d = s.pass(t0() + Duration::seconds(600));
-    assert_eq!(
-        allocated(&d),
-        vec![2],
-        "the rung of the earlier batch goes first; 4 does not fit beside it"
-    );
+    assert_eq!(allocated(&d), vec![4], "the owner goes first: {d:?}");
+    assert!(s.check_invariants().is_ok());
+}
+
+#[test]
+fn a_loan_put_off_for_an_owner_that_cannot_start_is_granted_in_the_same_pass() {
+    let mut s = l4_node_full();
+    // Project q has no A100 quota: its A100 batch fits the capacity but
+    // cannot start, so the loan the walk put off for it goes through.
+    s.set_quota_limit("q", "r", QuotaMetric::PreemptibleNvidiaA100Gpus, 0);
+    s.submit(batch(
+        2,
+        "p",
+        with_a100_alternative(cluster(2, ProvisioningMode::Queue, 3600, None), 600),
+        t0(),
+    ));
+    s.submit(batch(3, "q", a100_gang(7), t0() + Duration::seconds(1)));
+    let d = s.pass(t0() + Duration::seconds(600));
+    assert_eq!(allocated(&d), vec![2], "{d:?}");
+    let loan = s.running.get(&BatchKey(2)).expect("running");
+    assert!(loan.loan().is_some());
+    assert!(s.check_invariants().is_ok());
 }
 
 #[test]

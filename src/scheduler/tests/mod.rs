@@ -11,6 +11,7 @@ mod holds;
 mod preempt;
 mod preempt_props;
 mod props;
+mod reclaim_props;
 mod reload;
 mod views;
 

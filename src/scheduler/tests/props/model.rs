@@ -142,7 +142,20 @@ impl Model {
             rules: self.rules.clone(),
             fair,
             preemption: Default::default(),
-            alternatives: Vec::new(),
+            // No cluster is ever stopped for another in this world: loans
+            // run to their end (reclaim has its own harness,
+            // `reclaim_props.rs`).
+            alternatives: vec![
+                crate::spec::alternatives::rule_from_config(
+                    None,
+                    None,
+                    None,
+                    &[],
+                    &[],
+                    Some("never"),
+                )
+                .expect("a rule"),
+            ],
         }
     }
 
@@ -898,14 +911,33 @@ impl Model {
     /// depends on the order the regions are walked in.
     fn can_start(&self, b: &PendingBatch, now: DateTime<Utc>) -> bool {
         let own = std::iter::once((&b.region, &b.cluster));
+        // A loan waits while batches of the GPU type it borrows are queued:
+        // the owners come first (docs/rules.md#loans-and-reclaim).
         let alternatives = b
             .alternatives
             .iter()
             .filter(|r| r.region == b.region && ripe_at(b, r) <= now)
+            .filter(|r| !r.is_loan() || !self.owners_queued(b, &r.region, r.cluster.accelerator()))
             .map(|r| (&r.region, &r.cluster));
         own.chain(alternatives).any(|(region, c)| {
             self.quota_short_in(&b.project, region, &c.quota).is_none()
                 && self.fits_on_one_node(region, c)
+        })
+    }
+
+    /// Whether a batch other than `b` whose own placement is on GPU type
+    /// `lent` is queued in `region`.
+    fn owners_queued(
+        &self,
+        b: &PendingBatch,
+        region: &str,
+        lent: Option<crate::spec::Accelerator>,
+    ) -> bool {
+        self.batches.values().any(|t| {
+            t.state == State::Queued
+                && t.batch.key != b.key
+                && t.batch.region == region
+                && t.batch.cluster.accelerator() == lent
         })
     }
 
