@@ -246,9 +246,11 @@ impl Scheduler {
                 self.claims.retry_at(at, region);
             }
         }
-        // It holds its type's reservation when it is the first of its type.
-        if first_of_type {
+        // It holds its type's reservation when none of its type is held yet.
+        let accelerator = batch.cluster.accelerator();
+        if !walk.reservations.iter().any(|r| r.accelerator == accelerator) {
             walk.reservations.push(Reservation {
+                accelerator,
                 needs: needs(&batch.cluster),
                 until: None,
             });

@@ -131,6 +131,8 @@ pub(super) struct Owners {
 /// it needs and, once computed, when it could start (None inside: never,
 /// as things stand).
 pub(super) struct Reservation {
+    /// The holder's GPU type (its own cluster's).
+    pub(super) accelerator: Option<crate::spec::Accelerator>,
     pub(super) needs: Vec<PartNeed>,
     pub(super) until: Option<Option<DateTime<Utc>>>,
 }
