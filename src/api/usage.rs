@@ -34,6 +34,10 @@ pub struct UsageRow {
     /// Of `gpuHours`, those held by clusters that were then preempted:
     /// work lost, counted to the victim's project.
     pub lost_gpu_hours: f64,
+    /// Of `gpuHours`, those held by loans their owners then reclaimed:
+    /// work lost to reclaim, counted to the borrower's project
+    /// (docs/rules.md#loans-and-reclaim).
+    pub reclaimed_gpu_hours: f64,
     /// Local SSD GB × hours held inside the window.
     pub local_ssd_gb_hours: f64,
     /// Batches created in the window.

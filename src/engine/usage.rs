@@ -133,6 +133,7 @@ pub(crate) fn report(
         gpu_millis: u64,
         weighted_gpu_millis: f64,
         lost_gpu_millis: u64,
+        reclaimed_gpu_millis: u64,
         ssd_gb_millis: u64,
         batches: u64,
         allocated: u64,
@@ -151,6 +152,9 @@ pub(crate) fn report(
         sums.gpu_millis += part.gpus * millis;
         if part.preempted {
             sums.lost_gpu_millis += part.gpus * millis;
+        }
+        if part.reclaimed {
+            sums.reclaimed_gpu_millis += part.gpus * millis;
         }
         sums.weighted_gpu_millis += (part.gpus * millis) as f64 * gpu_weight(part.accelerator);
         sums.ssd_gb_millis += part.local_ssd_gb * millis;
@@ -180,6 +184,7 @@ pub(crate) fn report(
             gpu_hours: s.gpu_millis as f64 / 3_600_000.0,
             weighted_gpu_hours: s.weighted_gpu_millis / 3_600_000.0,
             lost_gpu_hours: s.lost_gpu_millis as f64 / 3_600_000.0,
+            reclaimed_gpu_hours: s.reclaimed_gpu_millis as f64 / 3_600_000.0,
             local_ssd_gb_hours: s.ssd_gb_millis as f64 / 3_600_000.0,
             batches: s.batches,
             allocated: s.allocated,
@@ -199,6 +204,7 @@ pub(crate) fn report(
         all.gpu_millis += s.gpu_millis;
         all.weighted_gpu_millis += s.weighted_gpu_millis;
         all.lost_gpu_millis += s.lost_gpu_millis;
+        all.reclaimed_gpu_millis += s.reclaimed_gpu_millis;
         all.ssd_gb_millis += s.ssd_gb_millis;
         all.batches += s.batches;
         all.allocated += s.allocated;
@@ -236,6 +242,7 @@ mod tests {
             allocated_at: at(from),
             released_at: to.map(at),
             preempted: false,
+            reclaimed: false,
         }
     }
 
@@ -300,6 +307,25 @@ mod tests {
         lost.preempted = true;
         let one = report("r", (&[lost], &[]), weight, (at(0), at(3600)), at(3600));
         assert_eq!((one.total.gpu_hours, one.total.lost_gpu_hours), (0.5, 0.5));
+        assert_eq!(one.total.reclaimed_gpu_hours, 0.0);
+        // A reclaimed loan's hours are work lost to reclaim, apart.
+        let mut reclaimed = part("a", 2, 0, Some(1800));
+        reclaimed.reclaimed = true;
+        let one = report(
+            "r",
+            (&[reclaimed], &[]),
+            weight,
+            (at(0), at(3600)),
+            at(3600),
+        );
+        assert_eq!(
+            (
+                one.total.gpu_hours,
+                one.total.lost_gpu_hours,
+                one.total.reclaimed_gpu_hours
+            ),
+            (1.0, 0.0, 1.0)
+        );
         assert_eq!((r.total.gpu_hours, r.total.weighted_gpu_hours), (4.0, 8.0));
     }
 

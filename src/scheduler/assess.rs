@@ -248,7 +248,11 @@ impl Scheduler {
         }
         // It holds its type's reservation when none of its type is held yet.
         let accelerator = batch.cluster.accelerator();
-        if !walk.reservations.iter().any(|r| r.accelerator == accelerator) {
+        if !walk
+            .reservations
+            .iter()
+            .any(|r| r.accelerator == accelerator)
+        {
             walk.reservations.push(Reservation {
                 accelerator,
                 needs: needs(&batch.cluster),

@@ -37,6 +37,9 @@ pub enum Step {
     Requeue(RequeueReason),
     /// It was preempted (with a `Requeue`): one more preemption counted.
     Preempted,
+    /// Its loan was reclaimed (with a `Requeue`): the parts given back
+    /// held work lost to reclaim; no preemption counted.
+    Reclaimed,
     /// Why it will end once its processes are gone (a policy's cancel):
     /// kept over the reason its end would give.
     Because(EndReason),
@@ -129,8 +132,10 @@ pub(crate) fn preempted(state: State, stopped: StoppedFor<'_>) -> Vec<Step> {
         ),
         Step::Requeue(reason),
     ];
-    if reason == RequeueReason::Preempted {
-        steps.push(Step::Preempted);
+    match reason {
+        RequeueReason::Preempted => steps.push(Step::Preempted),
+        RequeueReason::Reclaimed => steps.push(Step::Reclaimed),
+        RequeueReason::Infrastructure => {}
     }
     steps
 }

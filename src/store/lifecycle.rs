@@ -152,6 +152,7 @@ pub(super) async fn write_steps(
             }
             Step::Requeue(reason) => requeue(conn, seq, *reason, now).await?,
             Step::Preempted => mark_preempted(conn, seq, now).await?,
+            Step::Reclaimed => mark_lost(conn, seq, LOST_TO_RECLAIM, now).await?,
             // A reason a policy gave before the end (`Because`) is kept.
             Step::Ended(reason) => ended_for = keep_end_reason(conn, seq, *reason).await?,
             Step::Because(reason) => {
@@ -224,6 +225,11 @@ async fn driver_started(
     set_run_info(conn, seq, &run).await
 }
 
+/// What `allocations.preempted` says of a part given back: 1 the work it
+/// held was lost to a preemption, 2 to a reclaim (0: not lost).
+pub(super) const LOST_TO_PREEMPTION: i64 = 1;
+pub(super) const LOST_TO_RECLAIM: i64 = 2;
+
 /// Counts a preemption of batch `seq`.
 async fn mark_preempted(
     conn: &mut AnyConnection,
@@ -234,8 +240,19 @@ async fn mark_preempted(
         .bind(seq)
         .execute(&mut *conn)
         .await?;
-    // The parts given back in this decision held work lost.
-    sqlx::query("update allocations set preempted = 1 where batch_seq = $1 and released_at = $2")
+    mark_lost(conn, seq, LOST_TO_PREEMPTION, now).await
+}
+
+/// The parts of batch `seq` given back in this decision (at `now`) held
+/// work lost, to `cause`.
+async fn mark_lost(
+    conn: &mut AnyConnection,
+    seq: i64,
+    cause: i64,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query("update allocations set preempted = $1 where batch_seq = $2 and released_at = $3")
+        .bind(cause)
         .bind(seq)
         .bind(micros(now))
         .execute(&mut *conn)

@@ -23,6 +23,8 @@ pub struct UsedPart {
     /// Given back because its batch was preempted: what it held is work
     /// lost.
     pub preempted: bool,
+    /// Given back because its loan was reclaimed: work lost to reclaim.
+    pub reclaimed: bool,
 }
 
 /// A batch created in the window.
@@ -95,6 +97,7 @@ impl Store {
         let mut held = Vec::with_capacity(rows.len());
         for row in rows {
             let gpus: Vec<String> = serde_json::from_str(row.try_get("gpus")?).map_err(corrupt)?;
+            let lost: i64 = row.try_get("preempted")?;
             held.push(UsedPart {
                 project: row.try_get("project")?,
                 accelerator: part_type(&row, gpus.is_empty())?,
@@ -104,7 +107,8 @@ impl Store {
                 released_at: row
                     .try_get::<Option<i64>, _>("released_at")?
                     .map(from_micros),
-                preempted: row.try_get::<i64, _>("preempted")? != 0,
+                preempted: lost == super::lifecycle::LOST_TO_PREEMPTION,
+                reclaimed: lost == super::lifecycle::LOST_TO_RECLAIM,
             });
         }
         let rows = sqlx::query(

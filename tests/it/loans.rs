@@ -143,6 +143,20 @@ async fn an_owner_takes_its_a100s_back_from_a_loan_once_the_ladder_allows_it() {
             .any(|m| m.starts_with("Requeued after its loan was reclaimed by owner")),
         "{said:#?}"
     );
+    // The usage report counts the loan's GPU-hours as lost to reclaim,
+    // not to preemption.
+    let report = s.get("/v1/projects/demo/regions/us-central1/usage").await;
+    let a100 = report["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["acceleratorType"] == "a100-40")
+        .unwrap_or_else(|| panic!("no a100-40 row: {report:#}"));
+    let reclaimed = a100["reclaimedGpuHours"]
+        .as_f64()
+        .expect("reclaimedGpuHours");
+    assert!(reclaimed > 0.0, "{a100:#}");
+    assert_eq!(a100["lostGpuHours"], 0.0, "{a100:#}");
     let text = s.scrape().await;
     let demo = [("region", "us-central1"), ("project", "demo")];
     assert_eq!(
