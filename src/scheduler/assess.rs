@@ -122,7 +122,10 @@ impl Scheduler {
         // fits may start only if its ttl ends before the holder's
         // estimated start.
         let delayed = (!default_mode)
-            .then(|| self.delayed_holder(walk, region, &plan.1, batch.cluster.ends(now)))
+            .then(|| {
+                let placed = (batch.cluster.accelerator(), plan.1.as_slice());
+                self.delayed_holder(walk, region, placed, batch.cluster.ends(now))
+            })
             .flatten();
         if let Some(until) = delayed {
             let shortest = self
@@ -359,7 +362,14 @@ impl Scheduler {
             // alternative on GPUs of another type than every part the holder
             // needs does not delay it.
             if alternative.region == region
-                && self.delayed_holder(walk, region, &plan.1, ends).is_some()
+                && self
+                    .delayed_holder(
+                        walk,
+                        region,
+                        (alternative.cluster.accelerator(), &plan.1),
+                        ends,
+                    )
+                    .is_some()
             {
                 walk.alternative_fails(&alternative.region, shape);
                 continue;
@@ -438,7 +448,7 @@ impl Scheduler {
             alternative,
         };
         self.fair.hold(region, &batch.project, &alloc.placements);
-        self.running.insert(batch.key, alloc.clone());
+        self.start_running(alloc.clone());
         Decision::Allocate(alloc)
     }
 }

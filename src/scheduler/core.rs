@@ -44,6 +44,10 @@ pub struct Scheduler {
     pub(super) layout: Option<super::declared::Declared>,
     pub(super) retired: HashSet<NodeId>,
     pub(super) running: HashMap<BatchKey, Allocation>,
+    /// The running clusters on loans, by the region whose capacity they
+    /// hold: what reclaim looks at. Kept with `running` by
+    /// [`Scheduler::start_running`] and [`Scheduler::stop_running`].
+    pub(super) loans: HashMap<String, BTreeSet<BatchKey>>,
     pub(super) leases: NodeLeases,
     /// Regions whose queue, capacity or quota changed since the last pass:
     /// only they can admit anything new, so only they are scanned.
@@ -89,6 +93,40 @@ impl Scheduler {
             self.dirty.extend(self.queue.region_names().cloned());
             self.preemption = policies;
         }
+    }
+
+    /// `alloc` holds its capacity from now on.
+    pub(super) fn start_running(&mut self, alloc: Allocation) {
+        if alloc.loan().is_some() {
+            self.loans
+                .entry(alloc.region.clone())
+                .or_default()
+                .insert(alloc.key);
+        }
+        self.running.insert(alloc.key, alloc);
+    }
+
+    /// `key`'s cluster no longer holds its capacity; answers it.
+    pub(super) fn stop_running(&mut self, key: BatchKey) -> Option<Allocation> {
+        let a = self.running.remove(&key)?;
+        if a.loan().is_some() {
+            if let Some(keys) = self.loans.get_mut(&a.region) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.loans.remove(&a.region);
+                }
+            }
+        }
+        Some(a)
+    }
+
+    /// The running loans of capacity in `region`.
+    pub(super) fn loans_in<'a>(&'a self, region: &str) -> impl Iterator<Item = &'a Allocation> {
+        self.loans
+            .get(region)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.running.get(k))
     }
 
     /// When loans may be reclaimed: the operator's placement alternatives,

@@ -55,7 +55,7 @@ impl Scheduler {
             .charge(&alloc.project, &alloc.region, &alloc.quota);
         self.fair
             .hold(&alloc.region, &alloc.project, &alloc.placements);
-        self.running.insert(alloc.key, alloc);
+        self.start_running(alloc);
         true
     }
 
@@ -68,7 +68,7 @@ impl Scheduler {
             // A preemptor that leaves gives back what was set aside.
             self.drop_claim(key);
         }
-        let a = self.running.remove(&key)?;
+        let a = self.stop_running(key)?;
         self.dirty.insert(a.region.clone());
         // A preempted cluster's capacity goes to its preemptor.
         if !self.bank_victim(&a) {

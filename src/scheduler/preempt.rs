@@ -117,9 +117,8 @@ impl Scheduler {
 
     /// When the first loan of `batch`'s region may be reclaimed, after `now`.
     fn next_loan_matures(&self, batch: &PendingBatch, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.running
-            .values()
-            .filter(|a| a.region == batch.region && self.claims.stopping_for(a.key).is_none())
+        self.loans_in(&batch.region)
+            .filter(|a| self.claims.stopping_for(a.key).is_none())
             .filter_map(|a| self.reclaimable_from(a))
             .filter(|at| *at > now)
             .min()
@@ -261,10 +260,11 @@ impl Scheduler {
     /// the end of its ttl or, on a loan, once it may be reclaimed and its
     /// grace is over, whichever is first (None: neither).
     pub(super) fn gives_back_at(&self, a: &Allocation) -> Option<DateTime<Utc>> {
+        let Some(reclaimable) = self.reclaimable_from(a) else {
+            return a.expected_end;
+        };
         let grace = Duration::from_std(self.reclaim_grace(&a.region)).unwrap_or_default();
-        let reclaimed = self
-            .reclaimable_from(a)
-            .and_then(|at| at.checked_add_signed(grace));
+        let reclaimed = reclaimable.checked_add_signed(grace);
         a.expected_end.into_iter().chain(reclaimed).min()
     }
 
@@ -277,9 +277,8 @@ impl Scheduler {
         now: DateTime<Utc>,
     ) -> Vec<(&Allocation, Cause)> {
         let mut loans: Vec<(&Allocation, Cause)> = self
-            .running
-            .values()
-            .filter(|a| a.region == batch.region && self.claims.stopping_for(a.key).is_none())
+            .loans_in(&batch.region)
+            .filter(|a| self.claims.stopping_for(a.key).is_none())
             .filter(|a| self.reclaimable_from(a).is_some_and(|at| at <= now))
             .map(|a| {
                 let cause = Cause::Reclaim {

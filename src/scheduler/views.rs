@@ -132,7 +132,33 @@ impl Scheduler {
         let used = self.held_per_node()?;
         self.check_nodes(used)?;
         self.check_quota_usage()?;
+        self.check_loans()?;
         self.check_claims()
+    }
+
+    /// The loans the core indexes by region are the running clusters on
+    /// a loan, each under the region it holds.
+    #[cfg(test)]
+    fn check_loans(&self) -> Result<(), String> {
+        let mut indexed: Vec<(String, BatchKey)> = self
+            .loans
+            .iter()
+            .flat_map(|(r, keys)| keys.iter().map(move |k| (r.clone(), *k)))
+            .collect();
+        let mut running: Vec<(String, BatchKey)> = self
+            .running
+            .values()
+            .filter(|a| a.loan().is_some())
+            .map(|a| (a.region.clone(), a.key))
+            .collect();
+        indexed.sort();
+        running.sort();
+        if indexed != running {
+            return Err(format!(
+                "loans indexed {indexed:?}, running on loan {running:?}"
+            ));
+        }
+        Ok(())
     }
 
     /// The queued batches per project the queue counts are those it holds.

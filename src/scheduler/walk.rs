@@ -146,19 +146,20 @@ impl Scheduler {
             .get_or_insert_with(|| self.estimate_start(region, &r.needs))
     }
 
-    /// The reservation a cluster on `placements` that ends at `ends` would
-    /// delay, if any: one whose holder those placements could serve and
-    /// that could start before the cluster ends. Answers the holder's
-    /// estimated start (None inside: never).
+    /// The reservation a cluster of GPU type `kind` on `placements` that
+    /// ends at `ends` would delay, if any: one whose holder those
+    /// placements could serve (a holder of the same type always) and that
+    /// could start before the cluster ends. Answers the holder's estimated
+    /// start (None inside: never).
     pub(super) fn delayed_holder(
         &self,
         walk: &mut Walk,
         region: &str,
-        placements: &[Placement],
+        (kind, placements): (Option<crate::spec::Accelerator>, &[Placement]),
         ends: Option<DateTime<Utc>>,
     ) -> Option<Option<DateTime<Utc>>> {
         for r in &mut walk.reservations {
-            if !self.could_serve(r, placements) {
+            if r.accelerator != kind && !self.could_serve(r, placements) {
                 continue;
             }
             let until = self.holder_start(r, region);
