@@ -9,7 +9,7 @@ use flexq::spec::Accelerator;
 use serde_json::{Value, json};
 
 use crate::scheduler::{gpu_batch, world};
-use crate::support::{TestServer, until};
+use crate::support::{TestServer, provisioned, until};
 
 /// us-central1: one virtual L4 node of 4 GPUs in us-central1-a, one
 /// virtual A100-40 node of 8 in us-central1-c; L4 batches may take A100s
@@ -48,10 +48,6 @@ pub(crate) fn l4_and_a100(c: &mut Config) {
 }
 
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
-
-fn provisioned(b: &Value) -> bool {
-    b["flexq"]["provisioningState"] == "PROVISIONED"
-}
 
 #[tokio::test]
 async fn an_l4_batch_falls_back_to_a100s_after_its_delay_and_says_so() {

@@ -9,7 +9,7 @@
 use serde_json::{Value, json};
 
 use crate::scheduler::gpu_batch;
-use crate::support::ServerProcess;
+use crate::support::{ServerProcess, provisioned, state_messages};
 
 /// One virtual L4 node (4 GPUs) in us-central1-a, one virtual A100-40
 /// node (8 GPUs) in us-central1-c.
@@ -33,21 +33,6 @@ fn a100_batch(executors: u32) -> Value {
     props["spark.executor.cores"] = json!("12");
     props["spark.driver.cores"] = json!("12");
     b
-}
-
-fn provisioned(b: &Value) -> bool {
-    b["flexq"]["provisioningState"] == "PROVISIONED"
-}
-
-fn history(b: &Value) -> Vec<String> {
-    b["stateHistory"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|h| h["stateMessage"].as_str())
-        .chain(b["stateMessage"].as_str())
-        .map(str::to_string)
-        .collect()
 }
 
 #[tokio::test]
@@ -79,11 +64,11 @@ async fn an_owner_takes_its_a100s_back_from_a_loan_once_the_ladder_allows_it() {
     assert_eq!(placement["loan"], true, "{b:#}");
     assert_eq!(placement["lender"], "a100-40 in us-central1-c", "{b:#}");
     assert!(
-        history(&b)
+        state_messages(&b)
             .iter()
             .any(|m| m.contains("(on loan: its owners may take it back)")),
         "{:#?}",
-        history(&b)
+        state_messages(&b)
     );
     let loans = [
         ("region", "us-central1"),
@@ -131,7 +116,7 @@ async fn an_owner_takes_its_a100s_back_from_a_loan_once_the_ladder_allows_it() {
         b["flexq"].get("preemptions").is_none_or(|p| p == 0),
         "{b:#}"
     );
-    let said = history(&b);
+    let said = state_messages(&b);
     assert!(
         said.iter()
             .any(|m| m.starts_with("RECLAIMED by demo's batch owner after ")

@@ -9,7 +9,7 @@ use flexq::config::{Config, PreemptionConfig};
 use serde_json::{Value, json};
 
 use crate::scheduler::{gpu_batch, on_demand_batch, world};
-use crate::support::{TestServer, until};
+use crate::support::{TestServer, provisioned, state_messages, until};
 
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
 
@@ -24,21 +24,6 @@ pub(crate) fn preempting(c: &mut Config) {
         max_preemptions: 1,
         ..PreemptionConfig::default()
     });
-}
-
-fn provisioned(b: &Value) -> bool {
-    b["flexq"]["provisioningState"] == "PROVISIONED"
-}
-
-fn history(b: &Value) -> Vec<String> {
-    b["stateHistory"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|h| h["stateMessage"].as_str())
-        .chain(b["stateMessage"].as_str())
-        .map(str::to_string)
-        .collect()
 }
 
 /// Creates a batch of 3 GPUs (a driver and two executors) under each of
@@ -69,9 +54,9 @@ async fn provision_preemptor(
     assert_eq!(status, 200, "{body:#}");
     let u = until(s, &format!("{batches}/urgent"), "provisioned", provisioned).await;
     assert!(
-        history(&u).iter().any(|m| m.starts_with(preempting)),
+        state_messages(&u).iter().any(|m| m.starts_with(preempting)),
         "{:#?}",
-        history(&u)
+        state_messages(&u)
     );
     u
 }
@@ -152,7 +137,7 @@ async fn an_urgent_batch_preempts_the_latest_lower_one_which_requeues_and_runs_a
             .is_some_and(|w| w.starts_with("PREEMPTED: ")),
         "{op:#}"
     );
-    let said = history(&v);
+    let said = state_messages(&v);
     assert!(
         said.iter()
             .any(|m| m.starts_with("PREEMPTED by urgent (priority 10 > 0)")),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, assert_status, flex_with, no_virtual_nodes, sample};
+use crate::support::{TestServer, assert_status, flex_with, no_virtual_nodes, provisioned, sample};
 
 fn node(id: &str) -> Value {
     json!({
@@ -110,10 +110,6 @@ async fn allocated(
     let b = heartbeat_until(s, node, epoch, id, provisioned).await;
     let uuid = b["uuid"].as_str().expect("uuid").to_string();
     (b, uuid)
-}
-
-fn provisioned(b: &Value) -> bool {
-    b["flexq"]["provisioningState"] == "PROVISIONED"
 }
 
 fn history(b: &Value) -> Vec<String> {

@@ -341,6 +341,24 @@ pub(crate) fn flex_with(key: &str, value: &str) -> Value {
     b
 }
 
+/// Whether a batch's whole cluster is allocated
+/// (`flexq.provisioningState`).
+pub(crate) fn provisioned(b: &Value) -> bool {
+    b["flexq"]["provisioningState"] == "PROVISIONED"
+}
+
+/// A batch's state messages: its history's, then its current one.
+pub(crate) fn state_messages(b: &Value) -> Vec<String> {
+    b["stateHistory"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h["stateMessage"].as_str())
+        .chain(b["stateMessage"].as_str())
+        .map(str::to_string)
+        .collect()
+}
+
 /// Asserts a `google.rpc.Status` body with the given HTTP code and status.
 #[track_caller]
 pub(crate) fn assert_status(status: u16, body: &Value, code: u16, name: &str) {

@@ -25,6 +25,20 @@ use crate::spec::{
     RuntimeVersion, Workload,
 };
 
+/// A property runner on a fixed seed, for the tests that check a
+/// generator still produces what its property's checks look at.
+fn fixed_seed_runner(cases: u32) -> proptest::test_runner::TestRunner {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    TestRunner::new_with_rng(
+        Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    )
+}
+
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0)
         .single()

@@ -411,15 +411,7 @@ proptest! {
 /// passing on nothing.
 #[test]
 fn a_fixed_seed_run_allocates_takes_alternatives_and_judges_queue_heads() {
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: 64,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = super::fixed_seed_runner(64);
     let total = std::cell::Cell::new(Tally::default());
     let strategy = (setup(), proptest::collection::vec(op(), 1..80));
     runner

@@ -360,15 +360,7 @@ proptest! {
 /// The checks above see something: over a fixed seed, loans are reclaimed.
 #[test]
 fn a_fixed_seed_run_reclaims_loans() {
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: 64,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = fixed_seed_runner(64);
     let total = std::cell::Cell::new(0u32);
     runner
         .run(&proptest::collection::vec(op(), 1..80), |ops| {

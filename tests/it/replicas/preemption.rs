@@ -12,6 +12,7 @@ use flexq::config::Config;
 use serde_json::{Value, json};
 
 use super::{CORES, MEMORY_MB, Pair, SSD_GB, audit, gpu_batch, leader_and_follower, leads_within};
+use crate::support::{provisioned, state_messages};
 
 const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
 const NODE: &str = "gpu-host-1";
@@ -55,10 +56,6 @@ async fn until(endpoint: &str, id: &str, what: &str, ok: impl Fn(&Value) -> bool
     crate::support::poll(Duration::from_secs(20), || get(endpoint, &path), ok)
         .await
         .unwrap_or_else(|b| panic!("{id} never {what}: {b:#}"))
-}
-
-fn provisioned(b: &Value) -> bool {
-    b["flexq"]["provisioningState"] == "PROVISIONED"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,12 +156,8 @@ async fn a_preemption_the_leader_began_is_finished_by_the_next_one() {
     // One preemption, decided once: the new leader took it over from
     // the store, it did not decide it again.
     let said = |b: &Value, prefix: &str| {
-        b["stateHistory"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|h| h["stateMessage"].as_str())
-            .chain(b["stateMessage"].as_str())
+        state_messages(b)
+            .iter()
             .filter(|m| m.starts_with(prefix))
             .count()
     };
