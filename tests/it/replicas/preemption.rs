@@ -1,7 +1,8 @@
-//! Preemption across a leader failover: the leader decides a preemption
-//! and dies while the victim's processes stop; the replica that takes
-//! over finishes it from the store (the victim back in the queue at its
-//! place, the preemptor allocated) and no GPU is ever held twice. The
+//! Preemption, and the reclaim of a loan, across a leader failover: the
+//! leader decides it and dies while the victim's processes stop; the
+//! replica that takes over finishes it from the store (the victim back in
+//! the queue at its place, PREEMPTED or RECLAIMED, the preemptor
+//! allocated) and no GPU is ever held twice. The
 //! node is registered through the agent protocol and this test is its
 //! agent, so the victim stops only when the test says so.
 
@@ -203,4 +204,139 @@ async fn a_preemption_the_leader_began_is_finished_by_the_next_one() {
         .await
         .unwrap_or_else(|e| panic!("the allocation history: {e}"));
     assert_eq!(clusters, 3, "victim, urgent, victim again");
+}
+
+/// No virtual node: the test's agent registers an L4 node in
+/// us-central1-a and an A100-40 node in us-central1-c. L4 batches may
+/// borrow A100-40s at once, and their owners reclaim them at once.
+fn loans_at_once(dir: &Path) -> PathBuf {
+    let path = dir.join("loans.toml");
+    let config = Config::load_without_env(None).expect("default config");
+    let text = format!(
+        "{}[[alternatives]]\naccelerator = \"l4\"\nrungs = [\"a100-40 after 0s\"]\nreclaim = \"after 0s\"\n\
+         [agents]\nlease_duration = \"60s\"\n",
+        config.virtual_nodes_only("us-central1-a", "l4", 0)
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+/// Registers `node` with `gpus` GPUs of `pool` in `zone`; answers its epoch.
+async fn register(endpoint: &str, node: &str, zone: &str, pool: &str, shape: [i64; 4]) -> String {
+    let [gpus, cores, memory_mb, ssd_gb] = shape;
+    let (status, reg) = post(
+        endpoint,
+        "/v1/nodes:register",
+        &json!({
+            "nodeId": node, "region": "us-central1", "zone": zone, "pool": pool,
+            "gpuAddresses": (0..gpus).map(|i| i.to_string()).collect::<Vec<_>>(),
+            "cores": cores, "memoryMb": memory_mb, "localSsdGb": ssd_gb
+        }),
+    )
+    .await;
+    assert_eq!(status, 200, "{reg:#}");
+    reg["epoch"].as_str().expect("epoch").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_the_leader_began_is_finished_by_the_next_one() {
+    let Pair {
+        leader: mut r0,
+        follower: r1,
+        guards: _guards,
+    } = leader_and_follower(loans_at_once).await;
+    register(
+        &r0.endpoint,
+        NODE,
+        "us-central1-a",
+        "l4",
+        [4, CORES, MEMORY_MB, SSD_GB],
+    )
+    .await;
+    let a100 = "a100-host-1";
+    let a100_epoch = register(
+        &r0.endpoint,
+        a100,
+        "us-central1-c",
+        "a100-40",
+        [8, 96, 696_320, 6000],
+    )
+    .await;
+
+    // The L4 node is full; the borrower runs on 3 of the A100s, on loan.
+    let (status, body) = post(
+        &r0.endpoint,
+        &format!("{BATCHES}?batchId=fill"),
+        &gpu_batch(3, "600s"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:#}");
+    until(&r0.endpoint, "fill", "provisioned", provisioned).await;
+    let (status, body) = post(
+        &r0.endpoint,
+        &format!("{BATCHES}?batchId=borrower"),
+        &gpu_batch(2, "600s"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:#}");
+    let b = until(&r0.endpoint, "borrower", "provisioned", provisioned).await;
+    assert_eq!(b["flexq"]["placement"]["loan"], true, "{b:#}");
+    let borrower = b["uuid"].as_str().expect("uuid").to_string();
+    let report_path = format!("/v1/nodes/{a100}:report");
+    let report = |event: Value| {
+        let mut body = event;
+        body["epoch"] = json!(a100_epoch);
+        body["uuid"] = json!(borrower);
+        body
+    };
+    let (status, body) = post(
+        &r0.endpoint,
+        &report_path,
+        &report(json!({"event": "DRIVER_STARTED", "rapids": "enabled"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:#}");
+
+    // The A100s' own batch of all 8 GPUs, created on the follower: the
+    // leader reclaims the loan, whose processes stop.
+    let mut owner = gpu_batch(7, "600s");
+    let props = &mut owner["runtimeConfig"]["properties"];
+    props["spark.dataproc.driver.resource.accelerator.type"] = json!("a100-40");
+    props["spark.dataproc.executor.resource.accelerator.type"] = json!("a100-40");
+    props["spark.executor.cores"] = json!("12");
+    props["spark.driver.cores"] = json!("12");
+    assert_eq!(r1.create("owner", &owner).await, 200);
+    until(&r1.endpoint, "borrower", "stopping", |b| {
+        b["flexq"]["preempting"] == true
+    })
+    .await;
+
+    // The leader dies before the loan's processes are gone; the next one
+    // finishes the reclaim from the store.
+    r0.kill9();
+    leads_within(&r1, Duration::from_secs(10)).await;
+    let o = get(&r1.endpoint, &format!("{BATCHES}/owner")).await;
+    assert_eq!(o["flexq"]["provisioningState"], "QUEUED", "{o:#}");
+    let (status, body) = post(
+        &r1.endpoint,
+        &report_path,
+        &report(
+            json!({"event": "FINISHED", "succeeded": false, "exitCode": 143,
+                       "message": "The driver exited with status 143 (SIGTERM)"}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:#}");
+    let o = until(&r1.endpoint, "owner", "provisioned", provisioned).await;
+    assert_eq!(o["flexq"]["zone"], "us-central1-c", "{o:#}");
+    let b = get(&r1.endpoint, &format!("{BATCHES}/borrower")).await;
+    assert_eq!(b["state"], "PENDING", "{b:#}");
+    assert_eq!(b["flexq"]["requeueReason"], "RECLAIMED", "{b:#}");
+    // Reclaimed once, by the leader that died: the next did not decide it
+    // again.
+    let reclaimed = state_messages(&b)
+        .iter()
+        .filter(|m| m.starts_with("RECLAIMED by demo's batch owner"))
+        .count();
+    assert_eq!(reclaimed, 1, "{b:#}");
 }
