@@ -965,6 +965,9 @@ async fn a_batch_on_a_placement_alternative_names_it_and_the_queue_shows_each_al
         placement.contains("executors of a100-40 (12 cores"),
         "{placement}"
     );
+    // Another GPU type is a loan: whose, and that they may take it back.
+    b.text_with("#placement-loan", "on loan of a100-40 in")
+        .await;
     let rule = b.text_with("#alternatives", "a100-40 after 1s").await;
     assert!(rule.contains("runs here"), "{rule}");
     b.shot("batch-on-alternative").await;

@@ -290,7 +290,8 @@ export function gpuChart(chart) {
 }
 
 /** Where the batch runs: on one of its placement alternatives (which, the
- * GPU type, region and shape it was rewritten to), or its own placement
+ * GPU type, region and shape it was rewritten to, and whose capacity when
+ * it is a loan), or its own placement
  * once allocated with a ladder it did not need. Empty otherwise. */
 export function placementView(f) {
   const p = f.placement;
@@ -301,6 +302,7 @@ export function placementView(f) {
       h("span", { class: "badge placement", id: "placement-badge", title: "Allocated on a placement alternative" }, `on alternative ${p.alternative}: ${p.accelerator}`),
       ` in ${p.region}`,
       h("div", { class: "muted", id: "placement-shape" }, p.shape),
+      p.loan ? h("div", { class: "muted", id: "placement-loan", title: "docs/rules.md#loans-and-reclaim" }, `on loan of ${p.lender}: its owners may take it back`) : "",
     );
   }
   const allocated = ["PROVISIONED", "RELEASED"].includes(f.provisioningState);
