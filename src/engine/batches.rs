@@ -218,10 +218,7 @@ impl Engine {
         let preemption = matches!(verdict, crate::scheduler::Verdict::WouldQueue { .. })
             .then(|| core.preemption_reason(&probe, now))
             .flatten();
-        let reclaim =
-            spec::alternatives::rule_for(&policy.alternative_rules, project, region, cluster)
-                .map(|r| r.reclaim)
-                .unwrap_or_default();
+        let reclaim = core.reclaim_rule(project, region, cluster.accelerator());
         validate_verdict(
             &verdict,
             cluster,

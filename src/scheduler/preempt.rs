@@ -17,13 +17,19 @@ use super::model::{
     Allocation, BatchKey, Cause, Claim, Decision, PendingBatch, Preemption, PreemptionPolicy,
     Victim,
 };
+use crate::spec::Accelerator;
 use crate::spec::alternatives::{Reclaim, rule_matching};
 
 /// When `victim` has run `min_runtime`.
 fn matures(policy: &PreemptionPolicy, victim: &Allocation) -> DateTime<Utc> {
-    Duration::from_std(policy.min_runtime)
+    later(victim.allocated_at, policy.min_runtime)
+}
+
+/// `at` + `d`, or the end of time where that overflows.
+fn later(at: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    Duration::from_std(d)
         .ok()
-        .and_then(|d| victim.allocated_at.checked_add_signed(d))
+        .and_then(|d| at.checked_add_signed(d))
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
@@ -204,22 +210,22 @@ impl Scheduler {
             .map_or(PreemptionPolicy::default().grace, |p| p.grace)
     }
 
+    /// When the owners may take back a loan of a batch of `project` whose
+    /// own placement is GPU type `asked` in region `home`: the operator's
+    /// rule for it, live (the default where no entry matches now).
+    pub fn reclaim_rule(&self, project: &str, home: &str, asked: Option<Accelerator>) -> Reclaim {
+        rule_matching(&self.reclaim, project, home, asked)
+            .map(|r| r.reclaim)
+            .unwrap_or_default()
+    }
+
     /// When loan `a` may be reclaimed under the operator's rule for its
-    /// batch's own placement (the default where no entry matches now);
-    /// None: never, or `a` is no loan.
+    /// batch's own placement; None: never, or `a` is no loan.
     pub(super) fn reclaimable_from(&self, a: &Allocation) -> Option<DateTime<Utc>> {
         let loan = a.loan()?;
-        let rule = rule_matching(&self.reclaim, &a.project, &loan.home, loan.asked)
-            .map(|r| r.reclaim)
-            .unwrap_or_default();
-        match rule {
+        match self.reclaim_rule(&a.project, &loan.home, loan.asked) {
             Reclaim::Never => None,
-            Reclaim::After(d) => Some(
-                Duration::from_std(d)
-                    .ok()
-                    .and_then(|d| a.allocated_at.checked_add_signed(d))
-                    .unwrap_or(DateTime::<Utc>::MAX_UTC),
-            ),
+            Reclaim::After(d) => Some(later(a.allocated_at, d)),
         }
     }
 
@@ -233,20 +239,10 @@ impl Scheduler {
         alternative: &crate::spec::Alternative,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
-        let rule = rule_matching(
-            &self.reclaim,
-            &batch.project,
-            &batch.region,
-            batch.cluster.accelerator(),
-        )
-        .map(|r| r.reclaim)
-        .unwrap_or_default();
-        let grace = self.reclaim_grace(&alternative.region);
+        let rule = self.reclaim_rule(&batch.project, &batch.region, batch.cluster.accelerator());
         let reclaimed = match rule {
             Reclaim::Never => None,
-            Reclaim::After(d) => Duration::from_std(d + grace)
-                .ok()
-                .and_then(|d| now.checked_add_signed(d)),
+            Reclaim::After(d) => Some(later(now, d + self.reclaim_grace(&alternative.region))),
         };
         alternative
             .cluster
@@ -263,9 +259,8 @@ impl Scheduler {
         let Some(reclaimable) = self.reclaimable_from(a) else {
             return a.expected_end;
         };
-        let grace = Duration::from_std(self.reclaim_grace(&a.region)).unwrap_or_default();
-        let reclaimed = reclaimable.checked_add_signed(grace);
-        a.expected_end.into_iter().chain(reclaimed).min()
+        let reclaimed = later(reclaimable, self.reclaim_grace(&a.region));
+        a.expected_end.into_iter().chain([reclaimed]).min()
     }
 
     /// The loans of `batch`'s region it may reclaim at `now` (run their
@@ -626,11 +621,8 @@ impl Scheduler {
             });
         }
         batch.deadline?;
-        let planned = match policy {
-            Some(_) => self.plan_preemption(batch, now),
-            None => self.plan_reclaim(batch, now),
-        };
-        if let Some((p, _)) = planned {
+        // Where preemption is off, this plans the reclaim of loans alone.
+        if let Some((p, _)) = self.plan_preemption(batch, now) {
             let names: Vec<String> = p
                 .victims
                 .iter()

@@ -194,7 +194,7 @@ impl Scheduler {
     /// they hold: region, zone and GPU type.
     fn loans_held(&self) -> BTreeMap<(String, String, &'static str), (u64, u64)> {
         let mut loans: BTreeMap<(String, String, &'static str), (u64, u64)> = BTreeMap::new();
-        for a in self.running.values().filter(|a| a.loan().is_some()) {
+        for a in self.loans.keys().flat_map(|region| self.loans_in(region)) {
             let held = loans
                 .entry((a.region.clone(), a.zone.clone(), a.accelerator))
                 .or_default();
