@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use flexq::config::{PoolConfig, PreemptionConfig, RegionConfig, ZoneConfig};
+use flexq::config::{AlternativesConfig, PoolConfig, PreemptionConfig, RegionConfig, ZoneConfig};
 use flexq::spec::Accelerator;
 use serde_json::{Value, json};
 
@@ -15,11 +15,53 @@ const REGION: &str = "mtest-east1";
 /// A server with `region` (one zone, `{region}-a`): one virtual node of 4
 /// L4 GPUs.
 pub(crate) async fn server(region: &str) -> TestServer {
-    server_with(region, None).await
+    server_tuned(region, None, |_| {}).await
 }
 
-/// The same, with `preemption` as the region's policy.
-pub(crate) async fn server_with(region: &str, preemption: Option<PreemptionConfig>) -> TestServer {
+/// The same with `preemption` as the region's policy, and a zone `{region}-b` of one virtual A100-40 node (8 GPUs)
+/// that project `loaner`'s L4 batches may borrow after 1 s, reclaimed
+/// after 1 s on loan: the world of [`loan_scenario`].
+pub(crate) async fn server_lending(
+    region: &str,
+    preemption: Option<PreemptionConfig>,
+) -> TestServer {
+    let name = region.to_string();
+    server_tuned(region, preemption, move |c| {
+        let a100 = PoolConfig {
+            accelerator: Accelerator::A100_40,
+            gpus_per_node: 8,
+            cores: 96,
+            memory_mb: 696320,
+            local_ssd_gb: 6000,
+            max_nodes: 1,
+            virtual_nodes: 1,
+        };
+        let zones = &mut c.regions.get_mut(&name).expect("the region").zones;
+        zones.insert(
+            format!("{name}-b"),
+            ZoneConfig {
+                node_pools: BTreeMap::from([("a100-40".to_string(), a100)]),
+            },
+        );
+        c.alternatives.push(AlternativesConfig {
+            region: Some(name),
+            project: Some("loaner".to_string()),
+            accelerator: Some("l4".to_string()),
+            alternatives: vec!["a100-40 after 1s".to_string()],
+            allow: Vec::new(),
+            reclaim: Some("after 1s".to_string()),
+        });
+    })
+    .await
+}
+
+/// A server with `region` as [`server`] has it, `preemption` its policy,
+/// then `tune` applied.
+async fn server_tuned(
+    region: &str,
+    preemption: Option<PreemptionConfig>,
+    tune: impl FnOnce(&mut flexq::config::Config),
+) -> TestServer {
     let region = region.to_string();
     TestServer::start_with(|c| {
         let pool = PoolConfig {
@@ -43,6 +85,7 @@ pub(crate) async fn server_with(region: &str, preemption: Option<PreemptionConfi
                 preemption,
             },
         );
+        tune(c);
     })
     .await
 }
@@ -324,4 +367,46 @@ pub(crate) async fn gpu_scenario(s: &TestServer, region: &str) {
         (200, Some(2)),
         "{answer:#}"
     );
+}
+
+/// In [`server_lending`]'s world, after [`scenario`] (the L4s are busy):
+/// `loaner`'s L4 batch, too large for the L4s, borrows the A100s; demo's
+/// A100 batch of all 8 GPUs reclaims them; once it is cancelled the
+/// borrower takes its loan again, so a loan is held when Prometheus scrapes
+/// and a reclaim has been counted.
+pub(crate) async fn loan_scenario(s: &TestServer, region: &str) {
+    let loaner = |id: &str| format!("/v1/projects/loaner/locations/{region}/batches/{id}");
+    // 1 + 5 one-GPU parts: more than the L4 nodes ever have free.
+    let (status, body) = s
+        .post_json(
+            &format!("/v1/projects/loaner/locations/{region}/batches?batchId=l-borrower"),
+            &batch(5, "3600s"),
+        )
+        .await;
+    assert_eq!(status, 200, "{body:#}");
+    let on_loan = |b: &Value| {
+        b["flexq"]["provisioningState"] == "PROVISIONED" && b["flexq"]["placement"]["loan"] == true
+    };
+    support::until(s, &loaner("l-borrower"), "on a loan", on_loan).await;
+    let mut owner = batch(7, "3600s");
+    let props = &mut owner["runtimeConfig"]["properties"];
+    for part in ["driver", "executor"] {
+        props[format!("spark.dataproc.{part}.resource.accelerator.type")] = json!("a100-40");
+        props[format!("spark.{part}.cores")] = json!("12");
+    }
+    create(s, region, "m-owner", &owner).await;
+    until(s, region, "m-owner", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
+    support::until(s, &loaner("l-borrower"), "reclaimed", |b| {
+        b["flexq"]["requeueReason"] == "RECLAIMED"
+    })
+    .await;
+    let op = state_of(s, region, "m-owner").await["operation"]
+        .as_str()
+        .expect("op")
+        .to_string();
+    assert_eq!(s.post(&format!("/v1/{op}:cancel")).await.0, 200);
+    support::until(s, &loaner("l-borrower"), "on its loan again", on_loan).await;
 }

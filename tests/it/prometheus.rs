@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::metrics::{
-    gpu_scenario, preempting, preemption_scenario, scenario, server, server_with,
+    gpu_scenario, loan_scenario, preempting, preemption_scenario, scenario, server, server_lending,
 };
 
 /// The region of the dashboard test's scenario: no other test uses it, so
@@ -186,9 +186,11 @@ async fn the_rules_and_the_exposition_pass_promtool() {
 #[tokio::test]
 async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
     // Preemption on, and one preemption: its panels and alert have data.
-    let s = server_with(REGION, preempting()).await;
+    let s = server_lending(REGION, preempting()).await;
     scenario(&s, REGION).await;
     preemption_scenario(&s, REGION).await;
+    // A loan reclaimed, and one held: the loans panels have data.
+    loan_scenario(&s, REGION).await;
     // An agent's node joins and uploads GPU points: the telemetry panels
     // and alert have data.
     gpu_scenario(&s, REGION).await;

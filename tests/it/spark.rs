@@ -299,9 +299,11 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         crate::support::no_virtual_nodes(c);
         c.agents.lease_duration = Duration::from_secs(3);
         // A batch may name A100-40s as its placement alternative.
+        // Scenario 8: a loan of the A100s may be reclaimed after 1 s.
         c.alternatives = vec![flexq::config::AlternativesConfig {
             accelerator: Some("l4".into()),
             allow: vec!["a100-40".into()],
+            reclaim: Some("after 1s".into()),
             ..Default::default()
         }];
         // Scenario 7: a batch of higher priority may preempt at once; a
@@ -316,7 +318,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
             grace: Duration::from_secs(10),
             ..Default::default()
         });
-        // Scenario 8: a batch whose GPUs do nothing for 4 s is cancelled
+        // Scenario 9: a batch whose GPUs do nothing for 4 s is cancelled
         // (every other batch's fake GPUs are at 42 %).
         c.gpu_idle = flexq::gpu::IdlePolicy {
             action: flexq::gpu::IdleAction::Cancel,
@@ -886,7 +888,139 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     assert_eq!(v["flexq"]["attempt"], 2, "{v:#}");
     assert!(output(&s, "victim").await.contains("sleeps: done"));
 
-    // 8. The GPU idle policy: a batch whose (fake) GPUs read 0 % is
+    // 8. Loans and reclaim: with no L4 quota left, an L4 batch borrows
+    //    the A100s of node-d. An A100 batch of their owners takes them
+    //    back: the loan's driver gets SIGTERM (its handler writes the
+    //    marker) before the owner is allocated, every process of it is
+    //    gone within the grace, it goes back to the queue as RECLAIMED
+    //    (not preempted), and, the L4 quota back, it runs again to the
+    //    end on its own shape: L4s, on node-e.
+    assert_eq!(quota(0).await.expect("patch quota").status(), 200);
+    let marker = dir.path().join("borrower-sigterm");
+    let marker_arg = marker.display().to_string();
+    let (st, body) = s
+        .create(
+            "batchId=borrower",
+            &gpu_batch(
+                "sleeps.py",
+                &["20", &marker_arg],
+                &[("spark.flexq.alternatives", "a100-40 after 1s")],
+            ),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    let b = until(
+        &s,
+        "borrower",
+        "running on its loan",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "RUNNING",
+    )
+    .await;
+    assert_eq!(b["flexq"]["placement"]["loan"], true, "{b:#}");
+    assert_eq!(
+        b["flexq"]["placement"]["lender"], "a100-40 in us-central1-c",
+        "{b:#}"
+    );
+    let borrower_uuid = b["uuid"].as_str().expect("uuid").to_string();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !output(&s, "borrower").await.contains("sleeps: sleeping") {
+        assert!(
+            Instant::now() < deadline,
+            "the borrower never said it sleeps"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let owner = gpu_batch(
+        "first_line.py",
+        &[],
+        &[(
+            "spark.dataproc.executor.resource.accelerator.type",
+            "a100-40",
+        )],
+    );
+    let (st, body) = s.create("batchId=owner", &owner).await;
+    assert_eq!(st, 200, "{body:#}");
+    let o = until(
+        &s,
+        "owner",
+        "allocated",
+        Duration::from_secs(60),
+        &agents,
+        |b| b["flexq"]["provisioningState"] != "QUEUED",
+    )
+    .await;
+    let sigterm = std::fs::read_to_string(&marker).unwrap_or_default();
+    let signalled: f64 = sigterm
+        .strip_prefix("sigterm ")
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the borrower's driver got no SIGTERM: {sigterm:?}"));
+    let allocated = chrono::DateTime::parse_from_rfc3339(
+        o["flexq"]["allocateTime"].as_str().expect("allocateTime"),
+    )
+    .expect("RFC 3339")
+    .timestamp_millis() as f64
+        / 1000.0;
+    assert!(
+        signalled < allocated,
+        "SIGTERM at {signalled}, the owner allocated at {allocated}"
+    );
+    all_gone(&borrower_uuid, Duration::from_secs(15)).await;
+    // Its L4 quota back (its next attempt's processes carry the same
+    // uuid), the borrower's own placement fits node-e.
+    assert_eq!(quota(24).await.expect("patch quota").status(), 200);
+    let b = batch(&s, "borrower").await;
+    assert_eq!(b["flexq"]["requeueReason"], "RECLAIMED", "{b:#}");
+    assert!(
+        b["flexq"].get("preemptions").is_none_or(|p| p == 0),
+        "{b:#}"
+    );
+    let said: Vec<&str> = b["stateHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h["stateMessage"].as_str())
+        .collect();
+    assert!(
+        said.iter()
+            .any(|m| m.starts_with("RECLAIMED by demo's batch owner after ")
+                && m.contains("on loan (a100-40 in us-central1-c)")),
+        "{said:#?}"
+    );
+    let o = until(
+        &s,
+        "owner",
+        "finished",
+        Duration::from_secs(120),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    assert_eq!(o["state"], "SUCCEEDED", "{o:#}");
+    let b = until(
+        &s,
+        "borrower",
+        "finished again",
+        Duration::from_secs(180),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    assert_eq!(b["state"], "SUCCEEDED", "{b:#}");
+    assert_eq!(b["flexq"]["attempt"], 2, "{b:#}");
+    assert!(b["flexq"]["placement"]["loan"] != true, "{b:#}");
+    assert!(
+        b["flexq"]["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .all(|p| p["node"] == "node-e"),
+        "{b:#}"
+    );
+    assert!(output(&s, "borrower").await.contains("sleeps: done"));
+
+    // 9. The GPU idle policy: a batch whose (fake) GPUs read 0 % is
     //    cancelled with the typed reason IDLE_GPUS once the agents' points
     //    show 4 s of it, and every process of it is gone.
     for a in &agents {
