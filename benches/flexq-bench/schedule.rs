@@ -92,6 +92,7 @@ pub(crate) fn bench_config(
             flexq::config::RegionConfig {
                 zones,
                 preemption: None,
+                elastic: Default::default(),
             },
         );
     }

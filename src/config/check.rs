@@ -305,6 +305,13 @@ impl Config {
             if let Some(p) = &region.preemption {
                 check_preemption(&format!("regions.{name}.preemption"), p, errors);
             }
+            let share = region.elastic.max_share;
+            if !share.is_finite() || !(0.0..=1.0).contains(&share) {
+                errors.push(invalid(
+                    format!("regions.{name}.elastic.max_share"),
+                    format!("{share} is out of range: a share of the region's GPUs from 0 to 1, like 0.5"),
+                ));
+            }
             for (zone, z) in &region.zones {
                 if !crate::spec::is_resource_id(zone) {
                     errors.push(invalid(

@@ -81,12 +81,27 @@ impl Config {
             rules: self.quotas.clone(),
             fair: self.fair_share(),
             preemption: self.preemption(),
+            elastic: self.elastic(),
             alternatives: self
                 .alternatives
                 .iter()
                 .filter_map(|l| l.rule().ok())
                 .collect(),
         }
+    }
+
+    /// The regions where elastic batches may grow, and how far.
+    pub fn elastic(&self) -> HashMap<String, crate::scheduler::ElasticPolicy> {
+        self.regions
+            .iter()
+            .filter(|(_, r)| r.elastic.enabled)
+            .map(|(name, r)| {
+                let policy = crate::scheduler::ElasticPolicy {
+                    max_share: r.elastic.max_share,
+                };
+                (name.clone(), policy)
+            })
+            .collect()
     }
 
     /// The regions where preemption is on, and how.

@@ -369,6 +369,31 @@ pub struct RegionConfig {
     /// (docs/rules.md#preemption). Absent: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<PreemptionConfig>,
+    /// Whether and how far elastic batches grow beyond their core gang
+    /// (docs/rules.md#elastic-batches).
+    #[serde(default)]
+    pub elastic: ElasticConfig,
+}
+
+/// `[regions.NAME.elastic]`: extras for batches with Spark's dynamic
+/// allocation on, live on reload.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ElasticConfig {
+    /// Whether extras are granted in the region (those held stay until
+    /// Spark wants fewer or their batch ends).
+    pub enabled: bool,
+    /// The most of the region's GPUs extras may hold at once, 0 to 1.
+    pub max_share: f64,
+}
+
+impl Default for ElasticConfig {
+    fn default() -> ElasticConfig {
+        ElasticConfig {
+            enabled: true,
+            max_share: 0.5,
+        }
+    }
 }
 
 /// `[regions.NAME.preemption]`: every key has its default, and the region

@@ -9,11 +9,12 @@ use chrono::{DateTime, Duration, Utc};
 use super::alternatives::ripe_at;
 use super::capacity::{Placement, needs};
 use super::core::Scheduler;
+use super::elastic::Growth;
 use super::model::{
     Allocation, BatchKey, Decision, OnAlternative, PendingBatch, ShapeKey, accelerator_label,
     shape_key, shape_text,
 };
-use super::walk::{Considered, Reservation, Walk, delays_holder};
+use super::walk::{Considered, Reservation, Walk, delays_holder, shape_accelerator};
 use crate::api::EndReason;
 use crate::spec::{Alternative, ClusterRequest, ProvisioningMode};
 
@@ -180,6 +181,7 @@ impl Scheduler {
             Assessment::TryAlternatives => self.try_alternatives(key, region, now, walk, out),
             Assessment::HeldBack { shape, exhausted } => {
                 self.queue.set_held_back(key, true);
+                walk.waiting.here(shape_accelerator(&shape));
                 if exhausted {
                     walk.exhausted.insert(shape);
                 }
@@ -428,6 +430,7 @@ impl Scheduler {
     ) -> Decision {
         let (region, cluster) = placed;
         let (zone, placements) = plan;
+        let placements_len = placements.len();
         self.forget(batch.key, now);
         self.ledger.charge(&batch.project, region, &cluster.quota);
         let alloc = Allocation {
@@ -446,6 +449,7 @@ impl Scheduler {
             queued_at: batch.queued_at,
             accelerator: accelerator_label(cluster),
             alternative,
+            elastic: Growth::of(cluster, placements_len).map(Box::new),
         };
         self.fair.hold(region, &batch.project, &alloc.placements);
         self.start_running(alloc.clone());

@@ -59,6 +59,9 @@ pub struct Scheduler {
     pub(super) reclaim: Vec<crate::spec::alternatives::AlternativesRule>,
     /// Who preempts whom, and when a region is looked at again.
     pub(super) claims: Claims,
+    /// Elastic clusters' extras: where they may grow, and what the queue
+    /// waits for (`elastic.rs`).
+    pub(super) elastic: super::elastic::Elastic,
 }
 
 impl Scheduler {
@@ -103,6 +106,13 @@ impl Scheduler {
                 .or_default()
                 .insert(alloc.key);
         }
+        if alloc.elastic.is_some() {
+            self.elastic
+                .running
+                .entry(alloc.region.clone())
+                .or_default()
+                .insert(alloc.key);
+        }
         self.running.insert(alloc.key, alloc);
     }
 
@@ -114,6 +124,14 @@ impl Scheduler {
                 keys.remove(&key);
                 if keys.is_empty() {
                     self.loans.remove(&a.region);
+                }
+            }
+        }
+        if a.elastic.is_some() {
+            if let Some(keys) = self.elastic.running.get_mut(&a.region) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.elastic.running.remove(&a.region);
                 }
             }
         }

@@ -79,8 +79,7 @@ impl Scheduler {
             self.settle_layout();
         }
         self.ledger.refund(&a.project, &a.region, &a.quota);
-        self.fair
-            .release(&a.region, &a.project, &a.placements, a.allocated_at, now);
+        self.release_share(&a, now);
         Some(a)
     }
 

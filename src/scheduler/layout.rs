@@ -35,6 +35,8 @@ pub struct Layout {
     pub fair: FairSharePolicy,
     /// The regions where preemption is on, and how.
     pub preemption: HashMap<String, PreemptionPolicy>,
+    /// The regions where elastic clusters may grow, and how far.
+    pub elastic: HashMap<String, super::elastic::ElasticPolicy>,
     /// The operator's placement alternatives: when a loan taken through
     /// each may be reclaimed (docs/rules.md#loans-and-reclaim).
     pub alternatives: Vec<AlternativesRule>,
@@ -80,6 +82,7 @@ impl Scheduler {
         self.ledger.set_rules(layout.rules);
         self.set_fair_share(layout.fair);
         self.set_preemption(layout.preemption);
+        self.set_elastic(layout.elastic);
         self.set_reclaim(layout.alternatives);
         self.layout = Some(Declared {
             slots: layout

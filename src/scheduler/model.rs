@@ -65,6 +65,9 @@ pub struct Allocation {
     pub priority: i32,
     pub preemptible: bool,
     pub preemptions: u32,
+    /// Spark's dynamic allocation on: its core gang and its extras
+    /// (`elastic.rs`); None for a cluster of a fixed size.
+    pub elastic: Option<Box<super::elastic::Growth>>,
 }
 
 /// A cluster allocated on a placement alternative.

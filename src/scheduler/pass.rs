@@ -91,15 +91,18 @@ impl Scheduler {
 
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
         self.settle_claims(region, now, out);
-        if self.holds.get(region).is_some_and(|h| h.all.is_some()) {
-            return;
-        }
         let mut walk = Walk::default();
-        match self.fair.order() {
-            Order::Strict => self.admit_strict(region, now, &mut walk, out),
-            Order::FairShare => self.admit_fair(region, now, &mut walk, out),
+        // A held queue's batches wait, reserving nothing.
+        if self.holds.get(region).is_none_or(|h| h.all.is_none()) {
+            match self.fair.order() {
+                Order::Strict => self.admit_strict(region, now, &mut walk, out),
+                Order::FairShare => self.admit_fair(region, now, &mut walk, out),
+            }
+            self.grant_deferred_loans(region, now, &mut walk, out);
         }
-        self.grant_deferred_loans(region, now, &mut walk, out);
+        self.elastic
+            .waiting
+            .insert(region.to_string(), walk.waiting);
     }
 
     /// The owners first: loans deferred in the walk because a queued

@@ -133,7 +133,66 @@ impl Scheduler {
         self.check_nodes(used)?;
         self.check_quota_usage()?;
         self.check_loans()?;
+        self.check_elastic()?;
         self.check_claims()
+    }
+
+    /// Each elastic cluster: its extras in its zone, executors of its
+    /// shape, no more than its most nor its core fewer than its gang, each
+    /// with its grant time; and the index of them by region is theirs.
+    #[cfg(test)]
+    fn check_elastic(&self) -> Result<(), String> {
+        let mut indexed: Vec<(String, BatchKey)> = self
+            .elastic
+            .running
+            .iter()
+            .flat_map(|(r, keys)| keys.iter().map(move |k| (r.clone(), *k)))
+            .collect();
+        let mut running = Vec::new();
+        for a in self.running.values() {
+            let Some(g) = &a.elastic else { continue };
+            running.push((a.region.clone(), a.key));
+            let extras = a.extras();
+            if g.core > a.placements.len()
+                || extras.len() > g.max as usize
+                || extras.len() != g.granted.len()
+            {
+                return Err(format!(
+                    "cluster {}: core {}, {} parts, {} extras of at most {}, {} grant times",
+                    a.key.0,
+                    g.core,
+                    a.placements.len(),
+                    extras.len(),
+                    g.max,
+                    g.granted.len()
+                ));
+            }
+            for p in extras {
+                let zone = self
+                    .capacity
+                    .nodes
+                    .get(&p.node)
+                    .map(|n| n.spec.zone.as_str());
+                if zone.is_some_and(|z| z != a.zone)
+                    || p.role != crate::spec::PartRole::Executor
+                    || p.gpus.len() as u32 != g.need.gpus
+                    || p.cores != g.need.cores
+                {
+                    return Err(format!(
+                        "cluster {} in {}: extra {p:?} is not an executor of its shape in its zone",
+                        a.key.0, a.zone
+                    ));
+                }
+            }
+        }
+        indexed.sort();
+        running.sort();
+        if indexed != running {
+            return Err(format!(
+                "elastic clusters indexed {indexed:?}, running {running:?}"
+            ));
+        }
+        Ok(())
     }
 
     /// The loans the core indexes by region are the running clusters on

@@ -10,6 +10,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::capacity::{PartNeed, Placement};
 use super::core::Scheduler;
+use super::elastic::Waiting;
 use super::model::{BatchKey, ShapeKey};
 
 /// What a pass keeps while it walks one region's queue.
@@ -57,6 +58,10 @@ pub(super) struct Walk {
     /// first of each type may reclaim loans of its own capacity, and
     /// holds its type's reservation.
     pub(super) blocked_types: HashSet<Option<crate::spec::Accelerator>>,
+    /// What the walk left waiting for capacity: the GPU types of the
+    /// region's own shapes that failed or were held back, and (region,
+    /// type) of the alternatives that failed. No extra is granted on it.
+    pub(super) waiting: Waiting,
 }
 
 /// A set of alternative options (a region and a shape), looked up without
@@ -91,6 +96,7 @@ impl Walk {
     /// The alternative option (`region`, `shape`) cannot be allocated in this
     /// pass.
     pub(super) fn alternative_fails(&mut self, region: &str, shape: ShapeKey) {
+        self.waiting.elsewhere(region, shape_accelerator(&shape));
         if self.alternative_failed.insert(region, shape) {
             self.alternatives_open = None;
         }
@@ -98,6 +104,7 @@ impl Walk {
 
     /// `shape` cannot be allocated in this pass.
     pub(super) fn shape_fails(&mut self, shape: ShapeKey) {
+        self.waiting.here(shape_accelerator(&shape));
         self.failed_shapes.insert(shape);
         self.exhausted.insert(shape);
     }
@@ -109,6 +116,12 @@ impl Walk {
         self.alternative_fits.clear();
         self.alternatives_open = None;
     }
+}
+
+/// The GPU type of a cluster of `shape`: its executors', else its
+/// driver's.
+pub(super) fn shape_accelerator(shape: &ShapeKey) -> Option<crate::spec::Accelerator> {
+    shape.1.accelerator.or(shape.0.accelerator)
 }
 
 #[derive(Debug, PartialEq, Eq)]

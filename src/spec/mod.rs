@@ -203,7 +203,7 @@ fn check_create(
     let pyspark = workload == Some(Workload::Pyspark);
     let executor = props.node_shape(PartRole::Executor, executor_accel, pyspark, &mut v);
     let driver = props.node_shape(PartRole::Driver, driver_accel, pyspark, &mut v);
-    let (executor_count, dynamic_allocation) = props.executor_count(&mut v);
+    let (executor_count, dynamic_allocation, max_extras) = props.executor_count(&mut v);
     let mode = props.provisioning_mode(uses_gpus, runtime, &mut v);
     let allocation_timeout_s = props.allocation_timeout(policy, &mut v);
     let ttl_s = check_ttl(batch, runtime, policy, &mut v);
@@ -238,6 +238,7 @@ fn check_create(
         infrastructure_retries,
         preemptible,
         dynamic_allocation,
+        max_extras,
     })
 }
 
@@ -571,8 +572,21 @@ pub(crate) fn quota_amounts(
     executors: u32,
     mode: ProvisioningMode,
 ) -> Vec<QuotaAmount> {
-    let preemptible = mode == ProvisioningMode::Queue;
     let mut amounts: Vec<QuotaAmount> = Vec::new();
+    add_quota(&mut amounts, driver, 1, mode);
+    add_quota(&mut amounts, executor, u64::from(executors), mode);
+    amounts.sort_by_key(|a| a.metric);
+    amounts
+}
+
+/// Adds what `count` parts of shape `node` draw from quota to `amounts`.
+pub(crate) fn add_quota(
+    amounts: &mut Vec<QuotaAmount>,
+    node: &NodeShape,
+    count: u64,
+    mode: ProvisioningMode,
+) {
+    let preemptible = mode == ProvisioningMode::Queue;
     let mut add = |metric: QuotaMetric, amount: u64| {
         if amount == 0 {
             return;
@@ -582,17 +596,13 @@ pub(crate) fn quota_amounts(
             None => amounts.push(QuotaAmount { metric, amount }),
         }
     };
-    for (node, count) in [(driver, 1u64), (executor, u64::from(executors))] {
-        if let Some(accel) = node.accelerator {
-            add(
-                accel.quota_metric(preemptible),
-                u64::from(node.gpus) * count,
-            );
-            add(QuotaMetric::LocalSsdTotalGb, node.local_ssd_gb * count);
-        }
+    if let Some(accel) = node.accelerator {
+        add(
+            accel.quota_metric(preemptible),
+            u64::from(node.gpus) * count,
+        );
+        add(QuotaMetric::LocalSsdTotalGb, node.local_ssd_gb * count);
     }
-    amounts.sort_by_key(|a| a.metric);
-    amounts
 }
 
 #[cfg(test)]

@@ -377,17 +377,17 @@ impl Properties {
     /// `spark.executor.instances`, `minExecutors` and `initialExecutors`,
     /// each checked against Dataproc's bounds and `minExecutors ≤
     /// initialExecutors ≤ maxExecutors`.
-    pub(crate) fn executor_count(&self, v: &mut Violations) -> (u32, bool) {
+    pub(crate) fn executor_count(&self, v: &mut Violations) -> (u32, bool, u32) {
         let instances = self.executor_instances(v);
         match self.get(DYNAMIC_ALLOCATION) {
-            None | Some("false") => return (instances, false),
+            None | Some("false") => return (instances, false, 0),
             Some("true") => {}
             Some(other) => {
                 v.invalid(
                     property_field(DYNAMIC_ALLOCATION),
                     format!("{} is not a boolean; accepted: true or false", quote(other)),
                 );
-                return (instances, false);
+                return (instances, false, 0);
             }
         }
         let mut whole = |key: &str, default: u32, most: u32| -> Option<u32> {
@@ -413,7 +413,7 @@ impl Properties {
         let initial = whole(INITIAL_EXECUTORS, min.unwrap_or(2), MAX_INITIAL_EXECUTORS);
         let max = whole(MAX_EXECUTORS_KEY, MAX_EXECUTORS, MAX_EXECUTORS);
         let (Some(min), Some(initial), Some(max)) = (min, initial, max) else {
-            return (instances, true);
+            return (instances, true, 0);
         };
         let count = instances.max(min).max(initial);
         if min > initial {
@@ -429,7 +429,7 @@ impl Properties {
                 ),
             );
         }
-        (count, true)
+        (count, true, max.saturating_sub(count))
     }
 
     pub(crate) fn executor_instances(&self, v: &mut Violations) -> u32 {

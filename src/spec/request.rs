@@ -148,6 +148,16 @@ pub struct ClusterRequest {
     /// it (docs/rules.md#dynamic-allocation).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dynamic_allocation: bool,
+    /// With dynamic allocation on: how many executors Spark may add beyond
+    /// `executor_count` (`spark.dynamicAllocation.maxExecutors`, 1000 when
+    /// unset, less the core), each granted alone while GPUs are free
+    /// (docs/rules.md#elastic-batches).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_extras: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn preemptible_by_default() -> bool {
@@ -169,6 +179,14 @@ impl ClusterRequest {
                 n = self.executor_count
             )
         })
+    }
+
+    /// What one more executor (an elastic batch's extra) draws from
+    /// quota.
+    pub fn extra_quota(&self) -> Vec<QuotaAmount> {
+        let mut amounts = Vec::new();
+        super::add_quota(&mut amounts, &self.executor, 1, self.mode);
+        amounts
     }
 
     /// Its allocation deadline when queued at `queued_at` (at create, or

@@ -263,8 +263,16 @@ impl Store {
                     priority: row.try_get::<i64, _>("priority")? as i32,
                     preemptible: stored.cluster.preemptible,
                     preemptions: u32::try_from(row.try_get::<i64, _>("preemptions")?).unwrap_or(0),
+                    elastic: crate::scheduler::Growth::of(cluster, 0).map(Box::new),
                 },
             );
+        }
+        // Every part stored is of the core gang: extras are not granted
+        // on a server yet (docs/rules.md#elastic-batches).
+        for a in out.values_mut() {
+            if let Some(g) = a.elastic.as_mut() {
+                g.core = a.placements.len();
+            }
         }
         Ok(out.into_values().collect())
     }

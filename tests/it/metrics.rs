@@ -83,6 +83,7 @@ async fn server_tuned(
                     },
                 )]),
                 preemption,
+                elastic: Default::default(),
             },
         );
         tune(c);

@@ -1,11 +1,12 @@
 //! The core against its invariants: unit cases for each rule, by topic
 //! ([`allocation`], [`estimate`], [`holds`], [`preempt`], [`reload`], [`alternatives`],
-//! [`views`]), on the
+//! [`elastic`], [`views`]), on the
 //! fixtures here, and property tests over random event sequences in
 //! [`props`].
 
 mod allocation;
 mod alternatives;
+mod elastic;
 mod estimate;
 mod holds;
 mod preempt;
@@ -106,6 +107,7 @@ fn cluster(
         ],
         preemptible: true,
         dynamic_allocation: false,
+        max_extras: 0,
     }
 }
 

@@ -17,6 +17,7 @@ fn layout(max: u32, virtual_nodes: u32, quota: u64, weights: &[(&str, f64)]) -> 
             ..FairSharePolicy::default()
         },
         preemption: Default::default(),
+        elastic: Default::default(),
         alternatives: Vec::new(),
     }
 }

@@ -256,6 +256,7 @@ impl Submit {
             infrastructure_retries: self.retries,
             preemptible: true,
             dynamic_allocation: false,
+            max_extras: 0,
         };
         let mut alternatives = Vec::new();
         if mode == ProvisioningMode::Queue {

@@ -142,6 +142,7 @@ impl Model {
             rules: self.rules.clone(),
             fair,
             preemption: Default::default(),
+            elastic: Default::default(),
             // No cluster is ever stopped for another in this world: loans
             // run to their end (reclaim has its own harness,
             // `reclaim_props.rs`).
