@@ -126,6 +126,7 @@ fn simulate(opts: &FairShareOptions, dir: &std::path::Path) -> Result<(), CliErr
             // 20 minutes to 3 hours, cut at the batch's ttl.
             run_s: 1200.0 + ((i * 7919) % 9600) as f64,
             batch: shaped_batch(i, 3600),
+            demand: Default::default(),
         })
         .collect();
     let t = Instant::now();

@@ -52,6 +52,20 @@ adds:
 - eval: in europe-west4, a 4-GPU A100-40 batch about every 90 minutes,
   40 to 70 minutes each, a 1-hour allocation timeout.
 
+With --elastic, the week trace where every other research batch runs
+with Spark's dynamic allocation on (docs/simulate.md, "elastic batches"):
+
+    python3 examples/traces/generate.py --seed 1 --days 7 --elastic > examples/traces/elastic.csv
+
+- such a batch starts on its core (a driver and two executors) and Spark
+  wants 6 executors for the first 40 % of its run, then its 2 again
+  (max_executors 6, min_executors 2, peak_share 0.4);
+
+and with --fixed the same batches sized for their peak: 6 executors held
+for the whole run, of which Spark wants 2 after the first 40 %:
+
+    python3 examples/traces/generate.py --seed 1 --days 7 --fixed > examples/traces/elastic-fixed.csv
+
 The same seed writes the same file (Python's random.Random is
 deterministic for a seed).
 """
@@ -73,6 +87,10 @@ def main() -> None:
                         help="the mixed trace plus native users of the A100s")
     parser.add_argument("--urgent", action="store_true",
                         help="add europe-west4's on-call team, priority 10")
+    parser.add_argument("--elastic", action="store_true",
+                        help="every other research batch with dynamic allocation, up to 6 executors")
+    parser.add_argument("--fixed", action="store_true",
+                        help="the --elastic batches sized for their peak, 6 executors")
     args = parser.parse_args()
     args.mixed = args.mixed or args.loans
     rng = random.Random(args.seed)
@@ -128,8 +146,27 @@ def main() -> None:
         for t in range(2 * 3600, span, 4 * 3600):
             rows.append((t + rng.randint(0, 3600), "oncall", rng.randint(30, 45) * 60,
                          "600s", 5, 10, "europe-west4", ""))
+    if args.elastic or args.fixed:
+        research = [i for i, r in enumerate(rows) if r[1] == "research"]
+        for n, i in enumerate(research):
+            if n % 2:
+                continue
+            r = list(rows[i])
+            if args.elastic:
+                r.append("6,2,0.4")
+            else:
+                r[4] = 6
+                r.append(",2,0.4")
+            rows[i] = tuple(r)
     rows.sort()
     out = sys.stdout
+    if args.elastic or args.fixed:
+        out.write(HEADER.rsplit(",", 1)[0] + ",max_executors,min_executors,peak_share\n")
+        for r in rows:
+            submit, project, run, timeout, executors, priority, region, _ = r[:8]
+            tail = r[8] if len(r) > 8 else ",,"
+            out.write(f"{submit},{project},{region},{run},{timeout},{executors},{priority},{tail}\n")
+        return
     # The week trace keeps its seven columns; --mixed adds accelerator.
     out.write((HEADER if args.mixed else HEADER.rsplit(",", 1)[0]) + "\n")
     for r in rows:

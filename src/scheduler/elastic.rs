@@ -71,6 +71,8 @@ pub enum ExtraChange {
         key: BatchKey,
         batch_id: String,
         placement: Placement,
+        /// When it was granted.
+        since: DateTime<Utc>,
     },
 }
 
@@ -158,13 +160,14 @@ impl Scheduler {
             .get(&key)
             .is_some_and(|a| a.extras().len() > keep)
         {
-            let Some((batch_id, placement)) = self.release_newest(key, now) else {
+            let Some((batch_id, placement, since)) = self.release_newest(key, now) else {
                 break;
             };
             out.push(ExtraChange::Released {
                 key,
                 batch_id,
                 placement,
+                since,
             });
         }
         out
@@ -172,7 +175,11 @@ impl Scheduler {
 
     /// Gives back `key`'s newest extra at `now`: its capacity, quota and
     /// share.
-    fn release_newest(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<(String, Placement)> {
+    fn release_newest(
+        &mut self,
+        key: BatchKey,
+        now: DateTime<Utc>,
+    ) -> Option<(String, Placement, DateTime<Utc>)> {
         let a = self.running.get_mut(&key)?;
         let growth = a.elastic.as_mut()?;
         if a.placements.len() <= growth.core {
@@ -193,7 +200,7 @@ impl Scheduler {
             now,
         );
         self.dirty.insert(region);
-        Some((batch_id, placement))
+        Some((batch_id, placement, since))
     }
 
     /// A cluster that ends at `now` leaves the fair-share order's held
@@ -251,6 +258,8 @@ impl Scheduler {
             .into_iter()
             .flatten()
             .copied()
+            // A cluster stopping for a preemptor or its owners grows no more.
+            .filter(|k| self.claims.stopping_for(*k).is_none())
             .filter(|k| {
                 self.running.get(k).is_some_and(|a| {
                     a.elastic

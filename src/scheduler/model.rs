@@ -141,9 +141,19 @@ impl Allocation {
     }
 
     /// GPU-seconds held from the allocation until `until`.
+    /// An elastic cluster's extras count from their grants.
     pub fn gpu_seconds(&self, until: DateTime<Utc>) -> f64 {
-        let held = (until - self.allocated_at).num_milliseconds().max(0) as f64 / 1000.0;
-        self.gpus() as f64 * held
+        let held = |from: DateTime<Utc>| (until - from).num_milliseconds().max(0) as f64 / 1000.0;
+        let extras = self.extras();
+        let core = &self.placements[..self.placements.len() - extras.len()];
+        let core_gpus: usize = core.iter().map(|p| p.gpus.len()).sum();
+        let granted = self.elastic.iter().flat_map(|g| g.granted.iter());
+        let extra_seconds: f64 = extras
+            .iter()
+            .zip(granted)
+            .map(|(p, at)| p.gpus.len() as f64 * held(*at))
+            .sum();
+        core_gpus as f64 * held(self.allocated_at) + extra_seconds
     }
 }
 

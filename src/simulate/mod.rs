@@ -26,7 +26,7 @@ use crate::scheduler::{BatchKey, Decision, NodeId, PendingBatch, Scheduler};
 use crate::spec;
 
 pub use report::{ProjectStats, SimReport, ZoneStats, compare_table};
-pub use trace::{Record, TraceBatch, TraceError, read};
+pub use trace::{Demand, Record, TraceBatch, TraceError, read};
 
 /// Where virtual time starts (any fixed instant: reports depend only on
 /// differences).
@@ -42,6 +42,10 @@ fn at(seconds: f64) -> DateTime<Utc> {
 
 fn seconds(t: DateTime<Utc>) -> f64 {
     (t - epoch()).num_milliseconds() as f64 / 1000.0
+}
+
+fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_milliseconds().max(0) as f64 / 1000.0
 }
 
 /// A trace batch refused before the simulation (the API would refuse its
@@ -66,6 +70,7 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<SimReport
             break;
         };
         last = last.max(now);
+        sim.end_peaks(now);
         sim.end_clusters(now);
         sim.stop_preempted(now);
         while let Some(&i) = order.get(next) {
@@ -77,6 +82,7 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<SimReport
             sim.submit(tb, now)?;
         }
         sim.pass(now);
+        sim.grow(now);
     }
     Ok(sim.finish(last))
 }
@@ -115,6 +121,13 @@ struct Sim<'a> {
     stops: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey)>>,
     /// Of those stopping, the loans their owners reclaim.
     reclaimed: std::collections::HashSet<BatchKey>,
+    /// What Spark of each batch wants over its run.
+    demands: HashMap<BatchKey, trace::Demand>,
+    /// The ends of running clusters' peaks, by (time, batch, allocation).
+    peaks: BinaryHeap<Reverse<(DateTime<Utc>, BatchKey, u32)>>,
+    /// Clusters past their peak: since when, and how many of their GPUs
+    /// Spark no longer wants.
+    idle: HashMap<BatchKey, (DateTime<Utc>, u64)>,
 }
 
 impl<'a> Sim<'a> {
@@ -126,10 +139,14 @@ impl<'a> Sim<'a> {
         core.set_fair_share(config.fair_share());
         core.set_preemption(config.preemption());
         core.set_reclaim(policy.alternative_rules.clone());
+        core.set_elastic(config.elastic());
         for node in declared_nodes(config) {
             core.add_node(node);
         }
         let mut report = SimReport::new(config);
+        if trace.iter().any(|b| b.demand != trace::Demand::default()) {
+            report.elastic = Some(report::ElasticStats::default());
+        }
         // The zones of the regions the trace uses.
         let regions: std::collections::BTreeSet<&str> =
             trace.iter().map(|b| b.region.as_str()).collect();
@@ -150,6 +167,9 @@ impl<'a> Sim<'a> {
             runs: HashMap::new(),
             stops: BinaryHeap::new(),
             reclaimed: std::collections::HashSet::new(),
+            demands: HashMap::new(),
+            peaks: BinaryHeap::new(),
+            idle: HashMap::new(),
         }
     }
 
@@ -158,7 +178,8 @@ impl<'a> Sim<'a> {
     fn next_instant(&self, submit: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
         let end = self.ends.peek().map(|Reverse((t, _, _))| *t);
         let stop = self.stops.peek().map(|Reverse((t, _))| *t);
-        [submit, end, stop, self.core.next_deadline()]
+        let peak = self.peaks.peek().map(|Reverse((t, _, _))| *t);
+        [submit, end, stop, peak, self.core.next_deadline()]
             .into_iter()
             .flatten()
             .min()
@@ -175,7 +196,96 @@ impl<'a> Sim<'a> {
                 continue;
             }
             if let Some(a) = self.core.forget(key, t) {
-                self.report.ended(&a, t);
+                self.cluster_ended(&a, t);
+            }
+        }
+    }
+
+    /// The clusters whose peak is over by `now`: Spark wants its
+    /// after-peak executors; an elastic cluster gives extras back, and
+    /// what Spark no longer wants of the rest is held idle from now.
+    fn end_peaks(&mut self, now: DateTime<Utc>) {
+        while let Some(Reverse((t, key, run))) = self.peaks.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.peaks.pop();
+            if self.runs.get(&key) != Some(&run) {
+                continue;
+            }
+            let Some(a) = self.core.allocation(key) else {
+                continue;
+            };
+            let core = &a.placements[..a.placements.len() - a.extras().len()];
+            let executors: Vec<&crate::scheduler::Placement> = core
+                .iter()
+                .filter(|p| p.role == crate::scheduler::PartRole::Executor)
+                .collect();
+            let per_executor = executors.first().map_or(0, |p| p.gpus.len() as u64);
+            // After its peak Spark wants `after_peak` executors (default:
+            // its core's).
+            let after = self
+                .demands
+                .get(&key)
+                .and_then(|d| d.after_peak)
+                .unwrap_or(executors.len() as u32);
+            let unwanted = (executors.len() as u64).saturating_sub(u64::from(after));
+            let extras_wanted = after.saturating_sub(executors.len() as u32);
+            if unwanted > 0 {
+                self.idle.insert(key, (t, unwanted * per_executor));
+            }
+            for change in self.core.set_wanted(key, extras_wanted, t) {
+                self.extra_change(change, t);
+            }
+        }
+    }
+
+    /// A cluster ended at `at` (its run, or its grace after a preemption).
+    fn cluster_ended(&mut self, a: &crate::scheduler::Allocation, at: DateTime<Utc>) {
+        self.report.ended(a, at);
+        let idle = self.idle.remove(&a.key);
+        if let Some(stats) = self.report.elastic.as_mut() {
+            let extras = a.elastic.iter().flat_map(|g| g.granted.iter());
+            stats.extra_gpu_hours += a
+                .extras()
+                .iter()
+                .zip(extras)
+                .map(|(p, since)| p.gpus.len() as f64 * seconds_between(*since, at))
+                .sum::<f64>()
+                / 3600.0;
+            if let Some((since, gpus)) = idle {
+                stats.idle_gpu_hours += gpus as f64 * seconds_between(since, at) / 3600.0;
+            }
+        }
+    }
+
+    /// After a pass: the extras the core grants elastic clusters.
+    fn grow(&mut self, now: DateTime<Utc>) {
+        for change in self.core.grow(now) {
+            self.extra_change(change, now);
+        }
+    }
+
+    fn extra_change(&mut self, change: crate::scheduler::ExtraChange, now: DateTime<Utc>) {
+        use crate::scheduler::ExtraChange;
+        let Some(stats) = self.report.elastic.as_mut() else {
+            return;
+        };
+        match change {
+            ExtraChange::Granted { .. } => stats.extras_granted += 1,
+            ExtraChange::Released {
+                key,
+                placement,
+                since,
+                ..
+            } => {
+                let hours = placement.gpus.len() as f64 * seconds_between(since, now) / 3600.0;
+                stats.extra_gpu_hours += hours;
+                if let Some(a) = self.core.allocation(key) {
+                    let (project, zone) = (a.project.clone(), a.zone.clone());
+                    self.report.project(&project).gpu_hours += hours;
+                    self.report.zone(&zone).gpu_hours += hours;
+                }
             }
         }
     }
@@ -192,7 +302,7 @@ impl<'a> Sim<'a> {
             let Some(a) = self.core.forget(key, t) else {
                 continue;
             };
-            self.report.ended(&a, t);
+            self.cluster_ended(&a, t);
             let reclaimed = self.reclaimed.remove(&key);
             if reclaimed {
                 self.report.reclaimed(&a, t);
@@ -240,6 +350,7 @@ impl<'a> Sim<'a> {
         let ttl = cluster.ttl_s.map_or(f64::INFINITY, |t| t as f64);
         let run_s = tb.run_s.min(ttl);
         self.queued.insert(key, (tb.project.clone(), run_s));
+        self.demands.insert(key, tb.demand);
         let batch = PendingBatch {
             key,
             batch_id: format!("line-{}", tb.line),
@@ -277,6 +388,23 @@ impl<'a> Sim<'a> {
                     let run = self.runs.entry(a.key).or_default();
                     *run += 1;
                     self.ends.push(Reverse((end, a.key, *run)));
+                    let run = *run;
+                    if let Some(d) = self.demands.get(&a.key).copied() {
+                        if d.peak_share < 1.0 {
+                            let peak = (ran * d.peak_share * 1000.0).round() as i64;
+                            self.peaks.push(Reverse((
+                                now + Duration::milliseconds(peak),
+                                a.key,
+                                run,
+                            )));
+                        }
+                    }
+                    if let Some(g) = &a.elastic {
+                        // Spark wants all it may have from its start.
+                        self.core.set_wanted(a.key, g.max, now);
+                        let stats = self.report.elastic.get_or_insert_with(Default::default);
+                        stats.clusters += 1;
+                    }
                     self.report.allocated(&a);
                 }
                 Decision::Preempt(p) => {

@@ -28,10 +28,40 @@ pub struct SimReport {
     /// and up its placement alternatives.
     #[serde(rename = "rungs")]
     pub alternatives: BTreeMap<u32, u64>,
+    /// Where the trace says what Spark wants over a run (elastic batches,
+    /// or a peak): extras and GPUs held idle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticStats>,
     #[serde(skip)]
     waits: HashMap<String, Vec<f64>>,
     #[serde(skip)]
     weights: HashMap<String, f64>,
+}
+
+/// Elastic clusters and GPUs held past Spark's wants, over the trace.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ElasticStats {
+    /// Elastic clusters allocated.
+    pub clusters: u64,
+    /// Extras granted, and the GPU-hours they held (in the projects'
+    /// GPU-hours too).
+    pub extras_granted: u64,
+    pub extra_gpu_hours: f64,
+    /// GPU-hours of executors held after their batch's peak that Spark no
+    /// longer wanted.
+    pub idle_gpu_hours: f64,
+}
+
+impl ElasticStats {
+    /// "12 elastic clusters, 40 extras granted (31.2 GPU-hours), 5.0
+    /// GPU-hours held idle after their peak".
+    fn line(&self) -> String {
+        format!(
+            "{} elastic clusters, {} extras granted ({:.1} GPU-hours), {:.1} GPU-hours held idle after their peak",
+            self.clusters, self.extras_granted, self.extra_gpu_hours, self.idle_gpu_hours
+        )
+    }
 }
 
 /// One project (or the total).
@@ -269,6 +299,9 @@ impl SimReport {
             "\nallocations by rung: {}",
             alternatives_line(&self.alternatives)
         );
+        if let Some(e) = &self.elastic {
+            let _ = writeln!(out, "elastic: {}", e.line());
+        }
         out
     }
 }
@@ -366,6 +399,14 @@ pub fn compare_table(a: &SimReport, b: &SimReport, a_name: &str, b_name: &str) -
         alternatives_line(&a.alternatives),
         alternatives_line(&b.alternatives)
     );
+    if a.elastic.is_some() || b.elastic.is_some() {
+        let line = |r: &SimReport| {
+            r.elastic
+                .as_ref()
+                .map_or("none".to_string(), ElasticStats::line)
+        };
+        let _ = writeln!(out, "elastic: A {}; B {}", line(a), line(b));
+    }
     out
 }
 

@@ -201,3 +201,70 @@ fn a_region_alternatives_gpu_hours_count_in_the_zone_it_ran_in() {
         .sum();
     assert!(spilled > 0.0, "{}", r.table());
 }
+
+/// An elastic batch alone grows to what Spark wants while nothing waits,
+/// gives its extras back when its peak is over, and the GPU-hours count
+/// each extra from its grant to its release; the same batch sized for its
+/// peak holds the GPUs Spark no longer wants, idle.
+#[test]
+fn an_elastic_batch_grows_for_its_peak_and_a_fixed_one_holds_it_idle() {
+    let header = "submit_s,project,region,run_s,allocation_timeout,executors,max_executors,min_executors,peak_share\n";
+    // 1 + 2 executors, up to 6, for the first half of an hour.
+    let elastic = format!("{header}0,a,europe-west4,3600,3600s,2,6,2,0.5\n");
+    let r = run(&config(""), &trace(&elastic), 0).expect("run");
+    let e = r.elastic.as_ref().expect("elastic stats");
+    assert_eq!((e.clusters, e.extras_granted), (1, 4), "{e:?}");
+    // 4 extras for half an hour; the core, 3 GPUs for the hour.
+    assert!((e.extra_gpu_hours - 2.0).abs() < 1e-6, "{e:?}");
+    assert!(
+        (r.projects["a"].gpu_hours - 5.0).abs() < 1e-6,
+        "{:?}",
+        r.projects["a"]
+    );
+    assert_eq!(e.idle_gpu_hours, 0.0);
+
+    // Sized for the peak: 1 + 6 for the hour, of which 4 are idle for
+    // its second half.
+    let fixed = format!("{header}0,a,europe-west4,3600,3600s,6,,2,0.5\n");
+    let r = run(&config(""), &trace(&fixed), 0).expect("run");
+    let e = r.elastic.as_ref().expect("elastic stats");
+    assert_eq!((e.clusters, e.extras_granted), (0, 0), "{e:?}");
+    assert!((e.idle_gpu_hours - 2.0).abs() < 1e-6, "{e:?}");
+    assert!((r.projects["a"].gpu_hours - 7.0).abs() < 1e-6);
+
+    // With extras off in the region, the elastic batch runs on its core.
+    let off = config("[regions.europe-west4.elastic]\nenabled = false\n");
+    let r = run(&off, &trace(&elastic), 0).expect("run");
+    assert_eq!(r.elastic.as_ref().map(|e| e.extras_granted), Some(0));
+    assert!((r.projects["a"].gpu_hours - 3.0).abs() < 1e-6);
+}
+
+/// GPUs freed while a gang still waits for more stay free: no extra
+/// takes them.
+#[test]
+fn extras_are_not_granted_while_a_gang_waits_for_the_gpus() {
+    let header = "submit_s,project,region,run_s,allocation_timeout,executors,max_executors\n";
+    // 32 L4 GPUs: g holds 25 for an hour, k 3 for 15 minutes; a (1 + 2,
+    // up to 20) takes the one left as an extra; w (1 + 5) waits for g.
+    let csv = format!(
+        "{header}0,g,europe-west4,3600,7200s,24,\n0,k,europe-west4,900,7200s,2,\n\
+         10,a,europe-west4,7200,7200s,2,20\n20,w,europe-west4,600,7200s,5,\n"
+    );
+    let r = run(&config(""), &trace(&csv), 0).expect("run");
+    let e = r.elastic.as_ref().expect("elastic stats");
+    assert_eq!(
+        r.projects["w"].wait_p50_s,
+        Some(3580.0),
+        "{:?}",
+        r.projects["w"]
+    );
+    // k's 3 GPUs, freed at 15 minutes, wait for w with it; at g's end w
+    // goes first, and a grows to its most (18 extras: 1 from the start,
+    // 17 from g's end).
+    assert_eq!(e.extras_granted, 18, "{e:?}");
+    let want = (7200.0 + 17.0 * 3610.0) / 3600.0;
+    assert!(
+        (e.extra_gpu_hours - want).abs() < 1e-6,
+        "{e:?}, want {want}"
+    );
+}

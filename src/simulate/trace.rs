@@ -44,6 +44,19 @@ pub struct Record {
     /// `environmentConfig.executionConfig.ttl`, like `"4h"`.
     #[serde(default)]
     pub ttl: Option<String>,
+    /// Spark's dynamic allocation on, up to this many executors
+    /// (`spark.dynamicAllocation.maxExecutors`): the batch is elastic.
+    #[serde(default)]
+    pub max_executors: Option<u32>,
+    /// The executors Spark wants once its peak is over (with
+    /// `max_executors`, also its `minExecutors`). Default: `executors`.
+    #[serde(default)]
+    pub min_executors: Option<u32>,
+    /// The share of its run (above 0, at most 1) during which Spark wants
+    /// all its executors (`max_executors`, else `executors`); after it,
+    /// `min_executors`. Default 1.
+    #[serde(default)]
+    pub peak_share: Option<f64>,
     /// JSON lines only: more `runtimeConfig.properties`, applied last.
     #[serde(default)]
     pub properties: Option<BTreeMap<String, String>>,
@@ -59,6 +72,26 @@ pub struct TraceBatch {
     pub region: String,
     pub run_s: f64,
     pub batch: Batch,
+    /// What Spark wants over the run.
+    pub demand: Demand,
+}
+
+/// What Spark of a trace batch wants over its run: all its executors for
+/// the first `peak_share` of it, then `after_peak` executors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    pub peak_share: f64,
+    pub after_peak: Option<u32>,
+}
+
+impl Default for Demand {
+    /// All its executors for the whole run.
+    fn default() -> Demand {
+        Demand {
+            peak_share: 1.0,
+            after_peak: None,
+        }
+    }
 }
 
 /// A trace that cannot be read: the line and what is wrong with it.
@@ -70,7 +103,7 @@ pub struct TraceError {
 }
 
 /// The accepted form, for error messages.
-const FORM: &str = "a CSV with the header submit_s,project,region,run_s[,allocation_timeout,accelerator,executors,executor_cores,priority,runtime,ttl] or JSON lines with those keys (and properties)";
+const FORM: &str = "a CSV with the header submit_s,project,region,run_s[,allocation_timeout,accelerator,executors,executor_cores,priority,runtime,ttl,max_executors,min_executors,peak_share] or JSON lines with those keys (and properties)";
 
 /// Reads a trace: JSON lines when the first non-blank character is `{`,
 /// CSV otherwise.
@@ -203,6 +236,29 @@ fn to_batch(r: Record, line: usize) -> Result<TraceBatch, TraceError> {
     if let Some(c) = r.executor_cores {
         properties.insert("spark.executor.cores".into(), c.to_string());
     }
+    if let Some(max) = r.max_executors {
+        properties.insert("spark.dynamicAllocation.enabled".into(), "true".into());
+        properties.insert(
+            "spark.dynamicAllocation.maxExecutors".into(),
+            max.to_string(),
+        );
+        if let Some(min) = r.min_executors {
+            properties.insert(
+                "spark.dynamicAllocation.minExecutors".into(),
+                min.to_string(),
+            );
+        }
+    }
+    let peak_share = r.peak_share.unwrap_or(1.0);
+    if !(peak_share > 0.0 && peak_share <= 1.0) {
+        return Err(bad(format!(
+            "peak_share {peak_share} is not a share of the run: above 0, at most 1, like 0.3"
+        )));
+    }
+    let demand = Demand {
+        peak_share,
+        after_peak: r.min_executors,
+    };
     properties.extend(r.properties.unwrap_or_default());
     let mut batch = json!({
         "pysparkBatch": {"mainPythonFileUri": "gs://simulated/job.py"},
@@ -226,6 +282,7 @@ fn to_batch(r: Record, line: usize) -> Result<TraceBatch, TraceError> {
         region: r.region,
         run_s: r.run_s,
         batch,
+        demand,
     })
 }
 

@@ -175,6 +175,8 @@ fn the_example_traces_are_what_their_generator_writes() {
         ("mixed.csv", Some("--mixed")),
         ("urgent.csv", Some("--urgent")),
         ("loans.csv", Some("--loans")),
+        ("elastic.csv", Some("--elastic")),
+        ("elastic-fixed.csv", Some("--fixed")),
     ] {
         let out = Command::new("python3")
             .arg(repo("examples/traces/generate.py"))
@@ -246,6 +248,50 @@ fn reclaimed_loans_keep_the_owners_waits_and_the_ladder_cuts_expiries() {
         expired(&never),
         expired(&none)
     );
+}
+
+/// Issue 40's traces: research batches elastic (up to 6 executors for
+/// 40 % of their run) against the same sized for their peak. Elastic,
+/// they expire less and hold no GPU Spark does not want; sized for their
+/// peak they hold GPUs idle after it. With extras off they run on their
+/// core and nothing is granted.
+#[test]
+fn elastic_batches_expire_less_than_those_sized_for_their_peak_and_hold_nothing_idle() {
+    let elastic = report_of("examples/traces/elastic.csv", None);
+    let fixed = report_of("examples/traces/elastic-fixed.csv", None);
+    let off = report_of(
+        "examples/traces/elastic.csv",
+        Some("examples/traces/no-extras.toml"),
+    );
+    let expired = |r: &Value| {
+        r["projects"]["research"]["expiredPct"]
+            .as_f64()
+            .expect("pct")
+    };
+    assert!(
+        expired(&elastic) < expired(&fixed),
+        "research expired: {} elastic, {} sized for the peak",
+        expired(&elastic),
+        expired(&fixed)
+    );
+    let stat = |r: &Value, k: &str| r["elastic"][k].as_f64().unwrap_or(-1.0);
+    assert!(
+        stat(&elastic, "extrasGranted") > 0.0,
+        "{:#}",
+        elastic["elastic"]
+    );
+    assert_eq!(
+        stat(&elastic, "idleGpuHours"),
+        0.0,
+        "{:#}",
+        elastic["elastic"]
+    );
+    assert!(
+        stat(&fixed, "idleGpuHours") > 50.0,
+        "{:#}",
+        fixed["elastic"]
+    );
+    assert_eq!(stat(&off, "extrasGranted"), 0.0, "{:#}", off["elastic"]);
 }
 
 /// The simulator and the server are the same core: the same batches, at
