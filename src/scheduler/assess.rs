@@ -224,6 +224,24 @@ impl Scheduler {
         walk: &mut Walk,
         out: &mut Vec<Decision>,
     ) -> Considered {
+        // Elastic clusters' extras go back first for the first batch of
+        // each GPU type that capacity blocks, where they alone make room
+        // for it on its own placement.
+        if let Some(batch) = self.queue.get(key).cloned() {
+            let parts = needs(&batch.cluster);
+            if !walk.blocked_types.contains(&batch.cluster.accelerator())
+                && self.reclaim_extras(region, &parts, &batch.batch_id, now)
+            {
+                walk.capacity_taken();
+                if let Some(plan) = self.best_zone(region, &parts) {
+                    if self.capacity.take(&plan.1) {
+                        let own = (region, &batch.cluster);
+                        out.push(self.grant(&batch, own, plan, None, now));
+                        return Considered::Allocated;
+                    }
+                }
+            }
+        }
         if self.try_alternatives(key, region, now, walk, out) == Considered::Allocated {
             return Considered::Allocated;
         }

@@ -66,6 +66,15 @@ pub enum ExtraChange {
         batch_id: String,
         placement: Placement,
     },
+    /// Taken back at once for a queued batch blocked by capacity of its
+    /// zone (`for_batch`): it goes back before any cluster is preempted.
+    Reclaimed {
+        key: BatchKey,
+        batch_id: String,
+        placement: Placement,
+        since: DateTime<Utc>,
+        for_batch: String,
+    },
     /// Spark wants fewer: the newest extra goes back.
     Released {
         key: BatchKey,
@@ -105,6 +114,8 @@ pub(super) struct Elastic {
     pub(super) policies: HashMap<String, ElasticPolicy>,
     /// Running clusters that may grow, by the region they hold.
     pub(super) running: HashMap<String, BTreeSet<BatchKey>>,
+    /// Extras taken back in a pass, for [`Scheduler::grow`] to answer.
+    pub(super) reclaimed: Vec<ExtraChange>,
     /// Per walked region: what its last walk left waiting
     /// ([`Scheduler::pass`] keeps it).
     pub(super) waiting: HashMap<String, Waiting>,
@@ -218,13 +229,73 @@ impl Scheduler {
         }
     }
 
+    /// For a queued batch of `parts` blocked by capacity in `region`: the
+    /// fewest extras of one zone, newest first, whose going back lets it
+    /// fit there go back now (answered by the next [`Scheduler::grow`]).
+    /// False, and nothing changed, where no zone's extras are enough.
+    pub(super) fn reclaim_extras(
+        &mut self,
+        region: &str,
+        parts: &[PartNeed],
+        for_batch: &str,
+        now: DateTime<Utc>,
+    ) -> bool {
+        let Some(keys) = self.elastic.running.get(region) else {
+            return false;
+        };
+        let zones: Vec<String> = self.capacity.zones(region).map(str::to_string).collect();
+        let mut best: Option<Vec<BatchKey>> = None;
+        for zone in zones {
+            // The zone's extras, newest first (each cluster's from its end).
+            let mut extras: Vec<(DateTime<Utc>, usize, BatchKey, &Placement)> = Vec::new();
+            for a in keys.iter().filter_map(|k| self.running.get(k)) {
+                if a.zone != zone || self.claims.stopping_for(a.key).is_some() {
+                    continue;
+                }
+                let granted = a.elastic.iter().flat_map(|g| g.granted.iter());
+                for (i, (p, at)) in a.extras().iter().zip(granted).enumerate() {
+                    extras.push((*at, i, a.key, p));
+                }
+            }
+            extras.sort_by_key(|e| std::cmp::Reverse((e.0, e.1, e.2)));
+            let mut scratch = self.capacity.zone(region, &zone);
+            let mut taken = Vec::new();
+            for (_, _, key, p) in extras {
+                scratch.give_back(std::slice::from_ref(p));
+                taken.push(key);
+                if best.as_ref().is_some_and(|b| taken.len() >= b.len()) {
+                    break;
+                }
+                if plan_zone(&scratch.zone_nodes(region, &zone), parts).complete() {
+                    best = Some(std::mem::take(&mut taken));
+                    break;
+                }
+            }
+        }
+        let Some(taken) = best else {
+            return false;
+        };
+        for key in taken {
+            if let Some((batch_id, placement, since)) = self.release_newest(key, now) {
+                self.elastic.reclaimed.push(ExtraChange::Reclaimed {
+                    key,
+                    batch_id,
+                    placement,
+                    since,
+                    for_batch: for_batch.to_string(),
+                });
+            }
+        }
+        true
+    }
+
     /// After a pass: grants extras to the running elastic clusters that
     /// want more, one at a time in the fair-share order (then the oldest
     /// allocation first), each on a node of its cluster's zone, from what
     /// the queue left: never on capacity of a GPU type and region a queued
     /// batch waits for, within the project's quota and the region's share.
     pub fn grow(&mut self, now: DateTime<Utc>) -> Vec<ExtraChange> {
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.elastic.reclaimed);
         let regions: Vec<String> = self
             .elastic
             .running

@@ -271,9 +271,16 @@ impl<'a> Sim<'a> {
         let Some(stats) = self.report.elastic.as_mut() else {
             return;
         };
+        stats.extras_reclaimed += u64::from(matches!(change, ExtraChange::Reclaimed { .. }));
         match change {
             ExtraChange::Granted { .. } => stats.extras_granted += 1,
-            ExtraChange::Released {
+            ExtraChange::Reclaimed {
+                key,
+                placement,
+                since,
+                ..
+            }
+            | ExtraChange::Released {
                 key,
                 placement,
                 since,

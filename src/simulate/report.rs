@@ -48,18 +48,24 @@ pub struct ElasticStats {
     /// GPU-hours too).
     pub extras_granted: u64,
     pub extra_gpu_hours: f64,
+    /// Extras taken back for a queued batch blocked by capacity.
+    pub extras_reclaimed: u64,
     /// GPU-hours of executors held after their batch's peak that Spark no
     /// longer wanted.
     pub idle_gpu_hours: f64,
 }
 
 impl ElasticStats {
-    /// "12 elastic clusters, 40 extras granted (31.2 GPU-hours), 5.0
-    /// GPU-hours held idle after their peak".
+    /// "12 elastic clusters, 40 extras granted (31.2 GPU-hours), 3 taken
+    /// back for a queued batch, 5.0 GPU-hours held idle after their peak".
     fn line(&self) -> String {
         format!(
-            "{} elastic clusters, {} extras granted ({:.1} GPU-hours), {:.1} GPU-hours held idle after their peak",
-            self.clusters, self.extras_granted, self.extra_gpu_hours, self.idle_gpu_hours
+            "{} elastic clusters, {} extras granted ({:.1} GPU-hours), {} taken back for a queued batch, {:.1} GPU-hours held idle after their peak",
+            self.clusters,
+            self.extras_granted,
+            self.extra_gpu_hours,
+            self.extras_reclaimed,
+            self.idle_gpu_hours
         )
     }
 }

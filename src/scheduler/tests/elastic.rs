@@ -27,7 +27,7 @@ fn granted(changes: &[ExtraChange]) -> Vec<(i64, String)> {
         .iter()
         .filter_map(|c| match c {
             ExtraChange::Granted { key, placement, .. } => Some((key.0, placement.node.0.clone())),
-            ExtraChange::Released { .. } => None,
+            ExtraChange::Released { .. } | ExtraChange::Reclaimed { .. } => None,
         })
         .collect()
 }
@@ -70,7 +70,7 @@ fn extras_are_granted_to_what_spark_wants_and_given_back_newest_first() {
         .iter()
         .filter_map(|c| match c {
             ExtraChange::Released { placement, .. } => Some(placement.clone()),
-            ExtraChange::Granted { .. } => None,
+            ExtraChange::Granted { .. } | ExtraChange::Reclaimed { .. } => None,
         })
         .collect();
     assert_eq!(given, newest.into_iter().rev().collect::<Vec<_>>());
@@ -169,4 +169,42 @@ fn a_fixed_size_cluster_never_grows() {
     s.pass(t0());
     assert!(s.set_wanted(BatchKey(1), 4, t0()).is_empty());
     assert!(s.grow(t0()).is_empty());
+}
+
+#[test]
+fn a_blocked_gang_takes_the_fewest_newest_extras_back_in_the_same_pass() {
+    let mut s = Scheduler::new(vec![pool("a", 8, 2)], rules(100));
+    s.add_node(l4_node("n0", "a", 8));
+    growing(&mut s, 1.0);
+    s.submit(batch(1, "p", elastic(4), t0()));
+    s.pass(t0());
+    s.set_wanted(BatchKey(1), 4, t0());
+    assert_eq!(granted(&s.grow(t0())).len(), 4);
+    let first = s.allocation(BatchKey(1)).expect("running").extras()[0].clone();
+    // 1 + 3 needs 4 GPUs: 1 is free, so 3 extras go back, the newest.
+    s.submit(batch(
+        2,
+        "q",
+        cluster(3, ProvisioningMode::Queue, 3600, Some(3600)),
+        t0(),
+    ));
+    let later = t0() + Duration::seconds(30);
+    assert_eq!(allocated(&s.pass(later)), vec![2]);
+    let changes = s.grow(later);
+    let back: Vec<&str> = changes
+        .iter()
+        .filter_map(|c| match c {
+            ExtraChange::Reclaimed { for_batch, .. } => Some(for_batch.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(back, vec!["b-2"; 3], "{changes:?}");
+    assert!(granted(&changes).is_empty(), "nothing granted back at once");
+    let a = s.allocation(BatchKey(1)).expect("running");
+    assert_eq!(
+        a.extras(),
+        std::slice::from_ref(&first),
+        "the oldest extra stays"
+    );
+    s.check_invariants().expect("invariants");
 }

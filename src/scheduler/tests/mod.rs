@@ -7,6 +7,7 @@
 mod allocation;
 mod alternatives;
 mod elastic;
+mod elastic_props;
 mod estimate;
 mod holds;
 mod preempt;
