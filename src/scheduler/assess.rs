@@ -9,7 +9,6 @@ use chrono::{DateTime, Duration, Utc};
 use super::alternatives::ripe_at;
 use super::capacity::{Placement, needs};
 use super::core::Scheduler;
-use super::elastic::Growth;
 use super::model::{
     Allocation, BatchKey, Decision, OnAlternative, PendingBatch, ShapeKey, accelerator_label,
     shape_key, shape_text,
@@ -467,7 +466,7 @@ impl Scheduler {
             queued_at: batch.queued_at,
             accelerator: accelerator_label(cluster),
             alternative,
-            elastic: Growth::of(cluster, placements_len).map(Box::new),
+            elastic: super::model::Growth::of(cluster, placements_len).map(Box::new),
         };
         self.fair.hold(region, &batch.project, &alloc.placements);
         self.start_running(alloc.clone());

@@ -61,7 +61,7 @@ pub struct Scheduler {
     pub(super) claims: Claims,
     /// Elastic clusters' extras: where they may grow, and what the queue
     /// waits for (`elastic.rs`).
-    pub(super) elastic: super::elastic::Elastic,
+    pub(super) elastic: super::growth::Elastic,
 }
 
 impl Scheduler {

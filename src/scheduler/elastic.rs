@@ -7,141 +7,18 @@
 //! type in its region. Extras are charged like any part (quota, the
 //! fair-share order) and given back, newest first, when Spark wants fewer.
 //! Per region, the operator bounds them by a share of the region's GPUs,
-//! or turns them off.
+//! or turns them off. The types are `model.rs`'s (`Growth`,
+//! `ElasticPolicy`, `ExtraChange`); what the core keeps of them,
+//! `growth.rs`.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 
 use super::capacity::{PartNeed, Placement, plan_zone};
 use super::core::Scheduler;
-use super::model::{Allocation, BatchKey};
-use crate::spec::{Accelerator, ClusterRequest, PartRole, QuotaAmount};
-
-/// How a region lets elastic clusters grow.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ElasticPolicy {
-    /// The most of the region's GPUs extras may hold at once, 0 to 1.
-    pub max_share: f64,
-}
-
-/// An elastic cluster's growth beyond its core gang.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Growth {
-    /// How many of the allocation's placements are its core gang; the
-    /// rest are its extras, in grant order.
-    pub core: usize,
-    /// The most extras it may hold (Spark's maxExecutors less the core).
-    pub max: u32,
-    /// How many extras Spark wants now.
-    pub wanted: u32,
-    /// One extra: an executor of the placed cluster's shape.
-    pub(crate) need: PartNeed,
-    /// What one extra draws from quota.
-    pub quota: Vec<QuotaAmount>,
-    /// When each extra was granted, in grant order.
-    pub granted: Vec<DateTime<Utc>>,
-}
-
-impl Growth {
-    /// The growth of a cluster allocated as `cluster` with `core` parts:
-    /// None when Spark's dynamic allocation may not add executors to it.
-    pub fn of(cluster: &ClusterRequest, core: usize) -> Option<Growth> {
-        (cluster.max_extras > 0).then(|| Growth {
-            core,
-            max: cluster.max_extras,
-            wanted: 0,
-            need: PartNeed::of(PartRole::Executor, &cluster.executor),
-            quota: cluster.extra_quota(),
-            granted: Vec::new(),
-        })
-    }
-}
-
-/// A change to a running cluster's extras, for the runner to commit.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ExtraChange {
-    Granted {
-        key: BatchKey,
-        batch_id: String,
-        placement: Placement,
-    },
-    /// Taken back at once for a queued batch blocked by capacity of its
-    /// zone (`for_batch`): it goes back before any cluster is preempted.
-    Reclaimed {
-        key: BatchKey,
-        batch_id: String,
-        placement: Placement,
-        since: DateTime<Utc>,
-        for_batch: String,
-    },
-    /// Spark wants fewer: the newest extra goes back.
-    Released {
-        key: BatchKey,
-        batch_id: String,
-        placement: Placement,
-        /// When it was granted.
-        since: DateTime<Utc>,
-    },
-}
-
-/// What a region's last walk left waiting for capacity: extras of a GPU
-/// type in a region are granted only where nothing waits for it.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Waiting {
-    /// The walked region's own GPU types some queued batch waited for.
-    here: HashSet<Option<Accelerator>>,
-    /// (another region, GPU type) an alternative waited for.
-    elsewhere: HashSet<(String, Option<Accelerator>)>,
-}
-
-impl Waiting {
-    pub(super) fn here(&mut self, accelerator: Option<Accelerator>) {
-        self.here.insert(accelerator);
-    }
-
-    pub(super) fn elsewhere(&mut self, region: &str, accelerator: Option<Accelerator>) {
-        if !self.elsewhere.contains(&(region.to_string(), accelerator)) {
-            self.elsewhere.insert((region.to_string(), accelerator));
-        }
-    }
-}
-
-/// The running elastic clusters, by region, and what each region's last
-/// walk left waiting.
-#[derive(Debug, Default)]
-pub(super) struct Elastic {
-    pub(super) policies: HashMap<String, ElasticPolicy>,
-    /// Running clusters that may grow, by the region they hold.
-    pub(super) running: HashMap<String, BTreeSet<BatchKey>>,
-    /// Extras taken back in a pass, for [`Scheduler::grow`] to answer.
-    pub(super) reclaimed: Vec<ExtraChange>,
-    /// Per walked region: what its last walk left waiting
-    /// ([`Scheduler::pass`] keeps it).
-    pub(super) waiting: HashMap<String, Waiting>,
-}
-
-impl Elastic {
-    /// Whether a queued batch's last walk waited for capacity of
-    /// `accelerator` in `region`.
-    fn is_waited_for(&self, region: &str, accelerator: Option<Accelerator>) -> bool {
-        self.waiting.iter().any(|(walked, w)| {
-            (walked == region && w.here.contains(&accelerator))
-                || w.elsewhere.contains(&(region.to_string(), accelerator))
-        })
-    }
-}
-
-impl Allocation {
-    /// Its extras (none when it is not elastic).
-    pub fn extras(&self) -> &[Placement] {
-        let core = self
-            .elastic
-            .as_ref()
-            .map_or(self.placements.len(), |g| g.core);
-        self.placements.get(core..).unwrap_or_default()
-    }
-}
+use super::model::{Allocation, BatchKey, ElasticPolicy, ExtraChange};
+use crate::spec::QuotaAmount;
 
 impl Scheduler {
     /// Where elastic clusters may grow, and how far: the regions of

@@ -36,7 +36,7 @@ pub struct Layout {
     /// The regions where preemption is on, and how.
     pub preemption: HashMap<String, PreemptionPolicy>,
     /// The regions where elastic clusters may grow, and how far.
-    pub elastic: HashMap<String, super::elastic::ElasticPolicy>,
+    pub elastic: HashMap<String, super::model::ElasticPolicy>,
     /// The operator's placement alternatives: when a loan taken through
     /// each may be reclaimed (docs/rules.md#loans-and-reclaim).
     pub alternatives: Vec<AlternativesRule>,

@@ -19,6 +19,7 @@ mod elastic;
 mod estimate;
 mod events;
 mod fairshare;
+mod growth;
 mod holds;
 mod layout;
 mod lease;
@@ -39,13 +40,13 @@ pub use crate::spec::PartRole;
 pub use capacity::{NodeId, NodeSpec, Placement};
 pub use commit::{Committed, Void};
 pub use core::Scheduler;
-pub use elastic::{ElasticPolicy, ExtraChange, Growth};
 pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
 pub use lease::NodeLeaseError;
 pub use model::{
-    Allocation, BatchKey, Cause, Cordon, Decision, Hold, Loan, OnAlternative, PendingBatch,
-    PoolDecl, Preemption, PreemptionPolicy, Victim, accelerator_label, lender, shape_text,
+    Allocation, BatchKey, Cause, Cordon, Decision, ElasticPolicy, ExtraChange, Growth, Hold, Loan,
+    OnAlternative, PendingBatch, PoolDecl, Preemption, PreemptionPolicy, Victim, accelerator_label,
+    lender, shape_text,
 };
 pub use pending::ESTIMATE_DEPTH;
 pub use quota::{QuotaRule, QuotaView, Shortfall};

@@ -2,7 +2,8 @@
 //! a queued batch, an allocation, a decision, a declared pool, an admin's
 //! hold or cordon, what a cluster asks for as a shape (its key, its
 //! metric label, its text), and a preemption's policy, decision and claim
-//! (what `preempt.rs` decides). Types and pure functions of them; the
+//! (what `preempt.rs` decides), an elastic cluster's growth and its
+//! changes (what `elastic.rs` decides). Types and pure functions of them; the
 //! [`Scheduler`](super::Scheduler) that acts on them is `core.rs` (its
 //! state), `events.rs` and `pass.rs`.
 
@@ -67,7 +68,7 @@ pub struct Allocation {
     pub preemptions: u32,
     /// Spark's dynamic allocation on: its core gang and its extras
     /// (`elastic.rs`); None for a cluster of a fixed size.
-    pub elastic: Option<Box<super::elastic::Growth>>,
+    pub elastic: Option<Box<Growth>>,
 }
 
 /// A cluster allocated on a placement alternative.
@@ -429,4 +430,82 @@ pub(crate) struct Claim {
     pub(crate) plan: Vec<Placement>,
     pub(crate) waiting: BTreeSet<BatchKey>,
     pub(crate) banked: Vec<Placement>,
+}
+
+/// How a region lets elastic clusters grow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ElasticPolicy {
+    /// The most of the region's GPUs extras may hold at once, 0 to 1.
+    pub max_share: f64,
+}
+
+/// An elastic cluster's growth beyond its core gang.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Growth {
+    /// How many of the allocation's placements are its core gang; the
+    /// rest are its extras, in grant order.
+    pub core: usize,
+    /// The most extras it may hold (Spark's maxExecutors less the core).
+    pub max: u32,
+    /// How many extras Spark wants now.
+    pub wanted: u32,
+    /// One extra: an executor of the placed cluster's shape.
+    pub(crate) need: PartNeed,
+    /// What one extra draws from quota.
+    pub quota: Vec<QuotaAmount>,
+    /// When each extra was granted, in grant order.
+    pub granted: Vec<DateTime<Utc>>,
+}
+
+impl Growth {
+    /// The growth of a cluster allocated as `cluster` with `core` parts:
+    /// None when Spark's dynamic allocation may not add executors to it.
+    pub fn of(cluster: &ClusterRequest, core: usize) -> Option<Growth> {
+        (cluster.max_extras > 0).then(|| Growth {
+            core,
+            max: cluster.max_extras,
+            wanted: 0,
+            need: PartNeed::of(PartRole::Executor, &cluster.executor),
+            quota: cluster.extra_quota(),
+            granted: Vec::new(),
+        })
+    }
+}
+
+/// A change to a running cluster's extras, for the runner to commit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExtraChange {
+    Granted {
+        key: BatchKey,
+        batch_id: String,
+        placement: Placement,
+    },
+    /// Taken back at once for a queued batch blocked by capacity of its
+    /// zone (`for_batch`): it goes back before any cluster is preempted.
+    Reclaimed {
+        key: BatchKey,
+        batch_id: String,
+        placement: Placement,
+        since: DateTime<Utc>,
+        for_batch: String,
+    },
+    /// Spark wants fewer: the newest extra goes back.
+    Released {
+        key: BatchKey,
+        batch_id: String,
+        placement: Placement,
+        /// When it was granted.
+        since: DateTime<Utc>,
+    },
+}
+
+impl Allocation {
+    /// Its extras (none when it is not elastic).
+    pub fn extras(&self) -> &[Placement] {
+        let core = self
+            .elastic
+            .as_ref()
+            .map_or(self.placements.len(), |g| g.core);
+        self.placements.get(core..).unwrap_or_default()
+    }
 }

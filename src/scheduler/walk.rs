@@ -10,7 +10,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::capacity::{PartNeed, Placement};
 use super::core::Scheduler;
-use super::elastic::Waiting;
+use super::growth::Waiting;
 use super::model::{BatchKey, ShapeKey};
 
 /// What a pass keeps while it walks one region's queue.
