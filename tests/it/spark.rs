@@ -249,6 +249,27 @@ async fn until(
     );
 }
 
+/// `marker` (sleeps.py's) says the `who`'s driver got SIGTERM before
+/// batch `b` was allocated.
+fn signalled_before_allocation(marker: &Path, who: &str, b: &Value) {
+    let sigterm = std::fs::read_to_string(marker).unwrap_or_default();
+    let signalled: f64 = sigterm
+        .strip_prefix("sigterm ")
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the {who}'s driver got no SIGTERM: {sigterm:?}"));
+    let allocated = chrono::DateTime::parse_from_rfc3339(
+        b["flexq"]["allocateTime"].as_str().expect("allocateTime"),
+    )
+    .expect("RFC 3339")
+    .timestamp_millis() as f64
+        / 1000.0;
+    assert!(
+        signalled < allocated,
+        "SIGTERM to the {who} at {signalled}, {} allocated at {allocated}",
+        b["name"]
+    );
+}
+
 /// The node that runs batch `b`'s driver.
 fn driver_of(b: &Value) -> String {
     b["flexq"]["nodes"]
@@ -836,21 +857,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         |b| b["flexq"]["provisioningState"] != "QUEUED",
     )
     .await;
-    let sigterm = std::fs::read_to_string(&marker).unwrap_or_default();
-    let signalled: f64 = sigterm
-        .strip_prefix("sigterm ")
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or_else(|| panic!("the victim's driver got no SIGTERM: {sigterm:?}"));
-    let allocated = chrono::DateTime::parse_from_rfc3339(
-        u["flexq"]["allocateTime"].as_str().expect("allocateTime"),
-    )
-    .expect("RFC 3339")
-    .timestamp_millis() as f64
-        / 1000.0;
-    assert!(
-        signalled < allocated,
-        "SIGTERM at {signalled}, the urgent batch allocated at {allocated}"
-    );
+    signalled_before_allocation(&marker, "victim", &u);
     all_gone(&victim_uuid, Duration::from_secs(15)).await;
     let v = batch(&s, "victim").await;
     assert_eq!(v["flexq"]["preemptions"], 1, "{v:#}");
@@ -951,21 +958,7 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         |b| b["flexq"]["provisioningState"] != "QUEUED",
     )
     .await;
-    let sigterm = std::fs::read_to_string(&marker).unwrap_or_default();
-    let signalled: f64 = sigterm
-        .strip_prefix("sigterm ")
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or_else(|| panic!("the borrower's driver got no SIGTERM: {sigterm:?}"));
-    let allocated = chrono::DateTime::parse_from_rfc3339(
-        o["flexq"]["allocateTime"].as_str().expect("allocateTime"),
-    )
-    .expect("RFC 3339")
-    .timestamp_millis() as f64
-        / 1000.0;
-    assert!(
-        signalled < allocated,
-        "SIGTERM at {signalled}, the owner allocated at {allocated}"
-    );
+    signalled_before_allocation(&marker, "borrower", &o);
     all_gone(&borrower_uuid, Duration::from_secs(15)).await;
     // Its L4 quota back (its next attempt's processes carry the same
     // uuid), the borrower's own placement fits node-e.

@@ -22,6 +22,15 @@ fn growing(s: &mut Scheduler, share: f64) {
     )]));
 }
 
+/// One 8-GPU node in zone `a` of region `r`, which grows elastic clusters
+/// up to all its GPUs.
+fn one_growing_node() -> Scheduler {
+    let mut s = Scheduler::new(vec![pool("a", 8, 2)], rules(100));
+    s.add_node(l4_node("n0", "a", 8));
+    growing(&mut s, 1.0);
+    s
+}
+
 fn granted(changes: &[ExtraChange]) -> Vec<(i64, String)> {
     changes
         .iter()
@@ -45,9 +54,7 @@ fn gpus_used(s: &Scheduler) -> u64 {
 
 #[test]
 fn extras_are_granted_to_what_spark_wants_and_given_back_newest_first() {
-    let mut s = Scheduler::new(vec![pool("a", 8, 2)], rules(100));
-    s.add_node(l4_node("n0", "a", 8));
-    growing(&mut s, 1.0);
+    let mut s = one_growing_node();
     s.submit(batch(1, "p", elastic(4), t0()));
     assert_eq!(allocated(&s.pass(t0())), vec![1]);
     assert_eq!(gpus_used(&s), 3, "the core gang: a driver and 2 executors");
@@ -84,9 +91,7 @@ fn extras_are_granted_to_what_spark_wants_and_given_back_newest_first() {
 
 #[test]
 fn no_extra_takes_capacity_of_a_type_a_queued_batch_waits_for() {
-    let mut s = Scheduler::new(vec![pool("a", 8, 2)], rules(100));
-    s.add_node(l4_node("n0", "a", 8));
-    growing(&mut s, 1.0);
+    let mut s = one_growing_node();
     s.submit(batch(1, "p", elastic(4), t0()));
     s.pass(t0());
     s.set_wanted(BatchKey(1), 4, t0());
@@ -157,9 +162,7 @@ fn extras_stay_in_their_clusters_zone_within_quota_and_the_regions_share() {
 
 #[test]
 fn a_fixed_size_cluster_never_grows() {
-    let mut s = Scheduler::new(vec![pool("a", 8, 2)], rules(100));
-    s.add_node(l4_node("n0", "a", 8));
-    growing(&mut s, 1.0);
+    let mut s = one_growing_node();
     s.submit(batch(
         1,
         "p",
@@ -173,9 +176,7 @@ fn a_fixed_size_cluster_never_grows() {
 
 #[test]
 fn a_blocked_gang_takes_the_fewest_newest_extras_back_in_the_same_pass() {
-    let mut s = Scheduler::new(vec![pool("a", 8, 2)], rules(100));
-    s.add_node(l4_node("n0", "a", 8));
-    growing(&mut s, 1.0);
+    let mut s = one_growing_node();
     s.submit(batch(1, "p", elastic(4), t0()));
     s.pass(t0());
     s.set_wanted(BatchKey(1), 4, t0());
