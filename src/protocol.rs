@@ -172,6 +172,19 @@ pub enum ReportEvent {
     CpuFallback {
         fallback: crate::api::CpuFallback,
     },
+    /// From the driver's node of an elastic batch: how many executors
+    /// Spark targets now, its core's and extras together (the
+    /// `numberTargetExecutors` of its ExecutorAllocationManager;
+    /// docs/rules.md#elastic-batches). flexq grants extras up to it.
+    ExecutorDemand {
+        target_executors: u32,
+    },
+    /// From the node of an elastic batch's extra executor `index`: its
+    /// Spark worker has had no executor for the agent's `extra_idle`, so
+    /// the extra goes back.
+    ExtraIdle {
+        index: u32,
+    },
 }
 
 /// `POST /v1/nodes/{node}:telemetry`: what the GPUs of the node's parts

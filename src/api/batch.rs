@@ -209,6 +209,39 @@ pub struct FlexqInfo {
     /// The cluster's parts, node by node, once provisioned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<AllocatedPart>,
+    /// While an elastic batch (Spark's dynamic allocation on) holds its
+    /// cluster: its core gang and its extras.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticInfo>,
+}
+
+/// A running elastic batch: executors of its core gang, and its extras
+/// (docs/rules.md#elastic-batches).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElasticInfo {
+    /// Executors allocated whole with the cluster.
+    pub core: u32,
+    pub extras: ExtrasInfo,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtrasInfo {
+    /// Extra executors held now.
+    pub running: u32,
+    /// Extras Spark wants (its target less the core, as its driver's agent
+    /// last reported).
+    pub wanted: u32,
+    /// The most it may hold (`spark.dynamicAllocation.maxExecutors` less
+    /// the core).
+    pub max: u32,
+    /// Where it wants more than it holds, what stops it:
+    /// QUEUED_BATCHES (queued batches wait for that capacity),
+    /// REGION_SHARE (the region's cap on extras), QUOTA, CAPACITY,
+    /// STOPPING (preempted or reclaimed) or EXTRAS_OFF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
 }
 
 /// One reason a queued batch is not admitted: its kind and its message

@@ -267,6 +267,17 @@ impl Engine {
             Provisioning::Provisioned | Provisioning::Released => {
                 let placements = self.shared.store.placements(record.seq).await?;
                 let core = self.lock().await;
+                info.elastic =
+                    core.elastic_view(BatchKey(record.seq))
+                        .map(|v| crate::api::ElasticInfo {
+                            core: v.core,
+                            extras: crate::api::ExtrasInfo {
+                                running: v.extras,
+                                wanted: v.wanted,
+                                max: v.max,
+                                blocked_by: v.blocked_by.map(str::to_string),
+                            },
+                        });
                 let mut executors = 0..;
                 info.nodes = placements
                     .into_iter()

@@ -26,6 +26,7 @@
 
 mod batches;
 mod capacity;
+mod elastic;
 mod election;
 mod error;
 mod gpus;

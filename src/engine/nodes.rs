@@ -135,7 +135,7 @@ impl Engine {
     /// with several replicas, from the database: this replica's core may not
     /// have heard of a registration on another one yet, and a zombie agent's
     /// old epoch must be refused wherever it calls.
-    async fn current_epoch(
+    pub(super) async fn current_epoch(
         &self,
         core: &crate::scheduler::Scheduler,
         node: &str,
@@ -313,6 +313,14 @@ impl Engine {
                 message,
                 infrastructure,
             },
+            ReportEvent::ExecutorDemand { target_executors } => {
+                return self
+                    .report_demand(node, epoch, &req.uuid, target_executors)
+                    .await;
+            }
+            ReportEvent::ExtraIdle { index } => {
+                return self.release_idle_extra(node, epoch, &req.uuid, index).await;
+            }
             // No decision: recorded with the run.
             ReportEvent::CpuFallback { fallback } => {
                 if fallback.reasons.len() > crate::launch::fallback::MAX_REASONS {
@@ -553,7 +561,7 @@ fn lease_error(node: &str, e: NodeLeaseError) -> Error {
 }
 
 /// Refuses a call whose epoch is not the node's current one.
-fn check_epoch(node: &str, epoch: u64, current: Option<u64>) -> Result<(), Error> {
+pub(super) fn check_epoch(node: &str, epoch: u64, current: Option<u64>) -> Result<(), Error> {
     let id = NodeId(node.to_string());
     match current {
         None => Err(lease_error(node, NodeLeaseError::Unknown(id))),

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::api::EndReason;
 use crate::config::Config;
-use crate::scheduler::{BatchKey, Decision, Scheduler, Void, lifecycle};
+use crate::scheduler::{BatchKey, Decision, ExtraChange, Scheduler, Void, lifecycle};
 use crate::store::{Store, StoreError};
 
 impl Engine {
@@ -69,8 +69,12 @@ impl Engine {
         let now = Utc::now();
         let started = Instant::now();
         let decisions = core.pass(now);
+        // What the queue left, running elastic clusters may grow into;
+        // extras taken back in the pass are in it too, committed with the
+        // allocations that use their GPUs.
+        let extras = core.grow(now);
         let decide_time = started.elapsed();
-        if decisions.is_empty() {
+        if decisions.is_empty() && extras.is_empty() {
             crate::metrics::record_pass(decide_time, 0);
             return;
         }
@@ -82,12 +86,12 @@ impl Engine {
             DB_UNDER_LOCK,
             self.shared
                 .store
-                .commit_decisions(&decisions, now, role.fence()),
+                .commit_pass(&decisions, &extras, now, role.fence()),
         )
         .await
         .unwrap_or_else(|_| Err(StoreError::Unavailable("the commit did not answer".into())));
         match commit {
-            Ok(applied) => {
+            Ok((applied, extras_applied)) => {
                 crate::metrics::record_commit(
                     "decisions",
                     commit_started.elapsed(),
@@ -102,6 +106,14 @@ impl Engine {
                     // Their preemptor may be allocated now: another pass.
                     self.wake();
                 }
+                if extras
+                    .iter()
+                    .any(|c| matches!(c, ExtraChange::Reclaimed { .. }))
+                {
+                    // The batch they went back for counted as waiting in
+                    // this pass's walk: the next one says what waits now.
+                    self.wake();
+                }
                 let requeued = self.requeue(&mut core, &committed.requeued).await;
                 let void: HashMap<usize, Void> = committed.void.iter().copied().collect();
                 for (i, d) in decisions.iter().enumerate() {
@@ -110,16 +122,30 @@ impl Engine {
                         Some(why) => log_void(d, *why),
                     }
                 }
-                if committed.rebuild {
+                for (change, _) in extras.iter().zip(&extras_applied).filter(|(_, ok)| **ok) {
+                    let owner = core.allocation(change.key());
+                    let (region, project) = owner
+                        .map(|a| (a.region.clone(), a.project.clone()))
+                        .unwrap_or_default();
+                    super::elastic::log_extra(change, &region, &project, now);
+                }
+                // A change not written (its batch ended or began stopping
+                // meanwhile, its extra already gone): the core holds what
+                // the store does not; start again from the store.
+                if committed.rebuild || extras_applied.contains(&false) {
                     self.rebuild_after_void(&mut core, role.fence()).await;
                 }
                 crate::metrics::record_pass(started.elapsed(), decisions.len());
-                if decisions.iter().any(|d| {
-                    matches!(
-                        d,
-                        Decision::Allocate(_) | Decision::LoseNode { .. } | Decision::Preempt(_)
-                    )
-                }) {
+                if !extras.is_empty()
+                    || decisions.iter().any(|d| {
+                        matches!(
+                            d,
+                            Decision::Allocate(_)
+                                | Decision::LoseNode { .. }
+                                | Decision::Preempt(_)
+                        )
+                    })
+                {
                     self.work_changed();
                 }
             }

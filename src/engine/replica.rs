@@ -137,6 +137,7 @@ impl Engine {
                 }
                 self.work_changed();
             }
+            Change::Extras { seq } => self.follow_extras(seq).await?,
             Change::Work => self.work_changed(),
             Change::Output { .. } => self.output_written(),
             Change::Heartbeat { epoch, node } => {

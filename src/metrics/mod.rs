@@ -127,6 +127,28 @@ pub fn record_preemption(p: &crate::scheduler::Preemption) {
     }
 }
 
+/// A change to an elastic batch's extras of `project` in `region`,
+/// committed at `now`: counted by what happened; an extra going back adds
+/// the GPU-seconds it held.
+pub fn record_extra(
+    region: &str,
+    project: &str,
+    change: &crate::scheduler::ExtraChange,
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    METRICS
+        .extra_changes
+        .with_label_values(&[region, project, change.label()])
+        .inc();
+    if let Some(since) = change.since() {
+        let seconds = (now - since).num_milliseconds().max(0) as f64 / 1000.0;
+        METRICS
+            .extra_gpu_seconds
+            .with_label_values(&[region, project])
+            .inc_by(seconds * change.placement().gpus.len() as f64);
+    }
+}
+
 /// GPU points of a batch of `project` in `region`, as taken from its agents.
 pub fn record_gpu_points(region: &str, project: &str, points: &[crate::gpu::GpuPoint]) {
     let labels = [region, project];

@@ -40,6 +40,8 @@ pub(super) struct Metrics {
     pub(super) preempted_gpu_seconds: prometheus::CounterVec,
     pub(super) reclaims: IntCounterVec,
     pub(super) reclaimed_gpu_seconds: prometheus::CounterVec,
+    pub(super) extra_changes: IntCounterVec,
+    pub(super) extra_gpu_seconds: prometheus::CounterVec,
     pub(super) gpu_utilization: HistogramVec,
     pub(super) gpu_sampled_seconds: prometheus::CounterVec,
     pub(super) gpu_idle_seconds: prometheus::CounterVec,
@@ -247,6 +249,19 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             &["region", "project"],
         )
         .expect("valid metric"),
+        extra_changes: counter_vec(
+            "flexq_extra_changes_total",
+            "Changes to elastic batches' extra executors, by region, project and what happened: granted, released (Spark no longer used it), reclaimed (taken back for a queued batch) or lost (with its node).",
+            &["region", "project", "change"],
+        ),
+        extra_gpu_seconds: prometheus::CounterVec::new(
+            Opts::new(
+                "flexq_extra_gpu_seconds_total",
+                "GPU-seconds held by elastic batches' extra executors, counted as each goes back, by region and project.",
+            ),
+            &["region", "project"],
+        )
+        .expect("valid metric"),
         reclaims: counter_vec(
             "flexq_reclaims_total",
             "Clusters on loan whose owners took the capacity back, by region and the borrower's project.",
@@ -425,6 +440,8 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.preemptions.clone()),
         Box::new(m.preempted_gpu_seconds.clone()),
         Box::new(m.reclaims.clone()),
+        Box::new(m.extra_changes.clone()),
+        Box::new(m.extra_gpu_seconds.clone()),
         Box::new(m.reclaimed_gpu_seconds.clone()),
         Box::new(m.gpu_utilization.clone()),
         Box::new(m.gpu_sampled_seconds.clone()),

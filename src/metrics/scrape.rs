@@ -153,6 +153,23 @@ fn queue_order_gauges(r: &Registry, s: &Snapshot) {
         loans.with_label_values(&labels).set(*clusters as f64);
         loan_gpus.with_label_values(&labels).set(*gpus as f64);
     }
+    let extras = gauge_vec(
+        r,
+        "flexq_extras_held",
+        "Extra executors elastic batches hold beyond their core gang (docs/rules.md#elastic-batches), by region, project and GPU type.",
+        &["region", "project", "accelerator"],
+    );
+    let extra_gpus = gauge_vec(
+        r,
+        "flexq_extra_gpus",
+        "GPUs held by elastic batches' extra executors, by region, project and GPU type.",
+        &["region", "project", "accelerator"],
+    );
+    for ((region, project, accelerator), (n, gpus)) in &s.extras {
+        let labels = [region.as_str(), project.as_str(), accelerator];
+        extras.with_label_values(&labels).set(*n as f64);
+        extra_gpus.with_label_values(&labels).set(*gpus as f64);
+    }
 }
 
 /// The nodes' GPUs, local SSD and count, by region, zone and accelerator.

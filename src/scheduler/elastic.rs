@@ -15,10 +15,10 @@ use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 
-use super::capacity::{PartNeed, Placement, plan_zone};
+use super::capacity::{NodeId, PartNeed, Placement, plan_zone};
 use super::core::Scheduler;
-use super::model::{Allocation, BatchKey, ElasticPolicy, ExtraChange};
-use crate::spec::QuotaAmount;
+use super::model::{Allocation, BatchKey, ElasticPolicy, ElasticView, ExtraChange};
+use crate::spec::PartRole;
 
 impl Scheduler {
     /// Where elastic clusters may grow, and how far: the regions of
@@ -30,7 +30,8 @@ impl Scheduler {
 
     /// Spark of running cluster `key` wants `wanted` executors beyond its
     /// core at `now` (capped at its most): extras beyond that go back,
-    /// newest first; more are granted by [`Scheduler::grow`].
+    /// newest first; more are granted by [`Scheduler::grow`]. (What the
+    /// simulator replays: Spark gives back executors it no longer needs.)
     pub fn set_wanted(
         &mut self,
         key: BatchKey,
@@ -38,17 +39,16 @@ impl Scheduler {
         now: DateTime<Utc>,
     ) -> Vec<ExtraChange> {
         let mut out = Vec::new();
-        let Some(growth) = self.running.get_mut(&key).and_then(|a| a.elastic.as_mut()) else {
-            return out;
-        };
-        growth.wanted = wanted.min(growth.max);
-        let keep = growth.wanted as usize;
-        while self
+        self.set_demand(key, wanted);
+        let keep = self.running.get(&key).and_then(|a| a.elastic.as_ref());
+        let keep = keep.map_or(0, |g| g.wanted as usize);
+        while let Some(last) = self
             .running
             .get(&key)
-            .is_some_and(|a| a.extras().len() > keep)
+            .map(|a| a.extras().len())
+            .filter(|n| *n > keep)
         {
-            let Some((batch_id, placement, since)) = self.release_newest(key, now) else {
+            let Some((batch_id, placement, since)) = self.release_at(key, last - 1, now) else {
                 break;
             };
             out.push(ExtraChange::Released {
@@ -61,22 +61,227 @@ impl Scheduler {
         out
     }
 
-    /// Gives back `key`'s newest extra at `now`: its capacity, quota and
-    /// share.
-    fn release_newest(
+    /// Spark of running cluster `key` wants `wanted` executors beyond its
+    /// core (capped at its most). Nothing goes back here: on a server,
+    /// Spark stops the executors it no longer needs, and each idle extra
+    /// is given back by [`Scheduler::release_extra`]. Answers whether it
+    /// now wants more than it holds (a pass may grant them).
+    pub fn set_demand(&mut self, key: BatchKey, wanted: u32) -> bool {
+        let Some(a) = self.running.get_mut(&key) else {
+            return false;
+        };
+        let held = a.extras().len() as u32;
+        let Some(growth) = a.elastic.as_mut() else {
+            return false;
+        };
+        growth.wanted = wanted.min(growth.max);
+        growth.wanted > held
+    }
+
+    /// How many extras the Spark of running elastic cluster `key` wants
+    /// when it targets `executors` executors in all (its core's and the
+    /// extras, capped at its most). None where `key` is not a running
+    /// elastic cluster.
+    pub fn extras_for_target(&self, key: BatchKey, executors: u32) -> Option<u32> {
+        let a = self.running.get(&key)?;
+        let growth = a.elastic.as_ref()?;
+        let core = a
+            .core_parts()
+            .iter()
+            .filter(|p| p.role == PartRole::Executor)
+            .count() as u32;
+        Some(executors.saturating_sub(core).min(growth.max))
+    }
+
+    /// What a running elastic cluster's page shows: None where `key` is
+    /// not one.
+    pub fn elastic_view(&self, key: BatchKey) -> Option<ElasticView> {
+        let a = self.running.get(&key)?;
+        let growth = a.elastic.as_ref()?;
+        let extras = a.extras().len() as u32;
+        let core = a
+            .core_parts()
+            .iter()
+            .filter(|p| p.role == PartRole::Executor)
+            .count() as u32;
+        let blocked_by = (growth.wanted > extras).then(|| self.why_not_grown(a));
+        Some(ElasticView {
+            core,
+            extras,
+            wanted: growth.wanted,
+            max: growth.max,
+            blocked_by,
+        })
+    }
+
+    /// Why a cluster that wants more extras holds no more: the first of
+    /// the rules of [`Scheduler::grow`] that stops it.
+    fn why_not_grown(&self, a: &Allocation) -> &'static str {
+        let Some(growth) = a.elastic.as_ref() else {
+            return "NOT_ELASTIC";
+        };
+        let Some(policy) = self.elastic.policies.get(&a.region) else {
+            return "EXTRAS_OFF";
+        };
+        if self.claims.stopping_for(a.key).is_some() {
+            return "STOPPING";
+        }
+        if self
+            .ledger
+            .shortfall(&a.project, &a.region, &growth.quota)
+            .is_some()
+        {
+            return "QUOTA";
+        }
+        if self
+            .elastic
+            .is_waited_for(&a.region, growth.need.accelerator)
+        {
+            return "QUEUED_BATCHES";
+        }
+        let total: u64 = self
+            .capacity
+            .zones(&a.region)
+            .flat_map(|z| self.capacity.zone_nodes(&a.region, z))
+            .map(|n| n.spec.gpu_addresses.len() as u64)
+            .sum();
+        let most = (policy.max_share.clamp(0.0, 1.0) * total as f64).floor() as u64;
+        if self.extra_gpus(&a.region) + u64::from(growth.need.gpus) > most {
+            return "REGION_SHARE";
+        }
+        "CAPACITY"
+    }
+
+    /// Brings running cluster `key`'s extras in step with the store's
+    /// (`stored`, in grant order) and Spark's demand, after another
+    /// replica wrote them: each extra the core holds and the store no
+    /// longer does goes back at `now`. Answers those.
+    pub fn sync_extras(
         &mut self,
         key: BatchKey,
+        stored: &[Placement],
+        wanted: Option<u32>,
+        now: DateTime<Utc>,
+    ) -> Vec<ExtraChange> {
+        if let Some(wanted) = wanted {
+            self.set_demand(key, wanted);
+        }
+        let mut out = Vec::new();
+        let mut left: Vec<&Placement> = stored.iter().collect();
+        let held: Vec<Placement> = self
+            .running
+            .get(&key)
+            .map(|a| a.extras().to_vec())
+            .unwrap_or_default();
+        let mut gone = Vec::new();
+        for (i, p) in held.iter().enumerate() {
+            match left
+                .iter()
+                .position(|s| s.node == p.node && s.gpus == p.gpus)
+            {
+                Some(at) => {
+                    left.remove(at);
+                }
+                None => gone.push(i),
+            }
+        }
+        for at in gone.into_iter().rev() {
+            if let Some((batch_id, placement, since)) = self.release_at(key, at, now) {
+                out.push(ExtraChange::Released {
+                    key,
+                    batch_id,
+                    placement,
+                    since,
+                });
+            }
+        }
+        out
+    }
+
+    /// Running cluster `key`'s extra on `node` holding `gpus` had no
+    /// executor for a while: it goes back at `now`, and Spark is taken to
+    /// want no more than it then holds (until its driver reports again,
+    /// which keeps an unused worker from being granted again at once).
+    /// None where `key` holds no such extra.
+    pub fn release_extra(
+        &mut self,
+        key: BatchKey,
+        node: &NodeId,
+        gpus: &[String],
+        now: DateTime<Utc>,
+    ) -> Option<ExtraChange> {
+        let a = self.running.get(&key)?;
+        let at = a
+            .extras()
+            .iter()
+            .rposition(|p| &p.node == node && p.gpus == gpus)?;
+        let (batch_id, placement, since) = self.release_at(key, at, now)?;
+        if let Some(a) = self.running.get_mut(&key) {
+            let held = a.extras().len() as u32;
+            if let Some(growth) = a.elastic.as_mut() {
+                growth.wanted = growth.wanted.min(held);
+            }
+        }
+        Some(ExtraChange::Released {
+            key,
+            batch_id,
+            placement,
+            since,
+        })
+    }
+
+    /// Node `node` is lost at `now`: the extras on it of clusters whose
+    /// core it does not hold go (answered by the next
+    /// [`Scheduler::grow`]), and those clusters go on.
+    pub(super) fn lose_extras_on(&mut self, node: &NodeId, now: DateTime<Utc>) {
+        let keys: Vec<BatchKey> = self
+            .running
+            .values()
+            .filter(|a| a.extras().iter().any(|p| &p.node == node))
+            .filter(|a| !a.core_parts().iter().any(|p| &p.node == node))
+            .map(|a| a.key)
+            .collect();
+        for key in keys {
+            while let Some(at) = self
+                .running
+                .get(&key)
+                .and_then(|a| a.extras().iter().rposition(|p| &p.node == node))
+            {
+                let Some((batch_id, placement, since)) = self.release_at(key, at, now) else {
+                    break;
+                };
+                self.elastic.changes.push(ExtraChange::Lost {
+                    key,
+                    batch_id,
+                    placement,
+                    since,
+                });
+            }
+        }
+    }
+
+    /// Gives back `key`'s extra number `at` (from 0, in grant order) at
+    /// `now`: its capacity, quota and share.
+    fn release_at(
+        &mut self,
+        key: BatchKey,
+        at: usize,
         now: DateTime<Utc>,
     ) -> Option<(String, Placement, DateTime<Utc>)> {
         let a = self.running.get_mut(&key)?;
         let growth = a.elastic.as_mut()?;
-        if a.placements.len() <= growth.core {
+        let index = growth.core + at;
+        if index >= a.placements.len() {
             return None;
         }
         let quota = growth.quota.clone();
-        let since = growth.granted.pop().unwrap_or(a.allocated_at);
-        let placement = a.placements.pop()?;
-        subtract(&mut a.quota, &quota);
+        let since = if at < growth.granted.len() {
+            growth.granted.remove(at)
+        } else {
+            a.allocated_at
+        };
+        let placement = a.placements.remove(index);
+        crate::spec::subtract_amounts(&mut a.quota, &quota);
         let (region, project, batch_id) = (a.region.clone(), a.project.clone(), a.batch_id.clone());
         self.capacity.give_back(std::slice::from_ref(&placement));
         self.ledger.refund(&project, &region, &quota);
@@ -153,8 +358,12 @@ impl Scheduler {
             return false;
         };
         for key in taken {
-            if let Some((batch_id, placement, since)) = self.release_newest(key, now) {
-                self.elastic.reclaimed.push(ExtraChange::Reclaimed {
+            let newest = self.running.get(&key).map(|a| a.extras().len());
+            let Some(newest) = newest.and_then(|n| n.checked_sub(1)) else {
+                continue;
+            };
+            if let Some((batch_id, placement, since)) = self.release_at(key, newest, now) {
+                self.elastic.changes.push(ExtraChange::Reclaimed {
                     key,
                     batch_id,
                     placement,
@@ -172,7 +381,7 @@ impl Scheduler {
     /// the queue left: never on capacity of a GPU type and region a queued
     /// batch waits for, within the project's quota and the region's share.
     pub fn grow(&mut self, now: DateTime<Utc>) -> Vec<ExtraChange> {
-        let mut out = std::mem::take(&mut self.elastic.reclaimed);
+        let mut out = std::mem::take(&mut self.elastic.changes);
         let regions: Vec<String> = self
             .elastic
             .running
@@ -289,7 +498,7 @@ impl Scheduler {
         let growth = a.elastic.as_mut()?;
         growth.granted.push(now);
         let quota = growth.quota.clone();
-        add(&mut a.quota, &quota);
+        crate::spec::add_amounts(&mut a.quota, &quota);
         a.placements.push(placement.clone());
         let (region, project) = (a.region.clone(), a.project.clone());
         self.ledger.charge(&project, &region, &quota);
@@ -310,25 +519,4 @@ impl Scheduler {
             .map(|p| p.gpus.len() as u64)
             .sum()
     }
-}
-
-/// `amounts` += `more`, metric by metric.
-fn add(amounts: &mut Vec<QuotaAmount>, more: &[QuotaAmount]) {
-    for m in more {
-        match amounts.iter_mut().find(|a| a.metric == m.metric) {
-            Some(a) => a.amount += m.amount,
-            None => amounts.push(*m),
-        }
-    }
-    amounts.sort_by_key(|a| a.metric);
-}
-
-/// `amounts` -= `less`, metric by metric (a metric at 0 leaves).
-fn subtract(amounts: &mut Vec<QuotaAmount>, less: &[QuotaAmount]) {
-    for l in less {
-        if let Some(a) = amounts.iter_mut().find(|a| a.metric == l.metric) {
-            a.amount = a.amount.saturating_sub(l.amount);
-        }
-    }
-    amounts.retain(|a| a.amount > 0);
 }

@@ -38,8 +38,9 @@ pub(super) struct Elastic {
     pub(super) policies: HashMap<String, ElasticPolicy>,
     /// Running clusters that may grow, by the region they hold.
     pub(super) running: HashMap<String, BTreeSet<BatchKey>>,
-    /// Extras taken back in a pass, for [`Scheduler::grow`] to answer.
-    pub(super) reclaimed: Vec<ExtraChange>,
+    /// Extras taken back, or lost with their node, in a pass, for
+    /// [`Scheduler::grow`] to answer.
+    pub(super) changes: Vec<ExtraChange>,
     /// Per walked region: what its last walk left waiting
     /// ([`Scheduler::pass`] keeps it).
     pub(super) waiting: HashMap<String, Waiting>,

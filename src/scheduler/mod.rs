@@ -44,9 +44,9 @@ pub use fairshare::{FairSharePolicy, Order};
 pub use layout::{Layout, Settled};
 pub use lease::NodeLeaseError;
 pub use model::{
-    Allocation, BatchKey, Cause, Cordon, Decision, ElasticPolicy, ExtraChange, Growth, Hold, Loan,
-    OnAlternative, PendingBatch, PoolDecl, Preemption, PreemptionPolicy, Victim, accelerator_label,
-    lender, shape_text,
+    Allocation, BatchKey, Cause, Cordon, Decision, ElasticPolicy, ElasticView, ExtraChange, Growth,
+    Hold, Loan, OnAlternative, PendingBatch, PoolDecl, Preemption, PreemptionPolicy, Victim,
+    accelerator_label, lender, shape_text,
 };
 pub use pending::ESTIMATE_DEPTH;
 pub use quota::{QuotaRule, QuotaView, Shortfall};

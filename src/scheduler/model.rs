@@ -146,7 +146,7 @@ impl Allocation {
     pub fn gpu_seconds(&self, until: DateTime<Utc>) -> f64 {
         let held = |from: DateTime<Utc>| (until - from).num_milliseconds().max(0) as f64 / 1000.0;
         let extras = self.extras();
-        let core = &self.placements[..self.placements.len() - extras.len()];
+        let core = self.core_parts();
         let core_gpus: usize = core.iter().map(|p| p.gpus.len()).sum();
         let granted = self.elastic.iter().flat_map(|g| g.granted.iter());
         let extra_seconds: f64 = extras
@@ -472,6 +472,24 @@ impl Growth {
     }
 }
 
+/// What a running elastic cluster's page shows
+/// (docs/rules.md#elastic-batches).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElasticView {
+    /// Executors of its core gang.
+    pub core: u32,
+    /// Extras it holds.
+    pub extras: u32,
+    /// Extras Spark wants.
+    pub wanted: u32,
+    /// The most extras it may hold.
+    pub max: u32,
+    /// Where it wants more than it holds: the first rule that stops it
+    /// (QUEUED_BATCHES, REGION_SHARE, QUOTA, CAPACITY, STOPPING,
+    /// EXTRAS_OFF).
+    pub blocked_by: Option<&'static str>,
+}
+
 /// A change to a running cluster's extras, for the runner to commit.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExtraChange {
@@ -489,7 +507,8 @@ pub enum ExtraChange {
         since: DateTime<Utc>,
         for_batch: String,
     },
-    /// Spark wants fewer: the newest extra goes back.
+    /// Spark wants fewer (the newest extra goes back), or its worker had
+    /// no executor for a while (that one goes back).
     Released {
         key: BatchKey,
         batch_id: String,
@@ -497,6 +516,63 @@ pub enum ExtraChange {
         /// When it was granted.
         since: DateTime<Utc>,
     },
+    /// Its node was lost: the extra goes, the batch goes on (Spark reruns
+    /// the extra's tasks on the rest).
+    Lost {
+        key: BatchKey,
+        batch_id: String,
+        placement: Placement,
+        since: DateTime<Utc>,
+    },
+}
+
+impl ExtraChange {
+    pub fn key(&self) -> BatchKey {
+        match self {
+            ExtraChange::Granted { key, .. }
+            | ExtraChange::Reclaimed { key, .. }
+            | ExtraChange::Released { key, .. }
+            | ExtraChange::Lost { key, .. } => *key,
+        }
+    }
+
+    pub fn batch_id(&self) -> &str {
+        match self {
+            ExtraChange::Granted { batch_id, .. }
+            | ExtraChange::Reclaimed { batch_id, .. }
+            | ExtraChange::Released { batch_id, .. }
+            | ExtraChange::Lost { batch_id, .. } => batch_id,
+        }
+    }
+
+    pub fn placement(&self) -> &Placement {
+        match self {
+            ExtraChange::Granted { placement, .. }
+            | ExtraChange::Reclaimed { placement, .. }
+            | ExtraChange::Released { placement, .. }
+            | ExtraChange::Lost { placement, .. } => placement,
+        }
+    }
+
+    /// What the metrics call it: granted, released, reclaimed or lost.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ExtraChange::Granted { .. } => "granted",
+            ExtraChange::Reclaimed { .. } => "reclaimed",
+            ExtraChange::Released { .. } => "released",
+            ExtraChange::Lost { .. } => "lost",
+        }
+    }
+
+    /// When the extra it gives back was granted (None for a grant).
+    pub fn since(&self) -> Option<DateTime<Utc>> {
+        match self {
+            ExtraChange::Granted { .. } => None,
+            ExtraChange::Reclaimed { since, .. }
+            | ExtraChange::Released { since, .. }
+            | ExtraChange::Lost { since, .. } => Some(*since),
+        }
+    }
 }
 
 impl Allocation {
@@ -507,5 +583,10 @@ impl Allocation {
             .as_ref()
             .map_or(self.placements.len(), |g| g.core);
         self.placements.get(core..).unwrap_or_default()
+    }
+
+    /// Its core gang's parts (all of them when it is not elastic).
+    pub fn core_parts(&self) -> &[Placement] {
+        &self.placements[..self.placements.len() - self.extras().len()]
     }
 }

@@ -27,6 +27,8 @@ impl Scheduler {
         // Lost nodes first: their capacity must not be handed out again,
         // and the clusters that used them fail whole.
         for (node, epoch, expired_at) in self.leases.lapsed(now) {
+            // An elastic cluster that held only extras there goes on.
+            self.lose_extras_on(&node, now);
             let failed = self.remove_node(&node);
             let failed_ids = failed
                 .iter()

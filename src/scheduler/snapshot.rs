@@ -34,6 +34,9 @@ pub struct Snapshot {
     pub preemption_protected: BTreeMap<String, u64>,
     /// (region, zone, GPU type lent) → (clusters on loan, their GPUs).
     pub loans: BTreeMap<(String, String, &'static str), (u64, u64)>,
+    /// (region, project, GPU type) → (extras elastic clusters hold, their
+    /// GPUs).
+    pub extras: BTreeMap<(String, String, &'static str), (u64, u64)>,
     pub agent_nodes: u64,
     pub virtual_nodes: u64,
 }
@@ -62,6 +65,7 @@ impl Scheduler {
         s.fair_share = self.fair_shares(now);
         s.preemption_protected = self.preemption_protected();
         s.loans = self.loans_held();
+        s.extras = self.extras_held();
         s.agent_nodes = self.leases.active() as u64;
         s.virtual_nodes = self
             .capacity
@@ -202,6 +206,24 @@ impl Scheduler {
             held.1 += a.gpus();
         }
         loans
+    }
+
+    /// The extras elastic clusters hold, and their GPUs, by region,
+    /// project and GPU type.
+    fn extras_held(&self) -> BTreeMap<(String, String, &'static str), (u64, u64)> {
+        let mut extras: BTreeMap<(String, String, &'static str), (u64, u64)> = BTreeMap::new();
+        let running = self.elastic.running.values().flatten();
+        for a in running.filter_map(|k| self.running.get(k)) {
+            if a.extras().is_empty() {
+                continue;
+            }
+            let held = extras
+                .entry((a.region.clone(), a.project.clone(), a.accelerator))
+                .or_default();
+            held.0 += a.extras().len() as u64;
+            held.1 += a.extras().iter().map(|p| p.gpus.len() as u64).sum::<u64>();
+        }
+        extras
     }
 
     /// Per region where preemption is on: the running clusters of batches

@@ -285,6 +285,12 @@ impl<'a> Sim<'a> {
                 placement,
                 since,
                 ..
+            }
+            | ExtraChange::Lost {
+                key,
+                placement,
+                since,
+                ..
             } => {
                 let hours = placement.gpus.len() as f64 * seconds_between(since, now) / 3600.0;
                 stats.extra_gpu_hours += hours;

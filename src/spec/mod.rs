@@ -607,3 +607,24 @@ pub(crate) fn add_quota(
 
 #[cfg(test)]
 mod tests;
+
+/// `amounts` += `more`, metric by metric.
+pub fn add_amounts(amounts: &mut Vec<QuotaAmount>, more: &[QuotaAmount]) {
+    for m in more {
+        match amounts.iter_mut().find(|a| a.metric == m.metric) {
+            Some(a) => a.amount += m.amount,
+            None => amounts.push(*m),
+        }
+    }
+    amounts.sort_by_key(|a| a.metric);
+}
+
+/// `amounts` -= `less`, metric by metric (a metric at 0 leaves).
+pub fn subtract_amounts(amounts: &mut Vec<QuotaAmount>, less: &[QuotaAmount]) {
+    for l in less {
+        if let Some(a) = amounts.iter_mut().find(|a| a.metric == l.metric) {
+            a.amount = a.amount.saturating_sub(l.amount);
+        }
+    }
+    amounts.retain(|a| a.amount > 0);
+}

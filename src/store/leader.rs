@@ -48,6 +48,9 @@ pub enum Change {
     Config { generation: i64 },
     /// The leader committed scheduler decisions.
     Decided,
+    /// An agent changed a running elastic batch: what Spark wants, or an
+    /// extra given back (the leader's core follows the store).
+    Extras { seq: i64 },
     /// What some node must run changed otherwise (a cancel of a running
     /// batch, a Spark master came up).
     Work,
@@ -184,6 +187,7 @@ mod tests {
             Change::Output { .. } => 10,
             Change::Heartbeat { .. } => 11,
             Change::Ping { .. } => 12,
+            Change::Extras { .. } => 13,
         }
     }
 
@@ -214,9 +218,10 @@ mod tests {
                 n: 4,
                 replica: "flexq-0".into(),
             },
+            Change::Extras { seq: 5 },
         ];
         let covered: std::collections::BTreeSet<usize> = all.iter().map(variant).collect();
-        assert_eq!(covered, (0..=12).collect(), "every variant once");
+        assert_eq!(covered, (0..=13).collect(), "every variant once");
         for c in all {
             assert_eq!(Change::parse(&c.payload()), Some(c.clone()), "{c:?}");
         }

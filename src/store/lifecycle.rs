@@ -81,7 +81,7 @@ async fn requeue(
         "update batches set provisioning = $1, deadline = $2, attempt = attempt + 1, \
          allocate_time = null, zone = null, alternative = null, master_url = null, \
          run_info = null, end_reason = null, preempted_by = null, stop_grace_s = null, \
-         stop_reason = null, requeue_reason = $3 where seq = $4",
+         stop_reason = null, extras_wanted = null, requeue_reason = $3 where seq = $4",
     )
     .bind(Provisioning::Queued as i64)
     .bind(deadline)

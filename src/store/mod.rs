@@ -17,6 +17,7 @@
 
 mod durability;
 mod events;
+mod extras;
 pub(crate) mod filter;
 mod full;
 mod generations;
@@ -44,6 +45,7 @@ use crate::spec::{Alternative, ClusterRequest};
 
 pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
+pub use extras::StoredExtra;
 pub use filter::Filter;
 pub use generations::ConfigGeneration;
 pub use leader::{Change, ChangeStream, Heard, LeaderLease};

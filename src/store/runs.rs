@@ -65,7 +65,7 @@ pub(super) async fn forget_run(conn: &mut sqlx::AnyConnection, seq: i64) -> Resu
 
 /// The batch `uuid` whose driver `node` runs now: only that node's agent
 /// may upload its output or say what of it ran on the CPU.
-async fn driver_seq(
+pub(super) async fn driver_seq(
     conn: &mut sqlx::AnyConnection,
     node: &str,
     uuid: &str,

@@ -199,8 +199,8 @@ impl Store {
     pub async fn active_allocations(&self) -> Result<Vec<Allocation>, StoreError> {
         let mut rows = sqlx::query(
             "select a.batch_seq, a.node_id, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
-             a.allocated_at, a.accelerator, b.batch_id, b.project, b.region, b.zone, b.cluster, b.create_time, \
-             b.alternative, b.priority, b.preemptions \
+             a.allocated_at, a.accelerator, a.extra, b.batch_id, b.project, b.region, b.zone, b.cluster, \
+             b.create_time, b.alternative, b.priority, b.preemptions, b.extras_wanted \
              from allocations a join batches b on b.seq = a.batch_seq \
              where a.released_at is null order by a.batch_seq, a.id",
         )
@@ -212,12 +212,25 @@ impl Store {
         while let Some(row) = rows.try_next().await? {
             let seq: i64 = row.try_get("batch_seq")?;
             let mut placement = placement_of(&row)?;
+            let extra = row.try_get::<i64, _>("extra")? != 0;
             if let Some(a) = out.get_mut(&seq) {
                 placement.accelerator = placement.accelerator.or_else(|| {
                     let [driver, executor] = types.get(&seq).copied().unwrap_or_default();
                     shape_type(&placement, driver, executor)
                 });
                 a.placements.push(placement);
+                // Extras come after the core (rows in id order), each
+                // granted at its row's time and drawing one executor's
+                // quota.
+                match a.elastic.as_mut() {
+                    Some(g) if extra => {
+                        g.granted.push(from_micros(row.try_get("allocated_at")?));
+                        let more = g.quota.clone();
+                        crate::spec::add_amounts(&mut a.quota, &more);
+                    }
+                    Some(g) => g.core = a.placements.len(),
+                    None => {}
+                }
                 continue;
             }
             let stored = decode_cluster(row.try_get("cluster")?)?;
@@ -263,28 +276,33 @@ impl Store {
                     priority: row.try_get::<i64, _>("priority")? as i32,
                     preemptible: stored.cluster.preemptible,
                     preemptions: u32::try_from(row.try_get::<i64, _>("preemptions")?).unwrap_or(0),
-                    elastic: crate::scheduler::Growth::of(cluster, 0).map(Box::new),
+                    elastic: crate::scheduler::Growth::of(cluster, 1)
+                        .map(|mut g| {
+                            g.wanted = row
+                                .try_get::<Option<i64>, _>("extras_wanted")
+                                .ok()
+                                .flatten()
+                                .and_then(|w| u32::try_from(w).ok())
+                                .unwrap_or(0)
+                                .min(g.max);
+                            g
+                        })
+                        .map(Box::new),
                 },
             );
-        }
-        // Every part stored is of the core gang: extras are not granted
-        // on a server yet (docs/rules.md#elastic-batches).
-        for a in out.values_mut() {
-            if let Some(g) = a.elastic.as_mut() {
-                g.core = a.placements.len();
-            }
         }
         Ok(out.into_values().collect())
     }
 
-    /// The parts of a batch's cluster (active or not).
     /// The parts of the batch's latest cluster (an earlier attempt's, given
-    /// back after an infrastructure failure, are history).
+    /// back after an infrastructure failure, are history): its core gang
+    /// (active or not), then the extras it holds now.
     pub async fn placements(&self, seq: i64) -> Result<Vec<Placement>, StoreError> {
         let rows = sqlx::query(
             "select node_id, role, gpus, cores, memory_mb, local_ssd_gb, accelerator from allocations \
-             where batch_seq = $1 \
-             and allocated_at = (select max(allocated_at) from allocations where batch_seq = $2) \
+             where batch_seq = $1 and ((extra = 0 and allocated_at = \
+               (select max(allocated_at) from allocations where batch_seq = $2 and extra = 0)) \
+               or (extra = 1 and released_at is null)) \
              order by id",
         )
         .bind(seq)
@@ -305,6 +323,22 @@ impl Store {
         now: DateTime<Utc>,
         fence: Option<i64>,
     ) -> Result<Vec<bool>, StoreError> {
+        let (applied, _) = self.commit_pass(decisions, &[], now, fence).await?;
+        Ok(applied)
+    }
+
+    /// Commits a pass's decisions and the changes to running clusters'
+    /// extras that follow it (docs/rules.md#elastic-batches) in one
+    /// transaction: an extra taken back and the allocation that uses its
+    /// GPUs are written together. Answers, per decision and per change,
+    /// whether it applied.
+    pub async fn commit_pass(
+        &self,
+        decisions: &[Decision],
+        extras: &[crate::scheduler::ExtraChange],
+        now: DateTime<Utc>,
+        fence: Option<i64>,
+    ) -> Result<(Vec<bool>, Vec<bool>), StoreError> {
         let mut tx = self.begin_write().await?;
         Store::check_fence(&mut tx, fence).await?;
         let mut applied = vec![false; decisions.len()];
@@ -354,9 +388,10 @@ impl Store {
         self.write_endings(&mut tx, &endings, now, &mut applied)
             .await?;
         self.write_parts(&mut tx, &parts, now).await?;
+        let extras = super::extras::write_extras(&mut tx, extras, now).await?;
         self.announce(&mut tx, &Change::Decided).await?;
         self.commit(tx).await?;
-        Ok(applied)
+        Ok((applied, extras))
     }
 
     /// Fails the expired and rejected batches still queued, `endings` being
@@ -584,7 +619,7 @@ fn shape_type(
     }
 }
 
-fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
+pub(super) fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
     let gpus: String = row.try_get("gpus")?;
     let role: String = row.try_get("role")?;
     Ok(Placement {

@@ -12,6 +12,7 @@ mod connections;
 mod console;
 mod cordon;
 mod durability;
+mod elastic;
 mod fairshare;
 mod full_disk;
 mod gpus;

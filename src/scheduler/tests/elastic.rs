@@ -36,7 +36,7 @@ fn granted(changes: &[ExtraChange]) -> Vec<(i64, String)> {
         .iter()
         .filter_map(|c| match c {
             ExtraChange::Granted { key, placement, .. } => Some((key.0, placement.node.0.clone())),
-            ExtraChange::Released { .. } | ExtraChange::Reclaimed { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -77,7 +77,7 @@ fn extras_are_granted_to_what_spark_wants_and_given_back_newest_first() {
         .iter()
         .filter_map(|c| match c {
             ExtraChange::Released { placement, .. } => Some(placement.clone()),
-            ExtraChange::Granted { .. } | ExtraChange::Reclaimed { .. } => None,
+            _ => None,
         })
         .collect();
     assert_eq!(given, newest.into_iter().rev().collect::<Vec<_>>());
@@ -207,5 +207,114 @@ fn a_blocked_gang_takes_the_fewest_newest_extras_back_in_the_same_pass() {
         std::slice::from_ref(&first),
         "the oldest extra stays"
     );
+    s.check_invariants().expect("invariants");
+}
+
+/// An agent's node (not virtual: its lease can lapse) of `gpus` L4s in
+/// zone `a`.
+fn agent_node(id: &str, gpus: u32) -> NodeSpec {
+    NodeSpec {
+        is_virtual: false,
+        ..l4_node(id, "a", gpus)
+    }
+}
+
+#[test]
+fn a_lost_node_that_held_only_extras_takes_them_and_the_batch_goes_on() {
+    let mut s = Scheduler::new(vec![pool("a", 8, 2)], rules(100));
+    growing(&mut s, 1.0);
+    let (short, long) = (t0() + Duration::seconds(30), t0() + Duration::seconds(600));
+    // n0 holds the core gang whole (3 GPUs); the extras can only go to n1.
+    assert!(s.register_node(agent_node("n0", 3), 1, long));
+    assert!(s.register_node(agent_node("n1", 4), 1, short));
+    s.submit(batch(1, "p", elastic(4), t0()));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    assert!(s.set_demand(BatchKey(1), 2), "it wants more than it holds");
+    assert_eq!(granted(&s.grow(t0())).len(), 2);
+    assert_eq!(gpus_used(&s), 5);
+    // n1's lease lapses: its extras go, the batch does not fail.
+    let later = short + Duration::seconds(1);
+    let d = s.pass(later);
+    let failed: Vec<&Vec<BatchKey>> = d
+        .iter()
+        .filter_map(|d| match d {
+            Decision::LoseNode { failed, .. } => Some(failed),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, vec![&Vec::<BatchKey>::new()], "{d:?}");
+    let lost = s.grow(later);
+    assert_eq!(lost.len(), 2, "{lost:?}");
+    assert!(lost.iter().all(|c| matches!(c, ExtraChange::Lost { .. })));
+    let a = s.allocation(BatchKey(1)).expect("still running");
+    assert!(a.extras().is_empty());
+    assert_eq!(gpus_used(&s), 3);
+    s.check_invariants().expect("invariants");
+    // The core's node lapses: now the batch fails.
+    let d = s.pass(long + Duration::seconds(1));
+    assert!(
+        d.iter().any(
+            |d| matches!(d, Decision::LoseNode { failed, .. } if failed == &vec![BatchKey(1)])
+        )
+    );
+    assert!(s.allocation(BatchKey(1)).is_none());
+    s.check_invariants().expect("invariants");
+}
+
+#[test]
+fn an_idle_extra_goes_back_by_name_and_demand_alone_gives_nothing_back() {
+    let mut s = one_growing_node();
+    s.submit(batch(1, "p", elastic(4), t0()));
+    assert_eq!(allocated(&s.pass(t0())), vec![1]);
+    // Spark's target is the core's 2 executors and 3 more.
+    assert_eq!(s.extras_for_target(BatchKey(1), 5), Some(3));
+    assert_eq!(s.extras_for_target(BatchKey(1), 1), Some(0));
+    assert_eq!(
+        s.extras_for_target(BatchKey(1), 99),
+        Some(4),
+        "capped at its most"
+    );
+    s.set_demand(BatchKey(1), 3);
+    assert_eq!(granted(&s.grow(t0())).len(), 3);
+    let extras = s
+        .allocation(BatchKey(1))
+        .expect("running")
+        .extras()
+        .to_vec();
+    // Spark wants fewer: on a server nothing goes back until a worker is idle.
+    assert!(!s.set_demand(BatchKey(1), 0));
+    assert_eq!(
+        s.allocation(BatchKey(1)).expect("running").extras().len(),
+        3
+    );
+    // The middle one is idle: that one goes back, the others stay in order.
+    let at = t0() + Duration::seconds(90);
+    let r = s.release_extra(BatchKey(1), &extras[1].node, &extras[1].gpus, at);
+    assert!(
+        matches!(&r, Some(ExtraChange::Released { placement, since, .. }) if placement == &extras[1] && *since == t0()),
+        "{r:?}"
+    );
+    let left = s
+        .allocation(BatchKey(1))
+        .expect("running")
+        .extras()
+        .to_vec();
+    assert_eq!(left, vec![extras[0].clone(), extras[2].clone()]);
+    assert!(
+        s.release_extra(BatchKey(1), &extras[1].node, &extras[1].gpus, at)
+            .is_none()
+    );
+    assert_eq!(gpus_used(&s), 5);
+    s.check_invariants().expect("invariants");
+    // Another replica gave back the first: the core follows the store.
+    let r = s.sync_extras(BatchKey(1), &left[1..], Some(1), at);
+    assert_eq!(released(&r), 1);
+    let view = s.elastic_view(BatchKey(1)).expect("elastic");
+    assert_eq!(
+        (view.core, view.extras, view.wanted, view.max),
+        (2, 1, 1, 4)
+    );
+    assert_eq!(view.blocked_by, None);
+    assert_eq!(gpus_used(&s), 4);
     s.check_invariants().expect("invariants");
 }
