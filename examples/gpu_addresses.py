@@ -3,17 +3,19 @@
 With fake GPUs (examples/fake-gpus.sh) nothing runs on a GPU, but Spark's
 resource scheduling is real: each task sees exactly the addresses the worker
 it runs on was given, which are exactly those flexq allocated.
-Usage: gpu_addresses.py OUTPUT_JSON [TASKS]
+Usage: gpu_addresses.py OUTPUT_JSON [TASKS [SECONDS_PER_TASK]]
 """
 import json
 import os
 import sys
+import time
 
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
 out = sys.argv[1]
 tasks = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+busy = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 spark = SparkSession.builder.getOrCreate()
 conf = spark.sparkContext.getConf()
 print(
@@ -27,6 +29,7 @@ print(
 
 def record(i):
     ctx = TaskContext.get()
+    time.sleep(busy)
     return {
         "task": i,
         "gpus": ctx.resources()["gpu"].addresses,

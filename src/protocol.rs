@@ -97,6 +97,11 @@ pub struct Assignment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub job: Option<SparkJob>,
+    /// An elastic batch's extra executor (granted beyond its core gang):
+    /// its worker is given back when idle, and its going away is not a
+    /// failure (docs/rules.md#elastic-batches).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub extra: bool,
     /// The driver's part also lists every part of the cluster (where the
     /// Kubernetes launcher pins the pods).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

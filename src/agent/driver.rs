@@ -154,7 +154,7 @@ async fn start_master(
 }
 
 async fn drive(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     a: &Assignment,
     job: &SparkJob,
     dir: &Path,
@@ -184,6 +184,8 @@ async fn drive(
     }
 
     let rapids = find_rapids(ctx);
+    let metrics = dir.join("metrics");
+    std::fs::create_dir_all(&metrics).map_err(|e| format!("{}: {e}", metrics.display()))?;
     let cmd = submit_command(ctx, a, job, dir, &url, &rapids)?;
     let mut driver = match Group::spawn("spark driver", cmd, &ctx.config.work_dir) {
         Ok(d) => d,
@@ -213,6 +215,14 @@ async fn drive(
         return Ok(None);
     }
 
+    // An elastic batch: Spark's executor target goes to the server while
+    // the driver runs (docs/rules.md#elastic-batches).
+    let demand = cancel.child_token();
+    let _stop_demand = demand.clone().drop_guard();
+    if job.cluster.dynamic_allocation && job.cluster.max_extras > 0 {
+        let report = super::elastic::report_demand(ctx.clone(), a.clone(), metrics, demand);
+        tokio::spawn(report);
+    }
     let end = wait_for_end(&mut driver, a.ttl_seconds, rx, cancel).await?;
     // A preempted batch's grace is the server's; else the agent's own.
     let grace = rx
@@ -271,6 +281,8 @@ fn submit_command(
     rapids: &Rapids,
 ) -> Result<Command, String> {
     let mut conf = launch::spark_conf(job, rapids);
+    let metrics = dir.join("metrics").display().to_string();
+    launch::grow_beyond_core(&mut conf, &job.cluster, &metrics);
     conf.entry("spark.driver.host".into())
         .or_insert_with(|| ctx.config.advertise_host.clone());
     if !a.gpus.is_empty() {

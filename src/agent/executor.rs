@@ -39,7 +39,20 @@ pub(super) async fn run_executor(
         .work_dir
         .join(&a.uuid)
         .join(format!("executor-{}", a.index));
-    if let Err(message) = work(&ctx, &a, &master, &dir, &mut rx, &cancel).await {
+    let outcome = work(&ctx, &a, &master, &dir, &mut rx, &cancel).await;
+    if let (Err(message), true) = (&outcome, a.extra) {
+        // Losing an extra never fails the batch: it goes back, and Spark
+        // reruns its tasks on the rest (docs/rules.md#elastic-batches).
+        tracing::warn!(batch = %a.batch, extra = a.index, %message, "extra executor's worker ended; giving it back");
+        let event = ReportEvent::ExtraIdle { index: a.index };
+        if let Err(e) = ctx
+            .client
+            .report_surely(&ctx.epoch, &a.uuid, event, &cancel)
+            .await
+        {
+            tracing::warn!(batch = %a.batch, error = %e, "the extra's end could not be reported");
+        }
+    } else if let Err(message) = outcome {
         tracing::warn!(batch = %a.batch, executor = a.index, %message, "executor part failed");
         // An executor that stopped may have run the batch's code: not
         // counted as the infrastructure's.
@@ -59,7 +72,7 @@ pub(super) async fn run_executor(
 }
 
 async fn work(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     a: &Assignment,
     master: &str,
     dir: &Path,
@@ -81,6 +94,10 @@ async fn work(
             "-Dspark.worker.resource.gpu.discoveryScript={}",
             script.display()
         ));
+    }
+    if a.extra {
+        // Given back or taken back, it decommissions (SIGPWR) first.
+        opts.push("-Dspark.decommission.enabled=true".into());
     }
     let mut cmd = spark_class(
         ctx,
@@ -114,7 +131,14 @@ async fn work(
             a.index
         )
     })?;
-    tracing::info!(batch = %a.batch, executor = a.index, gpus = ?a.gpus, "spark worker started");
+    tracing::info!(batch = %a.batch, executor = a.index, gpus = ?a.gpus, extra = a.extra, "spark worker started");
+    // An extra whose worker has had no executor for a while goes back.
+    let watching = cancel.child_token();
+    let _stop_watching = watching.clone().drop_guard();
+    if a.extra {
+        let watch = super::elastic::watch_idle(ctx.clone(), a.clone(), log.clone(), watching);
+        tokio::spawn(watch);
+    }
     loop {
         tokio::select! {
             status = worker.wait() => {
@@ -139,6 +163,17 @@ async fn work(
         .borrow()
         .stop_grace_seconds
         .map_or(ctx.config.stop_grace, std::time::Duration::from_secs);
+    if a.extra {
+        // Given back or taken back: Spark's graceful decommission first
+        // (its executor's blocks move to the others), within the grace.
+        worker.decommission();
+        let mut executors = super::elastic::WorkerLog::new(&log);
+        let until = tokio::time::Instant::now() + grace;
+        while executors.executors() > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        tracing::info!(batch = %a.batch, extra = a.index, "extra executor decommissioned");
+    }
     worker.stop(grace).await;
     Ok(())
 }

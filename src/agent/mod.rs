@@ -12,6 +12,7 @@
 mod client;
 pub mod discovery;
 mod driver;
+mod elastic;
 mod executor;
 pub mod gpus;
 mod kubernetes;

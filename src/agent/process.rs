@@ -62,6 +62,13 @@ impl Group {
         }
     }
 
+    /// Asks the group's Spark processes to decommission (SIGPWR, Spark's
+    /// `spark.worker.decommission.signal`): executors move their blocks
+    /// away and exit; the leader stays until stopped.
+    pub(super) fn decommission(&self) {
+        self.signal(Signal::SIGPWR);
+    }
+
     /// Stops the whole group: SIGTERM, then SIGKILL after `grace`. Returns
     /// once the leader has exited.
     pub(super) async fn stop(mut self, grace: Duration) -> Option<ExitStatus> {

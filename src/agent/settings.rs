@@ -58,6 +58,11 @@ pub struct AgentSettings {
     /// How long one assignment poll waits on the server.
     #[serde(with = "humantime_serde")]
     pub poll_wait: Duration,
+    /// How long an elastic batch's extra executor's Spark worker may have
+    /// no executor before the extra goes back
+    /// (docs/rules.md#elastic-batches).
+    #[serde(with = "humantime_serde")]
+    pub extra_idle: Duration,
     /// How the GPUs' utilization is read (docs/rules.md#gpu-telemetry).
     pub gpu_telemetry: GpuTelemetrySource,
     /// The `nvidia-smi` program the `nvidia-smi` reader runs.
@@ -154,6 +159,7 @@ impl Default for AgentSettings {
             python: "python3".into(),
             stop_grace: Duration::from_secs(5),
             poll_wait: Duration::from_secs(20),
+            extra_idle: Duration::from_secs(30),
             gpu_telemetry: GpuTelemetrySource::Auto,
             nvidia_smi: "nvidia-smi".into(),
             nvml_library: String::new(),

@@ -237,6 +237,7 @@ impl Engine {
                 attempt: b.attempt,
                 ttl_seconds: b.cluster.ttl_s,
                 stop_grace_seconds: b.stop_grace_s,
+                extra: part.extra,
                 job,
                 cluster,
             });

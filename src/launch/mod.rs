@@ -148,6 +148,62 @@ pub fn spark_conf(job: &SparkJob, rapids: &Rapids) -> BTreeMap<String, String> {
     conf
 }
 
+/// The file of Spark's executor target in the driver's CSV metrics
+/// directory, after its namespace (the application id by default):
+/// rows `unix-seconds,executors`. Spark 4's ExecutorAllocationManager
+/// gauge `numberTargetExecutors`, which the standalone launcher reads to
+/// report an elastic batch's demand.
+pub const TARGET_EXECUTORS_CSV: &str =
+    ".driver.ExecutorAllocationManager.executors.numberTargetExecutors.csv";
+
+/// On the standalone launcher, an elastic batch
+/// (docs/rules.md#elastic-batches) is not capped at its core gang:
+/// `spark.dynamicAllocation.maxExecutors` is the core plus its most
+/// extras (its own value), `spark.cores.max` follows, and the job starts
+/// once the core's executors registered (not every one it may have).
+/// Spark writes its metrics as CSV into `metrics_dir` every second (the
+/// agent reads its executor target there), and decommissions executors
+/// gracefully, migrating their shuffle and cached blocks (unless the
+/// batch says otherwise). Nothing changes for a batch that cannot grow.
+/// An executor beyond the extras granted has no worker to run on: the
+/// batch's master has only the workers flexq started.
+pub fn grow_beyond_core(
+    conf: &mut BTreeMap<String, String>,
+    c: &ClusterRequest,
+    metrics_dir: &str,
+) {
+    if !c.dynamic_allocation || c.max_extras == 0 {
+        return;
+    }
+    let most = c.executor_count.saturating_add(c.max_extras);
+    conf.insert(crate::spec::MAX_EXECUTORS_KEY.into(), most.to_string());
+    conf.insert(
+        "spark.cores.max".into(),
+        (u64::from(c.executor.cores) * u64::from(most)).to_string(),
+    );
+    let ratio = f64::from(c.executor_count) / f64::from(most.max(1));
+    conf.insert(
+        "spark.scheduler.minRegisteredResourcesRatio".into(),
+        format!("{ratio:.4}"),
+    );
+    for key in [
+        "spark.decommission.enabled",
+        "spark.storage.decommission.enabled",
+        "spark.storage.decommission.shuffleBlocks.enabled",
+        "spark.storage.decommission.rddBlocks.enabled",
+    ] {
+        conf.entry(key.into()).or_insert_with(|| "true".into());
+    }
+    let sink = "spark.metrics.conf.driver.sink.csv";
+    conf.insert(
+        format!("{sink}.class"),
+        "org.apache.spark.metrics.sink.CsvSink".into(),
+    );
+    conf.insert(format!("{sink}.period"), "1".into());
+    conf.insert(format!("{sink}.unit"), "seconds".into());
+    conf.insert(format!("{sink}.directory"), metrics_dir.into());
+}
+
 /// Environment variables the user asked for on the driver
 /// (`spark.dataproc.driverEnv.NAME`).
 pub fn driver_env(job: &SparkJob) -> Vec<(String, String)> {

@@ -261,7 +261,7 @@ impl Scheduler {
             if let Some((preemption, plan)) = planned {
                 walk.preempted |= first_blocked;
                 walk.capacity_taken();
-                self.preempt(preemption, plan, out);
+                self.preempt(preemption, plan, now, out);
                 return Considered::Passed;
             }
             if let Some(at) = self.next_victim_matures(batch, now) {

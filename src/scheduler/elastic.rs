@@ -375,6 +375,82 @@ impl Scheduler {
         true
     }
 
+    /// Whether `a`'s extras go back before any core part of its zone is
+    /// preempted or reclaimed for a batch of `priority`: it is elastic,
+    /// of no higher priority, and not stopping already.
+    pub(super) fn yields_extras(&self, a: &Allocation, priority: i32) -> bool {
+        a.elastic.is_some() && a.priority <= priority && self.claims.stopping_for(a.key).is_none()
+    }
+
+    /// What victim `a` gives back beyond the zone's extras in a preemption
+    /// for a batch of `priority`: its core where its extras yield (they
+    /// are counted already), else all of it.
+    pub(super) fn victim_parts<'x>(&self, a: &'x Allocation, priority: i32) -> &'x [Placement] {
+        if self.yields_extras(a, priority) {
+            a.core_parts()
+        } else {
+            &a.placements
+        }
+    }
+
+    /// The extras of `zone` that go back before any core part there is
+    /// preempted or reclaimed for a batch of `priority`
+    /// ([`Scheduler::yields_extras`]).
+    pub(super) fn zone_extras(&self, region: &str, zone: &str, priority: i32) -> Vec<&Placement> {
+        self.elastic
+            .running
+            .get(region)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.running.get(k))
+            .filter(|a| a.zone == zone && self.yields_extras(a, priority))
+            .flat_map(Allocation::extras)
+            .collect()
+    }
+
+    /// A preemption or reclaim for `for_batch` (of `priority`) in `zone`
+    /// is carried out: every extra of the zone that yields to it, but
+    /// the victims' (which go with their clusters), goes back now
+    /// (answered by the next [`Scheduler::grow`]).
+    pub(super) fn take_back_zone_extras(
+        &mut self,
+        (region, zone): (&str, &str),
+        priority: i32,
+        victims: &[BatchKey],
+        for_batch: &str,
+        now: DateTime<Utc>,
+    ) {
+        let keys: Vec<BatchKey> = self
+            .elastic
+            .running
+            .get(region)
+            .into_iter()
+            .flatten()
+            .filter(|k| !victims.contains(k))
+            .filter_map(|k| self.running.get(k))
+            .filter(|a| a.zone == zone && self.yields_extras(a, priority))
+            .map(|a| a.key)
+            .collect();
+        for key in keys {
+            while let Some(newest) = self
+                .running
+                .get(&key)
+                .and_then(|a| a.extras().len().checked_sub(1))
+            {
+                let Some((batch_id, placement, since)) = self.release_at(key, newest, now) else {
+                    break;
+                };
+                self.elastic.changes.push(ExtraChange::Reclaimed {
+                    key,
+                    batch_id,
+                    placement,
+                    since,
+                    for_batch: for_batch.to_string(),
+                });
+            }
+        }
+    }
+
     /// After a pass: grants extras to the running elastic clusters that
     /// want more, one at a time in the fair-share order (then the oldest
     /// allocation first), each on a node of its cluster's zone, from what

@@ -380,23 +380,35 @@ impl Scheduler {
             let plan = plan_zone(&sim.zone_nodes(region, zone), parts);
             plan.complete().then_some(plan.placements)
         };
+        // The zone's extras go back before any core part
+        // (docs/rules.md#elastic-batches): counted free here, taken back
+        // when the preemption is carried out.
+        let extras = self.zone_extras(region, zone, batch.priority);
+        let with_extras_back = || {
+            let mut sim = self.capacity.zone(region, zone);
+            for p in &extras {
+                sim.give_back(std::slice::from_ref(*p));
+            }
+            sim
+        };
+        let victim_parts = |a| self.victim_parts(a, batch.priority);
         // Victims are whole clusters of this zone: a copy of the zone
         // is all a plan needs.
         let fits = |victims: &[usize]| {
-            let mut sim = self.capacity.zone(region, zone);
+            let mut sim = with_extras_back();
             for &i in victims {
-                sim.give_back(&candidates[i].0.placements);
+                sim.give_back(victim_parts(candidates[i].0));
             }
             plan_on(&sim)
         };
         // Victims in order until the batch fits (on one copy of the
         // zone, each victim's cluster given back in turn)...
-        let mut sim = self.capacity.zone(region, zone);
+        let mut sim = with_extras_back();
         let mut chosen = Vec::new();
         let mut plan = None;
         for &i in &in_zone {
             chosen.push(i);
-            sim.give_back(&candidates[i].0.placements);
+            sim.give_back(victim_parts(candidates[i].0));
             plan = plan_on(&sim);
             if plan.is_some() {
                 break;
@@ -498,7 +510,24 @@ impl Scheduler {
 
     /// Commits `p` in the core: its victims are stopping, and the capacity
     /// its plan finds free now is set aside for the preemptor (its claim).
-    pub(super) fn preempt(&mut self, p: Preemption, plan: Vec<Placement>, out: &mut Vec<Decision>) {
+    pub(super) fn preempt(
+        &mut self,
+        p: Preemption,
+        plan: Vec<Placement>,
+        now: DateTime<Utc>,
+        out: &mut Vec<Decision>,
+    ) {
+        // The zone's extras go back first, at once: their capacity is
+        // banked with what is free.
+        let priority = self.queue.get(p.preemptor).map_or(i32::MAX, |b| b.priority);
+        let victims: Vec<BatchKey> = p.victims.iter().map(|v| v.key).collect();
+        self.take_back_zone_extras(
+            (&p.region, &p.zone),
+            priority,
+            &victims,
+            &p.preemptor_id,
+            now,
+        );
         let banked = self.capacity.take_free(&plan);
         let quota = self
             .queue

@@ -173,6 +173,13 @@ impl ClusterRequest {
     /// operation's warnings, its history): Spark is capped at the cluster
     /// allocated, naming the keys (docs/rules.md#dynamic-allocation).
     pub fn dynamic_allocation_note(&self) -> Option<String> {
+        if self.dynamic_allocation && self.max_extras > 0 {
+            return Some(format!(
+                "spark.dynamicAllocation.enabled: the cluster allocated whole is its core gang of {n} executors (the largest of spark.executor.instances, spark.dynamicAllocation.minExecutors and spark.dynamicAllocation.initialExecutors); beyond it Spark may grow to spark.dynamicAllocation.maxExecutors = {most}, one extra executor at a time while GPUs are free, given back when Spark no longer uses it or a queued batch needs it (on the Kubernetes launcher Spark stays capped at the core)",
+                n = self.executor_count,
+                most = self.executor_count.saturating_add(self.max_extras)
+            ));
+        }
         self.dynamic_allocation.then(|| {
             format!(
                 "spark.dynamicAllocation.enabled: Spark runs with at most the {n} executors allocated with the whole cluster (spark.dynamicAllocation.maxExecutors is set to {n}, the largest of spark.executor.instances, spark.dynamicAllocation.minExecutors and spark.dynamicAllocation.initialExecutors); flexq grants no executor beyond it",

@@ -174,7 +174,7 @@ impl Store {
         let extra = StoredExtra {
             seq: row.try_get("batch_seq")?,
             batch_id: row.try_get("batch_id")?,
-            placement: super::schedule::placement_of(&row)?,
+            placement: super::rows::placement_of(&row)?,
         };
         let change = ExtraChange::Released {
             key: crate::scheduler::BatchKey(extra.seq),
@@ -217,7 +217,7 @@ impl Store {
         .await?;
         let extras = rows
             .iter()
-            .map(super::schedule::placement_of)
+            .map(super::rows::placement_of)
             .collect::<Result<_, _>>()?;
         let wanted: Option<Option<i64>> =
             sqlx::query_scalar("select extras_wanted from batches where seq = $1")

@@ -11,7 +11,8 @@ use super::sql::Sql;
 
 use super::{BatchRecord, Provisioning, RunInfo, StoreError};
 use crate::api::{BatchName, State, StateHistory};
-use crate::spec::{Alternative, ClusterRequest, Request};
+use crate::scheduler::{NodeId, PartRole, Placement};
+use crate::spec::{Accelerator, Alternative, ClusterRequest, Request};
 
 pub(super) const BATCH_COLUMNS: &str = "seq, project, region, batch_id, uuid, operation_id, request_id, \
      create_time, state, state_message, state_time, creator, spec, cluster, deadline, provisioning, \
@@ -220,4 +221,26 @@ pub(super) async fn set_run_info(
         .execute(&mut *conn)
         .await?;
     Ok(())
+}
+
+/// A part of a cluster as an `allocations` row stores it.
+pub(super) fn placement_of(row: &AnyRow) -> Result<Placement, StoreError> {
+    let gpus: String = row.try_get("gpus")?;
+    let role: String = row.try_get("role")?;
+    Ok(Placement {
+        node: NodeId(row.try_get("node_id")?),
+        role: if role == "driver" {
+            PartRole::Driver
+        } else {
+            PartRole::Executor
+        },
+        gpus: serde_json::from_str(&gpus).unwrap_or_default(),
+        cores: row.try_get::<i64, _>("cores")? as u32,
+        memory_mb: row.try_get::<i64, _>("memory_mb")? as u64,
+        local_ssd_gb: row.try_get::<i64, _>("local_ssd_gb")? as u64,
+        accelerator: row
+            .try_get::<Option<String>, _>("accelerator")?
+            .as_deref()
+            .and_then(Accelerator::parse),
+    })
 }

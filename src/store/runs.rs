@@ -16,6 +16,8 @@ pub struct NodePart {
     /// Executors are numbered 0.. within their batch, in allocation order;
     /// 0 for the driver.
     pub index: u32,
+    /// An elastic batch's extra executor (docs/rules.md#elastic-batches).
+    pub extra: bool,
     pub gpus: Vec<String>,
     pub cores: u32,
     pub memory_mb: u64,
@@ -178,7 +180,7 @@ impl Store {
     /// Every part of a batch that `node` holds now, with its batch.
     pub async fn node_parts(&self, node: &str) -> Result<Vec<NodePart>, StoreError> {
         let rows = sqlx::query(
-            "select a.batch_seq, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, \
+            "select a.batch_seq, a.role, a.gpus, a.cores, a.memory_mb, a.local_ssd_gb, a.extra, \
                (select count(*) from allocations e where e.batch_seq = a.batch_seq \
                   and e.role = 'executor' and e.id < a.id) as idx \
              from allocations a where a.node_id = $1 and a.released_at is null order by a.id",
@@ -212,6 +214,7 @@ impl Store {
                 } else {
                     row.try_get::<i64, _>("idx")?.max(0) as u32
                 },
+                extra: row.try_get::<i64, _>("extra")? != 0,
                 gpus: serde_json::from_str(gpus).map_err(|e| {
                     StoreError::Unavailable(format!("stored allocation cannot be read: {e}"))
                 })?,

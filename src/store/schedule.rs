@@ -11,7 +11,7 @@ use sqlx::{AnyConnection, Row};
 use super::sql::Sql;
 
 use super::lifecycle::write_steps;
-use super::rows::{append_history, decode_cluster, from_micros, micros};
+use super::rows::{append_history, decode_cluster, from_micros, micros, placement_of};
 use super::{Backend, Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle;
@@ -617,27 +617,6 @@ fn shape_type(
         PartRole::Driver => driver,
         PartRole::Executor => executor,
     }
-}
-
-pub(super) fn placement_of(row: &sqlx::any::AnyRow) -> Result<Placement, StoreError> {
-    let gpus: String = row.try_get("gpus")?;
-    let role: String = row.try_get("role")?;
-    Ok(Placement {
-        node: NodeId(row.try_get("node_id")?),
-        role: if role == "driver" {
-            PartRole::Driver
-        } else {
-            PartRole::Executor
-        },
-        gpus: serde_json::from_str(&gpus).unwrap_or_default(),
-        cores: row.try_get::<i64, _>("cores")? as u32,
-        memory_mb: row.try_get::<i64, _>("memory_mb")? as u64,
-        local_ssd_gb: row.try_get::<i64, _>("local_ssd_gb")? as u64,
-        accelerator: row
-            .try_get::<Option<String>, _>("accelerator")?
-            .as_deref()
-            .and_then(Accelerator::parse),
-    })
 }
 
 /// "Allocated 1 driver and 8 executors (9 GPUs) on 3 nodes in us-central1-a."

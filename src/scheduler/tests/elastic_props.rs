@@ -9,7 +9,10 @@
 //!   none delays a reservation or overtakes a queued batch);
 //! - a cluster's core is never smaller than its gang: the driver and the
 //!   executors it asked for;
-//! - the extras of a region hold at most its share of the GPUs.
+//! - the extras of a region hold at most its share of the GPUs;
+//! - no core part is preempted while an extra of a cluster of lower or
+//!   equal priority is held in its zone (preemption by priority is on;
+//!   victims stop at once).
 
 use std::collections::{HashMap, HashSet};
 
@@ -24,6 +27,7 @@ enum Op {
     Submit {
         executors: u32,
         extras: u32,
+        priority: i32,
     },
     /// Spark of the n-th running cluster wants `wanted` extras.
     Want(usize, u32),
@@ -34,8 +38,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (2u32..=6, prop::sample::select(vec![0u32, 0, 2, 6]))
-            .prop_map(|(executors, extras)| Op::Submit { executors, extras }),
+        4 => (2u32..=6, prop::sample::select(vec![0u32, 0, 2, 6]), prop::sample::select(vec![0, 0, 5]))
+            .prop_map(|(executors, extras, priority)| Op::Submit { executors, extras, priority }),
         3 => (any::<usize>(), 0u32..=8).prop_map(|(n, w)| Op::Want(n, w)),
         2 => any::<usize>().prop_map(Op::Finish),
         2 => (1i64..600).prop_map(Op::Advance),
@@ -53,19 +57,39 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
         "r".to_string(),
         ElasticPolicy { max_share: SHARE },
     )]));
+    s.set_preemption(HashMap::from([(
+        "r".to_string(),
+        PreemptionPolicy {
+            by_priority: true,
+            by_fair_share: false,
+            fair_share_margin: 1.0,
+            min_runtime: std::time::Duration::ZERO,
+            max_preemptions: 3,
+            grace: std::time::Duration::from_secs(60),
+            allow_opt_out: false,
+        },
+    )]));
     let total_gpus = 20.0;
+    let mut priorities: HashMap<BatchKey, i32> = HashMap::new();
     let mut now = t0();
     let mut next = 1;
     let mut asked: HashMap<BatchKey, u32> = HashMap::new();
     let mut grants = 0;
     for op in ops {
         match op {
-            Op::Submit { executors, extras } => {
+            Op::Submit {
+                executors,
+                extras,
+                priority,
+            } => {
                 let mut c = cluster(executors, ProvisioningMode::Queue, 3600, Some(3600));
                 c.dynamic_allocation = extras > 0;
                 c.max_extras = extras;
                 let project = if next % 2 == 0 { "p" } else { "q" };
-                s.submit(batch(next, project, c, now));
+                let mut b = batch(next, project, c, now);
+                b.priority = priority;
+                priorities.insert(BatchKey(next), priority);
+                s.submit(b);
                 asked.insert(BatchKey(next), executors);
                 next += 1;
             }
@@ -83,7 +107,34 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
             }
             Op::Advance(secs) => now += Duration::seconds(secs),
         }
-        s.pass(now);
+        let decisions = s.pass(now);
+        for d in &decisions {
+            let Decision::Preempt(p) = d else {
+                continue;
+            };
+            let victims: HashSet<BatchKey> = p.victims.iter().map(|v| v.key).collect();
+            let priority = priorities[&p.preemptor];
+            for key in s.running_keys() {
+                let a = s.allocation(key).expect("running");
+                prop_assert!(
+                    victims.contains(&key)
+                        || a.zone != p.zone
+                        || a.priority > priority
+                        || s.stopping_for(key).is_some()
+                        || a.extras().is_empty(),
+                    "{} preempts {:?} in {} while {} holds {} extras there",
+                    p.preemptor.0,
+                    victims,
+                    p.zone,
+                    key.0,
+                    a.extras().len()
+                );
+            }
+            // The victims stop at once.
+            for v in &victims {
+                s.forget(*v, now);
+            }
+        }
         let changes = s.grow(now);
         // The harness's model of "waits for capacity": a queued batch
         // whose project has the quota for it was not allocated.
