@@ -127,14 +127,16 @@ enum Bench {
         #[arg(long, default_value_t = 500)]
         releases: usize,
         /// Only these parts: core, flood, end-to-end, expiry, restart,
-        /// alternatives, preemption (comma-separated; all when absent).
+        /// alternatives, preemption, elastic (comma-separated; all when
+        /// absent).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// Turns of each setting in the `alternatives` part (off, ripe,
-        /// unripe) and the `preemption` part (off, young, ripe).
+        /// unripe), the `preemption` part (off, young, ripe) and the
+        /// `elastic` part (none, elastic).
         #[arg(long, default_value_t = 2)]
         rounds: usize,
-        /// Only this setting of the `alternatives` and `preemption` parts (no
+        /// Only this setting of the `alternatives`, `preemption` and `elastic` parts (no
         /// ratios then): to profile one, e.g. under `perf record`.
         #[arg(long)]
         setting: Option<String>,

@@ -16,7 +16,11 @@
 //! 6. preemption (`--only preemption`): the core's pass after a release
 //!    with a tenth of the queue urgent (priority 5), with preemption off,
 //!    on with no cluster old enough to be a victim, and on with victims
-//!    preempted, in turns, and the ratios.
+//!    preempted, in turns, and the ratios;
+//! 7. elastic batches (`--only elastic`): the pass (and the extras'
+//!    grants after it) after a release, with 10,000 running clusters fixed
+//!    or elastic (each wanting 3 extras) under the deep queue, in turns,
+//!    and the ratio.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -43,7 +47,7 @@ pub(crate) struct ScheduleOptions {
     pub pending: Vec<usize>,
     pub releases: usize,
     /// Only these parts (core, flood, end-to-end, expiry, restart,
-    /// alternatives, preemption); all when empty.
+    /// alternatives, preemption, elastic); all when empty.
     pub only: Vec<String>,
     /// Turns of each setting in the `alternatives` and `preemption` parts.
     pub rounds: usize,
@@ -228,6 +232,11 @@ pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     if part("preemption") {
         for &n in &opts.pending {
             preemption_passes(n, &opts)?;
+        }
+    }
+    if part("elastic") {
+        for &n in &opts.pending {
+            elastic_passes(n, &opts)?;
         }
     }
     Ok(())
@@ -1164,6 +1173,103 @@ fn preemption_turn(
             decided += d.len();
             digest = fold_digest(digest, k, &d);
         }
+    }
+    Ok((decided, digest))
+}
+
+/// Running clusters in the `elastic` part (each of 4 GPUs: 40,000 GPUs of
+/// the 40,800 that 34 nodes a zone give).
+const ELASTIC_RUNNING: usize = 10_000;
+
+/// Part 7: the pass after a release, and the grants of extras after it (as
+/// the engine runs them together), with 10,000 running clusters fixed
+/// (`none`) or elastic (`elastic`: dynamic allocation on, each wanting 3
+/// extras, which the deep queue holds back), in turns.
+fn elastic_passes(n: usize, opts: &ScheduleOptions) -> Result<(), CliError> {
+    let settings: Vec<&str> = ["none", "elastic"]
+        .into_iter()
+        .filter(|s| opts.setting.as_deref().is_none_or(|only| only == *s))
+        .collect();
+    let releases = opts.releases;
+    in_turns(
+        &format!(
+            "[elastic] pass and grants after one release, {n} pending, {ELASTIC_RUNNING} running, {releases} releases"
+        ),
+        &settings,
+        opts.rounds,
+        |i, h| elastic_turn(n, releases, settings[i] == "elastic", h),
+    )
+}
+
+fn elastic_turn(
+    n: usize,
+    releases: usize,
+    elastic: bool,
+    h: &mut Histogram<u64>,
+) -> Result<(usize, u64), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let config = bench_config(34, dir.path())?;
+    let policy = config.policy();
+    // The running clusters first (queued first, so the first pass
+    // allocates them), then the deep queue.
+    let mut clusters: Vec<Request> = Vec::with_capacity(ELASTIC_RUNNING + n);
+    for i in 0..ELASTIC_RUNNING {
+        let mut batch = shaped_batch(i, UNIFORM);
+        if elastic {
+            let props = &mut batch
+                .runtime_config
+                .as_mut()
+                .expect("a runtime config")
+                .properties;
+            for (k, v) in [
+                ("spark.dynamicAllocation.enabled", "true"),
+                ("spark.dynamicAllocation.minExecutors", "3"),
+                ("spark.dynamicAllocation.maxExecutors", "6"),
+            ] {
+                props.insert(k.to_string(), v.to_string());
+            }
+        }
+        clusters.push(
+            flexq::spec::validate(&batch, "bench", &region_of(i), &policy)
+                .map_err(|r| err(r.message()))?,
+        );
+    }
+    for i in 0..n {
+        clusters.push(cluster_of(&policy, ELASTIC_RUNNING + i, 7200)?);
+    }
+    let now = Utc::now();
+    let mut core = queued_core(&config, clusters, |i| format!("team-{}", i % 10), now);
+    core.set_elastic(config.elastic());
+    core.pass(now);
+    core.grow(now);
+    let running = core.running_keys();
+    let mut wanting = 0;
+    for key in &running {
+        if core.set_demand(*key, 3) {
+            wanting += 1;
+        }
+    }
+    if elastic && wanting < ELASTIC_RUNNING * 9 / 10 {
+        return Err(err(format!(
+            "only {wanting} of {ELASTIC_RUNNING} running clusters are elastic"
+        )));
+    }
+    let mut later = now;
+    let mut decided = 0;
+    let mut digest = 0u64;
+    for k in 0..releases {
+        let running = core.running_keys();
+        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
+            break;
+        };
+        later += chrono::Duration::seconds(1);
+        core.forget(key, later);
+        let t = Instant::now();
+        let d = core.pass(later);
+        let grown = core.grow(later);
+        let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+        decided += d.len() + grown.len();
+        digest = fold_digest(digest, k, &d);
     }
     Ok((decided, digest))
 }

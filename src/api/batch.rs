@@ -244,6 +244,28 @@ pub struct ExtrasInfo {
     pub blocked_by: Option<String>,
 }
 
+/// A batch's executors over time (`GET .../batches/{batch}/executors`;
+/// docs/rules.md#elastic-batches): one point at each change, each holding
+/// until the next; the last is now's. From its stored parts, every
+/// attempt's, so a requeue shows as a fall to none and a new start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorChart {
+    /// The changes, oldest first (at most the last 1000).
+    pub points: Vec<ExecutorPoint>,
+}
+
+/// The executors a batch held from `time` on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorPoint {
+    pub time: DateTime<Utc>,
+    /// Executors held, core and extras together.
+    pub executors: u32,
+    /// Of those, extras (granted beyond the core gang).
+    pub extras: u32,
+}
+
 /// One reason a queued batch is not admitted: its kind and its message
 /// (the message is also in `notAdmittedReasons`, at the same place).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -38,6 +38,10 @@ pub struct UsageRow {
     /// work lost to reclaim, counted to the borrower's project
     /// (docs/rules.md#loans-and-reclaim).
     pub reclaimed_gpu_hours: f64,
+    /// Of `gpuHours`, those held by elastic batches' extra executors,
+    /// granted beyond their core gang (docs/rules.md#elastic-batches); the
+    /// rest were held by core gangs.
+    pub extra_gpu_hours: f64,
     /// Local SSD GB × hours held inside the window.
     pub local_ssd_gb_hours: f64,
     /// Batches created in the window.

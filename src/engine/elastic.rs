@@ -3,19 +3,35 @@
 //! follows another's writes. Grants and take-backs are the pass's
 //! (`passes.rs`).
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::nodes::check_epoch;
 use super::{Engine, Error};
+use crate::api::{BatchName, ExecutorChart, ExecutorPoint};
 use crate::scheduler::{BatchKey, ExtraChange, NodeId};
-use crate::store::StoreError;
+use crate::store::{ExecutorSpan, StoreError};
 
 /// The most executors a demand report may name (Spark's own bound on
 /// `maxExecutors` is far above what a cluster holds; this refuses
 /// nonsense).
 const MOST_TARGET: u32 = 100_000;
 
+/// The most points an executor chart answers (the latest).
+const MOST_CHART_POINTS: usize = 1000;
+
 impl Engine {
+    /// Batch `name`'s executors over time, for its chart.
+    pub async fn executor_chart(&self, name: &BatchName) -> Result<ExecutorChart, Error> {
+        let record = self
+            .shared
+            .store
+            .get(name)
+            .await
+            .map_err(|e| super::batches::not_found_as(e, "batch", &name.to_string()))?;
+        let spans = self.shared.store.executor_spans(record.seq).await?;
+        Ok(executor_chart(&spans, MOST_CHART_POINTS))
+    }
+
     /// The driver's node of elastic batch `uuid` reports that Spark
     /// targets `target` executors: extras beyond the core are wanted, and
     /// granted by the next pass as capacity allows.
@@ -159,4 +175,96 @@ pub(super) fn log_extra(
         change.label()
     );
     crate::metrics::record_extra(region, project, change, now);
+}
+
+/// The executors held over time by parts `spans`: a point at each time
+/// the count changes (parts allocated or given back at the same instant
+/// make one change), the latest `most` of them.
+pub(super) fn executor_chart(spans: &[ExecutorSpan], most: usize) -> ExecutorChart {
+    // (when, executors added, extras added); a release sorts before an
+    // allocation at the same instant, and both fold into one point.
+    let mut steps: Vec<(DateTime<Utc>, i64, i64)> = Vec::with_capacity(spans.len() * 2);
+    for s in spans {
+        let extra = i64::from(s.extra);
+        steps.push((s.allocated_at, 1, extra));
+        if let Some(end) = s.released_at {
+            steps.push((end, -1, -extra));
+        }
+    }
+    steps.sort_by_key(|&(at, n, _)| (at, n));
+    let (mut executors, mut extras) = (0i64, 0i64);
+    let mut points: Vec<ExecutorPoint> = Vec::new();
+    for (at, n, e) in steps {
+        executors += n;
+        extras += e;
+        let point = ExecutorPoint {
+            time: at,
+            executors: u32::try_from(executors.max(0)).unwrap_or(u32::MAX),
+            extras: u32::try_from(extras.max(0)).unwrap_or(u32::MAX),
+        };
+        match points.last_mut() {
+            Some(last) if last.time == at => *last = point,
+            _ => points.push(point),
+        }
+    }
+    // A change undone at the same instant is no change.
+    points.dedup_by(|b, a| (a.executors, a.extras) == (b.executors, b.extras));
+    let skip = points.len().saturating_sub(most);
+    ExecutorChart {
+        points: points.split_off(skip),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a time")
+    }
+
+    fn span(from: i64, to: Option<i64>, extra: bool) -> ExecutorSpan {
+        ExecutorSpan {
+            allocated_at: at(from),
+            released_at: to.map(at),
+            extra,
+        }
+    }
+
+    fn counts(chart: &ExecutorChart) -> Vec<(i64, u32, u32)> {
+        chart
+            .points
+            .iter()
+            .map(|p| (p.time.timestamp() - 1_800_000_000, p.executors, p.extras))
+            .collect()
+    }
+
+    #[test]
+    fn the_chart_steps_at_each_grant_and_release_and_folds_one_instant() {
+        let spans = [
+            // The core: 2 executors from 0 to 100.
+            span(0, Some(100), false),
+            span(0, Some(100), false),
+            // Extras: one from 10 to 40, one from 20 on, given back with
+            // the cluster at 100; one given back at 40 as another came.
+            span(10, Some(40), true),
+            span(20, Some(100), true),
+            span(40, Some(100), true),
+        ];
+        let chart = executor_chart(&spans, 1000);
+        assert_eq!(
+            counts(&chart),
+            [(0, 2, 0), (10, 3, 1), (20, 4, 2), (100, 0, 0)],
+            "the swap at 40 is no change"
+        );
+        // Only the latest points when there are more.
+        assert_eq!(
+            counts(&executor_chart(&spans, 2)),
+            [(20, 4, 2), (100, 0, 0)]
+        );
+        // Still held: the last point is the count now.
+        let held = [span(0, None, false), span(5, None, true)];
+        assert_eq!(counts(&executor_chart(&held, 1000)), [(0, 1, 0), (5, 2, 1)]);
+        assert!(executor_chart(&[], 1000).points.is_empty());
+    }
 }

@@ -134,6 +134,7 @@ pub(crate) fn report(
         weighted_gpu_millis: f64,
         lost_gpu_millis: u64,
         reclaimed_gpu_millis: u64,
+        extra_gpu_millis: u64,
         ssd_gb_millis: u64,
         batches: u64,
         allocated: u64,
@@ -155,6 +156,9 @@ pub(crate) fn report(
         }
         if part.reclaimed {
             sums.reclaimed_gpu_millis += part.gpus * millis;
+        }
+        if part.extra {
+            sums.extra_gpu_millis += part.gpus * millis;
         }
         sums.weighted_gpu_millis += (part.gpus * millis) as f64 * gpu_weight(part.accelerator);
         sums.ssd_gb_millis += part.local_ssd_gb * millis;
@@ -185,6 +189,7 @@ pub(crate) fn report(
             weighted_gpu_hours: s.weighted_gpu_millis / 3_600_000.0,
             lost_gpu_hours: s.lost_gpu_millis as f64 / 3_600_000.0,
             reclaimed_gpu_hours: s.reclaimed_gpu_millis as f64 / 3_600_000.0,
+            extra_gpu_hours: s.extra_gpu_millis as f64 / 3_600_000.0,
             local_ssd_gb_hours: s.ssd_gb_millis as f64 / 3_600_000.0,
             batches: s.batches,
             allocated: s.allocated,
@@ -205,6 +210,7 @@ pub(crate) fn report(
         all.weighted_gpu_millis += s.weighted_gpu_millis;
         all.lost_gpu_millis += s.lost_gpu_millis;
         all.reclaimed_gpu_millis += s.reclaimed_gpu_millis;
+        all.extra_gpu_millis += s.extra_gpu_millis;
         all.ssd_gb_millis += s.ssd_gb_millis;
         all.batches += s.batches;
         all.allocated += s.allocated;
@@ -243,6 +249,7 @@ mod tests {
             released_at: to.map(at),
             preempted: false,
             reclaimed: false,
+            extra: false,
         }
     }
 
@@ -272,6 +279,18 @@ mod tests {
             at(20),
         );
         assert_eq!(r.total.milli_accelerator_seconds, "0");
+    }
+
+    #[test]
+    fn extras_hours_are_counted_apart_from_the_core() {
+        // A core gang of 2 GPUs for an hour, and an extra of 1 GPU granted
+        // half an hour in and still held at the window's end.
+        let mut extra = part("a", 1, 1800, None);
+        extra.extra = true;
+        let held = [part("a", 2, 0, Some(3600)), extra];
+        let r = report("r", (&held, &[]), |_| 1.0, (at(0), at(3600)), at(3600));
+        assert_eq!((r.total.gpu_hours, r.total.extra_gpu_hours), (2.5, 0.5));
+        assert_eq!(r.rows[0].extra_gpu_hours, 0.5);
     }
 
     #[test]

@@ -93,6 +93,23 @@ pub(super) async fn gpu_chart(
     Ok(format.respond(StatusCode::OK, &chart))
 }
 
+/// `GET /v1/projects/{project}/locations/{region}/batches/{batch}/executors`:
+/// the batch's executors over time, core and extras, for a chart (a flexq
+/// extension).
+#[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches/{batch}/executors", tag = "batches",
+    params(("project" = String, Path), ("region" = String, Path), ("batch" = String, Path)),
+    responses((status = 200, body = crate::api::ExecutorChart)))]
+pub(super) async fn executor_chart(
+    AppState(app): AppState<App>,
+    ApiPath((project, region, batch_id)): ApiPath<(String, String, String)>,
+    ApiQuery(_): ApiQuery<PlainParams>,
+    format: Format,
+) -> Result<Response, Error> {
+    let name = BatchName::new(&project, &region, &batch_id);
+    let chart = app.engine.executor_chart(&name).await?;
+    Ok(format.respond(StatusCode::OK, &chart))
+}
+
 /// `GET /v1/projects/{project}/locations/{region}/batches`
 #[utoipa::path(get, path = "/v1/projects/{project}/locations/{region}/batches", tag = "batches",
     params(("project" = String, Path), ("region" = String, Path), ("pageSize" = Option<u32>, Query), ("pageToken" = Option<String>, Query), ("filter" = Option<String>, Query), ("orderBy" = Option<String>, Query)),

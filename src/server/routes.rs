@@ -37,6 +37,7 @@ pub(super) fn declare() -> Routes {
         .at(Project, routes!(batches::get, batches::delete))
         .at(Project, routes!(agents::read_output))
         .at(Project, routes!(batches::gpu_chart))
+        .at(Project, routes!(batches::executor_chart))
         .at(
             Project,
             routes!(batches::get_operation, batches::post_operation),

@@ -4,7 +4,7 @@
 //! history in the same transaction. What Spark wants is `extras_wanted`.
 
 use chrono::{DateTime, Utc};
-use sqlx::AnyConnection;
+use sqlx::{AnyConnection, Row};
 
 use super::leader::Change;
 use super::rows::{append_history, micros};
@@ -170,7 +170,6 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(StoreError::NotFound)?;
-        use sqlx::Row;
         let extra = StoredExtra {
             seq: row.try_get("batch_seq")?,
             batch_id: row.try_get("batch_id")?,
@@ -226,4 +225,35 @@ impl Store {
                 .await?;
         Ok((extras, wanted.flatten().and_then(|w| u32::try_from(w).ok())))
     }
+    /// Batch `seq`'s executor parts, every attempt's: when each was
+    /// allocated and given back (None while held), and whether it is an
+    /// extra, oldest first.
+    pub async fn executor_spans(&self, seq: i64) -> Result<Vec<ExecutorSpan>, StoreError> {
+        let rows = sqlx::query(
+            "select allocated_at, released_at, extra from allocations \
+             where batch_seq = $1 and role = 'executor' order by id",
+        )
+        .bind(seq)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ExecutorSpan {
+                    allocated_at: super::rows::from_micros(row.try_get("allocated_at")?),
+                    released_at: row
+                        .try_get::<Option<i64>, _>("released_at")?
+                        .map(super::rows::from_micros),
+                    extra: row.try_get::<i64, _>("extra")? != 0,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One executor part of a batch, from its allocation to its release.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutorSpan {
+    pub allocated_at: DateTime<Utc>,
+    pub released_at: Option<DateTime<Utc>>,
+    pub extra: bool,
 }

@@ -45,7 +45,7 @@ use crate::spec::{Alternative, ClusterRequest};
 
 pub use durability::Durability;
 pub use events::{Cursor, EventKind, EventRow, EventScope};
-pub use extras::StoredExtra;
+pub use extras::{ExecutorSpan, StoredExtra};
 pub use filter::Filter;
 pub use generations::ConfigGeneration;
 pub use leader::{Change, ChangeStream, Heard, LeaderLease};

@@ -25,6 +25,8 @@ pub struct UsedPart {
     pub preempted: bool,
     /// Given back because its loan was reclaimed: work lost to reclaim.
     pub reclaimed: bool,
+    /// An extra executor of an elastic batch, granted beyond its core gang.
+    pub extra: bool,
 }
 
 /// A batch created in the window.
@@ -82,7 +84,7 @@ impl Store {
         let project = project.unwrap_or_default();
         let rows = sqlx::query(
             "select b.project, b.cluster, b.alternative, a.role, a.gpus, a.local_ssd_gb, a.accelerator, \
-             a.allocated_at, a.released_at, a.preempted \
+             a.allocated_at, a.released_at, a.preempted, a.extra \
              from allocations a join batches b on b.seq = a.batch_seq \
              where coalesce(a.region, b.region) = $1 and ($2 = '' or b.project = $3) \
              and a.allocated_at < $4 and (a.released_at is null or a.released_at > $5)",
@@ -109,6 +111,7 @@ impl Store {
                     .map(from_micros),
                 preempted: lost == super::lifecycle::LOST_TO_PREEMPTION,
                 reclaimed: lost == super::lifecycle::LOST_TO_RECLAIM,
+                extra: row.try_get::<i64, _>("extra")? != 0,
             });
         }
         let rows = sqlx::query(

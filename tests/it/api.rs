@@ -459,6 +459,10 @@ async fn the_openapi_document_describes_every_route() {
         ),
         (
             "get",
+            "/v1/projects/{project}/locations/{region}/batches/{batch}/executors",
+        ),
+        (
+            "get",
             "/v1/projects/{project}/regions/{region}/operations/{operation}",
         ),
         (

@@ -120,6 +120,12 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Kind)> {
             Kind::ProjectRead,
         ),
         (
+            Method::GET,
+            "/v1/projects/{P}/locations/us-central1/batches/nope/executors",
+            None,
+            Kind::ProjectRead,
+        ),
+        (
             Method::DELETE,
             "/v1/projects/{P}/locations/us-central1/batches/nope",
             None,

@@ -1039,3 +1039,119 @@ async fn a_preempted_batch_shows_it_on_its_page_and_in_the_queue() {
         .await;
     b.close().await;
 }
+
+#[tokio::test]
+async fn an_elastic_batchs_executors_grow_and_shrink_on_its_chart_live() {
+    // A FAKE agent (no Spark, no GPU) plays the driver's node: it reports
+    // Spark's executor demand and an idle extra, as the real one does.
+    let s = TestServer::start_for_agents(Duration::from_secs(60)).await;
+    let node = json!({
+        "nodeId": "gpu-host-1", "region": REGION, "zone": "us-central1-b", "pool": "l4",
+        "gpuAddresses": (0..8).map(|i| i.to_string()).collect::<Vec<_>>(),
+        "cores": 96, "memoryMb": 393216, "localSsdGb": 3000
+    });
+    let (st, reg) = s.post_json("/v1/nodes:register", &node).await;
+    assert_eq!(st, 200, "{reg:#}");
+    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let mut batch = flex_with("spark.executor.instances", "2");
+    let props = &mut batch["runtimeConfig"]["properties"];
+    props["spark.dynamicAllocation.enabled"] = json!("true");
+    props["spark.dynamicAllocation.minExecutors"] = json!("2");
+    props["spark.dynamicAllocation.maxExecutors"] = json!("4");
+    let (st, _) = s.create("batchId=grows", &batch).await;
+    assert_eq!(st, 200);
+    let deadline = Instant::now() + WAIT;
+    let uuid = loop {
+        let (_, answer) = s
+            .post_json(
+                "/v1/nodes/gpu-host-1:poll",
+                &json!({"epoch": epoch, "version": "", "waitFor": "1s"}),
+            )
+            .await;
+        let driver = answer["assignments"]
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["role"] == "driver").cloned());
+        if let Some(d) = driver {
+            break d["uuid"].as_str().expect("uuid").to_string();
+        }
+        assert!(Instant::now() < deadline, "no assignment: {answer:#}");
+    };
+    let report = |event: Value| {
+        let mut body = event;
+        body["epoch"] = json!(epoch);
+        body["uuid"] = json!(uuid);
+        body
+    };
+
+    let b = Browser::open().await;
+    b.goto(&s.url(&format!("/console/#/batch/demo/{REGION}/grows")))
+        .await;
+    b.text_with(
+        "#elastic-summary",
+        "2 in the core gang, 0 extras of at most 2",
+    )
+    .await;
+    b.mark().await;
+    // Spark wants 4 executors: the 2 extras are granted, and the page
+    // shows them without a reload.
+    let (st, body) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &report(json!({"event": "EXECUTOR_DEMAND", "targetExecutors": 4})),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    b.text_with("#elastic-summary", "2 extras of at most 2")
+        .await;
+    b.text_with("#executor-caption", "at most 4 (2 extras)")
+        .await;
+    // Steps of the line: 2 executors, then 4 (the grants may land in one
+    // pass or two, so 2 or 3 levels), and the band under it.
+    let levels = |d: &str| d.matches('H').count();
+    let d = b
+        .js("return document.querySelector('#executor-chart path.executors').getAttribute('d')")
+        .await;
+    let d = d.as_str().unwrap_or_default().to_string();
+    assert!((2..=3).contains(&levels(&d)), "{d}");
+    // The extra of executor index 2 goes idle: it goes back, live.
+    let (st, body) = s
+        .post_json(
+            "/v1/nodes/gpu-host-1:report",
+            &report(json!({"event": "EXTRA_IDLE", "index": 2})),
+        )
+        .await;
+    assert_eq!(st, 200, "{body:#}");
+    b.text_with("#elastic-summary", "1 extra of at most 2")
+        .await;
+    b.text_with("#executor-caption", &format!("{} changes", levels(&d) + 1))
+        .await;
+    let after = b
+        .js("return document.querySelector('#executor-chart path.executors').getAttribute('d')")
+        .await;
+    let after = after.as_str().unwrap_or_default().to_string();
+    assert_eq!(levels(&after), levels(&d) + 1, "one more step: {after}");
+    // The same points through the API.
+    let (st, chart) = get_json(
+        &s,
+        &s.url(&format!(
+            "/v1/projects/demo/locations/{REGION}/batches/grows/executors"
+        )),
+    )
+    .await;
+    assert_eq!(st, 200, "{chart:#}");
+    let last = chart["points"]
+        .as_array()
+        .and_then(|p| p.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (&last["executors"], &last["extras"]),
+        (&json!(3), &json!(1)),
+        "{chart:#}"
+    );
+    b.assert_not_reloaded().await;
+    b.js("document.querySelector('#elastic').scrollIntoView()")
+        .await;
+    b.shot("batch-elastic").await;
+    b.close().await;
+}

@@ -300,4 +300,40 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
         ),
         Some(2.0)
     );
+
+    // The usage report counts the extras' GPU-hours apart from the core's,
+    // and the batch's executors over time end at the core and one extra.
+    let usage = reqwest::get(format!(
+        "{}/v1/projects/demo/regions/us-central1/usage",
+        s.endpoint
+    ))
+    .await
+    .expect("usage")
+    .json::<Value>()
+    .await
+    .expect("json");
+    let total = &usage["total"];
+    let (all, extra) = (
+        total["gpuHours"].as_f64().unwrap_or_default(),
+        total["extraGpuHours"].as_f64().unwrap_or_default(),
+    );
+    assert!(extra > 0.0 && extra < all, "{usage:#}");
+    let chart = reqwest::get(format!(
+        "{}/v1/projects/demo/locations/us-central1/batches/grow/executors",
+        s.endpoint
+    ))
+    .await
+    .expect("executors")
+    .json::<Value>()
+    .await
+    .expect("json");
+    let points = chart["points"].as_array().expect("points");
+    let last = points.last().expect("a point");
+    assert_eq!(
+        (&last["executors"], &last["extras"]),
+        (&json!(3), &json!(1)),
+        "{chart:#}"
+    );
+    let most = points.iter().filter_map(|p| p["extras"].as_u64()).max();
+    assert_eq!(most, Some(4), "{chart:#}");
 }

@@ -79,9 +79,10 @@ export async function batchPage(main, r, ctx) {
   // click's confirmation survives the events that arrive meanwhile.
   const cancel = cancelControl(project, () => batch);
   let chart = null;
+  let executors = null;
   const paint = () => {
     cancel.update();
-    body.replaceChildren(...batchView(batch, deleted, project, region, cancel.el, chart));
+    body.replaceChildren(...batchView(batch, deleted, project, region, cancel.el, chart, executors));
   };
   paint();
   show(
@@ -103,6 +104,16 @@ export async function batchPage(main, r, ctx) {
     paint();
   };
   refreshGpus().catch(() => {});
+  // An elastic batch's executors change with each grant and release (each
+  // a line of its history, so an event) and are asked for again then.
+  const refreshExecutors = async () => {
+    if (!isElastic(batch)) return;
+    const c = await api(`${base}/executors`);
+    if (!ctx.alive()) return;
+    executors = c;
+    paint();
+  };
+  refreshExecutors().catch(() => {});
   (async () => {
     while (ctx.alive()) {
       await sleep(GPU_POLL_MS);
@@ -114,6 +125,7 @@ export async function batchPage(main, r, ctx) {
         // An event that came meanwhile is newer than this answer.
         if (seen === events) take(b);
         await refreshGpus();
+        await refreshExecutors();
       } catch {
         // Tried again at the next turn.
       }
@@ -126,6 +138,7 @@ export async function batchPage(main, r, ctx) {
       take(data.batch);
       paint();
       if (data.changes.includes("output") || batch.state !== "PENDING") pull().catch(() => {});
+      refreshExecutors().catch(() => {});
     } else if (event === "position" && batch.flexq) {
       batch.flexq.queuePosition = data.queuePosition;
       batch.flexq.estimatedStartTime = data.estimatedStartTime;
@@ -150,7 +163,7 @@ export async function batchPage(main, r, ctx) {
 /** How often a running batch's page asks for its GPU points. */
 const GPU_POLL_MS = 5000;
 
-export function batchView(b, deleted, project, region, cancel, chart) {
+export function batchView(b, deleted, project, region, cancel, chart, executors) {
   const f = b.flexq ?? {};
   const id = b.name.split("/").pop();
   const out = [];
@@ -209,10 +222,77 @@ export function batchView(b, deleted, project, region, cancel, chart) {
     h("h2", null, f.provisioningState === "RELEASED" ? "Nodes (released)" : "Nodes"),
     nodesView(f.nodes ?? []),
   );
+  if (isElastic(b)) left.push(h("h2", null, "Executors"), elasticView(f.elastic, executors));
   const gpus = gpuView(b.runtimeInfo ?? {}, chart);
   if (gpus) left.push(h("h2", null, "GPUs"), gpus);
   out.push(h("div", { class: "cols" }, h("div", null, left), h("div", null, h("h2", null, "History"), timeline(b))));
   return out;
+}
+
+/** Whether Spark's dynamic allocation is on for the batch: its executors
+ * beyond the core gang come and go (docs/rules.md#elastic-batches). */
+export function isElastic(b) {
+  const on = ((b.runtimeConfig ?? {}).properties ?? {})["spark.dynamicAllocation.enabled"];
+  return Boolean((b.flexq ?? {}).elastic) || String(on).trim().toLowerCase() === "true";
+}
+
+/** An elastic batch's executors: what it holds and wants now, and the
+ * chart of its executors over time. */
+export function elasticView(e, chart) {
+  const parts = [];
+  if (e) {
+    const x = e.extras;
+    parts.push(
+      h(
+        "p",
+        { id: "elastic-summary" },
+        `${number(e.core)} in the core gang, ${number(x.running)} extra${x.running === 1 ? "" : "s"} of at most ${number(x.max)}; Spark wants ${number(x.wanted)}`,
+        x.blockedBy ? h("span", { class: "badge warn", id: "extras-blocked", title: "What stops more extras" }, ` ${x.blockedBy.replaceAll("_", " ")}`) : null,
+      ),
+    );
+  }
+  if (chart && chart.points.length) parts.push(executorChart(chart, Date.now()));
+  else if (!e) parts.push(h("p", { class: "muted" }, "No executors held."));
+  return h("div", { id: "elastic" }, parts);
+}
+
+/** The executors over time as steps: all of them (the line) and, beneath,
+ * the extras (the band), from the first change to `now`, or to the last
+ * change once none is held. */
+export function executorChart(chart, now) {
+  const W = 600;
+  const H = 120;
+  const pts = chart.points;
+  const t0 = Date.parse(pts[0].time);
+  const last = pts[pts.length - 1];
+  const t1 = Math.max(last.executors ? now : Date.parse(last.time), t0 + 1);
+  const top = Math.max(...pts.map((p) => p.executors), 1);
+  const x = (t) => ((Math.min(t, t1) - t0) / (t1 - t0)) * W;
+  const y = (n) => H - (n / top) * (H - 4);
+  const steps = (key) => {
+    let d = `M0 ${y(0).toFixed(1)}`;
+    pts.forEach((p, i) => {
+      const end = i + 1 < pts.length ? Date.parse(pts[i + 1].time) : t1;
+      d += `L${x(Date.parse(p.time)).toFixed(1)} ${y(p[key]).toFixed(1)}H${x(end).toFixed(1)}`;
+    });
+    return d;
+  };
+  const peak = pts.reduce((a, p) => (p.executors > a.executors ? p : a), pts[0]);
+  return h(
+    "figure",
+    { class: "executor-chart" },
+    svg(
+      "svg",
+      { id: "executor-chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img", "aria-label": "Executors over time" },
+      svg("path", { class: "extras", d: `${steps("extras")}V${H}H0Z` }),
+      svg("path", { class: "executors", d: steps("executors") }),
+    ),
+    h(
+      "figcaption",
+      { class: "muted", id: "executor-caption" },
+      `${when(pts[0].time)} to ${when(new Date(t1).toISOString())}: executors (line), of them extras (band); at most ${number(peak.executors)} (${number(peak.extras)} extra${peak.extras === 1 ? "" : "s"}), ${number(pts.length)} change${pts.length === 1 ? "" : "s"}`,
+    ),
+  );
 }
 
 /** What the batch's GPUs did: its summary, the chart of its utilization
@@ -351,9 +431,12 @@ export function nodesView(parts) {
 export function timeline(b) {
   const steps = (b.stateHistory ?? []).map((s) => ({ state: s.state, message: s.stateMessage, at: s.stateStartTime }));
   // flexq's history already ends with the state now (with its message)
-  // when that state was entered with a message; then the last step is now.
+  // when that state was entered with a message, or with a later line of
+  // the same state (an extra granted or given back, a warning); then the
+  // last step is now.
   const last = steps[steps.length - 1];
-  if (last && last.state === b.state && last.message === b.stateMessage) last.now = true;
+  const noNewer = last && Date.parse(b.stateTime) <= Date.parse(last.at);
+  if (last && last.state === b.state && (last.message === b.stateMessage || noNewer)) last.now = true;
   else steps.push({ state: b.state, message: b.stateMessage, at: b.stateTime, now: true });
   return h(
     "ol",

@@ -57,7 +57,7 @@ export function usageTable(rows) {
       h(
         "tr",
         null,
-        ["Project", "GPU", "GPU-hours", "Share", "Weighted", "Lost", "SSD GB-hours", "Batches", "Allocated", "Expired", "Wait p50", "Wait p95"].map((c, i) =>
+        ["Project", "GPU", "GPU-hours", "Share", "Weighted", "Lost", "Extra", "SSD GB-hours", "Batches", "Allocated", "Expired", "Wait p50", "Wait p95"].map((c, i) =>
           h("th", { class: i >= 2 && i !== 3 ? "num" : null }, c),
         ),
       ),
@@ -80,6 +80,7 @@ export function usageTable(rows) {
           ),
           h("td", { class: "num weighted" }, number(x.weightedGpuHours, 2)),
           h("td", { class: "num lost", title: "GPU-hours held by clusters that were then preempted" }, number(x.lostGpuHours, 2)),
+          h("td", { class: "num extra", title: "GPU-hours held by elastic batches' extra executors, beyond their core gangs" }, number(x.extraGpuHours ?? 0, 2)),
           h("td", { class: "num" }, number(x.localSsdGbHours, 1)),
           h("td", { class: "num" }, number(x.batches)),
           h("td", { class: "num" }, number(x.allocated)),
