@@ -106,12 +106,9 @@ impl Scheduler {
                 .or_default()
                 .insert(alloc.key);
         }
-        if alloc.elastic.is_some() {
+        if let Some(growth) = &alloc.elastic {
             self.elastic
-                .running
-                .entry(alloc.region.clone())
-                .or_default()
-                .insert(alloc.key);
+                .track(&alloc.region, alloc.key, growth.need.accelerator);
         }
         self.running.insert(alloc.key, alloc);
     }
@@ -127,13 +124,9 @@ impl Scheduler {
                 }
             }
         }
-        if a.elastic.is_some() {
-            if let Some(keys) = self.elastic.running.get_mut(&a.region) {
-                keys.remove(&key);
-                if keys.is_empty() {
-                    self.elastic.running.remove(&a.region);
-                }
-            }
+        if let Some(growth) = &a.elastic {
+            self.elastic
+                .untrack(&a.region, key, growth.need.accelerator);
         }
         Some(a)
     }

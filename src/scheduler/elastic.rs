@@ -11,7 +11,7 @@
 //! `ElasticPolicy`, `ExtraChange`); what the core keeps of them,
 //! `growth.rs`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -339,6 +339,10 @@ impl Scheduler {
                     extras.push((*at, i, a.key, p));
                 }
             }
+            if extras.is_empty() {
+                // (Nothing to take back here: no copy of the zone made.)
+                continue;
+            }
             extras.sort_by_key(|e| std::cmp::Reverse((e.0, e.1, e.2)));
             let mut scratch = self.capacity.zone(region, &zone);
             let mut taken = Vec::new();
@@ -458,20 +462,28 @@ impl Scheduler {
     /// batch waits for, within the project's quota and the region's share.
     pub fn grow(&mut self, now: DateTime<Utc>) -> Vec<ExtraChange> {
         let mut out = std::mem::take(&mut self.elastic.changes);
+        let waited = self.elastic.waited();
         let regions: Vec<String> = self
             .elastic
             .running
             .keys()
             .filter(|r| self.elastic.policies.contains_key(*r))
+            .filter(|r| !self.elastic.all_waited(r, &waited))
             .cloned()
             .collect();
         for region in regions {
-            self.grow_region(&region, now, &mut out);
+            self.grow_region(&region, &waited, now, &mut out);
         }
         out
     }
 
-    fn grow_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<ExtraChange>) {
+    fn grow_region(
+        &mut self,
+        region: &str,
+        waited: &HashSet<(String, Option<crate::spec::Accelerator>)>,
+        now: DateTime<Utc>,
+        out: &mut Vec<ExtraChange>,
+    ) {
         let Some(policy) = self.elastic.policies.get(region).copied() else {
             return;
         };
@@ -483,60 +495,56 @@ impl Scheduler {
             .sum();
         let most = (policy.max_share.clamp(0.0, 1.0) * total as f64).floor() as u64;
         let mut held = self.extra_gpus(region);
-        // Clusters that want more and may still get it in this round.
-        let mut open: BTreeSet<BatchKey> = self
-            .elastic
-            .running
-            .get(region)
-            .into_iter()
-            .flatten()
-            .copied()
+        let wants_more = |a: &Allocation| {
+            a.elastic
+                .as_ref()
+                .is_some_and(|g| (a.extras().len() as u32) < g.wanted)
+        };
+        // Clusters that want more and may still get it in this round (not
+        // of a GPU type a queued batch waits for here), by project, each
+        // project's oldest allocation first: the next is the first of the
+        // project lowest in the fair-share order (its key changes with each
+        // grant), so a grant costs the projects, not the clusters.
+        let mut open: BTreeMap<String, BTreeSet<(DateTime<Utc>, BatchKey)>> = BTreeMap::new();
+        for key in self.elastic.running.get(region).into_iter().flatten() {
             // A cluster stopping for a preemptor or its owners grows no more.
-            .filter(|k| self.claims.stopping_for(*k).is_none())
-            .filter(|k| {
-                self.running.get(k).is_some_and(|a| {
-                    a.elastic
-                        .as_ref()
-                        .is_some_and(|g| (a.extras().len() as u32) < g.wanted)
-                })
-            })
-            .collect();
-        while !open.is_empty() {
-            let Some(key) = open
-                .iter()
-                .filter_map(|k| self.running.get(k))
-                .min_by_key(|a| {
-                    (
-                        self.fair_key(region, &a.project, now),
-                        a.allocated_at,
-                        a.key,
-                    )
-                })
-                .map(|a| a.key)
-            else {
-                break;
+            if self.claims.stopping_for(*key).is_some() {
+                continue;
+            }
+            let Some(a) = self.running.get(key).filter(|a| wants_more(a)) else {
+                continue;
             };
-            match self.grant_extra(key, most, held, now) {
-                Some(placement) => {
-                    held += placement.gpus.len() as u64;
-                    let a = self.running.get(&key);
-                    let more = a.is_some_and(|a| {
-                        a.elastic
-                            .as_ref()
-                            .is_some_and(|g| (a.extras().len() as u32) < g.wanted)
-                    });
-                    if !more {
-                        open.remove(&key);
-                    }
-                    out.push(ExtraChange::Granted {
-                        key,
-                        batch_id: a.map(|a| a.batch_id.clone()).unwrap_or_default(),
-                        placement,
-                    });
+            let need = a.elastic.as_ref().map(|g| g.need.accelerator);
+            if need.is_some_and(|n| waited.contains(&(region.to_string(), n))) {
+                continue;
+            }
+            open.entry(a.project.clone())
+                .or_default()
+                .insert((a.allocated_at, a.key));
+        }
+        while let Some((project, first)) = open
+            .iter()
+            .filter_map(|(p, clusters)| Some((p, *clusters.first()?)))
+            .min_by_key(|(p, (at, key))| (self.fair_key(region, p, now), *at, *key))
+            .map(|(p, first)| (p.clone(), first))
+        {
+            let (_, key) = first;
+            let granted = self.grant_extra(key, most, held, now);
+            let a = self.running.get(&key);
+            let again = granted.is_some() && a.is_some_and(&wants_more);
+            if !again && let Some(clusters) = open.get_mut(&project) {
+                clusters.remove(&first);
+                if clusters.is_empty() {
+                    open.remove(&project);
                 }
-                None => {
-                    open.remove(&key);
-                }
+            }
+            if let Some(placement) = granted {
+                held += placement.gpus.len() as u64;
+                out.push(ExtraChange::Granted {
+                    key,
+                    batch_id: a.map(|a| a.batch_id.clone()).unwrap_or_default(),
+                    placement,
+                });
             }
         }
     }

@@ -38,6 +38,9 @@ pub(super) struct Elastic {
     pub(super) policies: HashMap<String, ElasticPolicy>,
     /// Running clusters that may grow, by the region they hold.
     pub(super) running: HashMap<String, BTreeSet<BatchKey>>,
+    /// Per region, how many of those need each GPU type for an extra: a
+    /// region where every type they need is waited for is not looked at.
+    needs: HashMap<String, HashMap<Option<Accelerator>, usize>>,
     /// Extras taken back, or lost with their node, in a pass, for
     /// [`Scheduler::grow`] to answer.
     pub(super) changes: Vec<ExtraChange>,
@@ -47,6 +50,79 @@ pub(super) struct Elastic {
 }
 
 impl Elastic {
+    /// Running cluster `key` in `region` may grow, by extras of
+    /// `accelerator`.
+    pub(super) fn track(&mut self, region: &str, key: BatchKey, accelerator: Option<Accelerator>) {
+        if self
+            .running
+            .entry(region.to_string())
+            .or_default()
+            .insert(key)
+        {
+            *self
+                .needs
+                .entry(region.to_string())
+                .or_default()
+                .entry(accelerator)
+                .or_default() += 1;
+        }
+    }
+
+    /// Running cluster `key` in `region` stopped.
+    pub(super) fn untrack(
+        &mut self,
+        region: &str,
+        key: BatchKey,
+        accelerator: Option<Accelerator>,
+    ) {
+        let Some(keys) = self.running.get_mut(region) else {
+            return;
+        };
+        if !keys.remove(&key) {
+            return;
+        }
+        if keys.is_empty() {
+            self.running.remove(region);
+        }
+        if let Some(needs) = self.needs.get_mut(region) {
+            if let Some(n) = needs.get_mut(&accelerator) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    needs.remove(&accelerator);
+                }
+            }
+            if needs.is_empty() {
+                self.needs.remove(region);
+            }
+        }
+    }
+
+    /// Every (region, GPU type) a queued batch's last walk waited for
+    /// (what [`Elastic::is_waited_for`] asks, gathered once for a round of
+    /// grants).
+    pub(super) fn waited(&self) -> HashSet<(String, Option<Accelerator>)> {
+        let mut out = HashSet::new();
+        for (walked, w) in &self.waiting {
+            out.extend(w.here.iter().map(|a| (walked.clone(), *a)));
+            out.extend(w.elsewhere.iter().cloned());
+        }
+        out
+    }
+
+    /// Whether every GPU type that `region`'s growing clusters need is
+    /// waited for there (in `waited`): no extra can be granted in it.
+    pub(super) fn all_waited(
+        &self,
+        region: &str,
+        waited: &HashSet<(String, Option<Accelerator>)>,
+    ) -> bool {
+        self.needs.get(region).is_none_or(|needs| {
+            needs
+                .keys()
+                .all(|a| waited.contains(&(region.to_string(), *a)))
+        })
+    }
+
     /// Whether a queued batch's last walk waited for capacity of
     /// `accelerator` in `region`.
     pub(super) fn is_waited_for(&self, region: &str, accelerator: Option<Accelerator>) -> bool {

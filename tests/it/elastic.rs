@@ -12,7 +12,7 @@ use crate::support::{ServerProcess, provisioned, state_messages};
 
 /// Capacity only from agents (us-central1-b declares 4 nodes of 8 L4s),
 /// with a lease that outlasts the test and a restart.
-fn config(dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("flexq.toml");
     crate::support::virtual_l4_config(&path, 0);
     let mut text = std::fs::read_to_string(&path).expect("config");
@@ -21,9 +21,9 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
-async fn post(s: &ServerProcess, path: &str, body: &Value) -> (u16, Value) {
+async fn post(endpoint: &str, path: &str, body: &Value) -> (u16, Value) {
     let r = reqwest::Client::new()
-        .post(format!("{}{path}", s.endpoint))
+        .post(format!("{endpoint}{path}"))
         .json(body)
         .send()
         .await
@@ -33,21 +33,21 @@ async fn post(s: &ServerProcess, path: &str, body: &Value) -> (u16, Value) {
 }
 
 /// Registers an 8-GPU L4 node in us-central1-b; answers its epoch.
-async fn register(s: &ServerProcess, id: &str) -> String {
+pub(crate) async fn register(endpoint: &str, id: &str) -> String {
     let node = json!({
         "nodeId": id, "region": "us-central1", "zone": "us-central1-b", "pool": "l4",
         "gpuAddresses": (0..8).map(|i| i.to_string()).collect::<Vec<_>>(),
         "cores": 96, "memoryMb": 393216, "localSsdGb": 3000
     });
-    let (st, reg) = post(s, "/v1/nodes:register", &node).await;
+    let (st, reg) = post(endpoint, "/v1/nodes:register", &node).await;
     assert_eq!(st, 200, "{reg:#}");
     reg["epoch"].as_str().expect("epoch").to_string()
 }
 
 /// The node's assignments now.
-async fn assignments(s: &ServerProcess, node: &str, epoch: &str) -> Vec<Value> {
+pub(crate) async fn assignments(endpoint: &str, node: &str, epoch: &str) -> Vec<Value> {
     let (st, a) = post(
-        s,
+        endpoint,
         &format!("/v1/nodes/{node}:poll"),
         &json!({"epoch": epoch, "version": "", "waitFor": "1s"}),
     )
@@ -57,7 +57,7 @@ async fn assignments(s: &ServerProcess, node: &str, epoch: &str) -> Vec<Value> {
 }
 
 /// The executor indices among `parts` of batch `uuid`, sorted.
-fn executors(parts: &[Value], uuid: &str) -> Vec<u64> {
+pub(crate) fn executors(parts: &[Value], uuid: &str) -> Vec<u64> {
     let mut out: Vec<u64> = parts
         .iter()
         .filter(|a| a["uuid"] == uuid && a["role"] == "executor")
@@ -68,8 +68,8 @@ fn executors(parts: &[Value], uuid: &str) -> Vec<u64> {
 }
 
 /// A report about batch `uuid` from `node`.
-async fn report(
-    s: &ServerProcess,
+pub(crate) async fn report(
+    endpoint: &str,
     node: &str,
     epoch: &str,
     uuid: &str,
@@ -78,12 +78,12 @@ async fn report(
     let mut body = event;
     body["epoch"] = json!(epoch);
     body["uuid"] = json!(uuid);
-    post(s, &format!("/v1/nodes/{node}:report"), &body).await
+    post(endpoint, &format!("/v1/nodes/{node}:report"), &body).await
 }
 
 /// An L4 batch with Spark's dynamic allocation on: a core of 2 executors
 /// (one GPU each) and at most `max` executors.
-fn elastic_batch(max: u32) -> Value {
+pub(crate) fn elastic_batch(max: u32) -> Value {
     let mut b = gpu_batch(2, "3600s");
     let props = &mut b["runtimeConfig"]["properties"];
     props["spark.dynamicAllocation.enabled"] = json!("true");
@@ -92,13 +92,13 @@ fn elastic_batch(max: u32) -> Value {
     b
 }
 
-fn extras_running(b: &Value) -> u64 {
+pub(crate) fn extras_running(b: &Value) -> u64 {
     b["flexq"]["elastic"]["extras"]["running"]
         .as_u64()
         .unwrap_or(u64::MAX)
 }
 
-fn count(messages: &[String], text: &str) -> usize {
+pub(crate) fn count(messages: &[String], text: &str) -> usize {
     messages.iter().filter(|m| m.contains(text)).count()
 }
 
@@ -108,7 +108,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
     let dir = tempfile::tempdir().expect("tempdir");
     let file = config(dir.path());
     let mut s = ServerProcess::start_with(dir.path(), Some(&file)).await;
-    let epoch = register(&s, "gpu-host-1").await;
+    let epoch = register(&s.endpoint, "gpu-host-1").await;
 
     // The core gang (a driver and 2 executors, 3 GPUs) is allocated whole.
     assert_eq!(s.create("grow", &elastic_batch(8)).await, 200);
@@ -117,13 +117,13 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
     assert_eq!(b["flexq"]["elastic"]["extras"]["max"], 6, "{b:#}");
     assert_eq!(extras_running(&b), 0, "{b:#}");
     let uuid = b["uuid"].as_str().expect("uuid").to_string();
-    let parts = assignments(&s, "gpu-host-1", &epoch).await;
+    let parts = assignments(&s.endpoint, "gpu-host-1", &epoch).await;
     assert_eq!(parts.len(), 3, "{parts:#?}");
     assert_eq!(executors(&parts, &uuid), vec![0, 1]);
 
     // Bad reports are refused by name, and change nothing.
     let (st, e) = report(
-        &s,
+        &s.endpoint,
         "gpu-host-1",
         &epoch,
         &uuid,
@@ -133,7 +133,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
     assert_eq!(st, 400, "{e:#}");
     assert!(e.to_string().contains("targetExecutors"), "{e:#}");
     let (st, e) = report(
-        &s,
+        &s.endpoint,
         "gpu-host-1",
         &epoch,
         "no-such-uuid",
@@ -147,7 +147,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
     // hold half its 8 GPUs, so 4 are granted, each one executor part on
     // the gang's node, and it says what holds the rest back.
     let (st, e) = report(
-        &s,
+        &s.endpoint,
         "gpu-host-1",
         &epoch,
         &uuid,
@@ -176,7 +176,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
         Some(7),
         "the core's parts, then the extras: {b:#}"
     );
-    let parts = assignments(&s, "gpu-host-1", &epoch).await;
+    let parts = assignments(&s.endpoint, "gpu-host-1", &epoch).await;
     assert_eq!(
         executors(&parts, &uuid),
         vec![0, 1, 2, 3, 4, 5],
@@ -207,7 +207,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
 
     // Extra 3's worker is idle: that one goes back (not the newest), once.
     let (st, e) = report(
-        &s,
+        &s.endpoint,
         "gpu-host-1",
         &epoch,
         &uuid,
@@ -216,7 +216,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
     .await;
     assert_eq!(st, 200, "{e:#}");
     let (st, e) = report(
-        &s,
+        &s.endpoint,
         "gpu-host-1",
         &epoch,
         &uuid,
@@ -225,7 +225,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
     .await;
     assert_eq!(st, 404, "{e:#}");
     let (st, e) = report(
-        &s,
+        &s.endpoint,
         "gpu-host-1",
         &epoch,
         &uuid,
@@ -249,7 +249,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
         1
     );
     assert_eq!(extras_running(&b), 3, "{b:#}");
-    let parts = assignments(&s, "gpu-host-1", &epoch).await;
+    let parts = assignments(&s.endpoint, "gpu-host-1", &epoch).await;
     assert_eq!(executors(&parts, &uuid), vec![0, 1, 2, 4, 5], "{parts:#?}");
 
     // A restart reads the extras back as extras, not as a bigger core.
@@ -280,7 +280,7 @@ async fn spark_demand_grows_an_elastic_batch_idle_extras_go_back_and_a_queued_ga
         b["flexq"]["elastic"]["extras"]["blockedBy"], "CAPACITY",
         "{b:#}"
     );
-    let parts = assignments(&s, "gpu-host-1", &epoch).await;
+    let parts = assignments(&s.endpoint, "gpu-host-1", &epoch).await;
     assert_eq!(executors(&parts, &uuid), vec![0, 1, 2], "{parts:#?}");
     let gpus: usize = parts
         .iter()

@@ -19,6 +19,7 @@ use crate::support::{flex_with, flexq_bin, fresh_postgres_database, metrics_text
 
 mod announcements;
 mod cut_off;
+mod elastic;
 mod failover;
 mod followers;
 mod heal;
