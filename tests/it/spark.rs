@@ -189,6 +189,39 @@ async fn all_gone(uuid: &str, limit: Duration) {
     }
 }
 
+/// The executor indices of batch `uuid` whose Spark executor finished a
+/// task, from the executors' own logs
+/// (`…/{uuid}/executor-N/work/app-…/ID/stderr`) under `root`.
+fn executors_that_finished_a_task(root: &Path, uuid: &str) -> std::collections::BTreeSet<u32> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = path.to_string_lossy().to_string();
+            if !text.ends_with("/stderr") || !text.contains(uuid) {
+                continue;
+            }
+            let Some(index) = text
+                .split_once("/executor-")
+                .and_then(|(_, rest)| rest.split('/').next())
+                .and_then(|i| i.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            if log.contains("Finished task") {
+                out.insert(index);
+            }
+        }
+    }
+    out
+}
+
 fn gpu_batch(file: &str, args: &[&str], extra: &[(&str, &str)]) -> Value {
     let mut props = json!({
         "spark.dataproc.executor.resource.accelerator.type": "l4",
@@ -511,26 +544,61 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         "{op:#}"
     );
     // Every part it held, by executor index, read while it runs (an extra
-    // leaves the page when it goes back).
-    let mut held: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    // leaves the page when it goes back; its index may be granted again,
+    // elsewhere).
+    let mut held: BTreeMap<String, Vec<(String, Vec<String>)>> = BTreeMap::new();
     let mut most_extras = 0;
+    let mut reclaimer: Option<Instant> = None;
     let started = Instant::now();
     let b = loop {
         let b = batch(&s, "dynamic").await;
         for p in b["flexq"]["nodes"].as_array().into_iter().flatten() {
             if let Some(i) = p["index"].as_u64() {
-                let gpus = serde_json::from_value(p["gpus"].clone()).expect("gpus");
-                held.insert(
-                    i.to_string(),
-                    (p["node"].as_str().unwrap_or_default().into(), gpus),
-                );
+                let gpus: Vec<String> = serde_json::from_value(p["gpus"].clone()).expect("gpus");
+                let part = (p["node"].as_str().unwrap_or_default().to_string(), gpus);
+                let seen = held.entry(i.to_string()).or_default();
+                if !seen.contains(&part) {
+                    seen.push(part);
+                }
             }
         }
-        most_extras = most_extras.max(
-            b["flexq"]["elastic"]["extras"]["running"]
-                .as_u64()
-                .unwrap_or(0),
-        );
+        let extras = b["flexq"]["elastic"]["extras"]["running"]
+            .as_u64()
+            .unwrap_or(0);
+        most_extras = most_extras.max(extras);
+        // 1c. In the middle of the stage (every extra held, and an extra's
+        //     executor done with a task), a fixed gang of a driver and 2
+        //     executors (12 cores, 2 GPUs) is queued: the core gang and the
+        //     extras hold every core of the zone's 3 nodes of 8, so the
+        //     extras are taken back in the pass that allocates it (their
+        //     executors decommission within the agents' 3 s grace) and the
+        //     gang starts.
+        let uuid = b["uuid"].as_str().unwrap_or_default();
+        if reclaimer.is_none()
+            && extras == 3
+            && executors_that_finished_a_task(dir.path(), uuid)
+                .iter()
+                .any(|i| *i >= 2)
+        {
+            let (st, op) = s
+                .create(
+                    "batchId=reclaimer",
+                    &gpu_batch(
+                        "gpu_addresses.py",
+                        &[
+                            &dir.path().join("reclaimer.json").display().to_string(),
+                            "2",
+                        ],
+                        &[
+                            ("spark.task.resource.gpu.amount", "1"),
+                            ("spark.executor.instances", "2"),
+                        ],
+                    ),
+                )
+                .await;
+            assert_eq!(st, 200, "{op:#}");
+            reclaimer = Some(Instant::now());
+        }
         if b["state"] == "SUCCEEDED" || b["state"] == "FAILED" {
             break b;
         }
@@ -555,14 +623,20 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
     let tasks: Vec<Value> =
         serde_json::from_slice(&std::fs::read(&dyn_file).expect("the job wrote its records"))
             .expect("records");
-    assert_eq!(tasks.len(), 48);
+    // The same output as a run without the take-back: every task once.
+    let mut ids: Vec<u64> = tasks.iter().filter_map(|t| t["task"].as_u64()).collect();
+    ids.sort();
+    assert_eq!(ids, (0..48).collect::<Vec<u64>>(), "{tasks:#?}");
     let mut ran_on = std::collections::BTreeSet::new();
     for t in &tasks {
         let index = t["executorIndex"].as_str().expect("FLEXQ_EXECUTOR_INDEX");
-        let (node, gpus) = &held[index];
         let given: Vec<String> = serde_json::from_value(t["gpus"].clone()).expect("gpus");
-        assert_eq!(&given, gpus, "task {t} on executor {index}");
-        assert_eq!(t["node"].as_str(), Some(node.as_str()), "task {t}");
+        let part = (t["node"].as_str().unwrap_or_default().to_string(), given);
+        assert!(
+            held[index].contains(&part),
+            "task {t} on executor {index}, which held {:?}",
+            held[index]
+        );
         ran_on.insert(index.parse::<u32>().expect("index"));
     }
     let extra_lines: Vec<String> = agents
@@ -581,7 +655,44 @@ async fn gpu_batches_run_on_real_spark_with_exactly_their_gpus() {
         "tasks ran on an extra executor too: {ran_on:?}\n{}\n{text}",
         extra_lines.join("\n")
     );
+    // The gang took extras back for itself, was allocated within the
+    // agents' grace and a pass of its create, and ran.
+    assert!(
+        reclaimer.is_some(),
+        "no extra ran an executor mid-stage: {b:#}\n{text}"
+    );
+    let took = crate::support::state_messages(&b)
+        .iter()
+        .filter(|m| {
+            m.starts_with("Took back an extra executor") && m.contains("for batch reclaimer")
+        })
+        .count();
+    assert!(
+        (1..=3).contains(&took),
+        "{:#?}\nthe gang: {:#}",
+        crate::support::state_messages(&b),
+        batch(&s, "reclaimer").await
+    );
+    let r = until(
+        &s,
+        "reclaimer",
+        "ended",
+        Duration::from_secs(240),
+        &agents,
+        |b| b["state"] == "SUCCEEDED" || b["state"] == "FAILED",
+    )
+    .await;
+    assert_eq!(r["state"], "SUCCEEDED", "{r:#}");
+    let time = |v: &Value| {
+        chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap_or_default()).expect("a time")
+    };
+    let waited = time(&r["flexq"]["allocateTime"]) - time(&r["createTime"]);
+    assert!(
+        waited < chrono::Duration::seconds(5),
+        "the gang waited {waited} for the extras: {r:#}"
+    );
     all_gone(b["uuid"].as_str().expect("uuid"), Duration::from_secs(20)).await;
+    all_gone(r["uuid"].as_str().expect("uuid"), Duration::from_secs(20)).await;
 
     // 2. A job that raises: FAILED with the exception; output readable.
     let (st, _) = s
