@@ -362,20 +362,31 @@ impl Scheduler {
             return false;
         };
         for key in taken {
-            let newest = self.running.get(&key).map(|a| a.extras().len());
-            let Some(newest) = newest.and_then(|n| n.checked_sub(1)) else {
-                continue;
-            };
-            if let Some((batch_id, placement, since)) = self.release_at(key, newest, now) {
-                self.elastic.changes.push(ExtraChange::Reclaimed {
-                    key,
-                    batch_id,
-                    placement,
-                    since,
-                    for_batch: for_batch.to_string(),
-                });
-            }
+            self.take_back_newest(key, for_batch, now);
         }
+        true
+    }
+
+    /// The newest extra of `key` goes back now for `for_batch` (answered
+    /// by the next [`Scheduler::grow`]); false where it holds none.
+    fn take_back_newest(&mut self, key: BatchKey, for_batch: &str, now: DateTime<Utc>) -> bool {
+        let Some(newest) = self
+            .running
+            .get(&key)
+            .and_then(|a| a.extras().len().checked_sub(1))
+        else {
+            return false;
+        };
+        let Some((batch_id, placement, since)) = self.release_at(key, newest, now) else {
+            return false;
+        };
+        self.elastic.changes.push(ExtraChange::Reclaimed {
+            key,
+            batch_id,
+            placement,
+            since,
+            for_batch: for_batch.to_string(),
+        });
         true
     }
 
@@ -436,22 +447,7 @@ impl Scheduler {
             .map(|a| a.key)
             .collect();
         for key in keys {
-            while let Some(newest) = self
-                .running
-                .get(&key)
-                .and_then(|a| a.extras().len().checked_sub(1))
-            {
-                let Some((batch_id, placement, since)) = self.release_at(key, newest, now) else {
-                    break;
-                };
-                self.elastic.changes.push(ExtraChange::Reclaimed {
-                    key,
-                    batch_id,
-                    placement,
-                    since,
-                    for_batch: for_batch.to_string(),
-                });
-            }
+            while self.take_back_newest(key, for_batch, now) {}
         }
     }
 

@@ -757,12 +757,9 @@ async fn the_console_works_live_behind_a_path_prefix() {
     b.close().await;
 }
 
-#[tokio::test]
-async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
-    // Capacity from an agent that this test plays over the agent protocol
-    // (a fake agent: no Spark, no GPU): it registers, takes the driver's
-    // part, reports it started and uploads what the driver "prints".
-    let s = TestServer::start_for_agents(Duration::from_secs(30)).await;
+/// Registers the FAKE agent's node gpu-host-1 (8 L4s in us-central1-b);
+/// answers its epoch.
+async fn register_gpu_host(s: &TestServer) -> String {
     let node = json!({
         "nodeId": "gpu-host-1", "region": REGION, "zone": "us-central1-b", "pool": "l4",
         "gpuAddresses": (0..8).map(|i| i.to_string()).collect::<Vec<_>>(),
@@ -770,13 +767,14 @@ async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
     });
     let (st, reg) = s.post_json("/v1/nodes:register", &node).await;
     assert_eq!(st, 200, "{reg:#}");
-    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
-    let (st, _) = s
-        .create("batchId=talks", &flex_with("spark.executor.instances", "4"))
-        .await;
-    assert_eq!(st, 200);
+    reg["epoch"].as_str().expect("epoch").to_string()
+}
+
+/// Polls gpu-host-1's assignments until it has a driver; answers its
+/// batch's uuid.
+async fn driver_assigned(s: &TestServer, epoch: &str) -> String {
     let deadline = Instant::now() + WAIT;
-    let uuid = loop {
+    loop {
         let (_, answer) = s
             .post_json(
                 "/v1/nodes/gpu-host-1:poll",
@@ -787,10 +785,24 @@ async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
             .as_array()
             .and_then(|a| a.iter().find(|p| p["role"] == "driver").cloned());
         if let Some(d) = driver {
-            break d["uuid"].as_str().expect("uuid").to_string();
+            return d["uuid"].as_str().expect("uuid").to_string();
         }
         assert!(Instant::now() < deadline, "no assignment: {answer:#}");
-    };
+    }
+}
+
+#[tokio::test]
+async fn a_running_batchs_driver_output_and_end_arrive_on_its_page_live() {
+    // Capacity from an agent that this test plays over the agent protocol
+    // (a fake agent: no Spark, no GPU): it registers, takes the driver's
+    // part, reports it started and uploads what the driver "prints".
+    let s = TestServer::start_for_agents(Duration::from_secs(30)).await;
+    let epoch = register_gpu_host(&s).await;
+    let (st, _) = s
+        .create("batchId=talks", &flex_with("spark.executor.instances", "4"))
+        .await;
+    assert_eq!(st, 200);
+    let uuid = driver_assigned(&s, &epoch).await;
     let report = |event: Value| {
         let mut body = event;
         body["epoch"] = json!(epoch);
@@ -1045,14 +1057,7 @@ async fn an_elastic_batchs_executors_grow_and_shrink_on_its_chart_live() {
     // A FAKE agent (no Spark, no GPU) plays the driver's node: it reports
     // Spark's executor demand and an idle extra, as the real one does.
     let s = TestServer::start_for_agents(Duration::from_secs(60)).await;
-    let node = json!({
-        "nodeId": "gpu-host-1", "region": REGION, "zone": "us-central1-b", "pool": "l4",
-        "gpuAddresses": (0..8).map(|i| i.to_string()).collect::<Vec<_>>(),
-        "cores": 96, "memoryMb": 393216, "localSsdGb": 3000
-    });
-    let (st, reg) = s.post_json("/v1/nodes:register", &node).await;
-    assert_eq!(st, 200, "{reg:#}");
-    let epoch = reg["epoch"].as_str().expect("epoch").to_string();
+    let epoch = register_gpu_host(&s).await;
     let mut batch = flex_with("spark.executor.instances", "2");
     let props = &mut batch["runtimeConfig"]["properties"];
     props["spark.dynamicAllocation.enabled"] = json!("true");
@@ -1060,22 +1065,7 @@ async fn an_elastic_batchs_executors_grow_and_shrink_on_its_chart_live() {
     props["spark.dynamicAllocation.maxExecutors"] = json!("4");
     let (st, _) = s.create("batchId=grows", &batch).await;
     assert_eq!(st, 200);
-    let deadline = Instant::now() + WAIT;
-    let uuid = loop {
-        let (_, answer) = s
-            .post_json(
-                "/v1/nodes/gpu-host-1:poll",
-                &json!({"epoch": epoch, "version": "", "waitFor": "1s"}),
-            )
-            .await;
-        let driver = answer["assignments"]
-            .as_array()
-            .and_then(|a| a.iter().find(|p| p["role"] == "driver").cloned());
-        if let Some(d) = driver {
-            break d["uuid"].as_str().expect("uuid").to_string();
-        }
-        assert!(Instant::now() < deadline, "no assignment: {answer:#}");
-    };
+    let uuid = driver_assigned(&s, &epoch).await;
     let report = |event: Value| {
         let mut body = event;
         body["epoch"] = json!(epoch);
