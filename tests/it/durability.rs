@@ -45,8 +45,9 @@ async fn stored_ids(endpoint: &str) -> HashMap<String, usize> {
     }
 }
 
-/// Fires `n` creates from `clients` concurrent clients; returns the ids
-/// acknowledged with 200.
+/// Fires `n` creates from `clients` concurrent clients, each until its
+/// first create that gets no answer; returns the ids acknowledged with
+/// 200.
 async fn burst(endpoint: &str, prefix: &str, n: usize, clients: usize) -> HashSet<String> {
     let acked = Arc::new(Mutex::new(HashSet::new()));
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -63,14 +64,20 @@ async fn burst(endpoint: &str, prefix: &str, n: usize, clients: usize) -> HashSe
                     return;
                 }
                 let id = format!("{prefix}-{i:06}");
-                let ok = http
+                let sent = http
                     .post(format!("{url}?batchId={id}"))
                     .json(&flex_batch())
                     .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                if ok {
-                    acked.lock().await.insert(id);
+                    .await;
+                match sent {
+                    Ok(answer) if answer.status().is_success() => {
+                        acked.lock().await.insert(id);
+                    }
+                    Ok(_) => {}
+                    // The server is gone (killed): this client stops, since
+                    // its port may soon be another test's server's, which
+                    // would take the creates that follow.
+                    Err(_) => return,
                 }
             }
         }));
