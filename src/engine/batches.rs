@@ -231,12 +231,7 @@ impl Engine {
     /// A batch, with where it is in provisioning: its queue position,
     /// reasons and estimate while queued; its nodes once provisioned.
     pub async fn get(&self, name: &BatchName) -> Result<Batch, Error> {
-        let record = self
-            .shared
-            .store
-            .get(name)
-            .await
-            .map_err(|e| not_found_as(e, "batch", &name.to_string()))?;
+        let record = self.record(name).await?;
         let mut batch = to_batch(&record);
         if let Some(info) = batch.flexq.as_mut() {
             self.describe_provisioning(&record, info).await?;
@@ -372,6 +367,16 @@ impl Engine {
                 "{name} is the operation of a batch and goes with it: delete the batch (DeleteBatch) once it ended"
             ),
         ))
+    }
+
+    /// Batch `name`'s stored record; NOT_FOUND naming it where there is
+    /// none.
+    pub(super) async fn record(&self, name: &BatchName) -> Result<BatchRecord, Error> {
+        self.shared
+            .store
+            .get(name)
+            .await
+            .map_err(|e| not_found_as(e, "batch", &name.to_string()))
     }
 
     /// Deletes a batch that ended.

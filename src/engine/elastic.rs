@@ -22,12 +22,7 @@ const MOST_CHART_POINTS: usize = 1000;
 impl Engine {
     /// Batch `name`'s executors over time, for its chart.
     pub async fn executor_chart(&self, name: &BatchName) -> Result<ExecutorChart, Error> {
-        let record = self
-            .shared
-            .store
-            .get(name)
-            .await
-            .map_err(|e| super::batches::not_found_as(e, "batch", &name.to_string()))?;
+        let record = self.record(name).await?;
         let spans = self.shared.store.executor_spans(record.seq).await?;
         Ok(executor_chart(&spans, MOST_CHART_POINTS))
     }

@@ -103,12 +103,7 @@ impl Engine {
 
     /// A batch's GPU utilization over time, for its chart.
     pub async fn gpu_chart(&self, name: &BatchName) -> Result<GpuChart, Error> {
-        let record = self
-            .shared
-            .store
-            .get(name)
-            .await
-            .map_err(|e| super::batches::not_found_as(e, "batch", &name.to_string()))?;
+        let record = self.record(name).await?;
         Ok(self.shared.store.gpu_chart(record.seq).await?)
     }
 

@@ -322,15 +322,15 @@ impl Scheduler {
         for_batch: &str,
         now: DateTime<Utc>,
     ) -> bool {
-        let Some(keys) = self.elastic.running.get(region) else {
+        if !self.elastic.running.contains_key(region) {
             return false;
-        };
+        }
         let zones: Vec<String> = self.capacity.zones(region).map(str::to_string).collect();
         let mut best: Option<Vec<BatchKey>> = None;
         for zone in zones {
             // The zone's extras, newest first (each cluster's from its end).
             let mut extras: Vec<(DateTime<Utc>, usize, BatchKey, &Placement)> = Vec::new();
-            for a in keys.iter().filter_map(|k| self.running.get(k)) {
+            for a in self.elastic_in(region) {
                 if a.zone != zone || self.claims.stopping_for(a.key).is_some() {
                     continue;
                 }
@@ -412,12 +412,7 @@ impl Scheduler {
     /// preempted or reclaimed for a batch of `priority`
     /// ([`Scheduler::yields_extras`]).
     pub(super) fn zone_extras(&self, region: &str, zone: &str, priority: i32) -> Vec<&Placement> {
-        self.elastic
-            .running
-            .get(region)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.running.get(k))
+        self.elastic_in(region)
             .filter(|a| a.zone == zone && self.yields_extras(a, priority))
             .flat_map(Allocation::extras)
             .collect()
@@ -436,13 +431,8 @@ impl Scheduler {
         now: DateTime<Utc>,
     ) {
         let keys: Vec<BatchKey> = self
-            .elastic
-            .running
-            .get(region)
-            .into_iter()
-            .flatten()
-            .filter(|k| !victims.contains(k))
-            .filter_map(|k| self.running.get(k))
+            .elastic_in(region)
+            .filter(|a| !victims.contains(&a.key))
             .filter(|a| a.zone == zone && self.yields_extras(a, priority))
             .map(|a| a.key)
             .collect();
@@ -556,8 +546,8 @@ impl Scheduler {
         let a = self.running.get(&key)?;
         let growth = a.elastic.as_ref()?;
         let need = growth.need;
+        // (What a queued batch waits for was left out of the round.)
         if held + u64::from(need.gpus) > most
-            || self.elastic.is_waited_for(&a.region, need.accelerator)
             || self
                 .ledger
                 .shortfall(&a.project, &a.region, &growth.quota)
@@ -589,14 +579,19 @@ impl Scheduler {
 
     /// GPUs the extras of `region` hold.
     pub fn extra_gpus(&self, region: &str) -> u64 {
+        self.elastic_in(region)
+            .flat_map(Allocation::extras)
+            .map(|p| p.gpus.len() as u64)
+            .sum()
+    }
+
+    /// The running elastic clusters of `region`.
+    fn elastic_in<'a>(&'a self, region: &str) -> impl Iterator<Item = &'a Allocation> + 'a {
         self.elastic
             .running
             .get(region)
             .into_iter()
             .flatten()
             .filter_map(|k| self.running.get(k))
-            .flat_map(Allocation::extras)
-            .map(|p| p.gpus.len() as u64)
-            .sum()
     }
 }

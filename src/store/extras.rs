@@ -225,6 +225,7 @@ impl Store {
                 .await?;
         Ok((extras, wanted.flatten().and_then(|w| u32::try_from(w).ok())))
     }
+
     /// Batch `seq`'s executor parts, every attempt's: when each was
     /// allocated and given back (None while held), and whether it is an
     /// extra, oldest first.
