@@ -83,6 +83,7 @@ pub(crate) fn bench_config(
                 local_ssd_gb: 3000,
                 max_nodes: 64,
                 virtual_nodes,
+                provisioner: None,
             };
             zones.insert(
                 format!("{region}-{z}"),
@@ -384,6 +385,7 @@ fn alternatives_turn(
                     local_ssd_gb: 6000,
                     max_nodes: 1,
                     virtual_nodes: 1,
+                    provisioner: None,
                 },
             );
         }

@@ -271,7 +271,7 @@ pub struct ExecutorPoint {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NotAdmittedReason {
     /// QUOTA, CAPACITY, RESERVATION, HELD, FAIR_SHARE, QUEUED_AHEAD,
-    /// PREEMPTION, ALTERNATIVE or LIKELY_TO_EXPIRE.
+    /// PREEMPTION, ALTERNATIVE, PROVISIONING or LIKELY_TO_EXPIRE.
     pub reason: String,
     pub message: String,
 }

@@ -327,6 +327,9 @@ impl Config {
                     if pool.cores == 0 || pool.memory_mb == 0 {
                         errors.push(invalid(&key, "cores and memory_mb must be positive"));
                     }
+                    if let Some(prov) = &pool.provisioner {
+                        check_provisioner(&format!("{key}.provisioner"), pool, prov, errors);
+                    }
                     if pool.virtual_nodes > pool.max_nodes {
                         errors.push(invalid(
                             format!("{key}.virtual_nodes"),
@@ -462,6 +465,93 @@ impl Config {
                 seen.push(&alternative.target);
             }
         }
+    }
+}
+
+/// A pool's provisioner: both programs given and runnable, durations in
+/// range, the warm floor within the pool.
+fn check_provisioner(
+    key: &str,
+    pool: &super::PoolConfig,
+    p: &super::ProvisionerConfig,
+    errors: &mut Vec<ConfigError>,
+) {
+    for (k, argv) in [
+        ("resume_program", &p.resume_program),
+        ("suspend_program", &p.suspend_program),
+    ] {
+        match argv.first() {
+            None => errors.push(invalid(
+                format!("{key}.{k}"),
+                "is empty: give the program and its arguments, like [\"/opt/flexq/resume.sh\"]",
+            )),
+            Some(program) => {
+                if let Err(why) = runnable(program) {
+                    errors.push(invalid(format!("{key}.{k}"), format!("{program}: {why}")));
+                }
+            }
+        }
+    }
+    for (k, d, least) in [
+        ("resume_timeout", p.resume_timeout, Duration::from_secs(1)),
+        ("suspend_timeout", p.suspend_timeout, Duration::from_secs(1)),
+        ("suspend_after", p.suspend_after, Duration::ZERO),
+        ("backoff.base", p.backoff.base, Duration::ZERO),
+        ("backoff.max", p.backoff.max, p.backoff.base),
+    ] {
+        if d < least || d > Duration::from_secs(7 * 24 * 3600) {
+            errors.push(invalid(
+                format!("{key}.{k}"),
+                format!(
+                    "{} is out of range: from {} to 7d",
+                    humantime::format_duration(d),
+                    humantime::format_duration(least)
+                ),
+            ));
+        }
+    }
+    if p.min_nodes > pool.max_nodes {
+        errors.push(invalid(
+            format!("{key}.min_nodes"),
+            format!("{} is above max_nodes ({})", p.min_nodes, pool.max_nodes),
+        ));
+    }
+    if p.resume_rate == 0 {
+        errors.push(invalid(
+            format!("{key}.resume_rate"),
+            "must be at least 1 node a minute",
+        ));
+    }
+    if pool.virtual_nodes > 0 {
+        errors.push(invalid(
+            key.to_string(),
+            "a pool with a provisioner has no virtual nodes: set virtual_nodes = 0",
+        ));
+    }
+}
+
+/// Whether `program` names a file that can be run: a path to an
+/// executable file, or a name found on `PATH`.
+fn runnable(program: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::path::Path::new(program);
+    let found = if path.components().count() > 1 {
+        Some(path.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(program))
+                .find(|p| p.is_file())
+        })
+    };
+    let Some(found) = found else {
+        return Err("not found on PATH".into());
+    };
+    match std::fs::metadata(&found) {
+        Err(e) => Err(format!("cannot be read: {e}")),
+        Ok(m) if !m.is_file() => Err("is not a file".into()),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err("is not executable".into()),
+        Ok(_) => Ok(()),
     }
 }
 

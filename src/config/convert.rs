@@ -6,7 +6,7 @@ use super::{Config, PoolConfig, QueueOrder};
 use std::collections::HashMap;
 
 use crate::scheduler::{
-    FairSharePolicy, Layout, NodeId, NodeSpec, Order, PoolDecl, PreemptionPolicy,
+    FairSharePolicy, Layout, NodeId, NodeSpec, Order, PoolDecl, PreemptionPolicy, ProvisionPolicy,
 };
 use crate::spec::Policy;
 
@@ -145,6 +145,14 @@ impl Config {
                 zone: zone.clone(),
                 max_nodes: p.max_nodes,
                 node: pool_node(format!("{zone}/{name}"), region, zone, name, p, false),
+                provisioner: p.provisioner.as_ref().map(|v| ProvisionPolicy {
+                    resume_timeout: v.resume_timeout,
+                    suspend_after: v.suspend_after,
+                    min_nodes: v.min_nodes,
+                    resume_rate: v.resume_rate,
+                    backoff_base: v.backoff.base,
+                    backoff_max: v.backoff.max,
+                }),
             })
             .collect()
     }

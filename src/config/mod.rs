@@ -473,6 +473,90 @@ pub struct PoolConfig {
     /// benchmarks. Shown as virtual everywhere.
     #[serde(default)]
     pub virtual_nodes: u32,
+    /// The programs that create and delete this pool's nodes, and when
+    /// flexq runs them (docs/rules.md#provisioned-capacity). None: the
+    /// pool is the nodes that registered, as an operator keeps them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioner: Option<ProvisionerConfig>,
+}
+
+/// A pool's provisioner (docs/rules.md#provisioned-capacity): flexq decides
+/// when nodes are created and deleted, the operator's programs do it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionerConfig {
+    /// The argv run to create nodes; it reads a JSON manifest on stdin
+    /// (the batch, the slots' node ids, the shape, the latest
+    /// registration time) and starts an agent per slot, with the slot's
+    /// id as its `node_id`.
+    pub resume_program: Vec<String>,
+    /// The argv run to delete nodes; it reads a JSON manifest on stdin
+    /// (the node ids and why).
+    pub suspend_program: Vec<String>,
+    /// How long every slot of a set has to register, from the decision.
+    #[serde(default = "default_resume_timeout", with = "humantime_serde")]
+    pub resume_timeout: Duration,
+    /// How long the suspend program has to finish.
+    #[serde(default = "default_suspend_timeout", with = "humantime_serde")]
+    pub suspend_timeout: Duration,
+    /// How long a node holds nothing before it is suspended.
+    #[serde(default = "default_suspend_after", with = "humantime_serde")]
+    pub suspend_after: Duration,
+    /// Nodes never suspended below this count: a warm floor.
+    #[serde(default)]
+    pub min_nodes: u32,
+    /// At most this many nodes asked of the resume program per minute
+    /// (a set larger than the rate goes alone once a minute passed with
+    /// none).
+    #[serde(default = "default_resume_rate")]
+    pub resume_rate: u32,
+    /// After a set fails (a stock-out, a slot that never registered), the
+    /// pool is not asked again for `base`, doubling on each failure in a
+    /// row up to `max`.
+    #[serde(default)]
+    pub backoff: BackoffConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackoffConfig {
+    #[serde(default = "default_backoff_base", with = "humantime_serde")]
+    pub base: Duration,
+    #[serde(default = "default_backoff_max", with = "humantime_serde")]
+    pub max: Duration,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> BackoffConfig {
+        BackoffConfig {
+            base: default_backoff_base(),
+            max: default_backoff_max(),
+        }
+    }
+}
+
+fn default_resume_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_suspend_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_suspend_after() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_resume_rate() -> u32 {
+    300
+}
+
+fn default_backoff_base() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_backoff_max() -> Duration {
+    Duration::from_secs(1800)
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

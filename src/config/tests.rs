@@ -405,3 +405,95 @@ fn every_invalid_key_is_reported_at_once() {
     let one = Config::with_overlay("[server]\nmax_connections = 0\n").expect_err("one bad key");
     assert!(matches!(one, ConfigError::Invalid { .. }), "{one}");
 }
+
+/// A pool's provisioner with `keys` (TOML lines), its programs valid
+/// unless `keys` names them.
+fn provisioner_overlay(keys: &str) -> String {
+    let mut programs = String::new();
+    if !keys.contains("resume_program") {
+        programs.push_str("resume_program = [\"sh\", \"-c\", \"true\"]\n");
+    }
+    if !keys.contains("suspend_program") {
+        programs.push_str("suspend_program = [\"sh\"]\n");
+    }
+    format!(
+        "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 0\n\
+         [regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner]\n{programs}{keys}"
+    )
+}
+
+#[test]
+fn a_provisioner_is_checked_key_by_key() {
+    let pool = "regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner";
+    let ok = Config::with_overlay(&provisioner_overlay("min_nodes = 2\n")).expect("valid");
+    let p = ok.regions["us-central1"].zones["us-central1-a"].node_pools["l4"]
+        .provisioner
+        .clone()
+        .expect("a provisioner");
+    assert_eq!(
+        (
+            p.resume_timeout,
+            p.suspend_after,
+            p.min_nodes,
+            p.resume_rate
+        ),
+        (Duration::from_secs(600), Duration::from_secs(600), 2, 300)
+    );
+    for (keys, key, says) in [
+        (
+            "resume_program = [\"/nonexistent/resume\"]\n".to_string(),
+            format!("{pool}.resume_program"),
+            "/nonexistent/resume: cannot be read",
+        ),
+        (
+            "resume_program = []\n".to_string(),
+            format!("{pool}.resume_program"),
+            "is empty",
+        ),
+        (
+            "suspend_program = [\"no-such-program-here\"]\n".to_string(),
+            format!("{pool}.suspend_program"),
+            "not found on PATH",
+        ),
+        (
+            "min_nodes = 9\n".to_string(),
+            format!("{pool}.min_nodes"),
+            "9 is above max_nodes (8)",
+        ),
+        (
+            "resume_timeout = \"0s\"\n".to_string(),
+            format!("{pool}.resume_timeout"),
+            "out of range",
+        ),
+        (
+            "resume_timeout = \"-5s\"\n".to_string(),
+            format!("{pool}.resume_timeout"),
+            "-5s",
+        ),
+        (
+            "[regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner.backoff]\nbase = \"10m\"\nmax = \"1m\"\n".to_string(),
+            format!("{pool}.backoff.max"),
+            "out of range: from 10m",
+        ),
+    ] {
+        let overlay = provisioner_overlay(&keys);
+        let err = Config::with_overlay(&overlay).expect_err(&overlay).to_string();
+        assert!(err.contains(&key) && err.contains(says), "{keys}: {err}");
+    }
+    // Virtual nodes are the operator's fleet, not a provisioner's.
+    let mut with_virtual = ok.clone();
+    if let Some(z) = with_virtual.regions.get_mut("us-central1") {
+        if let Some(p) = z
+            .zones
+            .get_mut("us-central1-a")
+            .and_then(|z| z.node_pools.get_mut("l4"))
+        {
+            p.virtual_nodes = 1;
+        }
+    }
+    let err = with_virtual.check().expect_err("virtual nodes").to_string();
+    assert!(
+        err.contains(pool) && err.contains("virtual_nodes = 0"),
+        "{err}"
+    );
+}

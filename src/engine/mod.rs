@@ -39,6 +39,7 @@ mod paging;
 mod passes;
 mod present;
 mod principal;
+mod provisioner;
 mod queues;
 mod reload;
 mod replica;
@@ -176,6 +177,8 @@ pub(crate) struct Shared {
     /// Long polls waiting now, by kind (`flexq_long_polls`).
     long_polls: long_poll::LongPolls,
     event_moves: watch::Sender<std::sync::Arc<stream::Moved>>,
+    /// The provisioners' programs this replica started.
+    runs: provisioner::Runs,
 }
 
 /// The config in force and what is derived from it, swapped whole: a use
@@ -341,6 +344,7 @@ impl Engine {
                 watchers: std::sync::atomic::AtomicUsize::new(0),
                 long_polls: long_poll::LongPolls::default(),
                 event_moves: watch::channel(std::sync::Arc::default()).0,
+                runs: provisioner::Runs::default(),
             }),
         };
         engine.event_tail();

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{DB_UNDER_LOCK, Engine, ReplicaRole};
 use crate::api::EndReason;
 use crate::config::Config;
-use crate::scheduler::{BatchKey, Decision, ExtraChange, Scheduler, Void, lifecycle};
+use crate::scheduler::{BatchKey, Decision, ExtraChange, Scheduler, SuspendCause, Void, lifecycle};
 use crate::store::{Store, StoreError};
 
 impl Engine {
@@ -76,6 +76,8 @@ impl Engine {
         let decide_time = started.elapsed();
         if decisions.is_empty() && extras.is_empty() {
             crate::metrics::record_pass(decide_time, 0);
+            // What an earlier leader left to the provisioners' programs.
+            self.start_programs(&core, role.fence());
             return;
         }
         let commit_started = Instant::now();
@@ -136,6 +138,12 @@ impl Engine {
                     self.rebuild_after_void(&mut core, role.fence()).await;
                 }
                 crate::metrics::record_pass(started.elapsed(), decisions.len());
+                for (zone, pool, boot) in core.take_completed_sets() {
+                    tracing::info!(zone = %zone, pool = %pool, boot_ms = boot.as_millis() as u64, "every node of a set registered: its batch is allocated");
+                    crate::metrics::record_provisioning(&zone, &pool, "allocated");
+                    crate::metrics::record_boot(&zone, &pool, boot);
+                }
+                self.start_programs(&core, role.fence());
                 if !extras.is_empty()
                     || decisions.iter().any(|d| {
                         matches!(
@@ -285,6 +293,27 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
             }
             crate::metrics::record_preemption(p);
         }
+        Decision::Provision(set) => {
+            tracing::info!(batch.id = %set.batch_id, batch.seq = set.key.0, project = %set.project, region = %set.region, zone = %set.zone, pool = %set.pool, slots = ?set.slots, register_by = %set.register_by, "provisioning nodes for a batch");
+            crate::metrics::record_provisioning(&set.zone, &set.pool, "decided");
+        }
+        Decision::Suspend(s) => match &s.cause {
+            SuspendCause::Idle => {
+                tracing::info!(zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, why = %s.message, "suspending idle nodes");
+            }
+            SuspendCause::Failed {
+                key,
+                batch_id,
+                backoff_until,
+            } => {
+                tracing::warn!(batch.id = %batch_id, batch.seq = key.0, zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, why = %s.message, backoff_until = %backoff_until, "provisioning failed: the batch stays queued; suspending its nodes");
+                crate::metrics::record_provisioning(&s.zone, &s.pool, "failed");
+            }
+            SuspendCause::Abandoned { key, batch_id } => {
+                tracing::info!(batch.id = %batch_id, batch.seq = key.0, zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, "provisioning abandoned: the batch left the queue; suspending its nodes");
+                crate::metrics::record_provisioning(&s.zone, &s.pool, "abandoned");
+            }
+        },
         Decision::LoseNode {
             node,
             failed,
@@ -381,6 +410,25 @@ pub(crate) async fn rebuild(
     for (victim, preemptor) in store.stopping_victims().await? {
         core.restore_stopping(victim, preemptor);
     }
+    // Sets of new nodes being created, and nodes being suspended
+    // (docs/rules.md#provisioned-capacity): adopted as they are.
+    let registered: HashSet<String> = store
+        .active_nodes()
+        .await?
+        .into_iter()
+        .map(|(spec, _)| spec.id.0)
+        .collect();
+    for stored in store.open_sets().await? {
+        let up: Vec<_> = stored
+            .set
+            .slots
+            .iter()
+            .filter(|s| registered.contains(&s.0))
+            .cloned()
+            .collect();
+        core.restore_set(stored.set, &up);
+    }
+    core.restore_suspending(store.suspending_nodes().await?);
     core.settle_layout();
     Ok(core)
 }

@@ -127,6 +127,32 @@ pub fn record_preemption(p: &crate::scheduler::Preemption) {
     }
 }
 
+/// A set of new nodes of `pool` in `zone` reached `outcome` (decided,
+/// started, allocated, failed, abandoned).
+pub fn record_provisioning(zone: &str, pool: &str, outcome: &str) {
+    METRICS
+        .provisioning
+        .with_label_values(&[zone, pool, outcome])
+        .inc();
+}
+
+/// A set of new nodes completed `boot` after its decision.
+pub fn record_boot(zone: &str, pool: &str, boot: std::time::Duration) {
+    METRICS
+        .boot_seconds
+        .with_label_values(&[zone, pool])
+        .observe(boot.as_secs_f64());
+}
+
+/// `n` nodes of `pool` were handed to the suspend program for `reason`;
+/// `deleted`: it succeeded.
+pub fn record_suspension(pool: &str, reason: &str, deleted: bool, n: usize) {
+    METRICS
+        .suspensions
+        .with_label_values(&[pool, reason, if deleted { "ok" } else { "failed" }])
+        .inc_by(n as u64);
+}
+
 /// A change to an elastic batch's extras of `project` in `region`,
 /// committed at `now`: counted by what happened; an extra going back adds
 /// the GPU-seconds it held.

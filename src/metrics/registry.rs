@@ -41,6 +41,9 @@ pub(super) struct Metrics {
     pub(super) reclaims: IntCounterVec,
     pub(super) reclaimed_gpu_seconds: prometheus::CounterVec,
     pub(super) extra_changes: IntCounterVec,
+    pub(super) provisioning: IntCounterVec,
+    pub(super) boot_seconds: HistogramVec,
+    pub(super) suspensions: IntCounterVec,
     pub(super) extra_gpu_seconds: prometheus::CounterVec,
     pub(super) gpu_utilization: HistogramVec,
     pub(super) gpu_sampled_seconds: prometheus::CounterVec,
@@ -249,6 +252,22 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             &["region", "project"],
         )
         .expect("valid metric"),
+        provisioning: counter_vec(
+            "flexq_provisioning_sets_total",
+            "Sets of new nodes of provisioned pools, by zone, pool and outcome: decided, started (its resume program ran), allocated (every node registered and the batch got them), failed (a node's program failed or the resume timeout passed) or abandoned (the batch left the queue first).",
+            &["zone", "pool", "outcome"],
+        ),
+        boot_seconds: histogram_vec(
+            "flexq_provisioning_boot_seconds",
+            "Time from a set's decision to its last node's registration, of the sets that completed, by zone and pool.",
+            WAIT_BUCKETS.to_vec(),
+            &["zone", "pool"],
+        ),
+        suspensions: counter_vec(
+            "flexq_nodes_suspended_total",
+            "Nodes of provisioned pools handed to their suspend program, by pool, why (idle, failed, abandoned, adopted) and how the program ended (ok, failed).",
+            &["pool", "reason", "outcome"],
+        ),
         extra_changes: counter_vec(
             "flexq_extra_changes_total",
             "Changes to elastic batches' extra executors, by region, project and what happened: granted, released (Spark no longer used it), reclaimed (taken back for a queued batch) or lost (with its node).",
@@ -441,6 +460,9 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(m.preempted_gpu_seconds.clone()),
         Box::new(m.reclaims.clone()),
         Box::new(m.extra_changes.clone()),
+        Box::new(m.provisioning.clone()),
+        Box::new(m.boot_seconds.clone()),
+        Box::new(m.suspensions.clone()),
         Box::new(m.extra_gpu_seconds.clone()),
         Box::new(m.reclaimed_gpu_seconds.clone()),
         Box::new(m.gpu_utilization.clone()),

@@ -76,7 +76,10 @@ impl Scheduler {
         };
         // A held queue's batches wait, reserving nothing; a preemptor
         // waits for its victims, on what is set aside for it.
-        if self.hold_of(region, &batch.project).is_some() || self.claims.is_claiming(key) {
+        if self.hold_of(region, &batch.project).is_some()
+            || self.claims.is_claiming(key)
+            || self.provisions.is_provisioning(key)
+        {
             return Assessment::Wait;
         }
         let default_mode = batch.cluster.mode == ProvisioningMode::Default;
@@ -243,6 +246,24 @@ impl Scheduler {
         }
         if self.try_alternatives(key, region, now, walk, out) == Considered::Allocated {
             return Considered::Allocated;
+        }
+        let Some(batch) = self.queue.get(key) else {
+            return Considered::Passed;
+        };
+        // The batch the reservation of its GPU type would hold may have
+        // new nodes created for it, before anything is preempted.
+        let accelerator = batch.cluster.accelerator();
+        if !walk
+            .reservations
+            .iter()
+            .any(|r| r.accelerator == accelerator)
+        {
+            if let Some(plan) = self.plan_provision(batch, region, now) {
+                let batch = batch.clone();
+                walk.capacity_taken();
+                self.provision(&batch, region, plan, now, out);
+                return Considered::Passed;
+            }
         }
         let Some(batch) = self.queue.get(key) else {
             return Considered::Passed;

@@ -276,6 +276,20 @@ impl Capacity {
             .collect()
     }
 
+    /// Every node of a zone, those that take no new work too, in id order.
+    pub(super) fn zone_nodes_all<'a>(
+        &'a self,
+        region: &str,
+        zone: &str,
+    ) -> impl Iterator<Item = &'a Node> + 'a {
+        self.zones
+            .get(region)
+            .and_then(|z| z.get(zone))
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.nodes.get(id))
+    }
+
     /// Which nodes take no new work.
     pub(super) fn set_unschedulable(&mut self, ids: HashSet<NodeId>) {
         self.unschedulable = ids;

@@ -78,6 +78,12 @@ impl Scheduler {
                     out.rebuild = true;
                     Void::NodeBack
                 }
+                // Nothing was asked of the provisioner: nothing to suspend.
+                Decision::Provision(set) => {
+                    self.withdraw_set(set.key);
+                    self.forget(set.key, now);
+                    Void::BatchGone
+                }
                 // At `now`, its allocation time: it never ran, so it adds
                 // no usage.
                 _ => {

@@ -62,15 +62,20 @@ pub struct Scheduler {
     /// Elastic clusters' extras: where they may grow, and what the queue
     /// waits for (`elastic.rs`).
     pub(super) elastic: super::growth::Elastic,
+    /// Provisioned pools: the sets of nodes being created, backoffs, idle
+    /// and suspending nodes (`provision.rs`).
+    pub(super) provisions: super::provisions::Provisions,
 }
 
 impl Scheduler {
     pub fn new(pools: Vec<PoolDecl>, rules: Vec<QuotaRule>) -> Scheduler {
-        Scheduler {
+        let mut core = Scheduler {
             declared: super::declared::declared_of(&pools),
             ledger: Ledger::new(rules),
             ..Scheduler::default()
-        }
+        };
+        core.set_provisioned_pools(&pools);
+        core
     }
 
     /// Sets how queues are ordered (fair share or strict, half-life,
@@ -204,6 +209,7 @@ impl Scheduler {
             self.leases.next_expiry(),
             self.queue.alternatives().next_ripe(),
             self.claims.next_retry(),
+            self.provisions.next_deadline(),
         ]
         .into_iter()
         .flatten()

@@ -22,6 +22,7 @@ impl Scheduler {
     /// Removes a node; returns the batches holding part of it (the caller
     /// fails them: a partial cluster must not keep running).
     pub fn remove_node(&mut self, id: &NodeId) -> Vec<BatchKey> {
+        self.slot_lost(id);
         if let Some(n) = self.capacity.remove(id) {
             self.dirty.insert(n.spec.region);
         }
@@ -65,8 +66,10 @@ impl Scheduler {
     pub fn forget(&mut self, key: BatchKey, now: DateTime<Utc>) -> Option<Allocation> {
         if let Some(b) = self.queue.remove(key) {
             self.dirty.insert(b.region.clone());
-            // A preemptor that leaves gives back what was set aside.
+            // A preemptor that leaves gives back what was set aside; so
+            // does a batch whose nodes are being created.
             self.drop_claim(key);
+            self.abandon_set(key);
         }
         let a = self.stop_running(key)?;
         self.dirty.insert(a.region.clone());
@@ -119,7 +122,9 @@ impl Scheduler {
         } else {
             self.add_node(spec);
         }
-        self.leases.grant(id, epoch, expires);
+        self.leases.grant(id.clone(), epoch, expires);
+        // A slot of a set being created is its batch's alone.
+        self.bind_slot(&id);
         taken
     }
 

@@ -79,6 +79,7 @@ impl Scheduler {
     /// stay. Every region is looked at again.
     pub fn reconfigure(&mut self, layout: Layout) -> Settled {
         self.declared = declared_of(&layout.pools);
+        self.set_provisioned_pools(&layout.pools);
         self.ledger.set_rules(layout.rules);
         self.set_fair_share(layout.fair);
         self.set_preemption(layout.preemption);
@@ -232,7 +233,13 @@ impl Scheduler {
 
     /// Tells placement which nodes take no new work: cordoned or retired.
     pub(super) fn refresh_unschedulable(&mut self) {
-        let ids = self.cordons.keys().chain(&self.retired).cloned().collect();
+        let ids = self
+            .cordons
+            .keys()
+            .chain(&self.retired)
+            .chain(self.provisions.suspending.keys())
+            .cloned()
+            .collect();
         self.capacity.set_unschedulable(ids);
     }
 }

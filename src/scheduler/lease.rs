@@ -58,6 +58,13 @@ impl NodeLeases {
         Ok(())
     }
 
+    /// Drops `node`'s lease: the node left on purpose (suspended).
+    pub(super) fn release(&mut self, node: &NodeId) {
+        if let Some((_, expires)) = self.by_node.remove(node) {
+            self.expiries.remove(&(expires, node.clone()));
+        }
+    }
+
     pub(super) fn epoch(&self, node: &NodeId) -> Option<u64> {
         self.by_node.get(node).map(|(e, _)| *e)
     }

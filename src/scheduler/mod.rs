@@ -28,6 +28,8 @@ mod model;
 mod pass;
 mod pending;
 mod preempt;
+mod provision;
+mod provisions;
 mod queue;
 mod quota;
 mod reasons;
@@ -45,8 +47,8 @@ pub use layout::{Layout, Settled};
 pub use lease::NodeLeaseError;
 pub use model::{
     Allocation, BatchKey, Cause, Cordon, Decision, ElasticPolicy, ElasticView, ExtraChange, Growth,
-    Hold, Loan, OnAlternative, PendingBatch, PoolDecl, Preemption, PreemptionPolicy, Victim,
-    accelerator_label, lender, shape_text,
+    Hold, Loan, NodeSet, OnAlternative, PendingBatch, PoolDecl, Preemption, PreemptionPolicy,
+    ProvisionPolicy, SuspendCause, Suspension, Victim, accelerator_label, lender, shape_text,
 };
 pub use pending::ESTIMATE_DEPTH;
 pub use quota::{QuotaRule, QuotaView, Shortfall};

@@ -197,6 +197,13 @@ pub enum Decision {
     /// Running clusters stop so that a batch blocked by capacity starts:
     /// once every victim is gone, an `Allocate` of the preemptor follows.
     Preempt(Preemption),
+    /// New nodes are created for a batch that only capacity blocks: once
+    /// every slot has registered, an `Allocate` of the batch follows
+    /// (docs/rules.md#provisioned-capacity).
+    Provision(NodeSet),
+    /// Nodes are deleted: idle too long, or of a set that failed or whose
+    /// batch left the queue.
+    Suspend(Suspension),
 }
 
 impl Decision {
@@ -205,6 +212,11 @@ impl Decision {
             Decision::Allocate(a) => a.key,
             Decision::Expire { key, .. } | Decision::Reject { key, .. } => *key,
             Decision::Preempt(p) => p.preemptor,
+            Decision::Provision(set) => set.key,
+            Decision::Suspend(s) => match &s.cause {
+                SuspendCause::Failed { key, .. } | SuspendCause::Abandoned { key, .. } => *key,
+                SuspendCause::Idle => BatchKey(0),
+            },
             // Not about one batch; never void.
             Decision::LoseNode { .. } => BatchKey(0),
         }
@@ -219,6 +231,89 @@ pub struct PoolDecl {
     pub zone: String,
     pub node: NodeSpec,
     pub max_nodes: u32,
+    /// When flexq creates and deletes the pool's nodes; None: the nodes
+    /// are the operator's.
+    pub provisioner: Option<ProvisionPolicy>,
+}
+
+/// When a pool's nodes are created and deleted
+/// (docs/rules.md#provisioned-capacity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvisionPolicy {
+    /// How long every slot of a set has to register.
+    pub resume_timeout: std::time::Duration,
+    /// How long a node holds nothing before it is suspended.
+    pub suspend_after: std::time::Duration,
+    /// Never suspended below this many nodes.
+    pub min_nodes: u32,
+    /// At most this many nodes asked for a minute.
+    pub resume_rate: u32,
+    /// The pool's backoff after a failed set: `base`, doubling on each
+    /// failure in a row, up to `max`.
+    pub backoff_base: std::time::Duration,
+    pub backoff_max: std::time::Duration,
+}
+
+/// Nodes to be created for one batch in one zone's pool, all or nothing:
+/// the slots' ids are the nodes' ids their agents register with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSet {
+    pub key: BatchKey,
+    pub batch_id: String,
+    pub project: String,
+    pub region: String,
+    pub zone: String,
+    pub pool: String,
+    pub slots: Vec<NodeId>,
+    /// What each new node is to offer: the pool's declared shape.
+    pub shape: NodeSpec,
+    pub decided_at: DateTime<Utc>,
+    /// Every slot registers by then, or the set fails: the pool's
+    /// `resume_timeout`, bounded by the batch's deadline.
+    pub register_by: DateTime<Utc>,
+    /// The cluster's parts on nodes that were there already: set aside for
+    /// it while the slots register.
+    pub on_present: Vec<Placement>,
+}
+
+/// Nodes to delete, of one pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suspension {
+    pub region: String,
+    pub zone: String,
+    pub pool: String,
+    pub nodes: Vec<NodeId>,
+    pub cause: SuspendCause,
+    pub message: String,
+}
+
+/// Why nodes are suspended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SuspendCause {
+    /// They held nothing for the pool's `suspend_after`.
+    Idle,
+    /// Their set failed: a slot's program failed, a node left, or the
+    /// resume timeout passed. The pool backs off until `backoff_until`;
+    /// the batch stays queued.
+    Failed {
+        key: BatchKey,
+        batch_id: String,
+        backoff_until: DateTime<Utc>,
+    },
+    /// Their batch left the queue (cancelled, expired) before the set was
+    /// complete.
+    Abandoned { key: BatchKey, batch_id: String },
+}
+
+impl SuspendCause {
+    /// The label of metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            SuspendCause::Idle => "idle",
+            SuspendCause::Failed { .. } => "failed",
+            SuspendCause::Abandoned { .. } => "abandoned",
+        }
+    }
 }
 
 /// A queue an admin held: nothing in it is allocated until it is resumed.

@@ -79,6 +79,14 @@ impl Scheduler {
                 accelerator,
             });
         }
+        // Sets of new nodes that failed or timed out are suspended whole,
+        // and so are those whose batch left the queue.
+        self.fail_due_sets(now, &mut decisions);
+        decisions.extend(
+            std::mem::take(&mut self.provisions.abandoned)
+                .into_iter()
+                .map(Decision::Suspend),
+        );
         self.fair.prune(now);
         let ripe = self.queue.ripen(now);
         self.dirty.extend(ripe);
@@ -88,10 +96,12 @@ impl Scheduler {
         for region in regions {
             self.admit_region(&region, now, &mut decisions);
         }
+        self.scale_down(now, &mut decisions);
         decisions
     }
 
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        self.settle_sets(region, now, out);
         self.settle_claims(region, now, out);
         let mut walk = Walk::default();
         // A held queue's batches wait, reserving nothing.

@@ -156,6 +156,10 @@ impl Scheduler {
                 .iter()
                 .any(|r| matches!(r, Blocker::Quota(_) | Blocker::Held { .. }));
         let mut reasons: Vec<Reason> = reasons.iter().map(Blocker::reason).collect();
+        reasons.extend(
+            self.provisioning_line(key, now)
+                .map(|m| Reason::new(NotAdmitted::Provisioning, m)),
+        );
         if by_capacity || self.is_claiming(key) {
             reasons.extend(
                 self.preemption_reason(batch, now)

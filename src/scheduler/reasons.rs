@@ -154,6 +154,8 @@ pub enum NotAdmitted {
     Preemption,
     /// Why one of its placement alternatives has not taken it.
     Alternative,
+    /// New nodes are being created for it (docs/rules.md#provisioned-capacity).
+    Provisioning,
     /// Its estimated start lies after its allocation deadline.
     LikelyToExpire,
 }
@@ -170,6 +172,7 @@ impl NotAdmitted {
             NotAdmitted::QueuedAhead => "QUEUED_AHEAD",
             NotAdmitted::Preemption => "PREEMPTION",
             NotAdmitted::Alternative => "ALTERNATIVE",
+            NotAdmitted::Provisioning => "PROVISIONING",
             NotAdmitted::LikelyToExpire => "LIKELY_TO_EXPIRE",
         }
     }
@@ -185,6 +188,7 @@ impl NotAdmitted {
             NotAdmitted::QueuedAhead => "queued_ahead",
             NotAdmitted::Preemption => "preemption",
             NotAdmitted::Alternative => "alternative",
+            NotAdmitted::Provisioning => "provisioning",
             NotAdmitted::LikelyToExpire => "likely_to_expire",
         }
     }

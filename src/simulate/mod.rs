@@ -135,7 +135,17 @@ impl<'a> Sim<'a> {
     /// the zones of the regions the trace uses.
     fn new(config: &'a Config, trace: &'a [TraceBatch]) -> Self {
         let policy = config.policy();
-        let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
+        // Provisioned pools are not modelled yet (no boot times): the
+        // simulator's fleet is what the config declares of nodes.
+        let pools = config
+            .pool_decls()
+            .into_iter()
+            .map(|mut p| {
+                p.provisioner = None;
+                p
+            })
+            .collect();
+        let mut core = Scheduler::new(pools, config.quotas.clone());
         core.set_fair_share(config.fair_share());
         core.set_preemption(config.preemption());
         core.set_reclaim(policy.alternative_rules.clone());
@@ -395,6 +405,8 @@ impl<'a> Sim<'a> {
     fn pass(&mut self, now: DateTime<Utc>) {
         for d in self.core.pass(now) {
             match d {
+                // Not decided: the simulator's pools have no provisioner.
+                Decision::Provision(_) | Decision::Suspend(_) => {}
                 Decision::Allocate(a) => {
                     let ran = self.queued.remove(&a.key).map_or(0.0, |q| q.1);
                     let end = now + Duration::milliseconds((ran * 1000.0).round() as i64);

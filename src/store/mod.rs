@@ -27,6 +27,7 @@ mod lifecycle;
 mod nodes;
 mod open;
 mod overrides;
+mod provisioned;
 mod rows;
 mod runs;
 mod schedule;

@@ -19,6 +19,19 @@ impl Store {
         let json = serde_json::to_string(spec)
             .map_err(|e| StoreError::Unavailable(format!("cannot encode node: {e}")))?;
         let mut tx = self.begin_write().await?;
+        // A node being suspended (docs/rules.md#provisioned-capacity) does
+        // not come back by registering: its program is deleting it.
+        let suspending: Option<i64> =
+            sqlx::query_scalar("select state from node_slots where node_id = $1 and state = 2")
+                .bind(&spec.id.0)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if suspending.is_some() {
+            return Err(StoreError::FailedPrecondition(format!(
+                "node {} is being suspended by its pool's provisioner: it may register again once its suspend program ended",
+                spec.id
+            )));
+        }
         let epoch: i64 = sqlx::query_scalar(
             "insert into nodes (node_id, region, zone, pool, spec, epoch, state, registered_at) \
              values ($1, $2, $3, $4, $5, 1, 0, $6) on conflict (node_id) do update set \

@@ -347,8 +347,18 @@ impl Store {
         // they are written with a few multi-row statements, not two per
         // batch.
         let mut endings: Vec<(usize, i64, i64, &str, EndReason)> = Vec::new();
+        // Allocations look for a set of new nodes of theirs only when
+        // there is one.
+        let sets_open = decisions.iter().any(|d| matches!(d, Decision::Allocate(_)))
+            && super::provisioned::any_open(&mut tx).await?;
         for (i, d) in decisions.iter().enumerate() {
             match d {
+                Decision::Provision(set) => {
+                    applied[i] = super::provisioned::open_set(&mut tx, set, now).await?;
+                }
+                Decision::Suspend(s) => {
+                    applied[i] = super::provisioned::suspend(&mut tx, s, now).await?;
+                }
                 Decision::Preempt(p) => applied[i] = preempt(&mut tx, p, now).await?,
                 Decision::LoseNode {
                     node,
@@ -379,6 +389,9 @@ impl Store {
                 Decision::Allocate(a) => {
                     let done = allocate(&mut tx, a, now).await?;
                     applied[i] = done;
+                    if done && sets_open {
+                        super::provisioned::allocated(&mut tx, a.key.0).await?;
+                    }
                     if done {
                         parts.extend(a.placements.iter().map(|p| (a.key.0, a.region.as_str(), p)));
                     }

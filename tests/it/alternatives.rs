@@ -30,6 +30,7 @@ pub(crate) fn l4_and_a100(c: &mut Config) {
                     local_ssd_gb: 6000,
                     max_nodes: 1,
                     virtual_nodes: 1,
+                    provisioner: None,
                 },
             )]),
         },

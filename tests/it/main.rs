@@ -24,6 +24,7 @@ mod metrics;
 mod partition;
 mod preemption;
 mod prometheus;
+mod provisioning;
 mod proxy;
 mod queues;
 mod reload;

@@ -35,6 +35,7 @@ pub(crate) async fn server_lending(
             local_ssd_gb: 6000,
             max_nodes: 1,
             virtual_nodes: 1,
+            provisioner: None,
         };
         let zones = &mut c.regions.get_mut(&name).expect("the region").zones;
         zones.insert(
@@ -72,6 +73,7 @@ async fn server_tuned(
             local_ssd_gb: 1500,
             max_nodes: 4,
             virtual_nodes: 1,
+            provisioner: None,
         };
         c.regions.insert(
             region.clone(),

@@ -211,6 +211,27 @@ async fn an_invalid_file_is_refused_naming_the_key_and_the_config_in_force_stays
             "regions.us-central1.zones.us-central1-a.node_pools.l4.virtual_nodes",
             "above max_nodes (8)",
         ),
+        (
+            "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 0\n\
+             [regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner]\n\
+             resume_program = [\"/nowhere/resume\"]\nsuspend_program = [\"sh\"]\nmin_nodes = 9\n",
+            "regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner.min_nodes",
+            "9 is above max_nodes (8)",
+        ),
+        (
+            "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 0\n\
+             [regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner]\n\
+             resume_program = [\"/nowhere/resume\"]\nsuspend_program = [\"sh\"]\n",
+            "regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner.resume_program",
+            "/nowhere/resume: cannot be read",
+        ),
+        (
+            "[regions.us-central1.zones.us-central1-a.node_pools.l4]\nvirtual_nodes = 0\n\
+             [regions.us-central1.zones.us-central1-a.node_pools.l4.provisioner]\n\
+             resume_program = [\"sh\"]\nsuspend_program = [\"sh\"]\nsuspend_after = \"-10m\"\n",
+            "suspend_after",
+            "-10m",
+        ),
         ("[provisioning\n", "", "TOML"),
     ] {
         write(&file, text);
@@ -240,7 +261,7 @@ async fn an_invalid_file_is_refused_naming_the_key_and_the_config_in_force_stays
         metrics.contains("flexq_config_last_reload_successful 0"),
         "{metrics}"
     );
-    assert!(metrics.contains("flexq_config_reloads_total{result=\"invalid\"} 4"));
+    assert!(metrics.contains("flexq_config_reloads_total{result=\"invalid\"} 7"));
     // A file with two wrong keys is refused naming both: the message
     // says each, and the ErrorInfo names the first as `key` and all of
     // them as `keys`, in the order the check found them.

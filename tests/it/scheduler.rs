@@ -23,6 +23,7 @@ pub(crate) fn world(config: &mut Config, nodes: u32, gpus: u32, max_nodes: u32, 
         local_ssd_gb: 375 * u64::from(gpus),
         max_nodes,
         virtual_nodes: nodes,
+        provisioner: None,
     };
     let region = config.regions.get_mut("us-central1").expect("region");
     region.zones = BTreeMap::from([(

@@ -13,6 +13,7 @@ mod holds;
 mod preempt;
 mod preempt_props;
 mod props;
+mod provision;
 mod reclaim_props;
 mod reload;
 mod views;
@@ -139,6 +140,7 @@ fn pool(zone: &str, gpus: u32, max: u32) -> PoolDecl {
         zone: zone.into(),
         node: l4_node(&format!("{zone}/l4"), zone, gpus),
         max_nodes: max,
+        provisioner: None,
     }
 }
 

@@ -458,6 +458,9 @@ impl Harness {
         let mut settled = Vec::new();
         for d in &decisions {
             match d {
+                Decision::Provision(_) | Decision::Suspend(_) => {
+                    prop_assert!(false, "no pool has a provisioner: {d:?}");
+                }
                 Decision::Allocate(a) => {
                     let b = self.queued.remove(&a.key);
                     prop_assert!(b.is_some(), "{} allocated but not queued", a.key.0);

@@ -133,9 +133,12 @@ impl Harness {
                         requeue.push(*key);
                     }
                 }
-                // This world has no preemption policy.
+                // This world has no preemption policy, nor provisioners.
                 Decision::Preempt(p) => {
                     prop_assert!(false, "preemption without a policy: {p:?}");
+                }
+                Decision::Provision(_) | Decision::Suspend(_) => {
+                    prop_assert!(false, "no pool has a provisioner: {d:?}");
                 }
             }
         }

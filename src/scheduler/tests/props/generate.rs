@@ -534,6 +534,7 @@ pub(super) fn pools() -> Vec<PoolDecl> {
                     zone: node.zone.clone(),
                     node,
                     max_nodes: POOL_MAX,
+                    provisioner: None,
                 }
             })
         })

@@ -1,0 +1,639 @@
+//! Provisioned capacity's rules (docs/rules.md#provisioned-capacity): a
+//! pool with a provisioner grows by sets of new nodes, each for one queued
+//! batch that only capacity blocks, all or nothing, and shrinks by the
+//! nodes that held nothing for its `suspend_after`.
+//!
+//! A set is decided in the walk where preemption would be
+//! ([`Scheduler::plan_provision`], tried first): the fewest new nodes of
+//! one zone's pool that, with what is free there, hold the batch's whole
+//! cluster. Its slots are node ids (`{zone}-{pool}-{n}`) the operator's
+//! resume program starts agents under; its parts on the nodes that were
+//! there, and its quota, are set aside for it, and so is each slot's
+//! node as it registers: no other batch may use them. Once every slot
+//! registered, the batch is allocated in its zone
+//! ([`Scheduler::settle_sets`]); if a slot fails, a node leaves, or the
+//! resume timeout passes first, every node of the set is suspended, the
+//! pool backs off, and the batch stays queued at its place.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::capacity::{Node, NodeId, Placement, needs, plan_zone};
+use super::core::Scheduler;
+use super::model::{BatchKey, Decision, NodeSet, PendingBatch, PoolDecl, SuspendCause, Suspension};
+use super::provisions::{OpenSet, Pool, PoolKey, pool_key, slot_prefix};
+use crate::spec::PartRole;
+
+/// A set the walk may decide: its pool, its slots, and the cluster's plan
+/// on the zone's nodes and the slots.
+pub(super) type SetPlan = (PoolKey, Vec<NodeId>, Vec<Placement>);
+
+impl Scheduler {
+    /// The pools of `pools` that have a provisioner.
+    pub(super) fn set_provisioned_pools(&mut self, pools: &[PoolDecl]) {
+        let provisioned: BTreeMap<PoolKey, Pool> = pools
+            .iter()
+            .filter_map(|p| {
+                let policy = p.provisioner.clone()?;
+                let mut shape = p.node.clone();
+                shape.is_virtual = false;
+                Some((
+                    pool_key(&p.region, &p.zone, &p.node.pool),
+                    Pool {
+                        shape,
+                        max_nodes: p.max_nodes,
+                        policy,
+                    },
+                ))
+            })
+            .collect();
+        self.provisions.set_pools(provisioned);
+    }
+
+    /// The cheapest set of new nodes for `batch` in `region` at `now`: of
+    /// each provisioned pool of a GPU type the cluster needs, not backing
+    /// off, the fewest new nodes that with what is free in the pool's
+    /// zone hold the whole cluster, within what the pool may still grow
+    /// (its `max_nodes` less the nodes present and being created) and its
+    /// resume rate. None when no pool can.
+    pub(super) fn plan_provision(
+        &self,
+        batch: &PendingBatch,
+        region: &str,
+        now: DateTime<Utc>,
+    ) -> Option<SetPlan> {
+        let parts = needs(&batch.cluster);
+        let mut best: Option<SetPlan> = None;
+        for (key, pool) in self.provisions.pools_in(region) {
+            let accelerator = pool.shape.accelerator;
+            if self.provisions.backing_off(key, now).is_some()
+                || !parts
+                    .iter()
+                    .any(|p| p.gpus > 0 && p.accelerator == Some(accelerator))
+            {
+                continue;
+            }
+            let mut room = pool.max_nodes.saturating_sub(self.nodes_of(key));
+            if let Some(left) = self.provisions.rate_left(key, now) {
+                room = room.min(left);
+            }
+            if room == 0 {
+                continue;
+            }
+            let names = self.free_slot_names(pool, room as usize);
+            let slots: Vec<Node> = names
+                .iter()
+                .map(|id| {
+                    let mut spec = pool.shape.clone();
+                    spec.id = id.clone();
+                    Node::new(spec)
+                })
+                .collect();
+            let present = self.capacity.zone_nodes(region, &key.1);
+            // The fewest slots that hold it: more never hurt a best fit,
+            // so the least is found by halving.
+            let plan_with = |k: usize| {
+                let mut nodes = present.clone();
+                nodes.extend(slots.iter().take(k));
+                let plan = plan_zone(&nodes, &parts);
+                plan.complete().then_some(plan.placements)
+            };
+            if plan_with(slots.len()).is_none() {
+                continue;
+            }
+            let (mut low, mut high) = (1, slots.len());
+            while low < high {
+                let mid = (low + high) / 2;
+                if plan_with(mid).is_some() {
+                    high = mid;
+                } else {
+                    low = mid + 1;
+                }
+            }
+            let Some(plan) = plan_with(high) else {
+                continue;
+            };
+            let used: Vec<NodeId> = names
+                .iter()
+                .take(high)
+                .filter(|n| plan.iter().any(|p| &p.node == *n))
+                .cloned()
+                .collect();
+            if used.is_empty() {
+                continue;
+            }
+            if best.as_ref().is_none_or(|b| used.len() < b.1.len()) {
+                best = Some((key.clone(), used, plan));
+            }
+        }
+        best
+    }
+
+    /// The nodes of `pool` there are and being created: registered ones
+    /// (suspending too) and slots not registered yet.
+    pub(super) fn nodes_of(&self, pool: &PoolKey) -> u32 {
+        let present = self
+            .capacity
+            .zone_nodes_all(&pool.0, &pool.1)
+            .filter(|n| n.spec.pool == pool.2)
+            .count();
+        let waiting: usize = self
+            .provisions
+            .sets()
+            .filter(|o| o.pool() == *pool)
+            .map(|o| o.set.slots.len() - o.registered.len())
+            .sum();
+        (present + waiting) as u32
+    }
+
+    /// `n` ids of `pool` no node or slot has, lowest first.
+    fn free_slot_names(&self, pool: &Pool, n: usize) -> Vec<NodeId> {
+        let prefix = slot_prefix(&pool.shape);
+        (0..)
+            .map(|i| NodeId(format!("{prefix}{i}")))
+            .filter(|id| !self.capacity.nodes.contains_key(id) && !self.provisions.is_slot(id))
+            .take(n)
+            .collect()
+    }
+
+    /// Decides `plan`'s set for `batch` at `now`: its parts on present
+    /// nodes and its quota are set aside for it.
+    pub(super) fn provision(
+        &mut self,
+        batch: &PendingBatch,
+        region: &str,
+        plan: SetPlan,
+        now: DateTime<Utc>,
+        out: &mut Vec<Decision>,
+    ) {
+        let (pool, slots, placements) = plan;
+        let Some(spec) = self.provisions.pools.get(&pool).map(|p| p.shape.clone()) else {
+            return;
+        };
+        let timeout = self
+            .provisions
+            .pools
+            .get(&pool)
+            .map_or(std::time::Duration::ZERO, |p| p.policy.resume_timeout);
+        let on_present: Vec<Placement> = placements
+            .into_iter()
+            .filter(|p| !slots.contains(&p.node))
+            .collect();
+        let banked = self.capacity.take_free(&on_present);
+        let quota = batch.cluster.quota.clone();
+        self.ledger.set_aside(&batch.project, region, &quota);
+        let mut register_by = now + Duration::from_std(timeout).unwrap_or_default();
+        if let Some(deadline) = batch.deadline {
+            register_by = register_by.min(deadline);
+        }
+        let set = NodeSet {
+            key: batch.key,
+            batch_id: batch.batch_id.clone(),
+            project: batch.project.clone(),
+            region: region.to_string(),
+            zone: pool.1.clone(),
+            pool: pool.2.clone(),
+            slots,
+            shape: spec,
+            decided_at: now,
+            register_by,
+            on_present,
+        };
+        self.provisions.resumed(&pool, set.slots.len() as u32, now);
+        self.provisions.open(OpenSet {
+            set: set.clone(),
+            registered: BTreeSet::new(),
+            banked,
+            quota,
+            failed: None,
+        });
+        self.dirty.insert(region.to_string());
+        out.push(Decision::Provision(set));
+    }
+
+    /// A set read back from the store (a restart, a new leader): what it
+    /// set aside is set aside again, and its slots that registered are
+    /// bound to it.
+    pub fn restore_set(&mut self, set: NodeSet, registered: &[NodeId]) {
+        if self.provisions.is_provisioning(set.key) {
+            return;
+        }
+        let banked = self.capacity.take_free(&set.on_present);
+        let quota = self
+            .queue
+            .get(set.key)
+            .map(|b| b.cluster.quota.clone())
+            .unwrap_or_default();
+        self.ledger.set_aside(&set.project, &set.region, &quota);
+        self.dirty.insert(set.region.clone());
+        self.provisions.open(OpenSet {
+            set,
+            registered: BTreeSet::new(),
+            banked,
+            quota,
+            failed: None,
+        });
+        for node in registered {
+            self.bind_slot(node);
+        }
+    }
+
+    /// A registered node that is a slot of an open set: its whole node is
+    /// set aside for the set's batch.
+    pub(super) fn bind_slot(&mut self, id: &NodeId) {
+        let Some(key) = self.provisions.slot_owner(id) else {
+            return;
+        };
+        let Some(node) = self.capacity.nodes.get(id) else {
+            return;
+        };
+        let whole = Placement {
+            node: id.clone(),
+            role: PartRole::Executor,
+            gpus: node.spec.gpu_addresses.clone(),
+            cores: node.spec.cores,
+            memory_mb: node.spec.memory_mb,
+            local_ssd_gb: node.spec.local_ssd_gb,
+            accelerator: Some(node.spec.accelerator),
+        };
+        let region = node.spec.region.clone();
+        let taken = self.capacity.take_free(std::slice::from_ref(&whole));
+        let took = taken.iter().any(|p| !p.gpus.is_empty() || p.cores > 0);
+        if let Some(open) = self.provisions.get_mut(key) {
+            let new = open.registered.insert(id.clone());
+            // A slot that registers again with a new shape was put back
+            // whole: what was set aside of its old shape is moot.
+            if new || took {
+                open.banked.retain(|p| p.node != *id);
+                open.banked.extend(taken);
+            }
+        }
+        self.dirty.insert(region);
+    }
+
+    /// The sets of `region` whose every slot registered: each batch is
+    /// allocated in its set's zone, on what was set aside for it and what
+    /// is free there; a set whose nodes cannot hold it fails.
+    pub(super) fn settle_sets(
+        &mut self,
+        region: &str,
+        now: DateTime<Utc>,
+        out: &mut Vec<Decision>,
+    ) {
+        for key in self.provisions.complete_in(region) {
+            let Some(open) = self.provisions.take(key) else {
+                continue;
+            };
+            self.give_back_set(&open);
+            let pool = open.pool();
+            let Some(batch) = self.queue.get(key).cloned() else {
+                continue;
+            };
+            if self.hold_of(region, &batch.project).is_some()
+                || self
+                    .ledger
+                    .shortfall(&batch.project, region, &batch.cluster.quota)
+                    .is_some()
+            {
+                // Its nodes are there, and idle: suspended in time unless
+                // the batch or another takes them.
+                continue;
+            }
+            let nodes = self.capacity.zone_nodes(region, &open.set.zone);
+            let plan = plan_zone(&nodes, &needs(&batch.cluster));
+            if plan.complete() && self.capacity.take(&plan.placements) {
+                let boot = now - open.set.decided_at;
+                self.provisions.succeeded(&pool, boot);
+                self.provisions.completed.push((
+                    pool.1.clone(),
+                    pool.2.clone(),
+                    boot.to_std().unwrap_or_default(),
+                ));
+                let own = (region, &batch.cluster);
+                let zone = open.set.zone.clone();
+                out.push(self.grant(&batch, own, (zone, plan.placements), None, now));
+            } else {
+                let message = format!(
+                    "the {} nodes that registered in {} cannot hold the batch's cluster (they offer less than the pool declares)",
+                    open.set.slots.len(),
+                    open.set.zone
+                );
+                out.push(self.fail_set(open, message, now));
+            }
+        }
+    }
+
+    /// Gives back what an open set set aside: its capacity and its quota.
+    fn give_back_set(&mut self, open: &OpenSet) {
+        self.capacity.give_back(&open.banked);
+        self.ledger
+            .release_aside(&open.set.project, &open.set.region, &open.quota);
+        self.dirty.insert(open.set.region.clone());
+    }
+
+    /// Sets that failed or timed out at `now`: each is suspended whole,
+    /// its pool backs off, its batch stays queued.
+    pub(super) fn fail_due_sets(&mut self, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        for key in self.provisions.due(now) {
+            let Some(open) = self.provisions.take(key) else {
+                continue;
+            };
+            self.give_back_set(&open);
+            let message = match &open.failed {
+                Some(why) => why.clone(),
+                None => format!(
+                    "{} of {} nodes registered within {}",
+                    open.registered.len(),
+                    open.set.slots.len(),
+                    humantime::format_duration(
+                        (open.set.register_by - open.set.decided_at)
+                            .to_std()
+                            .unwrap_or_default()
+                    )
+                ),
+            };
+            out.push(self.fail_set(open, message, now));
+        }
+    }
+
+    /// `open`, taken out and given back, failed for `message`: its nodes
+    /// are suspended, its pool backs off.
+    fn fail_set(&mut self, open: OpenSet, message: String, now: DateTime<Utc>) -> Decision {
+        let pool = open.pool();
+        let until = self.provisions.back_off(&pool, now);
+        for node in &open.set.slots {
+            self.provisions
+                .suspending
+                .insert(node.clone(), (pool.clone(), "failed"));
+        }
+        self.refresh_unschedulable();
+        let OpenSet { set, .. } = open;
+        Decision::Suspend(Suspension {
+            region: set.region,
+            zone: set.zone,
+            pool: set.pool,
+            nodes: set.slots,
+            cause: SuspendCause::Failed {
+                key: set.key,
+                batch_id: set.batch_id,
+                backoff_until: until,
+            },
+            message,
+        })
+    }
+
+    /// `key` left the queue: a set being created for it is given back and
+    /// its nodes are suspended at the next pass.
+    pub(super) fn abandon_set(&mut self, key: BatchKey) {
+        let Some(open) = self.provisions.take(key) else {
+            return;
+        };
+        self.give_back_set(&open);
+        for node in &open.set.slots {
+            self.provisions
+                .suspending
+                .insert(node.clone(), (open.pool(), "abandoned"));
+        }
+        self.refresh_unschedulable();
+        let set = open.set;
+        self.provisions.abandoned.push(Suspension {
+            message: format!(
+                "batch {} left the queue before its {} nodes registered",
+                set.batch_id,
+                set.slots.len()
+            ),
+            region: set.region,
+            zone: set.zone,
+            pool: set.pool,
+            nodes: set.slots,
+            cause: SuspendCause::Abandoned {
+                key: set.key,
+                batch_id: set.batch_id,
+            },
+        });
+    }
+
+    /// A set decided but not written (its batch left meanwhile): nothing
+    /// was asked of its program, so nothing is suspended.
+    pub(super) fn withdraw_set(&mut self, key: BatchKey) {
+        if let Some(open) = self.provisions.take(key) {
+            self.give_back_set(&open);
+        }
+    }
+
+    /// The resume program of `key`'s set failed (`why`): the set fails at
+    /// the next pass.
+    pub fn resume_failed(&mut self, key: BatchKey, why: String) {
+        if let Some(open) = self.provisions.get_mut(key) {
+            if open.failed.is_none() {
+                open.failed = Some(why);
+            }
+        }
+    }
+
+    /// A registered node left (its lease lapsed): a set it was a slot of
+    /// fails.
+    pub(super) fn slot_lost(&mut self, id: &NodeId) {
+        if let Some(key) = self.provisions.slot_owner(id) {
+            self.resume_failed(key, format!("node {id} left before every node registered"));
+        }
+    }
+
+    /// Idle nodes of provisioned pools at `now`: those that held nothing
+    /// for their pool's `suspend_after`, are not cordoned, and whose GPU
+    /// type no queued batch of the region waits for are suspended, down
+    /// to the pool's `min_nodes`, the highest ids first.
+    pub(super) fn scale_down(&mut self, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        if self.provisions.pools.is_empty() {
+            return;
+        }
+        let waited = self.elastic.waited();
+        let pools: Vec<(PoolKey, Pool)> = self
+            .provisions
+            .pools
+            .iter()
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
+        for (key, pool) in pools {
+            let nodes: Vec<(NodeId, bool)> = self
+                .capacity
+                .zone_nodes_all(&key.0, &key.1)
+                .filter(|n| n.spec.pool == key.2 && !n.spec.is_virtual)
+                .map(|n| (n.spec.id.clone(), holds_nothing(n)))
+                .collect();
+            let mut due = Vec::new();
+            let mut staying = 0u32;
+            for (id, empty) in nodes {
+                if self.provisions.suspending.contains_key(&id) {
+                    continue;
+                }
+                staying += 1;
+                if !empty || self.provisions.is_slot(&id) {
+                    self.provisions.idle_since.remove(&id);
+                    continue;
+                }
+                let since = self
+                    .provisions
+                    .idle_since
+                    .entry(id.clone())
+                    .or_insert((now, key.clone()))
+                    .0;
+                let after = Duration::from_std(pool.policy.suspend_after).unwrap_or_default();
+                if since + after <= now && !self.cordons.contains_key(&id) {
+                    due.push(id);
+                }
+            }
+            let wanted = waited.contains(&(key.0.clone(), Some(pool.shape.accelerator)));
+            if due.is_empty() || wanted {
+                continue;
+            }
+            let spare = staying.saturating_sub(pool.policy.min_nodes) as usize;
+            due.sort_by_key(|id| std::cmp::Reverse(natural(id)));
+            due.truncate(spare);
+            if due.is_empty() {
+                continue;
+            }
+            for id in &due {
+                self.provisions.idle_since.remove(id);
+                self.provisions
+                    .suspending
+                    .insert(id.clone(), (key.clone(), "idle"));
+            }
+            self.refresh_unschedulable();
+            self.dirty.insert(key.0.clone());
+            let message = format!(
+                "held nothing for {}",
+                humantime::format_duration(pool.policy.suspend_after)
+            );
+            out.push(Decision::Suspend(Suspension {
+                region: key.0,
+                zone: key.1,
+                pool: key.2,
+                nodes: due,
+                cause: SuspendCause::Idle,
+                message,
+            }));
+        }
+    }
+
+    /// The suspend program deleted `nodes`: they leave the capacity.
+    pub fn nodes_suspended(&mut self, nodes: &[NodeId]) {
+        for id in nodes {
+            self.provisions.suspending.remove(id);
+            self.provisions.idle_since.remove(id);
+            self.leases.release(id);
+            if let Some(n) = self.capacity.remove(id) {
+                self.dirty.insert(n.spec.region);
+            }
+        }
+        self.refresh_unschedulable();
+    }
+
+    /// The suspend program failed for `nodes` at `now`: they are nodes
+    /// like any other again, idle from now.
+    pub fn suspend_failed(&mut self, nodes: &[NodeId], now: DateTime<Utc>) {
+        let _ = now;
+        for id in nodes {
+            if self.provisions.suspending.remove(id).is_some() {
+                if let Some(n) = self.capacity.nodes.get(id) {
+                    self.dirty.insert(n.spec.region.clone());
+                }
+            }
+        }
+        self.refresh_unschedulable();
+    }
+
+    /// What `key`'s set stands at, for why-pending and the history:
+    /// "provisioning 4 nodes in us-central1-a: 3 of 4 registered, 2m10s
+    /// of 10m".
+    pub fn provisioning_line(&self, key: BatchKey, now: DateTime<Utc>) -> Option<String> {
+        let open = self.provisions.get(key)?;
+        let set = &open.set;
+        let waited = (now - set.decided_at).to_std().unwrap_or_default();
+        let of = (set.register_by - set.decided_at)
+            .to_std()
+            .unwrap_or_default();
+        Some(format!(
+            "provisioning {} nodes in {} (pool {}): {} of {} registered, {} of {}",
+            set.slots.len(),
+            set.zone,
+            set.pool,
+            open.registered.len(),
+            set.slots.len(),
+            humantime::format_duration(std::time::Duration::from_secs(waited.as_secs())),
+            humantime::format_duration(std::time::Duration::from_secs(of.as_secs()))
+        ))
+    }
+
+    /// What a provisioned pool's node is doing: "provisioning" (a slot
+    /// whose set is not complete), "suspending", "idle" (held nothing
+    /// since the pass that saw it empty); None for any other node.
+    pub fn provisioned_state(&self, node: &NodeId) -> Option<&'static str> {
+        if self.provisions.suspending.contains_key(node) {
+            Some("suspending")
+        } else if self.provisions.is_slot(node) {
+            Some("provisioning")
+        } else if self.provisions.idle_since.contains_key(node) {
+            Some("idle")
+        } else {
+            None
+        }
+    }
+
+    /// The sets completed since the last call: (zone, pool, boot time).
+    pub fn take_completed_sets(&mut self) -> Vec<(String, String, std::time::Duration)> {
+        std::mem::take(&mut self.provisions.completed)
+    }
+
+    /// Every set of new nodes being created.
+    pub fn open_sets(&self) -> impl Iterator<Item = &NodeSet> {
+        self.provisions.sets().map(|o| &o.set)
+    }
+
+    /// Every node being suspended: its id, its (region, zone, pool) and
+    /// why ("idle", "failed", "abandoned", "adopted").
+    pub fn suspending(&self) -> impl Iterator<Item = (&NodeId, &(String, String, String), &str)> {
+        self.provisions
+            .suspending
+            .iter()
+            .map(|(id, (pool, why))| (id, pool, *why))
+    }
+
+    /// Nodes the store says are being suspended (a restart, a new leader):
+    /// they take no new work, and their suspend program is run again.
+    pub fn restore_suspending(&mut self, nodes: Vec<(NodeId, String, String, String)>) {
+        for (id, region, zone, pool) in nodes {
+            self.provisions
+                .suspending
+                .insert(id, (pool_key(&region, &zone, &pool), "adopted"));
+        }
+        self.refresh_unschedulable();
+    }
+
+    /// The slots of `key`'s open set, if it has one.
+    pub fn provisioning_slots(&self, key: BatchKey) -> Option<&[NodeId]> {
+        self.provisions.get(key).map(|o| o.set.slots.as_slice())
+    }
+
+    /// The pool's boot time (p90 of its recent sets), if it has one.
+    pub fn boot_time(&self, region: &str, zone: &str, pool: &str) -> Option<Duration> {
+        self.provisions.boot_p90(&pool_key(region, zone, pool))
+    }
+}
+
+/// Whether a node holds nothing: all of it is free.
+fn holds_nothing(n: &Node) -> bool {
+    n.gpu_free.iter().all(|f| *f)
+        && n.free_cores == n.spec.cores
+        && n.free_memory_mb == n.spec.memory_mb
+        && n.free_ssd_gb == n.spec.local_ssd_gb
+}
+
+/// A node id's sort key with its trailing number as a number: slot 10
+/// after slot 9.
+fn natural(id: &NodeId) -> (String, u64) {
+    let digits = id.0.len() - id.0.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (stem, n) = id.0.split_at(id.0.len() - digits);
+    (stem.to_string(), n.parse().unwrap_or(0))
+}

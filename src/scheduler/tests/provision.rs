@@ -1,0 +1,312 @@
+//! Provisioned pools: a set of new nodes for the batch only capacity
+//! blocks, the fewest that hold its whole cluster; its batch alone uses
+//! them; it is allocated once every node registered, and stays queued
+//! while the set fails whole (suspended, the pool backing off); idle nodes
+//! are suspended down to the warm floor, never one that holds a part.
+
+use super::*;
+
+/// Zone `a` of region `r`: a pool of 4-GPU L4 nodes, at most `max`, that
+/// a provisioner creates (10 min to register, suspended after 5 min idle,
+/// `min` kept warm, backing off 1 min then 2, …).
+fn provisioned(max: u32, min: u32) -> Scheduler {
+    let mut decl = pool("a", 4, max);
+    decl.provisioner = Some(ProvisionPolicy {
+        resume_timeout: std::time::Duration::from_secs(600),
+        suspend_after: std::time::Duration::from_secs(300),
+        min_nodes: min,
+        resume_rate: 100,
+        backoff_base: std::time::Duration::from_secs(60),
+        backoff_max: std::time::Duration::from_secs(3600),
+    });
+    Scheduler::new(vec![decl], rules(100))
+}
+
+/// An agent's node registering as `id` in the pool, leased for a day.
+fn register(s: &mut Scheduler, id: &str, at: DateTime<Utc>) {
+    let mut spec = l4_node(id, "a", 4);
+    spec.is_virtual = false;
+    s.register_node(spec, 1, at + Duration::days(1));
+}
+
+fn sets(d: &[Decision]) -> Vec<&NodeSet> {
+    d.iter()
+        .filter_map(|d| match d {
+            Decision::Provision(set) => Some(set),
+            _ => None,
+        })
+        .collect()
+}
+
+fn suspended(d: &[Decision]) -> Vec<(&Suspension, Vec<String>)> {
+    d.iter()
+        .filter_map(|d| match d {
+            Decision::Suspend(s) => Some((s, s.nodes.iter().map(|n| n.0.clone()).collect())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ids(set: &NodeSet) -> Vec<&str> {
+    set.slots.iter().map(|s| s.0.as_str()).collect()
+}
+
+#[test]
+fn the_fewest_new_nodes_are_created_and_the_batch_is_allocated_once_all_registered() {
+    let mut s = provisioned(8, 0);
+    // A driver and 8 executors of one L4 each: 9 GPUs, 3 nodes of 4.
+    s.submit(batch(
+        1,
+        "p",
+        cluster(8, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    let d = s.pass(t0());
+    let set = sets(&d);
+    assert_eq!(set.len(), 1, "{d:?}");
+    assert_eq!(ids(set[0]), ["a-l4-0", "a-l4-1", "a-l4-2"]);
+    assert_eq!(set[0].register_by, t0() + Duration::minutes(10));
+    assert!(s.is_queued(BatchKey(1)));
+
+    let t1 = t0() + Duration::seconds(30);
+    register(&mut s, "a-l4-0", t1);
+    register(&mut s, "a-l4-1", t1);
+    // A small batch does not get the new nodes meanwhile: they are the
+    // set's. It gets a node of its own.
+    s.submit(batch(
+        2,
+        "p",
+        cluster(0, ProvisioningMode::Queue, 3600, None),
+        t1,
+    ));
+    let d = s.pass(t1);
+    assert!(allocated(&d).is_empty(), "{d:?}");
+    assert_eq!(ids(sets(&d)[0]), ["a-l4-3"]);
+    assert_eq!(
+        s.provisioning_line(BatchKey(1), t1).as_deref(),
+        Some("provisioning 3 nodes in a (pool l4): 2 of 3 registered, 30s of 10m")
+    );
+
+    let t2 = t1 + Duration::seconds(10);
+    register(&mut s, "a-l4-2", t2);
+    let d = s.pass(t2);
+    assert_eq!(allocated(&d)[0], 1, "{d:?}");
+    let Some(Decision::Allocate(a)) = d.first() else {
+        panic!("{d:?}")
+    };
+    let mut nodes: Vec<&str> = a.placements.iter().map(|p| p.node.0.as_str()).collect();
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes, ["a-l4-0", "a-l4-1", "a-l4-2"]);
+    assert_eq!(
+        s.take_completed_sets()[0].2,
+        std::time::Duration::from_secs(40)
+    );
+    assert_eq!(
+        allocated(&d),
+        vec![1],
+        "the small one waits for its own node"
+    );
+}
+
+#[test]
+fn a_set_that_times_out_is_suspended_whole_and_its_batch_stays_queued_while_the_pool_backs_off() {
+    let mut s = provisioned(8, 0);
+    s.submit(batch(
+        1,
+        "p",
+        cluster(8, ProvisioningMode::Queue, 7200, None),
+        t0(),
+    ));
+    let d = s.pass(t0());
+    assert_eq!(sets(&d).len(), 1);
+    register(&mut s, "a-l4-0", t0() + Duration::seconds(5));
+    register(&mut s, "a-l4-1", t0() + Duration::seconds(5));
+    let at = t0() + Duration::minutes(10);
+    let d = s.pass(at);
+    let gone = suspended(&d);
+    assert_eq!(gone.len(), 1, "{d:?}");
+    assert_eq!(gone[0].1, ["a-l4-0", "a-l4-1", "a-l4-2"]);
+    assert_eq!(gone[0].0.message, "2 of 3 nodes registered within 10m");
+    assert!(matches!(
+        gone[0].0.cause,
+        SuspendCause::Failed { key: BatchKey(1), backoff_until, .. } if backoff_until == at + Duration::minutes(1)
+    ));
+    assert!(s.is_queued(BatchKey(1)), "the batch stays queued");
+    assert_eq!(
+        s.provisioned_state(&NodeId("a-l4-0".into())),
+        Some("suspending")
+    );
+    // Backing off: not asked again within the minute.
+    assert!(sets(&s.pass(at + Duration::seconds(30))).is_empty());
+    s.nodes_suspended(&[NodeId("a-l4-0".into()), NodeId("a-l4-1".into())]);
+    // Then again, from the lowest free ids; a second failure doubles the
+    // backoff.
+    let again = at + Duration::minutes(1);
+    let d = s.pass(again);
+    assert_eq!(ids(sets(&d)[0]), ["a-l4-0", "a-l4-1", "a-l4-2"], "{d:?}");
+    s.resume_failed(BatchKey(1), "stock-out".into());
+    let d = s.pass(again + Duration::seconds(1));
+    let gone = suspended(&d);
+    assert_eq!(gone[0].0.message, "stock-out");
+    assert!(matches!(
+        gone[0].0.cause,
+        SuspendCause::Failed { backoff_until, .. } if backoff_until == again + Duration::seconds(1) + Duration::minutes(2)
+    ));
+    assert!(s.is_queued(BatchKey(1)));
+}
+
+#[test]
+fn what_is_free_counts_and_is_set_aside_with_the_quota() {
+    // At most 3 nodes; one was there already, free: the batch's 9 GPUs
+    // need 2 more.
+    let mut s = provisioned(3, 0);
+    register(&mut s, "old", t0());
+    s.ledger.set_rules(rules(12));
+    s.submit(batch(
+        1,
+        "p",
+        cluster(8, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    let d = s.pass(t0());
+    assert_eq!(ids(sets(&d)[0]), ["a-l4-0", "a-l4-1"], "{d:?}");
+    // The old node's GPU in the plan is the set's: another project's batch
+    // of 4 does not fit the 3 left; this project's is short of quota (9
+    // of 12 set aside).
+    s.submit(batch(
+        2,
+        "q",
+        cluster(3, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    s.submit(batch(
+        3,
+        "p",
+        cluster(3, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    let d = s.pass(t0() + Duration::seconds(1));
+    assert!(allocated(&d).is_empty(), "{d:?}");
+    let blockers = s.blockers(s.queue.get(BatchKey(3)).expect("queued"));
+    assert!(
+        blockers.iter().any(|b| matches!(b, Blocker::Quota(_))),
+        "{blockers:?}"
+    );
+}
+
+#[test]
+fn a_batch_that_leaves_abandons_its_set_and_gives_back_what_was_set_aside() {
+    let mut s = provisioned(8, 0);
+    register(&mut s, "old", t0());
+    s.submit(batch(
+        1,
+        "p",
+        cluster(8, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    assert_eq!(sets(&s.pass(t0())).len(), 1);
+    register(&mut s, "a-l4-0", t0());
+    s.forget(BatchKey(1), t0());
+    let d = s.pass(t0() + Duration::seconds(1));
+    let gone = suspended(&d);
+    assert_eq!(gone[0].1, ["a-l4-0", "a-l4-1"]);
+    assert!(matches!(
+        gone[0].0.cause,
+        SuspendCause::Abandoned {
+            key: BatchKey(1),
+            ..
+        }
+    ));
+    // The old node is free again.
+    s.submit(batch(
+        2,
+        "q",
+        cluster(3, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    assert_eq!(allocated(&s.pass(t0() + Duration::seconds(2))), vec![2]);
+}
+
+#[test]
+fn idle_nodes_are_suspended_down_to_the_warm_floor_never_one_that_holds_a_part_or_is_cordoned() {
+    let mut s = provisioned(8, 1);
+    for id in ["a-l4-0", "a-l4-1", "a-l4-2", "a-l4-3"] {
+        register(&mut s, id, t0());
+    }
+    // One holds a part, one is cordoned.
+    s.submit(batch(
+        1,
+        "p",
+        cluster(0, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    let d = s.pass(t0());
+    let held = match d.first() {
+        Some(Decision::Allocate(a)) => a.placements[0].node.clone(),
+        other => panic!("{other:?}"),
+    };
+    let cordoned = ["a-l4-0", "a-l4-1", "a-l4-2", "a-l4-3"]
+        .into_iter()
+        .map(|n| NodeId(n.into()))
+        .find(|n| *n != held)
+        .expect("a node");
+    s.set_cordons(vec![(
+        cordoned.clone(),
+        Cordon {
+            since: t0(),
+            by: "admin".into(),
+            drain: false,
+        },
+    )]);
+    // Not yet: 5 min idle.
+    assert!(suspended(&s.pass(t0() + Duration::minutes(4))).is_empty());
+    let d = s.pass(t0() + Duration::minutes(6));
+    let gone = suspended(&d);
+    assert_eq!(gone.len(), 1, "{d:?}");
+    // 4 nodes, 1 warm: at most 3 go; of the idle, not the cordoned one.
+    let mut expected: Vec<String> = ["a-l4-0", "a-l4-1", "a-l4-2", "a-l4-3"]
+        .into_iter()
+        .map(String::from)
+        .filter(|n| *n != held.0 && *n != cordoned.0)
+        .collect();
+    expected.reverse();
+    assert_eq!(gone[0].1, expected);
+    assert_eq!(gone[0].0.cause, SuspendCause::Idle);
+    s.nodes_suspended(&gone[0].0.nodes.clone());
+    // The batch ends: its node idles from the next pass, and goes; the
+    // cordoned one is the warm one left.
+    s.forget(BatchKey(1), t0() + Duration::minutes(7));
+    assert!(suspended(&s.pass(t0() + Duration::minutes(7))).is_empty());
+    let d = s.pass(t0() + Duration::minutes(12));
+    let gone = suspended(&d);
+    assert_eq!(gone.len(), 1, "{d:?}");
+    assert_eq!(
+        gone[0].1,
+        std::slice::from_ref(&held.0),
+        "two left, one warm: the cordoned one stays"
+    );
+}
+
+#[test]
+fn nothing_idle_is_suspended_while_a_queued_batch_waits_for_its_gpus() {
+    let mut s = provisioned(2, 0);
+    register(&mut s, "a-l4-0", t0());
+    register(&mut s, "a-l4-1", t0());
+    // Needs 13 GPUs: more than the pool can ever hold now it is full.
+    s.submit(batch(
+        1,
+        "p",
+        cluster(12, ProvisioningMode::Queue, 7200, None),
+        t0(),
+    ));
+    s.submit(batch(
+        2,
+        "p",
+        cluster(8, ProvisioningMode::Queue, 7200, None),
+        t0(),
+    ));
+    let _ = s.pass(t0());
+    let d = s.pass(t0() + Duration::minutes(30));
+    assert!(suspended(&d).is_empty(), "{d:?}");
+}
