@@ -37,7 +37,11 @@ pub struct NodeView {
     /// left) or `DRAINED` (cordoned for a drain, nothing left on it);
     /// `RETIRING` or `RETIRED` when a config reload no longer declares it
     /// (its pool gone or shrunk): it takes no new work, with or without
-    /// running parts left.
+    /// running parts left. A provisioned pool's node
+    /// (docs/rules.md#provisioned-capacity) may also be `PROVISIONING`
+    /// (registered for a set not complete yet: its batch's alone), `IDLE`
+    /// (holding nothing since a pass saw it: suspended after the pool's
+    /// `suspend_after`) or `SUSPENDING` (its suspend program runs).
     pub state: &'static str,
     /// Parts of running clusters on it.
     pub running_parts: usize,
@@ -66,11 +70,21 @@ pub struct ProjectQuotas {
 }
 
 /// What a node's cordon, retirement and running parts make of it.
-fn node_state(cordon: Option<&Cordon>, retired: bool, running_parts: usize) -> &'static str {
+fn node_state(
+    cordon: Option<&Cordon>,
+    retired: bool,
+    running_parts: usize,
+    provisioned: Option<&'static str>,
+) -> &'static str {
     match cordon {
         None if retired && running_parts > 0 => "RETIRING",
         None if retired => "RETIRED",
-        None => "SCHEDULABLE",
+        None => match provisioned {
+            Some("provisioning") => "PROVISIONING",
+            Some("suspending") => "SUSPENDING",
+            Some("idle") => "IDLE",
+            _ => "SCHEDULABLE",
+        },
         Some(c) if !c.drain => "CORDONED",
         Some(_) if running_parts > 0 => "DRAINING",
         Some(_) => "DRAINED",
@@ -123,7 +137,12 @@ impl Engine {
                     let cordon = core.cordon_of(&id).cloned();
                     let running_parts = core.parts_on(&id);
                     NodeView {
-                        state: node_state(cordon.as_ref(), core.is_retired(&id), running_parts),
+                        state: node_state(
+                            cordon.as_ref(),
+                            core.is_retired(&id),
+                            running_parts,
+                            core.provisioned_state(&id),
+                        ),
                         running_parts,
                         cordoned_since: cordon.as_ref().map(|c| c.since),
                         cordoned_by: cordon.map(|c| c.by),

@@ -69,7 +69,7 @@ impl Scheduler {
             // A preemptor that leaves gives back what was set aside; so
             // does a batch whose nodes are being created.
             self.drop_claim(key);
-            self.abandon_set(key);
+            self.abandon_set(key, "the batch left the queue");
         }
         let a = self.stop_running(key)?;
         self.dirty.insert(a.region.clone());

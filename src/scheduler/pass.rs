@@ -102,6 +102,12 @@ impl Scheduler {
 
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
         self.settle_sets(region, now, out);
+        self.give_up_needless_sets(region);
+        out.extend(
+            std::mem::take(&mut self.provisions.abandoned)
+                .into_iter()
+                .map(Decision::Suspend),
+        );
         self.settle_claims(region, now, out);
         let mut walk = Walk::default();
         // A held queue's batches wait, reserving nothing.

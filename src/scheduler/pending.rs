@@ -155,6 +155,11 @@ impl Scheduler {
             && !reasons
                 .iter()
                 .any(|r| matches!(r, Blocker::Quota(_) | Blocker::Held { .. }));
+        // New nodes for it: being created, or which a pool could create.
+        let estimated_start_time = match self.provisioned_start(batch, by_capacity, now) {
+            Some(t) => Some(estimated_start_time.map_or(t, |e| e.min(t))),
+            None => estimated_start_time,
+        };
         let mut reasons: Vec<Reason> = reasons.iter().map(Blocker::reason).collect();
         reasons.extend(
             self.provisioning_line(key, now)

@@ -152,7 +152,11 @@ impl Scheduler {
         let prefix = slot_prefix(&pool.shape);
         (0..)
             .map(|i| NodeId(format!("{prefix}{i}")))
-            .filter(|id| !self.capacity.nodes.contains_key(id) && !self.provisions.is_slot(id))
+            .filter(|id| {
+                !self.capacity.nodes.contains_key(id)
+                    && !self.provisions.is_slot(id)
+                    && !self.provisions.suspending.contains_key(id)
+            })
             .take(n)
             .collect()
     }
@@ -324,6 +328,30 @@ impl Scheduler {
         }
     }
 
+    /// The open sets of `region` whose batch fits now on nodes that are
+    /// there (a cluster ended meanwhile) are given up: the batch is
+    /// allocated by the walk at once, and their nodes are suspended.
+    pub(super) fn give_up_needless_sets(&mut self, region: &str) {
+        let open: Vec<BatchKey> = self
+            .provisions
+            .sets()
+            .filter(|o| o.set.region == region && !o.complete())
+            .map(|o| o.set.key)
+            .collect();
+        for key in open {
+            let fits = self
+                .queue
+                .get(key)
+                .is_some_and(|b| self.best_zone(region, &needs(&b.cluster)).is_some());
+            if fits {
+                self.abandon_set(
+                    key,
+                    "capacity for the batch freed up on nodes that are there",
+                );
+            }
+        }
+    }
+
     /// Gives back what an open set set aside: its capacity and its quota.
     fn give_back_set(&mut self, open: &OpenSet) {
         self.capacity.give_back(&open.banked);
@@ -383,9 +411,10 @@ impl Scheduler {
         })
     }
 
-    /// `key` left the queue: a set being created for it is given back and
-    /// its nodes are suspended at the next pass.
-    pub(super) fn abandon_set(&mut self, key: BatchKey) {
+    /// A set being created for `key` is given back (`why`: its batch left
+    /// the queue, or it fits elsewhere now) and its nodes are suspended at
+    /// the next pass.
+    pub(super) fn abandon_set(&mut self, key: BatchKey, why: &str) {
         let Some(open) = self.provisions.take(key) else {
             return;
         };
@@ -399,9 +428,9 @@ impl Scheduler {
         let set = open.set;
         self.provisions.abandoned.push(Suspension {
             message: format!(
-                "batch {} left the queue before its {} nodes registered",
-                set.batch_id,
-                set.slots.len()
+                "{why} before the {} nodes of batch {} registered",
+                set.slots.len(),
+                set.batch_id
             ),
             region: set.region,
             zone: set.zone,
@@ -445,6 +474,7 @@ impl Scheduler {
     /// type no queued batch of the region waits for are suspended, down
     /// to the pool's `min_nodes`, the highest ids first.
     pub(super) fn scale_down(&mut self, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+        self.provisions.last_pass = Some(now);
         if self.provisions.pools.is_empty() {
             return;
         }
@@ -614,6 +644,34 @@ impl Scheduler {
     /// The slots of `key`'s open set, if it has one.
     pub fn provisioning_slots(&self, key: BatchKey) -> Option<&[NodeId]> {
         self.provisions.get(key).map(|o| o.set.slots.as_slice())
+    }
+
+    /// When `batch` could start on new nodes: its set's decision plus its
+    /// pool's boot time (the p90 of the sets it completed lately; its
+    /// `resume_timeout` until one did), or, blocked by capacity alone
+    /// (`by_capacity`), now plus the boot time of the pool a set would be
+    /// created in now. None when neither.
+    pub(super) fn provisioned_start(
+        &self,
+        batch: &PendingBatch,
+        by_capacity: bool,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let boot = |pool: &PoolKey| {
+            self.provisions.boot_p90(pool).or_else(|| {
+                let p = self.provisions.pools.get(pool)?;
+                Duration::from_std(p.policy.resume_timeout).ok()
+            })
+        };
+        if let Some(open) = self.provisions.get(batch.key) {
+            let at = open.set.decided_at + boot(&open.pool())?;
+            return Some(at.max(now));
+        }
+        if !by_capacity || self.provisions.pools.is_empty() {
+            return None;
+        }
+        let (pool, _, _) = self.plan_provision(batch, &batch.region, now)?;
+        Some(now + boot(&pool)?)
     }
 
     /// The pool's boot time (p90 of its recent sets), if it has one.

@@ -85,6 +85,9 @@ pub(super) struct Provisions {
     pub(super) suspending: BTreeMap<NodeId, (PoolKey, &'static str)>,
     /// Sets whose batch left the queue: suspended at the next pass.
     pub(super) abandoned: Vec<Suspension>,
+    /// When the last pass ran: a deadline at or before it was looked at
+    /// (a backoff over, a node kept idle at the floor) and wakes nothing.
+    pub(super) last_pass: Option<DateTime<Utc>>,
     /// Sets completed since the engine last asked: (zone, pool, boot).
     pub(super) completed: Vec<(String, String, std::time::Duration)>,
 }
@@ -239,8 +242,8 @@ impl Provisions {
         recent.push_back((now, n));
     }
 
-    /// The earliest time something here is due: a set's timeout, a
-    /// backoff's end, a node idle long enough.
+    /// The earliest time something here is due after the last pass: a
+    /// set's timeout, a backoff's end, a node idle long enough.
     pub(super) fn next_deadline(&self) -> Option<DateTime<Utc>> {
         let sets = self.sets.values().map(|o| o.set.register_by);
         let backoffs = self.backoff.values().map(|(until, _)| *until);
@@ -248,7 +251,10 @@ impl Provisions {
             let after = self.pools.get(pool)?.policy.suspend_after;
             Some(*since + Duration::from_std(after).unwrap_or_default())
         });
-        sets.chain(backoffs).chain(idle).min()
+        sets.chain(backoffs)
+            .chain(idle)
+            .filter(|t| self.last_pass.is_none_or(|last| *t > last))
+            .min()
     }
 }
 

@@ -19,16 +19,21 @@ const BATCHES: &str = "/v1/projects/demo/locations/us-central1/batches";
 const ZONE: &str = "us-central1-b";
 
 /// The fake cloud's script.
-fn fake_cloud() -> PathBuf {
+pub(crate) fn fake_cloud() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/provisioner/fake-cloud.py")
 }
 
-/// A server whose only capacity is `us-central1-b`'s L4 pool of at most 8
-/// nodes of 2 GPUs, which the fake cloud creates (with `faults`) under
-/// `state`; `resume_timeout` to register, suspended after 2 s idle.
-async fn server(state: &Path, faults: &[&str], resume_timeout: Duration) -> TestServer {
+/// Makes `us-central1-b`'s L4 pool the only capacity: at most 8 nodes of
+/// 2 GPUs, which the fake cloud creates (with `faults`) under `state` for
+/// the server named in `state/server`; `resume_timeout` to register,
+/// suspended after 2 s idle, leases of 3 s.
+pub(crate) fn provisioned_pool(
+    c: &mut flexq::config::Config,
+    state: &Path,
+    faults: &[&str],
+    resume_timeout: Duration,
+) {
     let cloud = fake_cloud().display().to_string();
-    let server_file = state.join("server");
     let mut resume = vec![
         "python3".to_string(),
         cloud.clone(),
@@ -36,7 +41,7 @@ async fn server(state: &Path, faults: &[&str], resume_timeout: Duration) -> Test
         "--flexq".into(),
         flexq_bin().display().to_string(),
         "--server".into(),
-        format!("@{}", server_file.display()),
+        format!("@{}", state.join("server").display()),
         "--state".into(),
         state.display().to_string(),
     ];
@@ -49,48 +54,51 @@ async fn server(state: &Path, faults: &[&str], resume_timeout: Duration) -> Test
         state.display().to_string(),
     ];
     std::fs::create_dir_all(state).expect("state dir");
-    // A process of its own: the tests read exact changes of its metrics.
-    let s = TestServer::start_process_with(|c| {
-        no_virtual_nodes(c);
-        c.agents.lease_duration = Duration::from_secs(3);
-        let pool = c
-            .regions
-            .get_mut("us-central1")
-            .and_then(|r| r.zones.get_mut(ZONE))
-            .and_then(|z| z.node_pools.get_mut("l4"))
-            .expect("the us-central1-b L4 pool");
-        pool.gpus_per_node = 2;
-        pool.cores = 24;
-        pool.memory_mb = 98304;
-        pool.local_ssd_gb = 750;
-        pool.max_nodes = 8;
-        pool.provisioner = Some(flexq::config::ProvisionerConfig {
-            resume_program: resume,
-            suspend_program: suspend,
-            resume_timeout,
-            suspend_timeout: Duration::from_secs(10),
-            suspend_after: Duration::from_secs(2),
-            min_nodes: 0,
-            resume_rate: 100,
-            backoff: flexq::config::BackoffConfig {
-                base: Duration::from_secs(600),
-                max: Duration::from_secs(600),
-            },
-        });
-    })
-    .await;
-    std::fs::write(&server_file, format!("http://{}", s.addr)).expect("server file");
+    no_virtual_nodes(c);
+    c.agents.lease_duration = Duration::from_secs(3);
+    let pool = c
+        .regions
+        .get_mut("us-central1")
+        .and_then(|r| r.zones.get_mut(ZONE))
+        .and_then(|z| z.node_pools.get_mut("l4"))
+        .expect("the us-central1-b L4 pool");
+    pool.gpus_per_node = 2;
+    pool.cores = 24;
+    pool.memory_mb = 98304;
+    pool.local_ssd_gb = 750;
+    pool.max_nodes = 8;
+    pool.provisioner = Some(flexq::config::ProvisionerConfig {
+        resume_program: resume,
+        suspend_program: suspend,
+        resume_timeout,
+        suspend_timeout: Duration::from_secs(10),
+        suspend_after: Duration::from_secs(2),
+        min_nodes: 0,
+        resume_rate: 100,
+        backoff: flexq::config::BackoffConfig {
+            base: Duration::from_secs(600),
+            max: Duration::from_secs(600),
+        },
+    });
+}
+
+/// A server (a process of its own: the tests read exact changes of its
+/// metrics) on [`provisioned_pool`].
+async fn server(state: &Path, faults: &[&str], resume_timeout: Duration) -> TestServer {
+    let s = TestServer::start_process_with(|c| provisioned_pool(c, state, faults, resume_timeout))
+        .await;
+    std::fs::write(state.join("server"), format!("http://{}", s.addr)).expect("server file");
     s
 }
 
 /// A batch of `gpus` L4 GPUs: a driver and `gpus - 1` executors of one.
-fn gang(gpus: u32) -> Value {
+pub(crate) fn gang(gpus: u32) -> Value {
     flex_with("spark.executor.instances", &(gpus - 1).to_string())
 }
 
 /// The manifests the fake cloud was given for `command` (resumed or
 /// suspended), in order.
-fn manifests(state: &Path, command: &str) -> Vec<Value> {
+pub(crate) fn manifests(state: &Path, command: &str) -> Vec<Value> {
     std::fs::read_to_string(state.join(format!("{command}.jsonl")))
         .unwrap_or_default()
         .lines()
@@ -101,7 +109,7 @@ fn manifests(state: &Path, command: &str) -> Vec<Value> {
 /// The pids of the agents the fake cloud started and has not stopped.
 fn running_pids(state: &Path) -> Vec<(String, i32)> {
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(state).expect("state dir").flatten() {
+    for entry in std::fs::read_dir(state).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         if let Some(slot) = name.strip_suffix(".pid") {
             if let Some(pid) = std::fs::read_to_string(entry.path())
@@ -114,6 +122,21 @@ fn running_pids(state: &Path) -> Vec<(String, i32)> {
     }
     out.sort();
     out
+}
+
+/// Stops, when dropped, every agent the fake cloud under its directory
+/// still runs: a test that fails midway leaves no agent behind.
+pub(crate) struct Agents(pub(crate) PathBuf);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for (_, pid) in running_pids(&self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", "--", &format!("-{pid}")])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
 }
 
 /// Whether a process (or its session) is alive.
@@ -146,6 +169,7 @@ async fn all_or_nothing(faults: &[&str], says: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("cloud");
     let resume_timeout = Duration::from_secs(6);
+    let _agents = Agents(state.clone());
     let s = server(&state, faults, resume_timeout).await;
     let (st, body) = s.create("batchId=gang", &gang(16)).await;
     assert_eq!(st, 200, "{body:#}");
@@ -308,6 +332,7 @@ fn programs_of(state: &Path) -> Vec<i32> {
 async fn a_gang_gets_new_nodes_and_they_go_back_once_idle() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("cloud");
+    let _agents = Agents(state.clone());
     let s = server(&state, &[], Duration::from_secs(60)).await;
     let (st, _) = s.create("batchId=two-nodes", &gang(4)).await;
     assert_eq!(st, 200);
@@ -347,6 +372,18 @@ async fn a_gang_gets_new_nodes_and_they_go_back_once_idle() {
     .await
     .expect("the batch ended");
     let ended_at = Instant::now();
+    // Idle, then suspended: `nodes list` shows both.
+    let seen = poll(
+        Duration::from_secs(10),
+        || async { s.get("/v1/nodes").await.1 },
+        |n| {
+            n["nodes"]
+                .as_array()
+                .is_some_and(|all| all.iter().any(|n| n["state"] == "IDLE"))
+        },
+    )
+    .await;
+    assert!(seen.is_ok(), "no node shown IDLE: {seen:?}");
     let suspended = poll(
         Duration::from_secs(15),
         || async { manifests(&state, "suspended") },

@@ -25,6 +25,7 @@ mod followers;
 mod heal;
 mod manifest;
 mod preemption;
+mod provisioning;
 mod reload;
 mod two_stores;
 mod under_load;

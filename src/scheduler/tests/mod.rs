@@ -14,6 +14,7 @@ mod preempt;
 mod preempt_props;
 mod props;
 mod provision;
+mod provision_props;
 mod reclaim_props;
 mod reload;
 mod views;

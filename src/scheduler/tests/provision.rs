@@ -86,6 +86,19 @@ fn the_fewest_new_nodes_are_created_and_the_batch_is_allocated_once_all_register
         s.provisioning_line(BatchKey(1), t1).as_deref(),
         Some("provisioning 3 nodes in a (pool l4): 2 of 3 registered, 30s of 10m")
     );
+    // No set of the pool completed yet: its start is estimated at the
+    // resume timeout.
+    let info = s.pending_info(BatchKey(1), t1).expect("queued");
+    assert_eq!(
+        info.estimated_start_time,
+        Some(t0() + Duration::minutes(10))
+    );
+    assert!(
+        info.reasons
+            .iter()
+            .any(|r| r.kind == NotAdmitted::Provisioning),
+        "{info:?}"
+    );
 
     let t2 = t1 + Duration::seconds(10);
     register(&mut s, "a-l4-2", t2);
@@ -102,11 +115,29 @@ fn the_fewest_new_nodes_are_created_and_the_batch_is_allocated_once_all_register
         s.take_completed_sets()[0].2,
         std::time::Duration::from_secs(40)
     );
-    assert_eq!(
-        allocated(&d),
-        vec![1],
-        "the small one waits for its own node"
-    );
+    // The first batch's 12th GPU is free: the small one takes it in the
+    // same pass, and its own new node is given up.
+    assert_eq!(allocated(&d), vec![1, 2], "{d:?}");
+    let gone = suspended(&d);
+    assert_eq!(gone[0].1, ["a-l4-3"]);
+    assert!(matches!(
+        gone[0].0.cause,
+        SuspendCause::Abandoned {
+            key: BatchKey(2),
+            ..
+        }
+    ));
+    // A set decided now is estimated to start after the pool's boot time:
+    // 40 s, the one set it completed.
+    s.submit(batch(
+        3,
+        "p",
+        cluster(8, ProvisioningMode::Queue, 3600, None),
+        t2,
+    ));
+    assert_eq!(sets(&s.pass(t2)).len(), 1);
+    let info = s.pending_info(BatchKey(3), t2).expect("queued");
+    assert_eq!(info.estimated_start_time, Some(t2 + Duration::seconds(40)));
 }
 
 #[test]
@@ -139,7 +170,7 @@ fn a_set_that_times_out_is_suspended_whole_and_its_batch_stays_queued_while_the_
     );
     // Backing off: not asked again within the minute.
     assert!(sets(&s.pass(at + Duration::seconds(30))).is_empty());
-    s.nodes_suspended(&[NodeId("a-l4-0".into()), NodeId("a-l4-1".into())]);
+    s.nodes_suspended(&gone[0].0.nodes.clone());
     // Then again, from the lowest free ids; a second failure doubles the
     // backoff.
     let again = at + Duration::minutes(1);
