@@ -103,14 +103,16 @@ export function zoneView(region, zone, rows, nodes) {
           list
             .sort((a, b) => a.id.localeCompare(b.id))
             .map((n) => {
-              const offered = n.state === "SCHEDULABLE";
+              // An idle node of a provisioned pool takes work until it is
+              // suspended.
+              const offered = n.state === "SCHEDULABLE" || n.state === "IDLE";
               const allocated = n.gpus - n.freeGpus;
               return h(
                 "div",
                 { class: "node", "data-node": n.id, title: `${n.id}: ${n.state}, ${n.runningParts} running parts` },
                 h("div", { class: "name" }, n.id),
                 n.virtual ? h("span", { class: "tag" }, "virtual ") : null,
-                offered ? null : h("span", { class: "tag" }, n.state),
+                n.state === "SCHEDULABLE" ? null : h("span", { class: "tag" }, n.state),
                 cells(allocated, offered ? n.freeGpus : 0, offered ? 0 : n.freeGpus),
               );
             }),
