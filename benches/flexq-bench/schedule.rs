@@ -20,7 +20,10 @@
 //! 7. elastic batches (`--only elastic`): the pass (and the extras'
 //!    grants after it) after a release, with 10,000 running clusters fixed
 //!    or elastic (each wanting 3 extras) under the deep queue, in turns,
-//!    and the ratio.
+//!    and the ratio;
+//! 8. provisioned pools (`--only provisioned`): the pass after a release,
+//!    with a pool of 4 empty nodes in every zone without a provisioner
+//!    or with one (its sets of new nodes open), in turns, and the ratio.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -47,7 +50,7 @@ pub(crate) struct ScheduleOptions {
     pub pending: Vec<usize>,
     pub releases: usize,
     /// Only these parts (core, flood, end-to-end, expiry, restart,
-    /// alternatives, preemption, elastic); all when empty.
+    /// alternatives, preemption, elastic, provisioned); all when empty.
     pub only: Vec<String>,
     /// Turns of each setting in the `alternatives` and `preemption` parts.
     pub rounds: usize,
@@ -233,6 +236,11 @@ pub(crate) async fn run(opts: ScheduleOptions) -> Result<(), CliError> {
     if part("preemption") {
         for &n in &opts.pending {
             preemption_passes(n, &opts)?;
+        }
+    }
+    if part("provisioned") {
+        for &n in &opts.pending {
+            provisioned_passes(n, &opts)?;
         }
     }
     if part("elastic") {
@@ -1175,6 +1183,94 @@ fn preemption_turn(
             decided += d.len();
             digest = fold_digest(digest, k, &d);
         }
+    }
+    Ok((decided, digest))
+}
+
+/// Part 8: the pass after a release with 10,000 running clusters under a
+/// deep queue, where every zone also declares a pool of 4 nodes that
+/// starts empty: without a provisioner (`off`) or with one (`on`: the
+/// batches capacity blocks get sets of new nodes, which never register
+/// here, so their sets stay open and every pass looks at them and at the
+/// pools), in turns.
+fn provisioned_passes(n: usize, opts: &ScheduleOptions) -> Result<(), CliError> {
+    let settings: Vec<&str> = ["off", "on"]
+        .into_iter()
+        .filter(|s| opts.setting.as_deref().is_none_or(|only| only == *s))
+        .collect();
+    let releases = opts.releases;
+    in_turns(
+        &format!(
+            "[provisioned] pass after one release, {n} pending, {ELASTIC_RUNNING} running, {releases} releases"
+        ),
+        &settings,
+        opts.rounds,
+        |i, h| provisioned_turn(n, releases, settings[i] == "on", h),
+    )
+}
+
+fn provisioned_turn(
+    n: usize,
+    releases: usize,
+    provisioner: bool,
+    h: &mut Histogram<u64>,
+) -> Result<(usize, u64), CliError> {
+    let dir = tempfile::tempdir().map_err(err)?;
+    let mut config = bench_config(34, dir.path())?;
+    for region in config.regions.values_mut() {
+        for zone in region.zones.values_mut() {
+            let mut pool = zone.node_pools["l4"].clone();
+            pool.max_nodes = 4;
+            pool.virtual_nodes = 0;
+            pool.provisioner = provisioner.then(|| flexq::config::ProvisionerConfig {
+                resume_program: vec!["true".into()],
+                suspend_program: vec!["true".into()],
+                resume_timeout: std::time::Duration::from_secs(3600),
+                suspend_timeout: std::time::Duration::from_secs(60),
+                suspend_after: std::time::Duration::from_secs(600),
+                min_nodes: 0,
+                resume_rate: 300,
+                backoff: flexq::config::BackoffConfig::default(),
+            });
+            zone.node_pools.insert("l4-new".into(), pool);
+        }
+    }
+    let policy = config.policy();
+    let mut clusters: Vec<Request> = Vec::with_capacity(ELASTIC_RUNNING + n);
+    for i in 0..ELASTIC_RUNNING {
+        clusters.push(
+            flexq::spec::validate(&shaped_batch(i, UNIFORM), "bench", &region_of(i), &policy)
+                .map_err(|r| err(r.message()))?,
+        );
+    }
+    for i in 0..n {
+        clusters.push(cluster_of(&policy, ELASTIC_RUNNING + i, 7200)?);
+    }
+    let now = Utc::now();
+    let mut core = queued_core(&config, clusters, |i| format!("team-{}", i % 10), now);
+    let first = core.pass(now);
+    let sets = first
+        .iter()
+        .filter(|d| matches!(d, flexq::scheduler::Decision::Provision(_)))
+        .count();
+    if provisioner && sets == 0 {
+        return Err(err("no set of new nodes was decided"));
+    }
+    let mut later = now;
+    let mut decided = 0;
+    let mut digest = 0u64;
+    for k in 0..releases {
+        let running = core.running_keys();
+        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
+            break;
+        };
+        later += chrono::Duration::seconds(1);
+        core.forget(key, later);
+        let t = Instant::now();
+        let d = core.pass(later);
+        let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+        decided += d.len();
+        digest = fold_digest(digest, k, &d);
     }
     Ok((decided, digest))
 }

@@ -29,6 +29,43 @@ pub struct SimulateArgs {
     /// `table` for people, `json` for scripts.
     #[arg(long, value_enum, default_value = "table")]
     pub format: SimFormat,
+    /// How long a provisioned pool's new node takes to register: `3m`, or
+    /// `2m..6m` (each node's drawn uniformly, by --seed).
+    #[arg(long, default_value = "3m", value_parser = parse_boot_time)]
+    pub boot_time: (std::time::Duration, std::time::Duration),
+    /// The chance that a set of new nodes fails whole (a stock-out), from
+    /// 0 to 1.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_stockout)]
+    pub stockout: f64,
+}
+
+/// `3m`, or `2m..6m`: the shortest and longest boot time.
+fn parse_boot_time(text: &str) -> Result<(std::time::Duration, std::time::Duration), String> {
+    let one = |t: &str| {
+        humantime::parse_duration(t.trim()).map_err(|e| {
+            format!("--boot-time {text:?}: {e}; give a duration like 3m, or a range like 2m..6m")
+        })
+    };
+    let (min, max) = match text.split_once("..") {
+        Some((a, b)) => (one(a)?, one(b)?),
+        None => (one(text)?, one(text)?),
+    };
+    if min > max {
+        return Err(format!(
+            "--boot-time {text:?}: the shortest is above the longest"
+        ));
+    }
+    Ok((min, max))
+}
+
+/// A probability, 0 to 1.
+fn parse_stockout(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "--stockout {text:?}: give the chance a set fails, from 0 to 1, like 0.05"
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -57,14 +94,20 @@ fn simulate_all(args: &SimulateArgs) -> Result<String, String> {
         .map_err(|e| format!("cannot open the trace {}: {e}", args.trace.display()))?;
     let trace = simulate::read(std::io::BufReader::new(file))
         .map_err(|e| format!("{}: {e}", args.trace.display()))?;
-    let a = one(&trace, args.config.as_deref(), args.seed)?;
+    let cloud = simulate::CloudModel {
+        boot_min: args.boot_time.0,
+        boot_max: args.boot_time.1,
+        stockout: args.stockout,
+        ..simulate::CloudModel::default()
+    };
+    let a = one(&trace, args.config.as_deref(), args.seed, &cloud)?;
     let Some(compare) = &args.compare else {
         return Ok(match args.format {
             SimFormat::Table => a.table(),
             SimFormat::Json => json(&a)?,
         });
     };
-    let b = one(&trace, Some(compare), args.seed)?;
+    let b = one(&trace, Some(compare), args.seed, &cloud)?;
     Ok(match args.format {
         SimFormat::Table => {
             let name = |p: Option<&Path>| {
@@ -82,11 +125,12 @@ fn one(
     trace: &[simulate::TraceBatch],
     config: Option<&Path>,
     seed: u64,
+    cloud: &simulate::CloudModel,
 ) -> Result<SimReport, String> {
     let name = config.map_or("the embedded default".into(), |p| p.display().to_string());
     let config = Config::load(config).map_err(|e| format!("invalid configuration {name}: {e}"))?;
     let started = Instant::now();
-    let report = simulate::run(&config, trace, seed).map_err(|e| e.to_string())?;
+    let report = simulate::run_with(&config, trace, seed, cloud).map_err(|e| e.to_string())?;
     let took = started.elapsed().as_secs_f64();
     eprintln!(
         "simulated {} batches over {:.1} hours under {name} in {took:.2}s ({:.0} batches/s)",

@@ -12,11 +12,15 @@ use super::lease::NodeLeaseError;
 use super::model::{Allocation, BatchKey, PendingBatch};
 
 impl Scheduler {
+    /// A node joins (a virtual one, the simulator's, or an agent's as it
+    /// registers): a slot of a set being created is that set's batch's.
     pub fn add_node(&mut self, spec: NodeSpec) {
         self.dirty.insert(spec.region.clone());
+        let id = spec.id.clone();
         if !self.capacity.nodes.contains_key(&spec.id) {
             self.capacity.insert(Node::new(spec));
         }
+        self.bind_slot(&id);
     }
 
     /// Removes a node; returns the batches holding part of it (the caller

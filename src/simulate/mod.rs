@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::scheduler::{BatchKey, Decision, NodeId, PendingBatch, Scheduler};
 use crate::spec;
 
-pub use report::{ProjectStats, SimReport, ZoneStats, compare_table};
+pub use report::{FleetStats, ProjectStats, SimReport, ZoneStats, compare_table};
 pub use trace::{Demand, Record, TraceBatch, TraceError, read};
 
 /// Where virtual time starts (any fixed instant: reports depend only on
@@ -60,7 +60,43 @@ pub struct Refused {
 /// Replays `trace` under `config`. Deterministic: the same trace, config
 /// and seed give the same report.
 pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<SimReport, Refused> {
-    let mut sim = Sim::new(config, trace);
+    run_with(config, trace, seed, &CloudModel::default())
+}
+
+/// What the simulator assumes of the cloud behind provisioned pools
+/// (docs/rules.md#provisioned-capacity): each new node registers after a
+/// boot time drawn uniformly from `boot_min` to `boot_max`, and a whole
+/// set fails (a stock-out) with probability `stockout`, known after half
+/// the shortest boot. The suspend program takes `suspend` to delete.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CloudModel {
+    pub boot_min: std::time::Duration,
+    pub boot_max: std::time::Duration,
+    pub stockout: f64,
+    pub suspend: std::time::Duration,
+}
+
+impl Default for CloudModel {
+    fn default() -> CloudModel {
+        CloudModel {
+            boot_min: std::time::Duration::from_secs(180),
+            boot_max: std::time::Duration::from_secs(180),
+            stockout: 0.0,
+            suspend: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+/// Replays `trace` under `config`, provisioned pools on `cloud`.
+/// Deterministic: the same trace, config, seed and cloud give the same
+/// report.
+pub fn run_with(
+    config: &Config,
+    trace: &[TraceBatch],
+    seed: u64,
+    cloud: &CloudModel,
+) -> Result<SimReport, Refused> {
+    let mut sim = Sim::new(config, trace, cloud, seed);
     let order = submission_order(trace, seed);
     let mut next = 0;
     let mut last = epoch();
@@ -70,6 +106,8 @@ pub fn run(config: &Config, trace: &[TraceBatch], seed: u64) -> Result<SimReport
             break;
         };
         last = last.max(now);
+        sim.account(now);
+        sim.cloud_events(now);
         sim.end_peaks(now);
         sim.end_clusters(now);
         sim.stop_preempted(now);
@@ -128,29 +166,42 @@ struct Sim<'a> {
     /// Clusters past their peak: since when, and how many of their GPUs
     /// Spark no longer wants.
     idle: HashMap<BatchKey, (DateTime<Utc>, u64)>,
+    /// The cloud behind provisioned pools, its draws and what it does
+    /// next: (when, order, event).
+    cloud: CloudModel,
+    rng: rand_chacha::ChaCha8Rng,
+    cloud_events: BinaryHeap<Reverse<(DateTime<Utc>, u64)>>,
+    cloud_queue: HashMap<u64, CloudEvent>,
+    cloud_seq: u64,
+    /// Each booting slot's set: a boot whose set is gone registers nothing.
+    booting: HashMap<NodeId, BatchKey>,
+    /// The regions the trace uses, and when nodes were last counted.
+    regions: std::collections::BTreeSet<String>,
+    counted_at: Option<DateTime<Utc>>,
+}
+
+/// What the simulated cloud does to a provisioned pool.
+enum CloudEvent {
+    /// A slot of `key`'s set registers.
+    Register(crate::scheduler::NodeSpec, BatchKey),
+    /// `key`'s set fails: a stock-out.
+    StockOut(BatchKey),
+    /// The suspend program deleted these nodes.
+    Deleted(Vec<NodeId>),
 }
 
 impl<'a> Sim<'a> {
     /// Sets up the core with every declared node up, and the report with
     /// the zones of the regions the trace uses.
-    fn new(config: &'a Config, trace: &'a [TraceBatch]) -> Self {
+    fn new(config: &'a Config, trace: &'a [TraceBatch], cloud: &CloudModel, seed: u64) -> Self {
         let policy = config.policy();
-        // Provisioned pools are not modelled yet (no boot times): the
-        // simulator's fleet is what the config declares of nodes.
-        let pools = config
-            .pool_decls()
-            .into_iter()
-            .map(|mut p| {
-                p.provisioner = None;
-                p
-            })
-            .collect();
-        let mut core = Scheduler::new(pools, config.quotas.clone());
+        let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
         core.set_fair_share(config.fair_share());
         core.set_preemption(config.preemption());
         core.set_reclaim(policy.alternative_rules.clone());
         core.set_elastic(config.elastic());
-        for node in declared_nodes(config) {
+        // Provisioned pools start empty: their nodes are created on demand.
+        for node in declared_nodes(config, false) {
             core.add_node(node);
         }
         let mut report = SimReport::new(config);
@@ -180,6 +231,105 @@ impl<'a> Sim<'a> {
             demands: HashMap::new(),
             peaks: BinaryHeap::new(),
             idle: HashMap::new(),
+            cloud: *cloud,
+            rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c10d),
+            cloud_events: BinaryHeap::new(),
+            cloud_queue: HashMap::new(),
+            cloud_seq: 0,
+            booting: HashMap::new(),
+            regions: trace.iter().map(|b| b.region.clone()).collect(),
+            counted_at: None,
+        }
+    }
+
+    /// Counts the node-hours of the trace's regions from the last count to
+    /// `now`: every node there, and those that held nothing.
+    fn account(&mut self, now: DateTime<Utc>) {
+        let since = self.counted_at.replace(now);
+        let Some(since) = since else { return };
+        let hours = seconds_between(since, now) / 3600.0;
+        if hours <= 0.0 {
+            return;
+        }
+        for (spec, gpus, cores, memory, ssd) in self.core.nodes() {
+            if !self.regions.contains(&spec.region) {
+                continue;
+            }
+            let idle = gpus as usize == spec.gpu_addresses.len()
+                && cores == spec.cores
+                && memory == spec.memory_mb
+                && ssd == spec.local_ssd_gb;
+            self.report.fleet.node_hours += hours;
+            if idle {
+                self.report.fleet.idle_node_hours += hours;
+            }
+        }
+    }
+
+    fn at(&mut self, when: DateTime<Utc>, event: CloudEvent) {
+        self.cloud_seq += 1;
+        self.cloud_queue.insert(self.cloud_seq, event);
+        self.cloud_events.push(Reverse((when, self.cloud_seq)));
+    }
+
+    /// What the cloud does by `now`: nodes register, sets fail, nodes
+    /// are deleted.
+    fn cloud_events(&mut self, now: DateTime<Utc>) {
+        while let Some(Reverse((t, seq))) = self.cloud_events.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.cloud_events.pop();
+            match self.cloud_queue.remove(&seq) {
+                // A boot whose set is gone registers nothing; one whose set
+                // is open joins as a node does (no agent here, so no
+                // lease), bound to its set.
+                Some(CloudEvent::Register(spec, key))
+                    if self.booting.get(&spec.id) == Some(&key) =>
+                {
+                    self.booting.remove(&spec.id);
+                    self.core.add_node(spec);
+                }
+                Some(CloudEvent::Register(..)) => {}
+                Some(CloudEvent::StockOut(key)) => {
+                    self.core.resume_failed(key, "stock-out (simulated)".into());
+                }
+                Some(CloudEvent::Deleted(nodes)) => {
+                    for n in &nodes {
+                        self.booting.remove(n);
+                    }
+                    self.core.nodes_suspended(&nodes);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// A set decided at `now`: a stock-out, or each node's boot.
+    fn provision(&mut self, set: &crate::scheduler::NodeSet, now: DateTime<Utc>) {
+        use rand::Rng;
+        self.report.fleet.sets += 1;
+        let (min, max) = (
+            self.cloud.boot_min,
+            self.cloud.boot_max.max(self.cloud.boot_min),
+        );
+        if self.cloud.stockout > 0.0 && self.rng.random::<f64>() < self.cloud.stockout {
+            let known = Duration::from_std(min / 2).unwrap_or_default();
+            self.at(now + known, CloudEvent::StockOut(set.key));
+            return;
+        }
+        for slot in &set.slots {
+            let boot = if max > min {
+                min + (max - min).mul_f64(self.rng.random::<f64>())
+            } else {
+                min
+            };
+            let mut spec = set.shape.clone();
+            spec.id = slot.clone();
+            spec.is_virtual = false;
+            self.booting.insert(slot.clone(), set.key);
+            let when = now + Duration::from_std(boot).unwrap_or_default();
+            self.at(when, CloudEvent::Register(spec, set.key));
         }
     }
 
@@ -189,7 +339,8 @@ impl<'a> Sim<'a> {
         let end = self.ends.peek().map(|Reverse((t, _, _))| *t);
         let stop = self.stops.peek().map(|Reverse((t, _))| *t);
         let peak = self.peaks.peek().map(|Reverse((t, _, _))| *t);
-        [submit, end, stop, peak, self.core.next_deadline()]
+        let cloud = self.cloud_events.peek().map(|Reverse((t, _))| *t);
+        [submit, end, stop, peak, cloud, self.core.next_deadline()]
             .into_iter()
             .flatten()
             .min()
@@ -405,8 +556,17 @@ impl<'a> Sim<'a> {
     fn pass(&mut self, now: DateTime<Utc>) {
         for d in self.core.pass(now) {
             match d {
-                // Not decided: the simulator's pools have no provisioner.
-                Decision::Provision(_) | Decision::Suspend(_) => {}
+                Decision::Provision(set) => self.provision(&set, now),
+                Decision::Suspend(s) => {
+                    if matches!(s.cause, crate::scheduler::SuspendCause::Failed { .. }) {
+                        self.report.fleet.sets_failed += 1;
+                    }
+                    for n in &s.nodes {
+                        self.booting.remove(n);
+                    }
+                    let took = Duration::from_std(self.cloud.suspend).unwrap_or_default();
+                    self.at(now + took, CloudEvent::Deleted(s.nodes));
+                }
                 Decision::Allocate(a) => {
                     let ran = self.queued.remove(&a.key).map_or(0.0, |q| q.1);
                     let end = now + Duration::milliseconds((ran * 1000.0).round() as i64);
@@ -472,16 +632,21 @@ impl<'a> Sim<'a> {
                 z.gpus = gpus;
             }
         }
+        self.account(last);
         self.report.finish(first, seconds(last), &self.core);
         self.report
     }
 }
 
 /// Every declared node, up: each pool at `max_nodes` (at least its
-/// virtual nodes).
-fn declared_nodes(config: &Config) -> Vec<crate::scheduler::NodeSpec> {
+/// virtual nodes); a provisioned pool's only `with_provisioned` (they
+/// start empty, and are its declared capacity).
+fn declared_nodes(config: &Config, with_provisioned: bool) -> Vec<crate::scheduler::NodeSpec> {
     let mut nodes = Vec::new();
     for decl in config.pool_decls() {
+        if decl.provisioner.is_some() && !with_provisioned {
+            continue;
+        }
         let count = config
             .regions
             .get(&decl.region)
@@ -501,7 +666,7 @@ fn declared_nodes(config: &Config) -> Vec<crate::scheduler::NodeSpec> {
 /// GPUs per (region, zone), every declared node up.
 fn zone_gpus(config: &Config) -> BTreeMap<(String, String), u64> {
     let mut out = BTreeMap::new();
-    for n in declared_nodes(config) {
+    for n in declared_nodes(config, true) {
         *out.entry((n.region.clone(), n.zone.clone())).or_default() += n.gpu_addresses.len() as u64;
     }
     out

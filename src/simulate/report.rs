@@ -32,10 +32,48 @@ pub struct SimReport {
     /// or a peak): extras and GPUs held idle.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub elastic: Option<ElasticStats>,
+    /// The nodes of the trace's regions: node-hours up and idle, and the
+    /// sets of new nodes provisioned pools made.
+    pub fleet: FleetStats,
     #[serde(skip)]
     waits: HashMap<String, Vec<f64>>,
     #[serde(skip)]
     weights: HashMap<String, f64>,
+}
+
+/// The nodes of the trace's regions over the trace: how many node-hours
+/// they were up, how many of those held nothing, and the sets of new
+/// nodes provisioned pools made (docs/rules.md#provisioned-capacity).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetStats {
+    pub node_hours: f64,
+    pub idle_node_hours: f64,
+    /// Sets of new nodes decided, and of those, failed (a stock-out, a
+    /// slot late).
+    pub sets: u64,
+    pub sets_failed: u64,
+}
+
+impl FleetStats {
+    /// "1234.0 node-hours, 800.5 idle (64.9%); 12 sets of new nodes, 1
+    /// failed".
+    pub fn line(&self) -> String {
+        let mut out = format!(
+            "{:.1} node-hours, {:.1} idle ({:.1}%)",
+            self.node_hours,
+            self.idle_node_hours,
+            ratio(self.idle_node_hours * 100.0, self.node_hours)
+        );
+        if self.sets > 0 {
+            let _ = write!(
+                out,
+                "; {} sets of new nodes, {} failed",
+                self.sets, self.sets_failed
+            );
+        }
+        out
+    }
 }
 
 /// Elastic clusters and GPUs held past Spark's wants, over the trace.
@@ -305,6 +343,7 @@ impl SimReport {
             "\nallocations by rung: {}",
             alternatives_line(&self.alternatives)
         );
+        let _ = writeln!(out, "nodes: {}", self.fleet.line());
         if let Some(e) = &self.elastic {
             let _ = writeln!(out, "elastic: {}", e.line());
         }
@@ -405,6 +444,7 @@ pub fn compare_table(a: &SimReport, b: &SimReport, a_name: &str, b_name: &str) -
         alternatives_line(&a.alternatives),
         alternatives_line(&b.alternatives)
     );
+    let _ = writeln!(out, "nodes: A {}; B {}", a.fleet.line(), b.fleet.line());
     if a.elastic.is_some() || b.elastic.is_some() {
         let line = |r: &SimReport| {
             r.elastic

@@ -459,3 +459,77 @@ fn time(v: &Value) -> chrono::DateTime<chrono::Utc> {
         .map(|t| t.to_utc())
         .unwrap_or_else(|| panic!("a timestamp: {v}"))
 }
+
+/// Issue 41's comparison on the week trace: the same pools provisioned on
+/// demand (examples/traces/provisioned.toml) instead of kept up hold far
+/// fewer node-hours idle for about the same expiries; a stock-out rate
+/// fails sets, the same ones for the same seed; bad cloud flags are named.
+#[test]
+fn provisioned_pools_idle_far_less_than_a_fixed_fleet_for_about_the_same_expiries() {
+    let fixed = report_of("examples/traces/week.csv", None);
+    let provisioned = report_of(
+        "examples/traces/week.csv",
+        Some("examples/traces/provisioned.toml"),
+    );
+    let idle = |r: &Value| r["fleet"]["idleNodeHours"].as_f64().expect("idle");
+    let expired = |r: &Value| r["total"]["expiredPct"].as_f64().expect("expiredPct");
+    assert!(
+        idle(&provisioned) * 5.0 < idle(&fixed),
+        "idle node-hours: {} provisioned, {} fixed",
+        idle(&provisioned),
+        idle(&fixed)
+    );
+    assert!(
+        expired(&provisioned) <= expired(&fixed) + 1.0,
+        "expired: {} provisioned, {} fixed",
+        expired(&provisioned),
+        expired(&fixed)
+    );
+    assert_eq!(fixed["fleet"]["sets"], 0);
+    assert!(provisioned["fleet"]["sets"].as_u64().expect("sets") > 0);
+
+    let week = repo("examples/traces/week.csv");
+    let config = repo("examples/traces/provisioned.toml");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "--trace",
+            week.to_str().expect("path"),
+            "--config",
+            config.to_str().expect("path"),
+            "--format",
+            "json",
+            "--seed",
+            "7",
+        ];
+        args.extend(extra);
+        simulate(&args)
+    };
+    let stocked_out = |extra: &[&str]| -> Value {
+        let out = run(extra);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let a = stocked_out(&["--stockout", "0.2", "--boot-time", "2m..10m"]);
+    let b = stocked_out(&["--stockout", "0.2", "--boot-time", "2m..10m"]);
+    assert!(
+        a["fleet"]["setsFailed"].as_u64().expect("failed") > 0,
+        "{:#}",
+        a["fleet"]
+    );
+    assert_eq!(a, b, "the same seed, the same report");
+
+    for (flag, value, says) in [
+        ("--stockout", "1.5", "from 0 to 1"),
+        (
+            "--boot-time",
+            "10m..2m",
+            "the shortest is above the longest",
+        ),
+        ("--boot-time", "soon", "like 3m"),
+    ] {
+        let out = run(&[flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = text(&out.stderr);
+        assert!(err.contains(flag) && err.contains(says), "{err}");
+    }
+}
