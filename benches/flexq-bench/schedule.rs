@@ -1231,6 +1231,7 @@ fn provisioned_turn(
                 min_nodes: 0,
                 resume_rate: 300,
                 backoff: flexq::config::BackoffConfig::default(),
+                preempt_if_boot_over: None,
             });
             zone.node_pools.insert("l4-new".into(), pool);
         }

@@ -152,6 +152,7 @@ impl Config {
                     resume_rate: v.resume_rate,
                     backoff_base: v.backoff.base,
                     backoff_max: v.backoff.max,
+                    preempt_if_boot_over: v.preempt_if_boot_over,
                 }),
             })
             .collect()

@@ -515,6 +515,14 @@ pub struct ProvisionerConfig {
     /// row up to `max`.
     #[serde(default)]
     pub backoff: BackoffConfig,
+    /// Where the pool's boot time (the p90 of its recent sets) is above
+    /// this, preemption is tried before new nodes; none: new nodes first.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde"
+    )]
+    pub preempt_if_boot_over: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

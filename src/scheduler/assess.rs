@@ -251,8 +251,10 @@ impl Scheduler {
             return Considered::Passed;
         };
         // The batch the reservation of its GPU type would hold may have
-        // new nodes created for it, before anything is preempted.
+        // new nodes created for it, before anything is preempted — after,
+        // where the pool boots slower than its operator's bound.
         let accelerator = batch.cluster.accelerator();
+        let mut slow = None;
         if !walk
             .reservations
             .iter()
@@ -260,9 +262,13 @@ impl Scheduler {
         {
             if let Some(plan) = self.plan_provision(batch, region, now) {
                 let batch = batch.clone();
-                walk.capacity_taken();
-                self.provision(&batch, region, plan, now, out);
-                return Considered::Passed;
+                if self.boots_too_slowly(&plan.0) {
+                    slow = Some((batch, plan));
+                } else {
+                    walk.capacity_taken();
+                    self.provision(&batch, region, plan, now, out);
+                    return Considered::Passed;
+                }
             }
         }
         let Some(batch) = self.queue.get(key) else {
@@ -288,6 +294,12 @@ impl Scheduler {
             if let Some(at) = self.next_victim_matures(batch, now) {
                 self.claims.retry_at(at, region);
             }
+        }
+        // Nothing to preempt: the slow pool's new nodes, then.
+        if let Some((batch, plan)) = slow {
+            walk.capacity_taken();
+            self.provision(&batch, region, plan, now, out);
+            return Considered::Passed;
         }
         // It holds its type's reservation when none of its type is held yet.
         let accelerator = batch.cluster.accelerator();

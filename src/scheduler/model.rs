@@ -252,6 +252,9 @@ pub struct ProvisionPolicy {
     /// failure in a row, up to `max`.
     pub backoff_base: std::time::Duration,
     pub backoff_max: std::time::Duration,
+    /// Where the pool's boot time (p90) is above this, a blocked batch
+    /// preempts before it waits for new nodes.
+    pub preempt_if_boot_over: Option<std::time::Duration>,
 }
 
 /// Nodes to be created for one batch in one zone's pool, all or nothing:

@@ -130,6 +130,20 @@ impl Scheduler {
         best
     }
 
+    /// Whether `pool` boots slower (its p90) than its operator's
+    /// `preempt_if_boot_over`: preemption is tried before its new nodes.
+    pub(super) fn boots_too_slowly(&self, pool: &PoolKey) -> bool {
+        let bound = self
+            .provisions
+            .pools
+            .get(pool)
+            .and_then(|p| p.policy.preempt_if_boot_over);
+        match (bound, self.provisions.boot_p90(pool)) {
+            (Some(bound), Some(boot)) => boot.to_std().is_ok_and(|b| b > bound),
+            _ => false,
+        }
+    }
+
     /// The nodes of `pool` there are and being created: registered ones
     /// (suspending too) and slots not registered yet.
     pub(super) fn nodes_of(&self, pool: &PoolKey) -> u32 {

@@ -79,6 +79,7 @@ pub(crate) fn provisioned_pool(
             base: Duration::from_secs(600),
             max: Duration::from_secs(600),
         },
+        preempt_if_boot_over: None,
     });
 }
 

@@ -18,6 +18,7 @@ fn provisioned(max: u32, min: u32) -> Scheduler {
         resume_rate: 100,
         backoff_base: std::time::Duration::from_secs(60),
         backoff_max: std::time::Duration::from_secs(3600),
+        preempt_if_boot_over: None,
     });
     Scheduler::new(vec![decl], rules(100))
 }
@@ -340,4 +341,64 @@ fn nothing_idle_is_suspended_while_a_queued_batch_waits_for_its_gpus() {
     let _ = s.pass(t0());
     let d = s.pass(t0() + Duration::minutes(30));
     assert!(suspended(&d).is_empty(), "{d:?}");
+}
+
+/// A pool that boots slower (p90) than `preempt_if_boot_over`: a blocked
+/// urgent batch preempts first; without the bound, new nodes come first.
+#[test]
+fn a_slow_pool_lets_preemption_go_first() {
+    for (bound, preempts) in [(Some(10), true), (None, false), (Some(60), false)] {
+        let mut decl = pool("a", 4, 8);
+        decl.provisioner = Some(ProvisionPolicy {
+            resume_timeout: std::time::Duration::from_secs(600),
+            suspend_after: std::time::Duration::from_secs(300),
+            min_nodes: 0,
+            resume_rate: 100,
+            backoff_base: std::time::Duration::from_secs(60),
+            backoff_max: std::time::Duration::from_secs(3600),
+            preempt_if_boot_over: bound.map(std::time::Duration::from_secs),
+        });
+        let mut s = Scheduler::new(vec![decl], rules(100));
+        s.set_preemption(std::collections::HashMap::from([(
+            "r".to_string(),
+            PreemptionPolicy {
+                by_priority: true,
+                by_fair_share: false,
+                fair_share_margin: 1.0,
+                min_runtime: std::time::Duration::ZERO,
+                max_preemptions: 3,
+                grace: std::time::Duration::from_secs(60),
+                allow_opt_out: false,
+            },
+        )]));
+        // The pool booted once, in 40 s.
+        s.provisions.succeeded(
+            &super::super::provisions::pool_key("r", "a", "l4"),
+            Duration::seconds(40),
+        );
+        register(&mut s, "old", t0());
+        s.submit(batch(
+            1,
+            "p",
+            cluster(3, ProvisioningMode::Queue, 3600, None),
+            t0(),
+        ));
+        assert_eq!(allocated(&s.pass(t0())), vec![1]);
+        let mut urgent = batch(
+            2,
+            "q",
+            cluster(3, ProvisioningMode::Queue, 3600, None),
+            t0(),
+        );
+        urgent.priority = 10;
+        s.submit(urgent);
+        let d = s.pass(t0() + Duration::seconds(1));
+        let preempted = d.iter().any(|d| matches!(d, Decision::Preempt(_)));
+        assert_eq!(preempted, preempts, "bound {bound:?}: {d:?}");
+        assert_eq!(
+            sets(&d).len(),
+            usize::from(!preempts),
+            "bound {bound:?}: {d:?}"
+        );
+    }
 }

@@ -98,6 +98,7 @@ impl World {
             resume_rate: 100,
             backoff_base: std::time::Duration::from_secs(60),
             backoff_max: std::time::Duration::from_secs(600),
+            preempt_if_boot_over: None,
         });
         World {
             s: Scheduler::new(vec![decl], rules(1000)),
