@@ -1,8 +1,9 @@
 //! The agent's side of elastic batches (docs/rules.md#elastic-batches),
 //! on the standalone launcher: the driver's node reads Spark's executor
 //! target from the driver's CSV metrics and reports it; an extra's node
-//! follows its Spark worker's log to tell when the worker has had no
-//! executor for `extra_idle`, and reports it idle.
+//! follows its Spark worker's log to tell when the worker, registered
+//! with the batch's master, has had no executor for `extra_idle`, and
+//! reports it idle.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -83,14 +84,22 @@ pub(super) async fn report_demand(
     }
 }
 
-/// A Spark worker's log, followed: how many executors it runs now, from
-/// its "Asked to launch executor" and "finished with state" lines
-/// (Spark 4's standalone Worker).
+/// How many times `extra_idle` a worker that has not registered with its
+/// master may wait before its extra goes back. Spark's worker retries its
+/// registration for about a quarter of an hour before it exits; an extra
+/// holds its GPUs no longer than this.
+const UNREGISTERED_FACTOR: u32 = 4;
+
+/// A Spark worker's log, followed: whether it registered with its master
+/// ("Successfully registered with master") and how many executors it
+/// runs now, from its "Asked to launch executor" and "finished with
+/// state" lines (Spark 4's standalone Worker).
 pub(super) struct WorkerLog {
     path: PathBuf,
     offset: u64,
     partial: String,
     running: i64,
+    registered: bool,
 }
 
 impl WorkerLog {
@@ -100,6 +109,7 @@ impl WorkerLog {
             offset: 0,
             partial: String::new(),
             running: 0,
+            registered: false,
         }
     }
 
@@ -116,7 +126,9 @@ impl WorkerLog {
         self.partial.push_str(&String::from_utf8_lossy(&more));
         while let Some(end) = self.partial.find('\n') {
             let line: String = self.partial.drain(..=end).collect();
-            if line.contains("Worker: Asked to launch executor ") {
+            if line.contains("Worker: Successfully registered with master ") {
+                self.registered = true;
+            } else if line.contains("Worker: Asked to launch executor ") {
                 self.running += 1;
             } else if line.contains("Worker: Executor ") && line.contains(" finished with state ") {
                 self.running -= 1;
@@ -124,12 +136,23 @@ impl WorkerLog {
         }
         self.running.max(0) as u32
     }
+
+    /// Whether the worker has registered with its master (as of the last
+    /// [`WorkerLog::executors`]).
+    pub(super) fn registered(&self) -> bool {
+        self.registered
+    }
 }
 
 /// While extra `a`'s worker runs (until `stop`): once its log shows no
-/// executor for the agent's `extra_idle`, reports the extra idle (the
-/// server gives it back and the assignment goes away). Said once; again
-/// only if an executor came and went since.
+/// executor for the agent's `extra_idle` since the worker registered with
+/// its master, reports the extra idle (the server gives it back and the
+/// assignment goes away). The clock starts at the registration, not at
+/// the worker's start: on a loaded node a JVM can take longer than
+/// `extra_idle` to join, and the master hands it an executor only then.
+/// A worker that never registers goes back after [`UNREGISTERED_FACTOR`]
+/// times `extra_idle`. Said once; again only if an executor came and
+/// went since.
 pub(super) async fn watch_idle(
     ctx: Arc<Ctx>,
     a: Assignment,
@@ -138,6 +161,7 @@ pub(super) async fn watch_idle(
 ) {
     let mut worker = WorkerLog::new(&log);
     let mut idle_since = Some(tokio::time::Instant::now());
+    let mut registered = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -147,8 +171,17 @@ pub(super) async fn watch_idle(
             idle_since = None;
             continue;
         }
+        if worker.registered() && !registered {
+            registered = true;
+            idle_since = Some(tokio::time::Instant::now());
+        }
         let since = *idle_since.get_or_insert_with(tokio::time::Instant::now);
-        if since.elapsed() < ctx.config.extra_idle {
+        let limit = if registered {
+            ctx.config.extra_idle
+        } else {
+            ctx.config.extra_idle * UNREGISTERED_FACTOR
+        };
+        if since.elapsed() < limit {
             continue;
         }
         let event = ReportEvent::ExtraIdle { index: a.index };
@@ -199,14 +232,18 @@ mod tests {
         let path = dir.path().join("worker.log");
         let mut log = WorkerLog::new(&path);
         assert_eq!(log.executors(), 0, "no log yet");
+        assert!(!log.registered(), "no log yet");
         // Lines as Spark 4.3's Worker writes them.
         std::fs::write(
             &path,
-            "26/12/06 16:01:03 INFO Worker: Asked to launch executor app-1/1 for app.py\n\
+            "26/12/06 16:01:02 INFO Worker: Connecting to master 127.0.0.1:7077...\n\
+             26/12/06 16:01:02 INFO Worker: Successfully registered with master spark://127.0.0.1:7077\n\
+             26/12/06 16:01:03 INFO Worker: Asked to launch executor app-1/1 for app.py\n\
              26/12/06 16:01:04 INFO ExecutorRunner: Launch command: \"java\"\n26/12/06 16:01:05 INFO Worker: Asked to la",
         )
         .expect("write");
         assert_eq!(log.executors(), 1, "a line not yet ended is not read");
+        assert!(log.registered());
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
