@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
 use tokio_util::sync::CancellationToken;
 
@@ -504,7 +504,7 @@ pub(crate) fn queued_core(
     config: &Config,
     clusters: Vec<Request>,
     project: impl Fn(usize) -> String,
-    now: chrono::DateTime<Utc>,
+    now: DateTime<Utc>,
 ) -> Scheduler {
     let mut core = Scheduler::new(config.pool_decls(), config.quotas.clone());
     core.set_fair_share(config.fair_share());
@@ -1236,19 +1236,8 @@ fn provisioned_turn(
             zone.node_pools.insert("l4-new".into(), pool);
         }
     }
-    let policy = config.policy();
-    let mut clusters: Vec<Request> = Vec::with_capacity(ELASTIC_RUNNING + n);
-    for i in 0..ELASTIC_RUNNING {
-        clusters.push(
-            flexq::spec::validate(&shaped_batch(i, UNIFORM), "bench", &region_of(i), &policy)
-                .map_err(|r| err(r.message()))?,
-        );
-    }
-    for i in 0..n {
-        clusters.push(cluster_of(&policy, ELASTIC_RUNNING + i, 7200)?);
-    }
     let now = Utc::now();
-    let mut core = queued_core(&config, clusters, |i| format!("team-{}", i % 10), now);
+    let mut core = running_under_deep_queue(&config, n, now, |i| shaped_batch(i, UNIFORM))?;
     let first = core.pass(now);
     let sets = first
         .iter()
@@ -1257,6 +1246,46 @@ fn provisioned_turn(
     if provisioner && sets == 0 {
         return Err(err("no set of new nodes was decided"));
     }
+    Ok(passes_after_releases(&mut core, now, releases, h, |_, _| 0))
+}
+
+/// A core whose first [`ELASTIC_RUNNING`] batches (`running(i)`, queued
+/// first, so the first pass allocates them) run under a deep queue of `n`.
+fn running_under_deep_queue(
+    config: &Config,
+    n: usize,
+    now: DateTime<Utc>,
+    running: impl Fn(usize) -> Batch,
+) -> Result<Scheduler, CliError> {
+    let policy = config.policy();
+    let mut clusters: Vec<Request> = Vec::with_capacity(ELASTIC_RUNNING + n);
+    for i in 0..ELASTIC_RUNNING {
+        clusters.push(
+            flexq::spec::validate(&running(i), "bench", &region_of(i), &policy)
+                .map_err(|r| err(r.message()))?,
+        );
+    }
+    for i in 0..n {
+        clusters.push(cluster_of(&policy, ELASTIC_RUNNING + i, 7200)?);
+    }
+    Ok(queued_core(
+        config,
+        clusters,
+        |i| format!("team-{}", i % 10),
+        now,
+    ))
+}
+
+/// `releases` times: one running cluster ends a second later, and the
+/// pass after it (with `after`'s work, as the engine runs them together)
+/// is timed into `h`. Answers the decisions made and their digest.
+fn passes_after_releases(
+    core: &mut Scheduler,
+    now: DateTime<Utc>,
+    releases: usize,
+    h: &mut Histogram<u64>,
+    mut after: impl FnMut(&mut Scheduler, DateTime<Utc>) -> usize,
+) -> (usize, u64) {
     let mut later = now;
     let mut decided = 0;
     let mut digest = 0u64;
@@ -1269,11 +1298,12 @@ fn provisioned_turn(
         core.forget(key, later);
         let t = Instant::now();
         let d = core.pass(later);
+        let more = after(core, later);
         let _ = h.record(t.elapsed().as_micros().max(1) as u64);
-        decided += d.len();
+        decided += d.len() + more;
         digest = fold_digest(digest, k, &d);
     }
-    Ok((decided, digest))
+    (decided, digest)
 }
 
 /// Running clusters in the `elastic` part (each of 4 GPUs: 40,000 GPUs of
@@ -1308,11 +1338,8 @@ fn elastic_turn(
 ) -> Result<(usize, u64), CliError> {
     let dir = tempfile::tempdir().map_err(err)?;
     let config = bench_config(34, dir.path())?;
-    let policy = config.policy();
-    // The running clusters first (queued first, so the first pass
-    // allocates them), then the deep queue.
-    let mut clusters: Vec<Request> = Vec::with_capacity(ELASTIC_RUNNING + n);
-    for i in 0..ELASTIC_RUNNING {
+    let now = Utc::now();
+    let mut core = running_under_deep_queue(&config, n, now, |i| {
         let mut batch = shaped_batch(i, UNIFORM);
         if elastic {
             let props = &mut batch
@@ -1328,16 +1355,8 @@ fn elastic_turn(
                 props.insert(k.to_string(), v.to_string());
             }
         }
-        clusters.push(
-            flexq::spec::validate(&batch, "bench", &region_of(i), &policy)
-                .map_err(|r| err(r.message()))?,
-        );
-    }
-    for i in 0..n {
-        clusters.push(cluster_of(&policy, ELASTIC_RUNNING + i, 7200)?);
-    }
-    let now = Utc::now();
-    let mut core = queued_core(&config, clusters, |i| format!("team-{}", i % 10), now);
+        batch
+    })?;
     core.set_elastic(config.elastic());
     core.pass(now);
     core.grow(now);
@@ -1353,22 +1372,11 @@ fn elastic_turn(
             "only {wanting} of {ELASTIC_RUNNING} running clusters are elastic"
         )));
     }
-    let mut later = now;
-    let mut decided = 0;
-    let mut digest = 0u64;
-    for k in 0..releases {
-        let running = core.running_keys();
-        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
-            break;
-        };
-        later += chrono::Duration::seconds(1);
-        core.forget(key, later);
-        let t = Instant::now();
-        let d = core.pass(later);
-        let grown = core.grow(later);
-        let _ = h.record(t.elapsed().as_micros().max(1) as u64);
-        decided += d.len() + grown.len();
-        digest = fold_digest(digest, k, &d);
-    }
-    Ok((decided, digest))
+    Ok(passes_after_releases(
+        &mut core,
+        now,
+        releases,
+        h,
+        |core, later| core.grow(later).len(),
+    ))
 }

@@ -138,10 +138,11 @@ impl Engine {
                     self.rebuild_after_void(&mut core, role.fence()).await;
                 }
                 crate::metrics::record_pass(started.elapsed(), decisions.len());
-                for (zone, pool, boot) in core.take_completed_sets() {
+                for ((region, zone, pool), boot) in core.take_completed_sets() {
                     tracing::info!(zone = %zone, pool = %pool, boot_ms = boot.as_millis() as u64, "every node of a set registered: its batch is allocated");
-                    crate::metrics::record_provisioning(&zone, &pool, "allocated");
-                    crate::metrics::record_boot(&zone, &pool, boot);
+                    let labels = (region.as_str(), zone.as_str(), pool.as_str());
+                    crate::metrics::record_provisioning(labels, "allocated");
+                    crate::metrics::record_boot(labels, boot);
                 }
                 self.start_programs(&core, role.fence());
                 if !extras.is_empty()
@@ -295,7 +296,7 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
         }
         Decision::Provision(set) => {
             tracing::info!(batch.id = %set.batch_id, batch.seq = set.key.0, project = %set.project, region = %set.region, zone = %set.zone, pool = %set.pool, slots = ?set.slots, register_by = %set.register_by, "provisioning nodes for a batch");
-            crate::metrics::record_provisioning(&set.zone, &set.pool, "decided");
+            crate::metrics::record_provisioning((&set.region, &set.zone, &set.pool), "decided");
         }
         Decision::Suspend(s) => match &s.cause {
             SuspendCause::Idle => {
@@ -307,11 +308,11 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
                 backoff_until,
             } => {
                 tracing::warn!(batch.id = %batch_id, batch.seq = key.0, zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, why = %s.message, backoff_until = %backoff_until, "provisioning failed: the batch stays queued; suspending its nodes");
-                crate::metrics::record_provisioning(&s.zone, &s.pool, "failed");
+                crate::metrics::record_provisioning((&s.region, &s.zone, &s.pool), "failed");
             }
             SuspendCause::Abandoned { key, batch_id } => {
                 tracing::info!(batch.id = %batch_id, batch.seq = key.0, zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, "provisioning abandoned: the batch left the queue; suspending its nodes");
-                crate::metrics::record_provisioning(&s.zone, &s.pool, "abandoned");
+                crate::metrics::record_provisioning((&s.region, &s.zone, &s.pool), "abandoned");
             }
         },
         Decision::LoseNode {
@@ -372,8 +373,10 @@ pub(crate) async fn rebuild(
     // full lease from now rather than failing them all at start.
     let lease = config.agents.lease_duration;
     let expires = Utc::now() + chrono::Duration::from_std(lease).unwrap_or_default();
+    let mut registered = HashSet::new();
     for (spec, epoch) in store.active_nodes().await? {
         let id = spec.id.clone();
+        registered.insert(id.0.clone());
         if !core.register_node(spec, epoch, expires) {
             tracing::warn!(node = %id, "the node registered a shape smaller than what it holds; keeping its old shape");
         }
@@ -412,12 +415,6 @@ pub(crate) async fn rebuild(
     }
     // Sets of new nodes being created, and nodes being suspended
     // (docs/rules.md#provisioned-capacity): adopted as they are.
-    let registered: HashSet<String> = store
-        .active_nodes()
-        .await?
-        .into_iter()
-        .map(|(spec, _)| spec.id.0)
-        .collect();
     for stored in store.open_sets().await? {
         let up: Vec<_> = stored
             .set
@@ -429,6 +426,10 @@ pub(crate) async fn rebuild(
         core.restore_set(stored.set, &up);
     }
     core.restore_suspending(store.suspending_nodes().await?);
+    // Each pool's boot time, as its last sets took (start estimates).
+    for (pool, boot) in store.recent_boots().await? {
+        core.restore_boot(pool, boot);
+    }
     core.settle_layout();
     Ok(core)
 }

@@ -128,7 +128,7 @@ impl Engine {
             "registerBy": set.register_by.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         });
         tracing::info!(batch.id = %set.batch_id, zone = %set.zone, pool = %set.pool, slots = set.slots.len(), "resume program started");
-        crate::metrics::record_provisioning(&set.zone, &set.pool, "started");
+        crate::metrics::record_provisioning((&set.region, &set.zone, &set.pool), "started");
         let timeout = (set.register_by - Utc::now())
             .to_std()
             .unwrap_or_default()
@@ -177,7 +177,7 @@ impl Engine {
                 tracing::error!(zone = %zone, pool = %name, nodes = ?nodes, why = %e, "suspend program failed: the nodes stay")
             }
         }
-        crate::metrics::record_suspension(name, &why, deleted, nodes.len());
+        crate::metrics::record_suspension((region, zone, name), &why, deleted, nodes.len());
         if let Err(e) = self
             .bounded(self.shared.store.suspend_ended(&nodes, deleted, fence))
             .await
@@ -191,7 +191,7 @@ impl Engine {
             if deleted {
                 core.nodes_suspended(&nodes);
             } else {
-                core.suspend_failed(&nodes, Utc::now());
+                core.suspend_failed(&nodes);
             }
         }
         {

@@ -127,29 +127,33 @@ pub fn record_preemption(p: &crate::scheduler::Preemption) {
     }
 }
 
-/// A set of new nodes of `pool` in `zone` reached `outcome` (decided,
-/// started, allocated, failed, abandoned).
-pub fn record_provisioning(zone: &str, pool: &str, outcome: &str) {
+/// A provisioned pool: (region, zone, pool).
+pub type PoolLabels<'a> = (&'a str, &'a str, &'a str);
+
+/// A set of new nodes of `pool` reached `outcome` (decided, started,
+/// allocated, failed, abandoned).
+pub fn record_provisioning(pool: PoolLabels<'_>, outcome: &str) {
     METRICS
         .provisioning
-        .with_label_values(&[zone, pool, outcome])
+        .with_label_values(&[pool.0, pool.1, pool.2, outcome])
         .inc();
 }
 
-/// A set of new nodes completed `boot` after its decision.
-pub fn record_boot(zone: &str, pool: &str, boot: std::time::Duration) {
+/// A set of new nodes of `pool` completed `boot` after its decision.
+pub fn record_boot(pool: PoolLabels<'_>, boot: std::time::Duration) {
     METRICS
         .boot_seconds
-        .with_label_values(&[zone, pool])
+        .with_label_values(&[pool.0, pool.1, pool.2])
         .observe(boot.as_secs_f64());
 }
 
 /// `n` nodes of `pool` were handed to the suspend program for `reason`;
 /// `deleted`: it succeeded.
-pub fn record_suspension(pool: &str, reason: &str, deleted: bool, n: usize) {
+pub fn record_suspension(pool: PoolLabels<'_>, reason: &str, deleted: bool, n: usize) {
+    let outcome = if deleted { "ok" } else { "failed" };
     METRICS
         .suspensions
-        .with_label_values(&[pool, reason, if deleted { "ok" } else { "failed" }])
+        .with_label_values(&[pool.0, pool.1, pool.2, reason, outcome])
         .inc_by(n as u64);
 }
 

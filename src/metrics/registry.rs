@@ -254,19 +254,19 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         .expect("valid metric"),
         provisioning: counter_vec(
             "flexq_provisioning_sets_total",
-            "Sets of new nodes of provisioned pools, by zone, pool and outcome: decided, started (its resume program ran), allocated (every node registered and the batch got them), failed (a node's program failed or the resume timeout passed) or abandoned (the batch left the queue first).",
-            &["zone", "pool", "outcome"],
+            "Sets of new nodes of provisioned pools, by region, zone, pool and outcome: decided, started (its resume program ran), allocated (every node registered and the batch got them), failed (a node's program failed or the resume timeout passed) or abandoned (the batch left the queue first).",
+            &["region", "zone", "pool", "outcome"],
         ),
         boot_seconds: histogram_vec(
             "flexq_provisioning_boot_seconds",
-            "Time from a set's decision to its last node's registration, of the sets that completed, by zone and pool.",
+            "Time from a set's decision to its last node's registration, of the sets that completed, by region, zone and pool.",
             WAIT_BUCKETS.to_vec(),
-            &["zone", "pool"],
+            &["region", "zone", "pool"],
         ),
         suspensions: counter_vec(
             "flexq_nodes_suspended_total",
-            "Nodes of provisioned pools handed to their suspend program, by pool, why (idle, failed, abandoned, adopted) and how the program ended (ok, failed).",
-            &["pool", "reason", "outcome"],
+            "Nodes of provisioned pools handed to their suspend program, by region, zone, pool, why (idle, failed, abandoned, adopted) and how the program ended (ok, failed).",
+            &["region", "zone", "pool", "reason", "outcome"],
         ),
         extra_changes: counter_vec(
             "flexq_extra_changes_total",

@@ -3,7 +3,7 @@
 //! registry made for the scrape, and the text exposition of those beside
 //! the event metrics.
 
-use prometheus::{Encoder, GaugeVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{CounterVec, Encoder, GaugeVec, IntGauge, Opts, Registry, TextEncoder};
 
 use super::registry::{METRICS, PENDING_REASONS, offered};
 use crate::scheduler::Snapshot;
@@ -23,6 +23,7 @@ fn state_registry(s: &Snapshot) -> Registry {
     quota_gauges(&r, s);
     queue_order_gauges(&r, s);
     capacity_gauges(&r, s);
+    provisioned_gauges(&r, s);
     let agents = gauge_vec(
         &r,
         "flexq_agent_nodes",
@@ -215,6 +216,36 @@ fn capacity_gauges(r: &Registry, s: &Snapshot) {
         nodes
             .with_label_values(&[l[0], l[1], l[2], "virtual"])
             .set(row.virtual_nodes as f64);
+    }
+}
+
+/// The nodes of provisioned pools by state, and their idle node-seconds
+/// (docs/rules.md#provisioned-capacity).
+fn provisioned_gauges(r: &Registry, s: &Snapshot) {
+    let nodes = gauge_vec(
+        r,
+        "flexq_provisioned_nodes",
+        "Nodes of the pools a provisioner scales, by state: provisioning (created for a queued batch, registered or not), in_use (holds work), idle (holds nothing; suspended after suspend_after down to min_nodes), suspending.",
+        &["region", "zone", "pool", "state"],
+    );
+    for ((pool, state), n) in &s.provisioned_nodes {
+        nodes
+            .with_label_values(&[pool.0.as_str(), pool.1.as_str(), pool.2.as_str(), state])
+            .set(*n as f64);
+    }
+    let idle = CounterVec::new(
+        Opts::new(
+            "flexq_provisioned_idle_node_seconds_total",
+            "Seconds the nodes of the pools a provisioner scales held nothing, from the pass that saw each empty until it took work or was told to suspend, since this scheduler started.",
+        ),
+        &["region", "zone", "pool"],
+    )
+    .expect("valid metric");
+    r.register(Box::new(idle.clone()))
+        .expect("registered once per scrape");
+    for (pool, seconds) in &s.idle_node_seconds {
+        idle.with_label_values(&[pool.0.as_str(), pool.1.as_str(), pool.2.as_str()])
+            .inc_by(*seconds);
     }
 }
 

@@ -123,12 +123,13 @@ impl Scheduler {
                     taken = false;
                 }
             }
+            // A slot of a set being created is its batch's alone (add_node
+            // binds a new node itself).
+            self.bind_slot(&id);
         } else {
             self.add_node(spec);
         }
-        self.leases.grant(id.clone(), epoch, expires);
-        // A slot of a set being created is its batch's alone.
-        self.bind_slot(&id);
+        self.leases.grant(id, epoch, expires);
         taken
     }
 

@@ -51,6 +51,7 @@ pub use model::{
     ProvisionPolicy, SuspendCause, Suspension, Victim, accelerator_label, lender, shape_text,
 };
 pub use pending::ESTIMATE_DEPTH;
+pub use provision::PROVISIONED_STATES;
 pub use quota::{QuotaRule, QuotaView, Shortfall};
 pub use reasons::{Blocker, NotAdmitted, PendingInfo, Reason, Verdict, messages};
 pub use snapshot::Snapshot;

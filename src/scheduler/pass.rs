@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use super::capacity::needs;
 use super::core::Scheduler;
 use super::fairshare::Order;
-use super::model::{BatchKey, Decision, ShapeKey, accelerator_label, shape_key};
+use super::model::{BatchKey, Decision, PendingBatch, ShapeKey, accelerator_label, shape_key};
 use super::queue::QueueKey;
 use super::walk::{Considered, Walk, needs_of};
 
@@ -82,11 +82,7 @@ impl Scheduler {
         // Sets of new nodes that failed or timed out are suspended whole,
         // and so are those whose batch left the queue.
         self.fail_due_sets(now, &mut decisions);
-        decisions.extend(
-            std::mem::take(&mut self.provisions.abandoned)
-                .into_iter()
-                .map(Decision::Suspend),
-        );
+        self.suspend_abandoned(&mut decisions);
         self.fair.prune(now);
         let ripe = self.queue.ripen(now);
         self.dirty.extend(ripe);
@@ -103,11 +99,7 @@ impl Scheduler {
     fn admit_region(&mut self, region: &str, now: DateTime<Utc>, out: &mut Vec<Decision>) {
         self.settle_sets(region, now, out);
         self.give_up_needless_sets(region);
-        out.extend(
-            std::mem::take(&mut self.provisions.abandoned)
-                .into_iter()
-                .map(Decision::Suspend),
-        );
+        self.suspend_abandoned(out);
         self.settle_claims(region, now, out);
         let mut walk = Walk::default();
         // A held queue's batches wait, reserving nothing.
@@ -157,12 +149,7 @@ impl Scheduler {
             };
             // A queue held while the victims stopped waits like any held
             // queue, reserving nothing: what was set aside goes back.
-            if self.hold_of(region, &batch.project).is_some()
-                || self
-                    .ledger
-                    .shortfall(&batch.project, region, &batch.cluster.quota)
-                    .is_some()
-            {
+            if self.held_or_short(region, &batch) {
                 continue;
             }
             // A node cordoned (or retired) since the plan was made takes no
@@ -187,6 +174,16 @@ impl Scheduler {
                 out.push(self.grant(&batch, own, plan, None, now));
             }
         }
+    }
+
+    /// Whether `batch` may not start now on what was set aside for it:
+    /// its queue is held, or its project lacks the quota.
+    pub(super) fn held_or_short(&self, region: &str, batch: &PendingBatch) -> bool {
+        self.hold_of(region, &batch.project).is_some()
+            || self
+                .ledger
+                .shortfall(&batch.project, region, &batch.cluster.quota)
+                .is_some()
     }
 
     /// Strict order: the region's queue by priority, then age.

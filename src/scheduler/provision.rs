@@ -15,7 +15,7 @@
 //! resume timeout passes first, every node of the set is suspended, the
 //! pool backs off, and the batch stays queued at its place.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -23,7 +23,10 @@ use super::capacity::{Node, NodeId, Placement, needs, plan_zone};
 use super::core::Scheduler;
 use super::model::{BatchKey, Decision, NodeSet, PendingBatch, PoolDecl, SuspendCause, Suspension};
 use super::provisions::{OpenSet, Pool, PoolKey, pool_key, slot_prefix};
-use crate::spec::PartRole;
+use crate::spec::{Accelerator, PartRole};
+
+/// The states a provisioned pool's node is counted in (metrics).
+pub const PROVISIONED_STATES: [&str; 4] = ["provisioning", "in_use", "idle", "suspending"];
 
 /// A set the walk may decide: its pool, its slots, and the cluster's plan
 /// on the zone's nodes and the slots.
@@ -308,12 +311,7 @@ impl Scheduler {
             let Some(batch) = self.queue.get(key).cloned() else {
                 continue;
             };
-            if self.hold_of(region, &batch.project).is_some()
-                || self
-                    .ledger
-                    .shortfall(&batch.project, region, &batch.cluster.quota)
-                    .is_some()
-            {
+            if self.held_or_short(region, &batch) {
                 // Its nodes are there, and idle: suspended in time unless
                 // the batch or another takes them.
                 continue;
@@ -323,11 +321,9 @@ impl Scheduler {
             if plan.complete() && self.capacity.take(&plan.placements) {
                 let boot = now - open.set.decided_at;
                 self.provisions.succeeded(&pool, boot);
-                self.provisions.completed.push((
-                    pool.1.clone(),
-                    pool.2.clone(),
-                    boot.to_std().unwrap_or_default(),
-                ));
+                self.provisions
+                    .completed
+                    .push((pool.clone(), boot.to_std().unwrap_or_default()));
                 let own = (region, &batch.cluster);
                 let zone = open.set.zone.clone();
                 out.push(self.grant(&batch, own, (zone, plan.placements), None, now));
@@ -457,6 +453,15 @@ impl Scheduler {
         });
     }
 
+    /// The suspensions of sets abandoned since the last call, as decisions.
+    pub(super) fn suspend_abandoned(&mut self, out: &mut Vec<Decision>) {
+        out.extend(
+            std::mem::take(&mut self.provisions.abandoned)
+                .into_iter()
+                .map(Decision::Suspend),
+        );
+    }
+
     /// A set decided but not written (its batch left meanwhile): nothing
     /// was asked of its program, so nothing is suspended.
     pub(super) fn withdraw_set(&mut self, key: BatchKey) {
@@ -493,19 +498,31 @@ impl Scheduler {
             return;
         }
         let waited = self.elastic.waited();
-        let pools: Vec<(PoolKey, Pool)> = self
+        // What scale-down reads of each pool (not the pool: its programs'
+        // argv need no copy each pass).
+        let pools: Vec<(PoolKey, Option<Accelerator>, u32, std::time::Duration)> = self
             .provisions
             .pools
             .iter()
-            .map(|(k, p)| (k.clone(), p.clone()))
+            .map(|(k, p)| {
+                let policy = &p.policy;
+                (
+                    k.clone(),
+                    Some(p.shape.accelerator),
+                    policy.min_nodes,
+                    policy.suspend_after,
+                )
+            })
             .collect();
-        for (key, pool) in pools {
+        for (key, accelerator, min_nodes, suspend_after) in pools {
             let nodes: Vec<(NodeId, bool)> = self
                 .capacity
                 .zone_nodes_all(&key.0, &key.1)
                 .filter(|n| n.spec.pool == key.2 && !n.spec.is_virtual)
                 .map(|n| (n.spec.id.clone(), holds_nothing(n)))
                 .collect();
+            let present: HashSet<NodeId> = nodes.iter().map(|(id, _)| id.clone()).collect();
+            self.provisions.idle.end_missing(&key, &present, now);
             let mut due = Vec::new();
             let mut staying = 0u32;
             for (id, empty) in nodes {
@@ -514,32 +531,27 @@ impl Scheduler {
                 }
                 staying += 1;
                 if !empty || self.provisions.is_slot(&id) {
-                    self.provisions.idle_since.remove(&id);
+                    self.provisions.idle.end(&id, now);
                     continue;
                 }
-                let since = self
-                    .provisions
-                    .idle_since
-                    .entry(id.clone())
-                    .or_insert((now, key.clone()))
-                    .0;
-                let after = Duration::from_std(pool.policy.suspend_after).unwrap_or_default();
+                let since = self.provisions.idle.mark(&id, &key, now);
+                let after = Duration::from_std(suspend_after).unwrap_or_default();
                 if since + after <= now && !self.cordons.contains_key(&id) {
                     due.push(id);
                 }
             }
-            let wanted = waited.contains(&(key.0.clone(), Some(pool.shape.accelerator)));
+            let wanted = waited.contains(&(key.0.clone(), accelerator));
             if due.is_empty() || wanted {
                 continue;
             }
-            let spare = staying.saturating_sub(pool.policy.min_nodes) as usize;
+            let spare = staying.saturating_sub(min_nodes) as usize;
             due.sort_by_key(|id| std::cmp::Reverse(natural(id)));
             due.truncate(spare);
             if due.is_empty() {
                 continue;
             }
             for id in &due {
-                self.provisions.idle_since.remove(id);
+                self.provisions.idle.end(id, now);
                 self.provisions
                     .suspending
                     .insert(id.clone(), (key.clone(), "idle"));
@@ -548,7 +560,7 @@ impl Scheduler {
             self.dirty.insert(key.0.clone());
             let message = format!(
                 "held nothing for {}",
-                humantime::format_duration(pool.policy.suspend_after)
+                humantime::format_duration(suspend_after)
             );
             out.push(Decision::Suspend(Suspension {
                 region: key.0,
@@ -565,7 +577,7 @@ impl Scheduler {
     pub fn nodes_suspended(&mut self, nodes: &[NodeId]) {
         for id in nodes {
             self.provisions.suspending.remove(id);
-            self.provisions.idle_since.remove(id);
+            self.provisions.idle.forget(id);
             self.leases.release(id);
             if let Some(n) = self.capacity.remove(id) {
                 self.dirty.insert(n.spec.region);
@@ -574,10 +586,9 @@ impl Scheduler {
         self.refresh_unschedulable();
     }
 
-    /// The suspend program failed for `nodes` at `now`: they are nodes
-    /// like any other again, idle from now.
-    pub fn suspend_failed(&mut self, nodes: &[NodeId], now: DateTime<Utc>) {
-        let _ = now;
+    /// The suspend program failed for `nodes`: they are nodes like any
+    /// other again, idle from the next pass.
+    pub fn suspend_failed(&mut self, nodes: &[NodeId]) {
         for id in nodes {
             if self.provisions.suspending.remove(id).is_some() {
                 if let Some(n) = self.capacity.nodes.get(id) {
@@ -618,15 +629,63 @@ impl Scheduler {
             Some("suspending")
         } else if self.provisions.is_slot(node) {
             Some("provisioning")
-        } else if self.provisions.idle_since.contains_key(node) {
+        } else if self.provisions.idle.contains(node) {
             Some("idle")
         } else {
             None
         }
     }
 
-    /// The sets completed since the last call: (zone, pool, boot time).
-    pub fn take_completed_sets(&mut self) -> Vec<(String, String, std::time::Duration)> {
+    /// The nodes of every provisioned pool by state: `provisioning` (a
+    /// slot of a set being created, registered or not), `in_use` (holds
+    /// work), `idle`, `suspending` (registered or not); every state of
+    /// every pool is there, at 0 when no node is in it.
+    pub fn provisioned_nodes(&self) -> BTreeMap<((String, String, String), &'static str), u64> {
+        let mut out = BTreeMap::new();
+        for key in self.provisions.pools.keys() {
+            for state in PROVISIONED_STATES {
+                out.insert((key.clone(), state), 0);
+            }
+        }
+        let mut seen: HashSet<&NodeId> = HashSet::new();
+        for key in self.provisions.pools.keys() {
+            for n in self.capacity.zone_nodes_all(&key.0, &key.1) {
+                if n.spec.pool != key.2 || n.spec.is_virtual {
+                    continue;
+                }
+                let state = self.provisioned_state(&n.spec.id).unwrap_or("in_use");
+                *out.entry((key.clone(), state)).or_default() += 1;
+                seen.insert(&n.spec.id);
+            }
+        }
+        for open in self.provisions.sets() {
+            for slot in &open.set.slots {
+                if seen.insert(slot) {
+                    *out.entry((open.pool(), "provisioning")).or_default() += 1;
+                }
+            }
+        }
+        for (id, (pool, _)) in &self.provisions.suspending {
+            if seen.insert(id) {
+                *out.entry((pool.clone(), "suspending")).or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// Idle node-seconds per provisioned pool up to `now`, since this
+    /// scheduler started.
+    pub fn idle_node_seconds(&self, now: DateTime<Utc>) -> BTreeMap<(String, String, String), f64> {
+        let mut out = self.provisions.idle.seconds(now);
+        for key in self.provisions.pools.keys() {
+            out.entry(key.clone()).or_default();
+        }
+        out
+    }
+
+    /// The sets completed since the last call: their (region, zone, pool)
+    /// and boot time.
+    pub fn take_completed_sets(&mut self) -> Vec<((String, String, String), std::time::Duration)> {
         std::mem::take(&mut self.provisions.completed)
     }
 
@@ -686,6 +745,13 @@ impl Scheduler {
         }
         let (pool, _, _) = self.plan_provision(batch, &batch.region, now)?;
         Some(now + boot(&pool)?)
+    }
+
+    /// A boot time the store kept for a pool (a restart, a new leader):
+    /// remembered as if its set completed since this scheduler started.
+    pub fn restore_boot(&mut self, pool: (String, String, String), boot: std::time::Duration) {
+        let boot = Duration::from_std(boot).unwrap_or_default();
+        self.provisions.remember_boot(&pool, boot);
     }
 
     /// The pool's boot time (p90 of its recent sets), if it has one.

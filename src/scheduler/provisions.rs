@@ -7,7 +7,7 @@
 //! each node of such a pool last held nothing, and the nodes being
 //! suspended. The rules that change it are `provision.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -76,9 +76,8 @@ pub(super) struct Provisions {
     /// Per pool: how long its last sets took, decision to last
     /// registration.
     boots: HashMap<PoolKey, VecDeque<Duration>>,
-    /// Since when each node of a provisioned pool holds nothing, and its
-    /// pool.
-    pub(super) idle_since: HashMap<NodeId, (DateTime<Utc>, PoolKey)>,
+    /// The nodes of provisioned pools that hold nothing.
+    pub(super) idle: IdleNodes,
     /// Nodes told to suspend, with their pool and why ("idle", "failed",
     /// "abandoned"): they take no new work. Registered or not: a slot of
     /// a failed set is suspended too, in case its node is coming up.
@@ -88,8 +87,8 @@ pub(super) struct Provisions {
     /// When the last pass ran: a deadline at or before it was looked at
     /// (a backoff over, a node kept idle at the floor) and wakes nothing.
     pub(super) last_pass: Option<DateTime<Utc>>,
-    /// Sets completed since the engine last asked: (zone, pool, boot).
-    pub(super) completed: Vec<(String, String, std::time::Duration)>,
+    /// Sets completed since the engine last asked: their pool and boot.
+    pub(super) completed: Vec<(PoolKey, std::time::Duration)>,
 }
 
 impl Provisions {
@@ -197,6 +196,11 @@ impl Provisions {
     /// starts over, and the boot time is remembered.
     pub(super) fn succeeded(&mut self, pool: &PoolKey, boot: Duration) {
         self.backoff.remove(pool);
+        self.remember_boot(pool, boot);
+    }
+
+    /// One more of `pool`'s boot times (its last [`BOOT_MEMORY`] count).
+    pub(super) fn remember_boot(&mut self, pool: &PoolKey, boot: Duration) {
         let boots = self.boots.entry(pool.clone()).or_default();
         boots.push_back(boot);
         if boots.len() > BOOT_MEMORY {
@@ -247,7 +251,7 @@ impl Provisions {
     pub(super) fn next_deadline(&self) -> Option<DateTime<Utc>> {
         let sets = self.sets.values().map(|o| o.set.register_by);
         let backoffs = self.backoff.values().map(|(until, _)| *until);
-        let idle = self.idle_since.values().filter_map(|(since, pool)| {
+        let idle = self.idle.since.values().filter_map(|(since, pool)| {
             let after = self.pools.get(pool)?.policy.suspend_after;
             Some(*since + Duration::from_std(after).unwrap_or_default())
         });
@@ -256,6 +260,80 @@ impl Provisions {
             .filter(|t| self.last_pass.is_none_or(|last| *t > last))
             .min()
     }
+}
+
+/// The nodes of provisioned pools that hold nothing: since when (the pass
+/// that first saw each empty), and the idle node-seconds each pool has
+/// had, until they took work again or were told to suspend.
+#[derive(Debug, Default)]
+pub(super) struct IdleNodes {
+    since: HashMap<NodeId, (DateTime<Utc>, PoolKey)>,
+    counted: BTreeMap<PoolKey, f64>,
+}
+
+impl IdleNodes {
+    /// Node `id` of `pool` holds nothing at `now`: since when it has.
+    pub(super) fn mark(
+        &mut self,
+        id: &NodeId,
+        pool: &PoolKey,
+        now: DateTime<Utc>,
+    ) -> DateTime<Utc> {
+        self.since
+            .entry(id.clone())
+            .or_insert_with(|| (now, pool.clone()))
+            .0
+    }
+
+    /// Node `id` took work at `now`, or was told to suspend: its idle
+    /// time is counted.
+    pub(super) fn end(&mut self, id: &NodeId, now: DateTime<Utc>) {
+        if let Some((since, pool)) = self.since.remove(id) {
+            *self.counted.entry(pool).or_default() += seconds_between(since, now);
+        }
+    }
+
+    /// The idle nodes of `pool` not among `present` (lost, or gone) at
+    /// `now`: their idle time is counted, and they are idle no more.
+    pub(super) fn end_missing(
+        &mut self,
+        pool: &PoolKey,
+        present: &HashSet<NodeId>,
+        now: DateTime<Utc>,
+    ) {
+        let gone: Vec<NodeId> = self
+            .since
+            .iter()
+            .filter(|(id, (_, p))| p == pool && !present.contains(*id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            self.end(&id, now);
+        }
+    }
+
+    /// Node `id` is gone (its idle time, if any, was counted already).
+    pub(super) fn forget(&mut self, id: &NodeId) {
+        self.since.remove(id);
+    }
+
+    pub(super) fn contains(&self, id: &NodeId) -> bool {
+        self.since.contains_key(id)
+    }
+
+    /// Idle node-seconds per pool up to `now`: those counted, and those of
+    /// the nodes idle now.
+    pub(super) fn seconds(&self, now: DateTime<Utc>) -> BTreeMap<PoolKey, f64> {
+        let mut total = self.counted.clone();
+        for (since, pool) in self.since.values() {
+            *total.entry(pool.clone()).or_default() += seconds_between(*since, now);
+        }
+        total
+    }
+}
+
+fn seconds_between(since: DateTime<Utc>, now: DateTime<Utc>) -> f64 {
+    (now - since).num_milliseconds().max(0) as f64 / 1000.0
 }
 
 /// The ids of a pool's slots: `{zone}-{pool}-{n}`, n from 0 below its

@@ -39,6 +39,12 @@ pub struct Snapshot {
     pub extras: BTreeMap<(String, String, &'static str), (u64, u64)>,
     pub agent_nodes: u64,
     pub virtual_nodes: u64,
+    /// ((region, zone, pool), state) → nodes of the provisioned pools
+    /// (docs/rules.md#provisioned-capacity).
+    pub provisioned_nodes: BTreeMap<((String, String, String), &'static str), u64>,
+    /// (region, zone, pool) → idle node-seconds of the provisioned pools
+    /// since this scheduler started.
+    pub idle_node_seconds: BTreeMap<(String, String, String), f64>,
 }
 
 /// Queued batches by (region, accelerator, reason), as a snapshot shows them.
@@ -73,6 +79,8 @@ impl Scheduler {
             .values()
             .filter(|n| n.spec.is_virtual)
             .count() as u64;
+        s.provisioned_nodes = self.provisioned_nodes();
+        s.idle_node_seconds = self.idle_node_seconds(now);
         s
     }
 

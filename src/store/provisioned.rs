@@ -9,8 +9,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::AnyConnection;
 
-use super::rows::{append_history, from_micros, micros};
-use super::{Provisioning, Store, StoreError};
+use super::rows::{append_history, from_micros, micros, still_queued};
+use super::{Store, StoreError};
 use crate::api::State;
 use crate::scheduler::{NodeId, NodeSet, SuspendCause, Suspension};
 
@@ -21,15 +21,7 @@ pub(super) async fn open_set(
     set: &NodeSet,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
-    let queued: Option<i64> = sqlx::query_scalar(
-        "select seq from batches where seq = $1 and state = $2 and provisioning = $3",
-    )
-    .bind(set.key.0)
-    .bind(State::Pending.number())
-    .bind(Provisioning::Queued as i64)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if queued.is_none() {
+    if !still_queued(conn, set.key.0).await? {
         return Ok(false);
     }
     let spec = serde_json::to_string(set)
@@ -110,15 +102,7 @@ pub(super) async fn suspend(
         key, backoff_until, ..
     } = &s.cause
     {
-        let queued: Option<i64> = sqlx::query_scalar(
-            "select seq from batches where seq = $1 and state = $2 and provisioning = $3",
-        )
-        .bind(key.0)
-        .bind(State::Pending.number())
-        .bind(Provisioning::Queued as i64)
-        .fetch_optional(&mut *conn)
-        .await?;
-        if queued.is_some() {
+        if still_queued(conn, key.0).await? {
             let message = format!(
                 "Provisioning {} nodes in {} (pool {}) failed: {}. The batch stays queued at its place; its nodes are suspended, and the pool is not asked again before {}.",
                 s.nodes.len(),
@@ -133,13 +117,48 @@ pub(super) async fn suspend(
     Ok(true)
 }
 
-/// An allocation of `seq`: a set being created for it is complete.
-pub(super) async fn allocated(conn: &mut AnyConnection, seq: i64) -> Result<(), StoreError> {
-    let set: Option<i64> = sqlx::query_scalar("select seq from node_sets where seq = $1")
-        .bind(seq)
-        .fetch_optional(&mut *conn)
+/// How many boot times each pool keeps (the core's p90 reads as many).
+const BOOTS_KEPT: i64 = 64;
+
+/// An allocation of `seq` at `now`: a set being created for it is
+/// complete, and its pool's boot time (decision to allocation) is kept.
+pub(super) async fn allocated(
+    conn: &mut AnyConnection,
+    seq: i64,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let set: Option<(String, String, String, i64)> =
+        sqlx::query_as("select region, zone, pool, decided_at from node_sets where seq = $1")
+            .bind(seq)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some((region, zone, pool, decided_at)) = set {
+        let boot_ms = (micros(now) - decided_at).max(0) / 1000;
+        sqlx::query(
+            "insert into pool_boots (region, zone, pool, completed_at, boot_ms) values ($1, $2, $3, $4, $5)",
+        )
+        .bind(&region)
+        .bind(&zone)
+        .bind(&pool)
+        .bind(micros(now))
+        .bind(boot_ms)
+        .execute(&mut *conn)
         .await?;
-    if set.is_some() {
+        // Older than the pool's last BOOTS_KEPT: pruned.
+        sqlx::query(
+            "delete from pool_boots where region = $1 and zone = $2 and pool = $3 and completed_at < \
+             (select min(completed_at) from (select completed_at from pool_boots \
+              where region = $4 and zone = $5 and pool = $6 order by completed_at desc limit $7) as kept)",
+        )
+        .bind(&region)
+        .bind(&zone)
+        .bind(&pool)
+        .bind(&region)
+        .bind(&zone)
+        .bind(&pool)
+        .bind(BOOTS_KEPT)
+        .execute(&mut *conn)
+        .await?;
         sqlx::query("delete from node_slots where seq = $1 and state = 0")
             .bind(seq)
             .execute(&mut *conn)
@@ -187,6 +206,28 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// The boot times each provisioned pool's sets took lately (at most
+    /// its last 64), oldest first: ((region, zone, pool), boot).
+    #[allow(clippy::type_complexity)]
+    pub async fn recent_boots(
+        &self,
+    ) -> Result<Vec<((String, String, String), std::time::Duration)>, StoreError> {
+        let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "select region, zone, pool, boot_ms from pool_boots order by completed_at",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(r, z, p, ms)| {
+                (
+                    (r, z, p),
+                    std::time::Duration::from_millis(ms.max(0) as u64),
+                )
+            })
+            .collect())
     }
 
     /// Nodes being suspended (their program may not have ended), with

@@ -174,6 +174,20 @@ pub(super) async fn transition(
     append_history(conn, seq, to, message, now).await
 }
 
+/// Whether batch `seq` is still queued: PENDING and not allocated (a
+/// cancel, an expiry or an allocation may have won the race).
+pub(super) async fn still_queued(conn: &mut AnyConnection, seq: i64) -> Result<bool, StoreError> {
+    let queued: Option<i64> = sqlx::query_scalar(
+        "select seq from batches where seq = $1 and state = $2 and provisioning = $3",
+    )
+    .bind(seq)
+    .bind(State::Pending.number())
+    .bind(Provisioning::Queued as i64)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(queued.is_some())
+}
+
 /// Appends one entry to a batch's history.
 pub(super) async fn append_history(
     conn: &mut AnyConnection,

@@ -11,7 +11,9 @@ use sqlx::{AnyConnection, Row};
 use super::sql::Sql;
 
 use super::lifecycle::write_steps;
-use super::rows::{append_history, decode_cluster, from_micros, micros, placement_of};
+use super::rows::{
+    append_history, decode_cluster, from_micros, micros, placement_of, still_queued,
+};
 use super::{Backend, Change, Provisioning, Store, StoreError};
 use crate::api::{EndReason, RequeueReason, State};
 use crate::scheduler::lifecycle;
@@ -390,7 +392,7 @@ impl Store {
                     let done = allocate(&mut tx, a, now).await?;
                     applied[i] = done;
                     if done && sets_open {
-                        super::provisioned::allocated(&mut tx, a.key.0).await?;
+                        super::provisioned::allocated(&mut tx, a.key.0, now).await?;
                     }
                     if done {
                         parts.extend(a.placements.iter().map(|p| (a.key.0, a.region.as_str(), p)));
@@ -541,15 +543,7 @@ async fn preempt(
     p: &crate::scheduler::Preemption,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
-    let queued: Option<i64> = sqlx::query_scalar(
-        "select seq from batches where seq = $1 and state = $2 and provisioning = $3",
-    )
-    .bind(p.preemptor.0)
-    .bind(State::Pending.number())
-    .bind(Provisioning::Queued as i64)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if queued.is_none() {
+    if !still_queued(conn, p.preemptor.0).await? {
         return Ok(false);
     }
     let mut states = Vec::with_capacity(p.victims.len());

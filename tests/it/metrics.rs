@@ -20,13 +20,18 @@ pub(crate) async fn server(region: &str) -> TestServer {
 
 /// The same with `preemption` as the region's policy, and a zone `{region}-b` of one virtual A100-40 node (8 GPUs)
 /// that project `loaner`'s L4 batches may borrow after 1 s, reclaimed
-/// after 1 s on loan: the world of [`loan_scenario`].
+/// after 1 s on loan: the world of [`loan_scenario`]. And a zone
+/// `{region}-c` whose A100-80 pool a provisioner scales, its programs
+/// working in `cloud`: the world of [`provisioning_scenario`].
 pub(crate) async fn server_lending(
     region: &str,
     preemption: Option<PreemptionConfig>,
+    cloud: &std::path::Path,
 ) -> TestServer {
     let name = region.to_string();
+    let cloud = cloud.to_path_buf();
     server_tuned(region, preemption, move |c| {
+        provisioned_zone(c, &name, &cloud);
         let a100 = PoolConfig {
             accelerator: Accelerator::A100_40,
             gpus_per_node: 8,
@@ -54,6 +59,110 @@ pub(crate) async fn server_lending(
         });
     })
     .await
+}
+
+/// Zone `{region}-c`: an A100-80 pool of at most one node (8 GPUs) that
+/// starts empty, whose resume program (a shell line; a FAKE cloud that
+/// creates nothing) keeps each manifest in `cloud` and fails its first
+/// run, as a stock-out would; the pool backs off 1 s.
+fn provisioned_zone(c: &mut flexq::config::Config, region: &str, cloud: &std::path::Path) {
+    let dir = cloud.display().to_string();
+    let resume = format!(
+        "cat > \"{dir}/manifest.json\"; [ -e \"{dir}/stocked-out\" ] || {{ touch \"{dir}/stocked-out\"; echo ZONE_RESOURCE_POOL_EXHAUSTED >&2; exit 1; }}"
+    );
+    let pool = PoolConfig {
+        accelerator: Accelerator::A100_80,
+        gpus_per_node: 8,
+        cores: 96,
+        memory_mb: 1_392_640,
+        local_ssd_gb: 6000,
+        max_nodes: 1,
+        virtual_nodes: 0,
+        provisioner: Some(flexq::config::ProvisionerConfig {
+            resume_program: vec!["sh".into(), "-c".into(), resume],
+            suspend_program: vec!["true".into()],
+            resume_timeout: std::time::Duration::from_secs(60),
+            suspend_timeout: std::time::Duration::from_secs(10),
+            suspend_after: std::time::Duration::from_secs(3600),
+            min_nodes: 0,
+            resume_rate: 100,
+            backoff: flexq::config::BackoffConfig {
+                base: std::time::Duration::from_secs(1),
+                max: std::time::Duration::from_secs(1),
+            },
+            preempt_if_boot_over: None,
+        }),
+    };
+    let zones = &mut c.regions.get_mut(region).expect("the region").zones;
+    zones.insert(
+        format!("{region}-c"),
+        ZoneConfig {
+            node_pools: BTreeMap::from([("a100-80".to_string(), pool)]),
+        },
+    );
+}
+
+/// In [`server_lending`]'s world: demo's batch of 8 A100-80 GPUs gets a
+/// set of one new node; its resume program fails (a stock-out), the pool
+/// backs off, the next set's program succeeds and this test registers its
+/// slot as the node's agent would, and the batch is allocated on it. A
+/// failed set, an allocated one and a boot time are counted, and the node
+/// is in use when Prometheus scrapes.
+pub(crate) async fn provisioning_scenario(s: &TestServer, region: &str, cloud: &std::path::Path) {
+    let mut big = batch(7, "3600s");
+    let props = &mut big["runtimeConfig"]["properties"];
+    for part in ["driver", "executor"] {
+        props[format!("spark.dataproc.{part}.resource.accelerator.type")] = json!("a100-80");
+        props[format!("spark.{part}.cores")] = json!("12");
+    }
+    create(s, region, "m-provisioned", &big).await;
+    let manifest = cloud.join("manifest.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let slot = loop {
+        // The manifest the second (successful) run kept.
+        let read = std::fs::read(&manifest)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        if cloud.join("stocked-out").exists() {
+            let history = state_of(s, region, "m-provisioned").await;
+            let failed = support::state_messages(&history)
+                .iter()
+                .any(|m| m.contains(") failed: "));
+            let slot = read.and_then(|m| m["slots"][0].as_str().map(str::to_string));
+            if let (true, Some(slot)) = (failed, slot) {
+                let again = support::state_messages(&history)
+                    .iter()
+                    .filter(|m| {
+                        m.starts_with("Provisioning 1 nodes") && m.contains("for this batch")
+                    })
+                    .count();
+                if again >= 2 {
+                    break slot;
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second set after the stock-out: {:#}",
+            state_of(s, region, "m-provisioned").await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let (status, reg) = s
+        .post_json(
+            "/v1/nodes:register",
+            &json!({
+                "nodeId": slot, "region": region, "zone": format!("{region}-c"), "pool": "a100-80",
+                "gpuAddresses": ["0", "1", "2", "3", "4", "5", "6", "7"],
+                "cores": 96, "memoryMb": 1_392_640, "localSsdGb": 6000
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{reg:#}");
+    until(s, region, "m-provisioned", |b| {
+        b["flexq"]["provisioningState"] == "PROVISIONED"
+    })
+    .await;
 }
 
 /// A server with `region` as [`server`] has it, `preemption` its policy,

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::metrics::{
-    gpu_scenario, loan_scenario, preempting, preemption_scenario, scenario, server, server_lending,
+    gpu_scenario, loan_scenario, preempting, preemption_scenario, provisioning_scenario, scenario,
+    server, server_lending,
 };
 
 /// The region of the dashboard test's scenario: no other test uses it, so
@@ -186,7 +187,8 @@ async fn the_rules_and_the_exposition_pass_promtool() {
 #[tokio::test]
 async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
     // Preemption on, and one preemption: its panels and alert have data.
-    let s = server_lending(REGION, preempting()).await;
+    let cloud = tempfile::tempdir().expect("tempdir");
+    let s = server_lending(REGION, preempting(), cloud.path()).await;
     scenario(&s, REGION).await;
     preemption_scenario(&s, REGION).await;
     // A loan reclaimed, and one held: the loans panels have data.
@@ -194,6 +196,9 @@ async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
     // An agent's node joins and uploads GPU points: the telemetry panels
     // and alert have data.
     gpu_scenario(&s, REGION).await;
+    // A set of new nodes fails (a stock-out), the next is allocated: the
+    // provisioning panels and alert have data.
+    provisioning_scenario(&s, REGION, cloud.path()).await;
     let prom = start_prometheus(&s.metrics_addr.to_string());
     // Wait for several scrapes of flexq (rates need two samples).
     let t = Instant::now();
@@ -251,7 +256,7 @@ async fn every_dashboard_and_alert_expression_has_data_in_a_real_prometheus() {
             alerts += 1;
         }
     }
-    const ALERTS: usize = 12;
+    const ALERTS: usize = 13;
     assert_eq!(alerts, ALERTS);
     assert!(exprs.len() > 25, "{}", exprs.len());
 

@@ -269,7 +269,7 @@ async fn all_or_nothing(faults: &[&str], says: &str) -> tempfile::TempDir {
     let metrics = s.scrape().await;
     assert!(
         metrics.contains(
-            "flexq_provisioning_sets_total{outcome=\"failed\",pool=\"l4\",zone=\"us-central1-b\"} 1"
+            "flexq_provisioning_sets_total{outcome=\"failed\",pool=\"l4\",region=\"us-central1\",zone=\"us-central1-b\"} 1"
         ),
         "{metrics}"
     );
@@ -355,6 +355,19 @@ async fn a_gang_gets_new_nodes_and_they_go_back_once_idle() {
     assert_eq!(nodes, ["us-central1-b-l4-0", "us-central1-b-l4-1"], "{b:#}");
     let h = history(&b);
     assert!(h.contains("Provisioning 2 nodes in us-central1-b"), "{h}");
+    let pool = [
+        ("region", "us-central1"),
+        ("zone", "us-central1-b"),
+        ("pool", "l4"),
+    ];
+    let in_state = |text: &str, state: &str| {
+        let mut labels = pool.to_vec();
+        labels.push(("state", state));
+        crate::metrics::value(text, "flexq_provisioned_nodes", &labels)
+    };
+    let text = s.scrape().await;
+    assert_eq!(in_state(&text, "in_use"), Some(2.0), "{text}");
+    assert_eq!(in_state(&text, "provisioning"), Some(0.0), "{text}");
     // Held: not suspended, however long past suspend_after.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let b = batch(&s, "two-nodes").await;
@@ -421,9 +434,41 @@ async fn a_gang_gets_new_nodes_and_they_go_back_once_idle() {
     );
     let metrics = s.scrape().await;
     for series in [
-        "flexq_provisioning_sets_total{outcome=\"allocated\",pool=\"l4\",zone=\"us-central1-b\"} 1",
-        "flexq_nodes_suspended_total{outcome=\"ok\",pool=\"l4\",reason=\"idle\"} 2",
+        "flexq_provisioning_sets_total{outcome=\"allocated\",pool=\"l4\",region=\"us-central1\",zone=\"us-central1-b\"} 1",
+        "flexq_nodes_suspended_total{outcome=\"ok\",pool=\"l4\",reason=\"idle\",region=\"us-central1\",zone=\"us-central1-b\"} 2",
     ] {
         assert!(metrics.contains(series), "{series}: {metrics}");
     }
+    // Both nodes idle from the pass after the end to their suspension:
+    // suspend_after (2 s) each, and at most a pass and the report more.
+    let idle = crate::metrics::value(&metrics, "flexq_provisioned_idle_node_seconds_total", &pool)
+        .expect("idle node-seconds");
+    assert!((3.9..12.0).contains(&idle), "idle node-seconds {idle}");
+    for state in ["in_use", "idle", "suspending", "provisioning"] {
+        assert_eq!(in_state(&metrics, state), Some(0.0), "{state}: {metrics}");
+    }
+    // The pool's boot time is kept: after a SIGKILL and a restart, a new
+    // set's start is estimated at its decision plus that boot (seconds
+    // here), not plus resume_timeout (60 s) as for a pool never seen.
+    let mut s = s;
+    s.restart_process().await;
+    std::fs::write(state.join("server"), format!("http://{}", s.addr)).expect("server file");
+    let (st, _) = s.create("batchId=after-restart", &gang(4)).await;
+    assert_eq!(st, 200);
+    let b = poll(
+        Duration::from_secs(10),
+        || async { batch(&s, "after-restart").await },
+        |b| b["flexq"]["estimatedStartTime"].is_string(),
+    )
+    .await
+    .expect("a start estimate");
+    let time = |v: &Value| {
+        chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap_or_default()).expect("a time")
+    };
+    let estimate = time(&b["flexq"]["estimatedStartTime"]) - time(&b["createTime"]);
+    assert!(
+        estimate < chrono::Duration::seconds(20),
+        "estimated {estimate} after its create: {b:#}"
+    );
+    s.cancel(&b).await;
 }

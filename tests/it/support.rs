@@ -109,6 +109,25 @@ impl TestServer {
         }
     }
 
+    /// A server started by [`TestServer::start_process_with`] (not on
+    /// HTTPS), SIGKILLed and started again on the same database and
+    /// config, on new ports.
+    pub(crate) async fn restart_process(&mut self) {
+        let process = self.process.as_mut().expect("a server in a process");
+        process.kill9();
+        let dir = self._dir.path();
+        let again = ServerProcess::start_with(dir, Some(&dir.join("flexq.toml"))).await;
+        let addr = |endpoint: &str| {
+            endpoint
+                .trim_start_matches("http://")
+                .parse()
+                .expect("an address")
+        };
+        self.addr = addr(&again.endpoint);
+        self.metrics_addr = addr(&again.metrics_endpoint);
+        self.process = Some(again);
+    }
+
     /// HTTPS only, with `tls`'s certificate, no virtual nodes, then `tune`.
     pub(crate) async fn start_https(tls: &Tls, tune: impl FnOnce(&mut Config)) -> TestServer {
         let (cert, key) = (tls.cert.clone(), tls.key.clone());

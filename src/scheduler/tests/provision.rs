@@ -113,7 +113,7 @@ fn the_fewest_new_nodes_are_created_and_the_batch_is_allocated_once_all_register
     nodes.dedup();
     assert_eq!(nodes, ["a-l4-0", "a-l4-1", "a-l4-2"]);
     assert_eq!(
-        s.take_completed_sets()[0].2,
+        s.take_completed_sets()[0].1,
         std::time::Duration::from_secs(40)
     );
     // The first batch's 12th GPU is free: the small one takes it in the
