@@ -15,7 +15,8 @@ the tests; a real provisioner creates and deletes machines instead.
 Faults, to try what flexq does when a cloud misbehaves:
     --fail K               the last K slots are not started; exit 1
     --boot-delay S         each agent starts S seconds later (a slow boot)
-    --exit-after-register S  each agent is stopped S seconds after it starts
+    --exit-after-register S  each agent is killed (SIGKILL: a crash, a preempted
+                           machine) S seconds after it starts
     --hang                 start nothing, and never exit
     --garbage              print garbage instead of starting anything; exit 0
 """
@@ -53,11 +54,12 @@ def start_agent(args, manifest, slot):
             f'work_dir = "{home}/work"\n'
         )
     # The agent's lifetime, in a shell of its own: a slow boot sleeps first,
-    # an agent that exits after registering is stopped after a while. Its
+    # an agent that exits after registering is killed after a while (what
+    # it started is left, as a crashed machine's would be, until suspend). Its
     # output goes to a file: flexq waits for this program's output to end.
     agent = f'exec "{args.flexq}" agent --config "{config}"'
     if args.exit_after_register is not None:
-        agent = f'"{args.flexq}" agent --config "{config}" & sleep {args.exit_after_register}; kill $!'
+        agent = f'"{args.flexq}" agent --config "{config}" & sleep {args.exit_after_register}; kill -9 $!'
     if args.boot_delay:
         agent = f"sleep {args.boot_delay}; {agent}"
     log = open(os.path.join(home, "agent.log"), "ab")

@@ -302,6 +302,9 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
             SuspendCause::Idle => {
                 tracing::info!(zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, why = %s.message, "suspending idle nodes");
             }
+            SuspendCause::Lost => {
+                tracing::warn!(zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, why = %s.message, "suspending a lost node: its machine may still be up");
+            }
             SuspendCause::Failed {
                 key,
                 batch_id,

@@ -265,7 +265,7 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         ),
         suspensions: counter_vec(
             "flexq_nodes_suspended_total",
-            "Nodes of provisioned pools handed to their suspend program, by region, zone, pool, why (idle, failed, abandoned, adopted) and how the program ended (ok, failed).",
+            "Nodes of provisioned pools handed to their suspend program, by region, zone, pool, why (idle, failed, abandoned, lost, adopted) and how the program ended (ok, failed).",
             &["region", "zone", "pool", "reason", "outcome"],
         ),
         extra_changes: counter_vec(

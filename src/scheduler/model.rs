@@ -201,8 +201,8 @@ pub enum Decision {
     /// every slot has registered, an `Allocate` of the batch follows
     /// (docs/rules.md#provisioned-capacity).
     Provision(NodeSet),
-    /// Nodes are deleted: idle too long, or of a set that failed or whose
-    /// batch left the queue.
+    /// Nodes are deleted: idle too long, of a set that failed or whose
+    /// batch left the queue, or lost (their lease expired).
     Suspend(Suspension),
 }
 
@@ -215,7 +215,7 @@ impl Decision {
             Decision::Provision(set) => set.key,
             Decision::Suspend(s) => match &s.cause {
                 SuspendCause::Failed { key, .. } | SuspendCause::Abandoned { key, .. } => *key,
-                SuspendCause::Idle => BatchKey(0),
+                SuspendCause::Idle | SuspendCause::Lost => BatchKey(0),
             },
             // Not about one batch; never void.
             Decision::LoseNode { .. } => BatchKey(0),
@@ -306,6 +306,9 @@ pub enum SuspendCause {
     /// Their batch left the queue (cancelled, expired) before the set was
     /// complete.
     Abandoned { key: BatchKey, batch_id: String },
+    /// Its agent stopped heartbeating and its lease expired: the machine
+    /// may still be up (costing money, its name taken), so it is deleted.
+    Lost,
 }
 
 impl SuspendCause {
@@ -315,6 +318,7 @@ impl SuspendCause {
             SuspendCause::Idle => "idle",
             SuspendCause::Failed { .. } => "failed",
             SuspendCause::Abandoned { .. } => "abandoned",
+            SuspendCause::Lost => "lost",
         }
     }
 }

@@ -29,6 +29,7 @@ impl Scheduler {
         for (node, epoch, expired_at) in self.leases.lapsed(now) {
             // An elastic cluster that held only extras there goes on.
             self.lose_extras_on(&node, now);
+            let lost_machine = self.lost_machine(&node, expired_at);
             let failed = self.remove_node(&node);
             let failed_ids = failed
                 .iter()
@@ -50,6 +51,8 @@ impl Scheduler {
                 message,
                 released,
             });
+            // A provisioned pool's machine is deleted.
+            decisions.extend(lost_machine.map(Decision::Suspend));
         }
         // Expiry next: a batch past its deadline is never allocated. What
         // was missing is the same for batches of one project, region and shape.
@@ -89,10 +92,10 @@ impl Scheduler {
         let due = self.claims.due_retries(now);
         self.dirty.extend(due);
         let regions = self.regions_to_scan();
-        for region in regions {
-            self.admit_region(&region, now, &mut decisions);
+        for region in &regions {
+            self.admit_region(region, now, &mut decisions);
         }
-        self.scale_down(now, &mut decisions);
+        self.scale_down(now, &regions, &mut decisions);
         decisions
     }
 

@@ -15,7 +15,7 @@
 //! resume timeout passes first, every node of the set is suspended, the
 //! pool backs off, and the batch stays queued at its place.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -84,6 +84,23 @@ impl Scheduler {
             if room == 0 {
                 continue;
             }
+            let present = self.capacity.zone_nodes(region, &key.1);
+            // Not enough GPUs of its type even with every new node: no
+            // placement to try.
+            let wanted: u32 = parts
+                .iter()
+                .filter(|p| p.accelerator == Some(accelerator))
+                .map(|p| p.gpus)
+                .sum();
+            let free: u32 = present
+                .iter()
+                .filter(|n| n.spec.accelerator == accelerator)
+                .map(|n| n.free_gpus())
+                .sum();
+            let new = room * pool.shape.gpu_addresses.len() as u32;
+            if free + new < wanted {
+                continue;
+            }
             let names = self.free_slot_names(pool, room as usize);
             let slots: Vec<Node> = names
                 .iter()
@@ -93,19 +110,25 @@ impl Scheduler {
                     Node::new(spec)
                 })
                 .collect();
-            let present = self.capacity.zone_nodes(region, &key.1);
             // The fewest slots that hold it: more never hurt a best fit,
-            // so the least is found by halving.
+            // so the least is found by halving, below the number the plan
+            // with every slot uses (a best fit fills what is there first,
+            // so that is most often the least already).
             let plan_with = |k: usize| {
                 let mut nodes = present.clone();
                 nodes.extend(slots.iter().take(k));
                 let plan = plan_zone(&nodes, &parts);
                 plan.complete().then_some(plan.placements)
             };
-            if plan_with(slots.len()).is_none() {
+            let Some(all) = plan_with(slots.len()) else {
                 continue;
-            }
-            let (mut low, mut high) = (1, slots.len());
+            };
+            let most = slots
+                .iter()
+                .filter(|s| all.iter().any(|p| p.node == s.spec.id))
+                .count()
+                .max(1);
+            let (mut low, mut high) = (1, most);
             while low < high {
                 let mid = (low + high) / 2;
                 if plan_with(mid).is_some() {
@@ -114,8 +137,11 @@ impl Scheduler {
                     low = mid + 1;
                 }
             }
-            let Some(plan) = plan_with(high) else {
-                continue;
+            // Identical empty nodes: as few as the full plan used hold it
+            // too; should the heuristic disagree, the full plan stands.
+            let (high, plan) = match plan_with(high) {
+                Some(plan) => (high, plan),
+                None => (slots.len(), all),
             };
             let used: Vec<NodeId> = names
                 .iter()
@@ -158,7 +184,7 @@ impl Scheduler {
         let waiting: usize = self
             .provisions
             .sets()
-            .filter(|o| o.pool() == *pool)
+            .filter(|o| o.is_of(pool))
             .map(|o| o.set.slots.len() - o.registered.len())
             .sum();
         (present + waiting) as u32
@@ -348,11 +374,36 @@ impl Scheduler {
             .filter(|o| o.set.region == region && !o.complete())
             .map(|o| o.set.key)
             .collect();
+        if open.is_empty() {
+            return;
+        }
+        // The most GPUs of each type one zone has free: a batch that wants
+        // more of a type fits nowhere, and no placement is tried for it.
+        let mut most_free: HashMap<Accelerator, u32> = HashMap::new();
+        for zone in self.capacity.zones(region) {
+            let mut free: HashMap<Accelerator, u32> = HashMap::new();
+            for n in self.capacity.zone_nodes(region, zone) {
+                *free.entry(n.spec.accelerator).or_default() += n.free_gpus();
+            }
+            for (accelerator, n) in free {
+                let most = most_free.entry(accelerator).or_default();
+                *most = (*most).max(n);
+            }
+        }
         for key in open {
-            let fits = self
-                .queue
-                .get(key)
-                .is_some_and(|b| self.best_zone(region, &needs(&b.cluster)).is_some());
+            let fits = self.queue.get(key).is_some_and(|b| {
+                let parts = needs(&b.cluster);
+                let mut wanted: HashMap<Accelerator, u32> = HashMap::new();
+                for p in &parts {
+                    if let Some(a) = p.accelerator {
+                        *wanted.entry(a).or_default() += p.gpus;
+                    }
+                }
+                wanted
+                    .iter()
+                    .all(|(a, n)| most_free.get(a).copied().unwrap_or(0) >= *n)
+                    && self.best_zone(region, &parts).is_some()
+            });
             if fits {
                 self.abandon_set(
                     key,
@@ -488,15 +539,60 @@ impl Scheduler {
         }
     }
 
+    /// Node `id`, about to be removed because its lease expired at
+    /// `expired_at`: where it is a provisioned pool's and neither a slot
+    /// of a set being created (its set fails whole), being suspended
+    /// already nor cordoned (a cordon means "do not suspend": an operator
+    /// keeps the machine), it is suspended: its machine may still be up.
+    pub(super) fn lost_machine(
+        &mut self,
+        id: &NodeId,
+        expired_at: DateTime<Utc>,
+    ) -> Option<Suspension> {
+        let spec = &self.capacity.nodes.get(id)?.spec;
+        let pool = pool_key(&spec.region, &spec.zone, &spec.pool);
+        if spec.is_virtual
+            || !self.provisions.pools.contains_key(&pool)
+            || self.provisions.slot_owner(id).is_some()
+            || self.provisions.suspending.contains_key(id)
+            || self.cordons.contains_key(id)
+        {
+            return None;
+        }
+        self.provisions
+            .suspending
+            .insert(id.clone(), (pool.clone(), "lost"));
+        let (region, zone, pool) = pool;
+        Some(Suspension {
+            region,
+            zone,
+            pool,
+            nodes: vec![id.clone()],
+            cause: SuspendCause::Lost,
+            message: format!(
+                "its agent stopped heartbeating and its lease expired at {}",
+                expired_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        })
+    }
+
     /// Idle nodes of provisioned pools at `now`: those that held nothing
     /// for their pool's `suspend_after`, are not cordoned, and whose GPU
     /// type no queued batch of the region waits for are suspended, down
-    /// to the pool's `min_nodes`, the highest ids first.
-    pub(super) fn scale_down(&mut self, now: DateTime<Utc>, out: &mut Vec<Decision>) {
+    /// to the pool's `min_nodes`, the highest ids first. Looked at: the
+    /// pools of the regions this pass scanned (where anything changed)
+    /// and those with a node idle long enough by now.
+    pub(super) fn scale_down(
+        &mut self,
+        now: DateTime<Utc>,
+        scanned: &BTreeSet<String>,
+        out: &mut Vec<Decision>,
+    ) {
         self.provisions.last_pass = Some(now);
         if self.provisions.pools.is_empty() {
             return;
         }
+        let due = self.provisions.idle_due(now);
         let waited = self.elastic.waited();
         // What scale-down reads of each pool (not the pool: its programs'
         // argv need no copy each pass).
@@ -504,6 +600,7 @@ impl Scheduler {
             .provisions
             .pools
             .iter()
+            .filter(|(k, _)| scanned.contains(&k.0) || due.contains(*k))
             .map(|(k, p)| {
                 let policy = &p.policy;
                 (
@@ -695,7 +792,7 @@ impl Scheduler {
     }
 
     /// Every node being suspended: its id, its (region, zone, pool) and
-    /// why ("idle", "failed", "abandoned", "adopted").
+    /// why ("idle", "failed", "abandoned", "lost", "adopted").
     pub fn suspending(&self) -> impl Iterator<Item = (&NodeId, &(String, String, String), &str)> {
         self.provisions
             .suspending

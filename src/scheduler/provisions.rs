@@ -56,6 +56,11 @@ impl OpenSet {
     pub(super) fn pool(&self) -> PoolKey {
         pool_key(&self.set.region, &self.set.zone, &self.set.pool)
     }
+
+    /// Whether the set is of `pool` (without building its key).
+    pub(super) fn is_of(&self, pool: &PoolKey) -> bool {
+        self.set.pool == pool.2 && self.set.zone == pool.1 && self.set.region == pool.0
+    }
 }
 
 /// How many boot times each pool remembers (for its p90).
@@ -79,7 +84,7 @@ pub(super) struct Provisions {
     /// The nodes of provisioned pools that hold nothing.
     pub(super) idle: IdleNodes,
     /// Nodes told to suspend, with their pool and why ("idle", "failed",
-    /// "abandoned"): they take no new work. Registered or not: a slot of
+    /// "abandoned", "lost"): they take no new work. Registered or not: a slot of
     /// a failed set is suspended too, in case its node is coming up.
     pub(super) suspending: BTreeMap<NodeId, (PoolKey, &'static str)>,
     /// Sets whose batch left the queue: suspended at the next pass.
@@ -244,6 +249,20 @@ impl Provisions {
             recent.pop_front();
         }
         recent.push_back((now, n));
+    }
+
+    /// The pools with a node idle for their `suspend_after` by `now`.
+    pub(super) fn idle_due(&self, now: DateTime<Utc>) -> HashSet<&PoolKey> {
+        self.idle
+            .since
+            .values()
+            .filter(|(since, pool)| {
+                self.pools.get(pool).is_some_and(|p| {
+                    *since + Duration::from_std(p.policy.suspend_after).unwrap_or_default() <= now
+                })
+            })
+            .map(|(_, pool)| pool)
+            .collect()
     }
 
     /// The earliest time something here is due after the last pass: a

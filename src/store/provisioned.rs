@@ -78,7 +78,7 @@ pub(super) async fn suspend(
 ) -> Result<bool, StoreError> {
     let seq = match &s.cause {
         SuspendCause::Failed { key, .. } | SuspendCause::Abandoned { key, .. } => Some(key.0),
-        SuspendCause::Idle => None,
+        SuspendCause::Idle | SuspendCause::Lost => None,
     };
     if let Some(seq) = seq {
         sqlx::query("delete from node_sets where seq = $1")

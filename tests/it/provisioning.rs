@@ -472,3 +472,74 @@ async fn a_gang_gets_new_nodes_and_they_go_back_once_idle() {
     );
     s.cancel(&b).await;
 }
+
+/// The fake cloud stops each agent 4 s after it starts
+/// (`--exit-after-register`): the nodes register and the batch is
+/// allocated on them, then their leases (3 s) expire. Each is lost as any
+/// node is, and its machine is suspended too (reason `lost`), so the
+/// cloud deletes what it left of it; nothing the cloud started is left.
+#[tokio::test]
+async fn agents_that_exit_after_registering_are_lost_and_their_machines_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("cloud");
+    let _agents = Agents(state.clone());
+    let s = server(
+        &state,
+        &["--exit-after-register", "4"],
+        Duration::from_secs(60),
+    )
+    .await;
+    // A job that runs for a minute: its cluster holds the nodes (they are
+    // not idle) when their agents go.
+    let job = dir.path().join("sleeps.py");
+    std::fs::write(&job, "import time\ntime.sleep(60)\n").expect("job");
+    let mut b = gang(4);
+    b["pysparkBatch"]["mainPythonFileUri"] = format!("file://{}", job.display()).into();
+    let (st, _) = s.create("batchId=short-lived", &b).await;
+    assert_eq!(st, 200);
+    let lost_nodes = |m: &Vec<Value>| {
+        let mut nodes: Vec<String> = m
+            .iter()
+            .filter(|m| m["reason"] == "lost")
+            .flat_map(|m| m["nodes"].as_array().cloned().unwrap_or_default())
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    };
+    let suspended = poll(
+        Duration::from_secs(30),
+        || async { manifests(&state, "suspended") },
+        |m| lost_nodes(m).len() >= 2,
+    )
+    .await
+    .unwrap_or_else(|m| panic!("no lost node suspended: {m:#?}"));
+    assert_eq!(
+        lost_nodes(&suspended)[..2],
+        ["us-central1-b-l4-0", "us-central1-b-l4-1"]
+    );
+    let b = batch(&s, "short-lived").await;
+    let h = history(&b);
+    assert!(h.contains("was lost"), "{h}");
+    if !["SUCCEEDED", "FAILED", "CANCELLED"].contains(&b["state"].as_str().unwrap_or_default()) {
+        s.cancel(&b).await;
+    }
+    // Every agent's session the cloud started is gone: the lost ones by
+    // their suspension, any later set's by its own.
+    let left = poll(
+        Duration::from_secs(30),
+        || async { running_pids(&state) },
+        Vec::is_empty,
+    )
+    .await;
+    assert!(left.is_ok(), "left running: {left:?}");
+    let metrics = s.scrape().await;
+    let lost = crate::metrics::value(
+        &metrics,
+        "flexq_nodes_suspended_total",
+        &[("reason", "lost"), ("outcome", "ok"), ("pool", "l4")],
+    )
+    .unwrap_or(0.0);
+    assert!(lost >= 2.0, "{metrics}");
+}

@@ -402,3 +402,85 @@ fn a_slow_pool_lets_preemption_go_first() {
         );
     }
 }
+
+/// A provisioned pool's node whose lease expires is lost as any node is,
+/// and suspended too (its machine may still be up); a lost node of a pool
+/// without a provisioner is only lost.
+#[test]
+fn a_lost_node_of_a_provisioned_pool_is_suspended() {
+    let mut s = provisioned(8, 0);
+    s.submit(batch(
+        1,
+        "p",
+        cluster(3, ProvisioningMode::Queue, 3600, None),
+        t0(),
+    ));
+    let d = s.pass(t0());
+    assert_eq!(ids(sets(&d)[0]), ["a-l4-0"]);
+    let t1 = t0() + Duration::seconds(30);
+    // Leased until a minute later only; it never heartbeats.
+    let mut spec = l4_node("a-l4-0", "a", 4);
+    spec.is_virtual = false;
+    s.register_node(spec, 1, t1 + Duration::minutes(1));
+    let d = s.pass(t1);
+    assert_eq!(allocated(&d), vec![1], "{d:?}");
+
+    let t2 = t1 + Duration::minutes(2);
+    let d = s.pass(t2);
+    assert!(
+        d.iter().any(
+            |d| matches!(d, Decision::LoseNode { failed, .. } if failed == &vec![BatchKey(1)])
+        ),
+        "{d:?}"
+    );
+    let gone = suspended(&d);
+    assert_eq!(gone.len(), 1, "{d:?}");
+    assert_eq!(gone[0].1, ["a-l4-0"]);
+    assert_eq!(gone[0].0.cause, SuspendCause::Lost);
+    assert!(
+        gone[0].0.message.contains("lease expired"),
+        "{:?}",
+        gone[0].0
+    );
+    assert_eq!(
+        s.provisioned_state(&NodeId("a-l4-0".into())),
+        Some("suspending")
+    );
+    // Not suspended twice.
+    let d = s.pass(t2 + Duration::seconds(1));
+    assert!(suspended(&d).is_empty(), "{d:?}");
+    s.nodes_suspended(&[NodeId("a-l4-0".into())]);
+    assert_eq!(s.provisioned_state(&NodeId("a-l4-0".into())), None);
+
+    // A cordoned node is lost, not suspended: the operator keeps it.
+    let mut kept = provisioned(8, 0);
+    let mut spec = l4_node("a-l4-5", "a", 4);
+    spec.is_virtual = false;
+    kept.register_node(spec, 1, t0() + Duration::minutes(1));
+    kept.set_cordons(vec![(
+        NodeId("a-l4-5".into()),
+        Cordon {
+            since: t0(),
+            by: "admin".into(),
+            drain: false,
+        },
+    )]);
+    let d = kept.pass(t0() + Duration::minutes(2));
+    assert!(
+        d.iter().any(|d| matches!(d, Decision::LoseNode { .. })),
+        "{d:?}"
+    );
+    assert!(suspended(&d).is_empty(), "{d:?}");
+
+    // A pool without a provisioner: lost, nothing suspended.
+    let mut plain = Scheduler::new(vec![pool("a", 4, 8)], rules(100));
+    let mut spec = l4_node("n1", "a", 4);
+    spec.is_virtual = false;
+    plain.register_node(spec, 1, t0() + Duration::minutes(1));
+    let d = plain.pass(t0() + Duration::minutes(2));
+    assert!(
+        d.iter().any(|d| matches!(d, Decision::LoseNode { .. })),
+        "{d:?}"
+    );
+    assert!(suspended(&d).is_empty(), "{d:?}");
+}

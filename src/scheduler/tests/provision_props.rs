@@ -186,6 +186,8 @@ impl World {
                                 prop_assert_eq!(self.s.parts_on(n), 0, "{} holds a part", n);
                             }
                         }
+                        // Not modelled here: agents heartbeat until deleted.
+                        SuspendCause::Lost => {}
                         SuspendCause::Failed { key, .. } | SuspendCause::Abandoned { key, .. } => {
                             let slots = self.sets.remove(key).unwrap_or_default();
                             prop_assert_eq!(&slots, &nodes, "the whole set is suspended");
