@@ -302,7 +302,7 @@ fn log_decision(d: &Decision, now: DateTime<Utc>, requeued: &HashSet<BatchKey>) 
             SuspendCause::Idle => {
                 tracing::info!(zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, why = %s.message, "suspending idle nodes");
             }
-            SuspendCause::Lost => {
+            SuspendCause::Lost { .. } => {
                 tracing::warn!(zone = %s.zone, pool = %s.pool, nodes = ?s.nodes, why = %s.message, "suspending a lost node: its machine may still be up");
             }
             SuspendCause::Failed {
@@ -429,6 +429,7 @@ pub(crate) async fn rebuild(
         core.restore_set(stored.set, &up);
     }
     core.restore_suspending(store.suspending_nodes().await?);
+    crate::metrics::declare_provisioned_pools(config);
     // Each pool's boot time, as its last sets took (start estimates).
     for (pool, boot) in store.recent_boots().await? {
         core.restore_boot(pool, boot);

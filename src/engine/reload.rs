@@ -347,6 +347,7 @@ impl Engine {
             return Default::default();
         }
         let settled = core.reconfigure(next.layout());
+        crate::metrics::declare_provisioned_pools(&next);
         let reread = next.scheduling.order == QueueOrder::FairShare
             && (old.config.scheduling.order != QueueOrder::FairShare
                 || old.config.scheduling.usage_half_life != next.scheduling.usage_half_life

@@ -139,6 +139,30 @@ pub fn record_provisioning(pool: PoolLabels<'_>, outcome: &str) {
         .inc();
 }
 
+/// The outcomes a set of new nodes is counted under.
+const SET_OUTCOMES: [&str; 5] = ["decided", "started", "allocated", "failed", "abandoned"];
+
+/// Every outcome of each provisioned pool of `config`, at 0 until counted:
+/// an alert's `increase` sees a pool's first failure.
+pub fn declare_provisioned_pools(config: &crate::config::Config) {
+    for (region, r) in &config.regions {
+        for (zone, z) in &r.zones {
+            for (pool, p) in &z.node_pools {
+                if p.provisioner.is_some() {
+                    for outcome in SET_OUTCOMES {
+                        METRICS.provisioning.with_label_values(&[
+                            region.as_str(),
+                            zone.as_str(),
+                            pool.as_str(),
+                            outcome,
+                        ]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A set of new nodes of `pool` completed `boot` after its decision.
 pub fn record_boot(pool: PoolLabels<'_>, boot: std::time::Duration) {
     METRICS

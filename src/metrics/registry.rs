@@ -259,7 +259,7 @@ pub(super) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         ),
         boot_seconds: histogram_vec(
             "flexq_provisioning_boot_seconds",
-            "Time from a set's decision to its last node's registration, of the sets that completed, by region, zone and pool.",
+            "Time from a set's decision to the pass that allocated its batch on it (right after its last node's registration), of the sets that completed, by region, zone and pool.",
             WAIT_BUCKETS.to_vec(),
             &["region", "zone", "pool"],
         ),

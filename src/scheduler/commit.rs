@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 
 use super::core::Scheduler;
-use super::model::{Allocation, BatchKey, Decision};
+use super::model::{Allocation, BatchKey, Decision, SuspendCause};
 
 /// What became of one decision the store did not apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +75,15 @@ impl Scheduler {
                     Void::PreemptionWithdrawn
                 }
                 Decision::LoseNode { .. } => {
+                    out.rebuild = true;
+                    Void::NodeBack
+                }
+                // The node registered again: its machine stays.
+                Decision::Suspend(s) if matches!(s.cause, SuspendCause::Lost { .. }) => {
+                    for node in &s.nodes {
+                        self.provisions.suspending.remove(node);
+                    }
+                    self.refresh_unschedulable();
                     out.rebuild = true;
                     Void::NodeBack
                 }

@@ -564,6 +564,8 @@ impl Scheduler {
         if !self.capacity.take(std::slice::from_ref(&placement)) {
             return None;
         }
+        // Held now: a provisioned pool's node is idle no more.
+        self.provisions.idle.end(&placement.node, now);
         let a = self.running.get_mut(&key)?;
         let growth = a.elastic.as_mut()?;
         growth.granted.push(now);

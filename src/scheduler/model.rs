@@ -215,7 +215,7 @@ impl Decision {
             Decision::Provision(set) => set.key,
             Decision::Suspend(s) => match &s.cause {
                 SuspendCause::Failed { key, .. } | SuspendCause::Abandoned { key, .. } => *key,
-                SuspendCause::Idle | SuspendCause::Lost => BatchKey(0),
+                SuspendCause::Idle | SuspendCause::Lost { .. } => BatchKey(0),
             },
             // Not about one batch; never void.
             Decision::LoseNode { .. } => BatchKey(0),
@@ -306,9 +306,11 @@ pub enum SuspendCause {
     /// Their batch left the queue (cancelled, expired) before the set was
     /// complete.
     Abandoned { key: BatchKey, batch_id: String },
-    /// Its agent stopped heartbeating and its lease expired: the machine
-    /// may still be up (costing money, its name taken), so it is deleted.
-    Lost,
+    /// Its agent stopped heartbeating and the lease of `epoch` expired:
+    /// the machine may still be up (costing money, its name taken), so it
+    /// is deleted. Written only with the node's loss (void if the node
+    /// registered again meanwhile).
+    Lost { epoch: u64 },
 }
 
 impl SuspendCause {
@@ -318,7 +320,7 @@ impl SuspendCause {
             SuspendCause::Idle => "idle",
             SuspendCause::Failed { .. } => "failed",
             SuspendCause::Abandoned { .. } => "abandoned",
-            SuspendCause::Lost => "lost",
+            SuspendCause::Lost { .. } => "lost",
         }
     }
 }

@@ -29,7 +29,7 @@ impl Scheduler {
         for (node, epoch, expired_at) in self.leases.lapsed(now) {
             // An elastic cluster that held only extras there goes on.
             self.lose_extras_on(&node, now);
-            let lost_machine = self.lost_machine(&node, expired_at);
+            let lost_machine = self.lost_machine(&node, epoch, expired_at);
             let failed = self.remove_node(&node);
             let failed_ids = failed
                 .iter()

@@ -187,7 +187,15 @@ impl Scheduler {
             .filter(|o| o.is_of(pool))
             .map(|o| o.set.slots.len() - o.registered.len())
             .sum();
-        (present + waiting) as u32
+        // Machines being deleted that are not nodes here (lost, or slots
+        // that never registered) may still be up.
+        let going = self
+            .provisions
+            .suspending
+            .iter()
+            .filter(|(id, (p, _))| p == pool && !self.capacity.nodes.contains_key(*id))
+            .count();
+        (present + waiting + going) as u32
     }
 
     /// `n` ids of `pool` no node or slot has, lowest first.
@@ -379,17 +387,8 @@ impl Scheduler {
         }
         // The most GPUs of each type one zone has free: a batch that wants
         // more of a type fits nowhere, and no placement is tried for it.
-        let mut most_free: HashMap<Accelerator, u32> = HashMap::new();
-        for zone in self.capacity.zones(region) {
-            let mut free: HashMap<Accelerator, u32> = HashMap::new();
-            for n in self.capacity.zone_nodes(region, zone) {
-                *free.entry(n.spec.accelerator).or_default() += n.free_gpus();
-            }
-            for (accelerator, n) in free {
-                let most = most_free.entry(accelerator).or_default();
-                *most = (*most).max(n);
-            }
-        }
+        // A set given up gives its GPUs back: counted again after it.
+        let mut most_free = self.most_free_gpus(region);
         for key in open {
             let fits = self.queue.get(key).is_some_and(|b| {
                 let parts = needs(&b.cluster);
@@ -409,8 +408,25 @@ impl Scheduler {
                     key,
                     "capacity for the batch freed up on nodes that are there",
                 );
+                most_free = self.most_free_gpus(region);
             }
         }
+    }
+
+    /// The most GPUs of each type one zone of `region` has free.
+    fn most_free_gpus(&self, region: &str) -> HashMap<Accelerator, u32> {
+        let mut most_free: HashMap<Accelerator, u32> = HashMap::new();
+        for zone in self.capacity.zones(region) {
+            let mut free: HashMap<Accelerator, u32> = HashMap::new();
+            for n in self.capacity.zone_nodes(region, zone) {
+                *free.entry(n.spec.accelerator).or_default() += n.free_gpus();
+            }
+            for (accelerator, n) in free {
+                let most = most_free.entry(accelerator).or_default();
+                *most = (*most).max(n);
+            }
+        }
+        most_free
     }
 
     /// Gives back what an open set set aside: its capacity and its quota.
@@ -547,6 +563,7 @@ impl Scheduler {
     pub(super) fn lost_machine(
         &mut self,
         id: &NodeId,
+        epoch: u64,
         expired_at: DateTime<Utc>,
     ) -> Option<Suspension> {
         let spec = &self.capacity.nodes.get(id)?.spec;
@@ -562,13 +579,14 @@ impl Scheduler {
         self.provisions
             .suspending
             .insert(id.clone(), (pool.clone(), "lost"));
+        self.refresh_unschedulable();
         let (region, zone, pool) = pool;
         Some(Suspension {
             region,
             zone,
             pool,
             nodes: vec![id.clone()],
-            cause: SuspendCause::Lost,
+            cause: SuspendCause::Lost { epoch },
             message: format!(
                 "its agent stopped heartbeating and its lease expired at {}",
                 expired_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)

@@ -99,6 +99,7 @@ pub(super) struct Provisions {
 impl Provisions {
     /// The pools a provisioner manages, as the layout now declares them.
     pub(super) fn set_pools(&mut self, pools: BTreeMap<PoolKey, Pool>) {
+        self.idle.keep_pools(&pools);
         self.pools = pools;
     }
 
@@ -329,6 +330,13 @@ impl IdleNodes {
         for id in gone {
             self.end(&id, now);
         }
+    }
+
+    /// Only `pools` stay (a reload removed the others' provisioners):
+    /// the idle nodes and idle time of the rest are forgotten.
+    pub(super) fn keep_pools(&mut self, pools: &BTreeMap<PoolKey, Pool>) {
+        self.since.retain(|_, (_, pool)| pools.contains_key(pool));
+        self.counted.retain(|pool, _| pools.contains_key(pool));
     }
 
     /// Node `id` is gone (its idle time, if any, was counted already).

@@ -78,7 +78,26 @@ pub(super) async fn suspend(
 ) -> Result<bool, StoreError> {
     let seq = match &s.cause {
         SuspendCause::Failed { key, .. } | SuspendCause::Abandoned { key, .. } => Some(key.0),
-        SuspendCause::Idle | SuspendCause::Lost => None,
+        SuspendCause::Idle => None,
+        SuspendCause::Lost { epoch } => {
+            // Only with the node's loss, written before it in this
+            // transaction (its state lost, its epoch moved on); not if it
+            // registered again meanwhile.
+            let Some(node) = s.nodes.first() else {
+                return Ok(false);
+            };
+            let lost: Option<i64> = sqlx::query_scalar(
+                "select epoch from nodes where node_id = $1 and state = 1 and epoch = $2",
+            )
+            .bind(&node.0)
+            .bind(*epoch as i64 + 1)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if lost.is_none() {
+                return Ok(false);
+            }
+            None
+        }
     };
     if let Some(seq) = seq {
         sqlx::query("delete from node_sets where seq = $1")

@@ -534,12 +534,21 @@ async fn agents_that_exit_after_registering_are_lost_and_their_machines_deleted(
     )
     .await;
     assert!(left.is_ok(), "left running: {left:?}");
-    let metrics = s.scrape().await;
-    let lost = crate::metrics::value(
-        &metrics,
-        "flexq_nodes_suspended_total",
-        &[("reason", "lost"), ("outcome", "ok"), ("pool", "l4")],
+    // Counted once each suspend program has ended (the cloud removes its
+    // pid files just before it exits).
+    let lost = |text: &String| {
+        crate::metrics::value(
+            text,
+            "flexq_nodes_suspended_total",
+            &[("reason", "lost"), ("outcome", "ok"), ("pool", "l4")],
+        )
+        .unwrap_or(0.0)
+    };
+    let metrics = poll(
+        Duration::from_secs(10),
+        || async { s.scrape().await },
+        |m| lost(m) >= 2.0,
     )
-    .unwrap_or(0.0);
-    assert!(lost >= 2.0, "{metrics}");
+    .await;
+    assert!(metrics.is_ok(), "{metrics:?}");
 }

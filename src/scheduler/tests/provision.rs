@@ -436,7 +436,7 @@ fn a_lost_node_of_a_provisioned_pool_is_suspended() {
     let gone = suspended(&d);
     assert_eq!(gone.len(), 1, "{d:?}");
     assert_eq!(gone[0].1, ["a-l4-0"]);
-    assert_eq!(gone[0].0.cause, SuspendCause::Lost);
+    assert_eq!(gone[0].0.cause, SuspendCause::Lost { epoch: 1 });
     assert!(
         gone[0].0.message.contains("lease expired"),
         "{:?}",
@@ -483,4 +483,32 @@ fn a_lost_node_of_a_provisioned_pool_is_suspended() {
         "{d:?}"
     );
     assert!(suspended(&d).is_empty(), "{d:?}");
+}
+
+/// A lost node's suspension not written (the node registered again
+/// meanwhile, on another replica): it is not being suspended, and the
+/// core is rebuilt from the store as for the void loss.
+#[test]
+fn a_void_lost_node_suspension_keeps_the_node() {
+    let mut s = provisioned(8, 0);
+    let mut spec = l4_node("a-l4-0", "a", 4);
+    spec.is_virtual = false;
+    s.register_node(spec, 1, t0() + Duration::minutes(1));
+    let d = s.pass(t0() + Duration::minutes(2));
+    let gone = suspended(&d);
+    assert_eq!(gone.len(), 1, "{d:?}");
+    assert_eq!(gone[0].0.cause, SuspendCause::Lost { epoch: 1 });
+    assert_eq!(
+        s.provisioned_state(&NodeId("a-l4-0".into())),
+        Some("suspending")
+    );
+    let settled = s.settle_commit(&d, &vec![false; d.len()], t0() + Duration::minutes(2));
+    assert!(settled.rebuild);
+    assert!(
+        settled.void.iter().all(|(_, v)| *v == Void::NodeBack),
+        "{:?}",
+        settled.void
+    );
+    assert_eq!(settled.void.len(), d.len());
+    assert_eq!(s.provisioned_state(&NodeId("a-l4-0".into())), None);
 }

@@ -187,7 +187,7 @@ impl World {
                             }
                         }
                         // Not modelled here: agents heartbeat until deleted.
-                        SuspendCause::Lost => {}
+                        SuspendCause::Lost { .. } => {}
                         SuspendCause::Failed { key, .. } | SuspendCause::Abandoned { key, .. } => {
                             let slots = self.sets.remove(key).unwrap_or_default();
                             prop_assert_eq!(&slots, &nodes, "the whole set is suspended");

@@ -63,8 +63,10 @@ async fn a_new_leader_adopts_the_set_in_flight_and_no_program_runs_twice() {
         "{}/v1/projects/demo/locations/us-central1/batches/gang",
         r1.endpoint
     );
+    // Agents that found no leader retry every 10 s at most: within the
+    // set's minute on a loaded machine, not within a fixed 30 s.
     let b = poll(
-        Duration::from_secs(30),
+        Duration::from_secs(50),
         || async {
             match reqwest::get(&url).await {
                 Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
@@ -74,7 +76,24 @@ async fn a_new_leader_adopts_the_set_in_flight_and_no_program_runs_twice() {
         provisioned,
     )
     .await
-    .expect("allocated by the new leader");
+    .unwrap_or_else(|b| {
+        let logs: Vec<String> = slots
+            .iter()
+            .map(|slot| {
+                let log =
+                    std::fs::read_to_string(state.join(slot).join("agent.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                format!(
+                    "{slot}:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect();
+        panic!(
+            "not allocated by the new leader: {b:#}\n{}",
+            logs.join("\n")
+        )
+    });
     let mut on: Vec<&str> = b["flexq"]["nodes"]
         .as_array()
         .expect("nodes")
