@@ -38,6 +38,16 @@ def fake_gpus(path, count):
     os.chmod(path, 0o755)
 
 
+def say(line):
+    """Prints a line for flexq's log; the leader that started this program
+    may have died meanwhile (its pipe closed): the nodes are started all
+    the same, and the next leader adopts them."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        pass
+
+
 def start_agent(args, manifest, slot):
     home = os.path.join(args.state, slot)
     os.makedirs(home, exist_ok=True)
@@ -74,7 +84,7 @@ def start_agent(args, manifest, slot):
     )
     with open(os.path.join(args.state, slot + ".pid"), "w") as f:
         f.write(str(proc.pid))
-    print(f"started {slot}: pid {proc.pid}")
+    say(f"started {slot}: pid {proc.pid}")
 
 
 def resume(args):

@@ -56,7 +56,20 @@ async fn a_new_leader_adopts_the_set_in_flight_and_no_program_runs_twice() {
         .filter_map(|s| s.as_str().map(String::from))
         .collect();
     assert_eq!(slots.len(), 4, "{asked:#?}");
-    // Mid-provisioning: the nodes boot for 4 s more.
+    // Mid-provisioning, once the cloud started every node (the program's
+    // own end is not waited for): the nodes boot for 4 s more.
+    let started = poll(
+        Duration::from_secs(10),
+        || async {
+            slots
+                .iter()
+                .filter(|slot| state.join(format!("{slot}.pid")).exists())
+                .count()
+        },
+        |n| *n == slots.len(),
+    )
+    .await;
+    assert!(started.is_ok(), "the cloud started {started:?} nodes");
     r0.kill9();
     leads_within(&r1, Duration::from_secs(15)).await;
     let url = format!(
