@@ -118,11 +118,31 @@ def gone(pid):
         return True
 
 
-def signal_group(pid, sig):
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
+def session_of(pid):
+    """The processes of the session `pid` leads: the agent's shell, the
+    agent, and the Spark processes it started in process groups of their
+    own (what a machine's deletion would end)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the command: state, ppid, pgrp, session.
+        if int(fields[3]) == pid:
+            members.append(int(entry))
+    return members
+
+
+def signal_session(pid, sig):
+    for member in session_of(pid):
+        try:
+            os.kill(member, sig)
+        except ProcessLookupError:
+            pass
 
 
 def suspend(args):
@@ -137,15 +157,18 @@ def suspend(args):
                 pids[node] = int(f.read())
         except (OSError, ValueError):
             print(f"{node}: never started here")
-    # Each agent's whole session (its shell, the agent, its Spark): asked
-    # to stop, then killed after 5 s.
+    # Each agent's whole session (its shell, the agent, its Spark, whose
+    # processes have groups of their own): asked to stop, then killed
+    # after 5 s.
     for pid in pids.values():
-        signal_group(pid, signal.SIGTERM)
+        signal_session(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not all(gone(p) for p in pids.values()):
+    while time.monotonic() < deadline and not all(
+        all(gone(m) for m in session_of(p)) for p in pids.values()
+    ):
         time.sleep(0.05)
     for node, pid in pids.items():
-        signal_group(pid, signal.SIGKILL)
+        signal_session(pid, signal.SIGKILL)
         os.remove(os.path.join(args.state, node + ".pid"))
         print(f"{node}: stopped")
     return 0

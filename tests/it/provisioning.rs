@@ -131,9 +131,11 @@ pub(crate) struct Agents(pub(crate) PathBuf);
 
 impl Drop for Agents {
     fn drop(&mut self) {
+        // Each agent's session: its Spark processes have process groups
+        // of their own.
         for (_, pid) in running_pids(&self.0) {
-            let _ = std::process::Command::new("kill")
-                .args(["-9", "--", &format!("-{pid}")])
+            let _ = std::process::Command::new("pkill")
+                .args(["-9", "-s", &pid.to_string()])
                 .stderr(std::process::Stdio::null())
                 .status();
         }
@@ -534,6 +536,25 @@ async fn agents_that_exit_after_registering_are_lost_and_their_machines_deleted(
     )
     .await;
     assert!(left.is_ok(), "left running: {left:?}");
+    // Nor anything they started: the killed agents' Spark processes went
+    // with their machines.
+    let path = dir.path().display().to_string();
+    let stray = poll(
+        Duration::from_secs(15),
+        || async {
+            let out = std::process::Command::new("pgrep")
+                .args(["-f", &path])
+                .output()
+                .expect("pgrep");
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        },
+        String::is_empty,
+    )
+    .await;
+    assert!(
+        stray.is_ok(),
+        "processes of the deleted machines left: {stray:?}"
+    );
     // Counted once each suspend program has ended (the cloud removes its
     // pid files just before it exits).
     let lost = |text: &String| {
