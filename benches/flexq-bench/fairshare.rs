@@ -100,12 +100,10 @@ fn passes(
     core.pass(now);
     let mut later = now;
     for k in 0..opts.releases {
-        let running = core.running_keys();
-        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
-            break;
-        };
         later += chrono::Duration::seconds(1);
-        core.forget(key, later);
+        if !crate::schedule::release(&mut core, k, later) {
+            break;
+        }
         let t = Instant::now();
         core.pass(later);
         let _ = h.record(t.elapsed().as_micros().max(1) as u64);

@@ -608,11 +608,9 @@ fn core_pass(n: usize, releases: usize) -> Result<(), CliError> {
     let mut admitted = 0;
     let nodes = core.nodes().len();
     for k in 0..releases {
-        let running = core.running_keys();
-        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
+        if !release(&mut core, k, now) {
             break;
-        };
-        core.forget(key, now);
+        }
         let t = Instant::now();
         let d = core.pass(now);
         let _ = h.record(t.elapsed().as_micros().max(1) as u64);
@@ -1136,12 +1134,10 @@ fn preemption_turn(
     let mut decided = 0;
     let mut digest = 0u64;
     for k in 0..releases {
-        let running = core.running_keys();
-        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
-            break;
-        };
         later += chrono::Duration::seconds(1);
-        core.forget(key, later);
+        if !release(&mut core, k, later) {
+            break;
+        }
         let t = Instant::now();
         let d = core.pass(later);
         let _ = h.record(t.elapsed().as_micros().max(1) as u64);
@@ -1185,6 +1181,17 @@ fn preemption_turn(
         }
     }
     Ok((decided, digest))
+}
+
+/// Release `k` of a bench's run: one running cluster (the same for the
+/// same state and `k`) ends at `at`. False when none runs.
+pub(crate) fn release(core: &mut Scheduler, k: usize, at: DateTime<Utc>) -> bool {
+    let running = core.running_keys();
+    let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
+        return false;
+    };
+    core.forget(key, at);
+    true
 }
 
 /// Part 8: the pass after a release with 10,000 running clusters under a
@@ -1290,12 +1297,10 @@ fn passes_after_releases(
     let mut decided = 0;
     let mut digest = 0u64;
     for k in 0..releases {
-        let running = core.running_keys();
-        let Some(key) = running.get((k * 31) % running.len().max(1)).copied() else {
-            break;
-        };
         later += chrono::Duration::seconds(1);
-        core.forget(key, later);
+        if !release(core, k, later) {
+            break;
+        }
         let t = Instant::now();
         let d = core.pass(later);
         let more = after(core, later);
